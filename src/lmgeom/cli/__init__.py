@@ -1,0 +1,1 @@
+"""The `lmgeom` command line: a thin typer shell over the Python API."""

@@ -1,0 +1,16 @@
+"""Entry point: each stage registers its commands from its own module."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="lmgeom",
+    help="Measure how contextual a language model's representations are and how their space is shaped.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+from lmgeom.cli import extract  # noqa: E402
+
+extract.register(app)

@@ -1,0 +1,98 @@
+"""Built-in corpora that need no network, and `load_corpus`, which resolves any corpus spec."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lmgeom.corpus.corpus import Corpus, Sentence
+from lmgeom.corpus.segment import split_sentences
+
+# Where the public data sits on the development machines; override with LMGEOM_DATA.
+DEFAULT_DATA_DIR = Path(os.environ.get("LMGEOM_DATA", Path(__file__).resolve().parents[3].parent / "shared" / "data"))
+
+
+def gensim_test_data() -> Path:
+    """gensim ships the Lee corpus and word benchmarks in its test data folder."""
+    import gensim
+
+    return Path(gensim.__file__).parent / "test" / "test_data"
+
+
+def lee() -> Corpus:
+    """gensim's Lee background news corpus (300 documents), split into sentences (see `split_sentences`)."""
+    path = gensim_test_data() / "lee_background.cor"
+    texts = [s for line in path.read_text(encoding="latin-1").splitlines() if line.strip() for s in split_sentences(line.strip())]
+    return Corpus("lee", [Sentence.from_text(t) for t in texts], source=str(path))
+
+
+def brown(directory: str | os.PathLike | None = None) -> Corpus:
+    """The Brown corpus in NLTK format (files ca01..cr09, tokens ``word/tag``), pre-tokenized, tags dropped."""
+    directory = Path(directory) if directory else DEFAULT_DATA_DIR / "brown"
+    files = _brown_files(directory)
+    sentences = []
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            tokens = line.split()
+            if tokens:
+                sentences.append(Sentence.from_words([t.rsplit("/", 1)[0] for t in tokens]))
+    return Corpus("brown", sentences, pretokenized=True, source=str(directory))
+
+
+def _brown_files(directory: Path) -> list[Path]:
+    cats = directory / "cats.txt"
+    if not cats.exists():
+        raise FileNotFoundError(f"{directory} is not an NLTK Brown corpus directory (no cats.txt); pass --corpus brown:/path/to/brown")
+    return [directory / line.split()[0] for line in cats.read_text().splitlines() if line.strip()]
+
+
+def sts(directory: str | os.PathLike | None = None) -> Corpus:
+    """The distinct sentences of the SemEval STS 2012-2016 test files (``STS*/STS.input.*.txt``),
+    in file order, each pair's first sentence before its second: Ethayarajh (2019)'s corpus."""
+    directory = Path(directory) if directory else DEFAULT_DATA_DIR / "STS_raw"
+    files = sorted(directory.glob("STS1*-en-test/STS.input.*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no STS.input.*.txt files under {directory}/STS1*-en-test/; pass --corpus sts:/path/to/STS_raw")
+    seen: dict[str, None] = {}
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for text in line.split("\t")[:2]:
+                text = text.strip()
+                if text:
+                    seen.setdefault(text, None)
+    return Corpus("sts", [Sentence.from_text(t) for t in seen], source=str(directory))
+
+
+BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts}
+
+
+def load_corpus(spec: str, *, field: str = "text", pretokenized: bool = False, limit: int | None = None) -> Corpus:
+    """Resolve a corpus spec: ``lee``; ``brown[:DIR]``; ``sts[:DIR]``; ``hf:NAME[/CONFIG]:SPLIT:COLUMN``;
+    a ``.jsonl`` file (`field`); any other file, one sentence per line."""
+    corpus = _load(spec, field=field, pretokenized=pretokenized)
+    return corpus.head(limit) if limit else corpus
+
+
+def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
+    name, _, argument = spec.partition(":")
+    if name in BUILTIN_CORPORA and not Path(spec).exists():
+        return BUILTIN_CORPORA[name](argument) if argument else BUILTIN_CORPORA[name]()
+    if name == "hf":
+        parts = argument.split(":")
+        if len(parts) != 3:
+            raise ValueError("a Hugging Face corpus is hf:NAME[/CONFIG]:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text")
+        dataset, _, config = parts[0].partition("/")
+        return Corpus.from_hf_dataset(dataset, config=config or None, split=parts[1], column=parts[2])
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"corpus {spec!r} is neither a built-in ({', '.join(BUILTIN_CORPORA)}) nor an existing file; "
+            "give a text file (one sentence per line), a .jsonl file, or hf:NAME:SPLIT:COLUMN"
+        )
+    if path.is_dir():
+        if (path / "cats.txt").exists():
+            return brown(path)
+        return sts(path)
+    if path.suffix == ".jsonl":
+        return Corpus.from_jsonl(path, field=field)
+    return Corpus.from_text_file(path, pretokenized=pretokenized)

@@ -1,0 +1,260 @@
+"""`HFEncoder`: every hidden layer of any Hugging Face `AutoModel`, pooled from pieces to words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from lmgeom.corpus.corpus import Sentence
+from lmgeom.encoders.alignment import TokenizedSentence, choose_windows, plan_windows, tokenize_sentence
+
+POOLINGS = ("mean", "first", "last")
+
+
+@dataclass
+class EncodedSentence:
+    """Per-layer vectors of one sentence's stored tokens (words, and special tokens when kept)."""
+
+    vectors: np.ndarray  # (n_layers, n_tokens, dim), float32
+    words: list[str]
+    is_special: np.ndarray  # (n_tokens,) bool
+    n_pieces: np.ndarray  # (n_tokens,) pieces pooled into each token
+    n_windows: int
+
+
+@dataclass
+class _Unit:
+    """Positions of one window's input that pool into one output vector."""
+
+    window: int
+    positions: np.ndarray
+
+
+class HFEncoder:
+    """Encode sentences with a transformers model and return every layer (layer 0 = embedding output).
+
+    The model reads each sentence's natural text with the tokenizer's default special tokens; pieces
+    are pooled into the words their character spans overlap (`pooling`: mean, first or last piece).
+    Inputs longer than `max_length` are split into overlapping windows, and each word takes its
+    vector from the window where it has most context on both sides.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        model_fingerprint: str = "",
+        pooling: str = "mean",
+        keep_special: bool = False,
+        prepend_bos: bool = False,
+        device: torch.device | str = "cpu",
+        max_length: int | None = None,
+        max_batch_tokens: int = 8192,
+        max_batch_size: int = 64,
+    ) -> None:
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(f"{model_id}: lmgeom needs a fast tokenizer (character offsets); none could be loaded")
+        if prepend_bos and tokenizer.bos_token_id is None:
+            raise ValueError(f"{model_id}: --prepend-bos was asked for but the tokenizer defines no BOS token")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.model_fingerprint = model_fingerprint
+        self.pooling = pooling
+        self.keep_special = keep_special
+        self.prepend_bos = prepend_bos
+        self.device = torch.device(device)
+        self.max_length = max_length or model_max_length(model, tokenizer)
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        config = model.config
+        self.n_layers = int(config.num_hidden_layers) + 1
+        self.dim = int(config.hidden_size)
+        self.pad_id = next(
+            (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) if t is not None), 0
+        )
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def settings(self) -> dict[str, Any]:
+        """What a store records about how its vectors were made."""
+        return {
+            "model_id": self.model_id,
+            "model_fingerprint": self.model_fingerprint,
+            "model_class": type(self.model).__name__,
+            "n_layers": self.n_layers,
+            "dim": self.dim,
+            "pooling": self.pooling,
+            "special_tokens": "stored" if self.keep_special else "excluded",
+            "prepend_bos": self.prepend_bos,
+            "max_length": self.max_length,
+            "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
+        }
+
+    # ---- public encoding API ------------------------------------------------------------------
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
+        """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`)."""
+        windows, units, layout = [], [], []
+        for offset, sentence in enumerate(sentences):
+            tokenized = tokenize_sentence(
+                self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset
+            )
+            first_window = len(windows)
+            spans = plan_windows(len(tokenized.content), self.max_length - len(tokenized.prefix) - len(tokenized.suffix))
+            windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
+            chosen = choose_windows(tokenized.word_pieces, spans)
+            word_units = [
+                _Unit(first_window + w, pieces - spans[w][0] + len(tokenized.prefix))
+                for pieces, w in zip(tokenized.word_pieces, chosen)
+            ]
+            prefix_units, suffix_units = (
+                self._special_units(tokenized, spans, first_window) if self.keep_special else ([], [])
+            )
+            sentence_units = prefix_units + word_units + suffix_units
+            words = (
+                self.tokenizer.convert_ids_to_tokens(tokenized.prefix if prefix_units else [])
+                + [w.text for w in sentence.words]
+                + self.tokenizer.convert_ids_to_tokens(tokenized.suffix if suffix_units else [])
+            )
+            is_special = np.zeros(len(sentence_units), dtype=bool)
+            is_special[: len(prefix_units)] = True
+            is_special[len(prefix_units) + len(word_units) :] = True
+            layout.append((len(units), len(sentence_units), words, is_special, len(spans)))
+            units.extend(sentence_units)
+        pooled = self._pool_units(windows, units, self.pooling)
+        return [
+            EncodedSentence(
+                vectors=pooled[:, start : start + count],
+                words=words,
+                is_special=is_special,
+                n_pieces=np.array([len(u.positions) for u in units[start : start + count]], dtype=np.int16),
+                n_windows=n_windows,
+            )
+            for start, count, words, is_special, n_windows in layout
+        ]
+
+    def sentence_embeddings(
+        self,
+        texts: Sequence[str],
+        *,
+        include_special: bool = True,
+        on_batch: Callable[[int], None] | None = None,
+        batch_sentences: int = 256,
+    ) -> np.ndarray:
+        """Mean of a sentence's pieces per layer, (n_layers, n_texts, dim): the sentence-transformers
+        convention when `include_special` (CLS/SEP or BOS among the pieces); long texts use windows."""
+        out = np.empty((self.n_layers, len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), batch_sentences):
+            chunk = texts[start : start + batch_sentences]
+            windows, units, owners = [], [], []
+            for offset, text in enumerate(chunk):
+                tokenized = tokenize_sentence(
+                    self.tokenizer, Sentence(text, ()), prepend_bos=self.prepend_bos, sentence_index=start + offset
+                )
+                first_window = len(windows)
+                spans = plan_windows(len(tokenized.content), self.max_length - len(tokenized.prefix) - len(tokenized.suffix))
+                windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
+                pieces = [np.array([p]) for p in range(len(tokenized.content))]
+                chosen = choose_windows(pieces, spans) if pieces else np.empty(0, dtype=np.int64)
+                sentence_units = [
+                    _Unit(first_window + w, p - spans[w][0] + len(tokenized.prefix)) for p, w in zip(pieces, chosen)
+                ]
+                if include_special or not sentence_units:
+                    prefix_units, suffix_units = self._special_units(tokenized, spans, first_window)
+                    sentence_units = prefix_units + sentence_units + suffix_units
+                if not sentence_units:
+                    raise ValueError(f"text {start + offset} ({text!r}) yields no tokenizer pieces")
+                units.extend(sentence_units)
+                owners.extend([offset] * len(sentence_units))
+            pooled = self._pool_units(windows, units, "mean")
+            owner_index = torch.as_tensor(owners)
+            sums = torch.zeros(self.n_layers, len(chunk), self.dim, dtype=torch.float64)
+            sums.index_add_(1, owner_index, torch.from_numpy(pooled).double())
+            counts = torch.bincount(owner_index, minlength=len(chunk)).double()
+            out[:, start : start + len(chunk)] = (sums / counts[None, :, None]).float().numpy()
+            if on_batch is not None:
+                on_batch(len(chunk))
+        return out
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _special_units(self, tokenized: TokenizedSentence, spans, first_window: int) -> tuple[list[_Unit], list[_Unit]]:
+        """Prefix specials from the first window, suffix specials from the last."""
+        last_window = first_window + len(spans) - 1
+        suffix_start = len(tokenized.prefix) + spans[-1][1] - spans[-1][0]
+        prefix = [_Unit(first_window, np.array([i])) for i in range(len(tokenized.prefix))]
+        suffix = [_Unit(last_window, np.array([suffix_start + i])) for i in range(len(tokenized.suffix))]
+        return prefix, suffix
+
+    @torch.inference_mode()
+    def _pool_units(self, windows: list[list[int]], units: list[_Unit], pooling: str) -> np.ndarray:
+        """Run the windows in length-sorted, dynamically padded batches and pool each unit's positions."""
+        out = np.empty((self.n_layers, len(units), self.dim), dtype=np.float32)
+        units_by_window: dict[int, list[int]] = {}
+        for index, unit in enumerate(units):
+            units_by_window.setdefault(unit.window, []).append(index)
+        order = sorted(range(len(windows)), key=lambda w: (-len(windows[w]), w))
+        for batch in self._batches(order, windows):
+            length = len(windows[batch[0]])
+            input_ids = torch.full((len(batch), length), self.pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
+            for row, w in enumerate(batch):
+                input_ids[row, : len(windows[w])] = torch.tensor(windows[w])
+                attention_mask[row, : len(windows[w])] = 1
+            hidden = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                output_hidden_states=True,
+                use_cache=False,
+            ).hidden_states
+            states = torch.stack(hidden).float()  # (n_layers, batch, length, dim)
+            flat = states.reshape(self.n_layers, len(batch) * length, self.dim)
+            piece_index, unit_slot, batch_units = [], [], []
+            for row, w in enumerate(batch):
+                for index in units_by_window.get(w, []):
+                    positions = units[index].positions
+                    if pooling == "first":
+                        positions = positions[:1]
+                    elif pooling == "last":
+                        positions = positions[-1:]
+                    piece_index.extend((row * length + positions).tolist())
+                    unit_slot.extend([len(batch_units)] * len(positions))
+                    batch_units.append(index)
+            if not batch_units:
+                continue
+            slots = torch.as_tensor(unit_slot, device=self.device)
+            sums = torch.zeros(self.n_layers, len(batch_units), self.dim, dtype=torch.float32, device=self.device)
+            sums.index_add_(1, slots, flat[:, torch.as_tensor(piece_index, device=self.device)])
+            counts = torch.bincount(slots, minlength=len(batch_units)).to(torch.float32)
+            out[:, batch_units] = (sums / counts[None, :, None]).cpu().numpy()
+        return out
+
+    def _batches(self, order: list[int], windows: list[list[int]]):
+        batch: list[int] = []
+        for w in order:
+            # order is longest first, so the first window of a batch sets its padded length
+            if batch and ((len(batch) + 1) * len(windows[batch[0]]) > self.max_batch_tokens or len(batch) == self.max_batch_size):
+                yield batch
+                batch = []
+            batch.append(w)
+        if batch:
+            yield batch
+
+
+def model_max_length(model: torch.nn.Module, tokenizer: Any) -> int:
+    """The longest input the model takes: its position limit, capped by the tokenizer's stated maximum."""
+    config = model.config
+    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions")]
+    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
+    declared = getattr(tokenizer, "model_max_length", None)
+    if isinstance(declared, int) and 0 < declared < 1_000_000:
+        limits.append(declared)
+    return min(limits) if limits else 512

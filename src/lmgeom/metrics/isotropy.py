@@ -1,0 +1,436 @@
+"""Isotropy measures of a point cloud: partition-function isotropy, IsoScore, spectra, rogue dimensions.
+
+Every function takes an array of shape (n_points, dim) (numpy or torch, any float dtype) and works in
+float64. The measures that need only the covariance (IsoScore, effective rank, participation ratio,
+variance shares) also have a covariance form, `covariance_isotropy`, which pairs with the streaming
+`MomentAccumulator`.
+
+Choices worth knowing (see docs/calibration.md):
+- I(W) (Mu & Viswanath 2018) is evaluated over the eigenvectors c of W^T W *and their negatives* by
+  default (`both_signs=True`). An eigensolver returns each eigenvector with an arbitrary sign, so
+  using them "as given" (as Ding et al.'s code does) makes the number depend on the solver; the
+  two-signed set is sign-invariant and still a subset of the unit sphere the definition minimises
+  and maximises over. `both_signs=False` uses one sign per eigenvector, fixed so that the largest
+  absolute component is positive (reproducible, close to the published recipe).
+- Effective rank (Roy & Vetterli 2007) is taken of the centred points by default: the entropy of the
+  normalised singular values of X - mean, i.e. of sqrt of the covariance eigenvalues.
+- Points that are all zero have no direction and are left out of every cosine-based measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.special import logsumexp
+from sklearn.cluster import KMeans
+
+from lmgeom.metrics.base import StateDictMixin, as_float64_rows, unit_rows
+
+# Rows per block when projecting points on all eigen-directions: bounds memory at block x dim.
+_PROJECTION_BLOCK_ROWS = 8192
+# isotropy_report measures a seeded subsample of this many rows; IsoScore and I(W) need only the
+# covariance / eigenvectors, which 20k points of a <= 4096-dim layer estimate well.
+REPORT_MAX_ROWS = 20_000
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming moments
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Count, mean and scatter matrix (sum of outer products of centred rows), all float64.
+
+    With `full_covariance=False` the scatter is only its diagonal (a vector of length dim).
+    """
+
+    count: int
+    mean: np.ndarray
+    scatter: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[0])
+
+    def covariance(self, *, ddof: int = 1) -> np.ndarray:
+        if self.count - ddof <= 0:
+            raise ValueError(
+                f"a covariance needs at least {ddof + 1} points, got n_samples = {self.count} "
+                f"({self.count} sample{'s' if self.count != 1 else ''}); pass more rows"
+            )
+        return self.scatter / (self.count - ddof)
+
+    def variance(self, *, ddof: int = 1) -> np.ndarray:
+        covariance = self.covariance(ddof=ddof)
+        return covariance if covariance.ndim == 1 else np.diag(covariance).copy()
+
+
+class MomentAccumulator(StateDictMixin):
+    """Count, mean and covariance of rows seen in any number of chunks, mergeable across shards.
+
+    Chunks are combined with Chan et al.'s parallel update, which stays exact in float64 where the
+    naive sum of x x^T minus n mean mean^T loses precision on far-from-zero data such as LLM layers
+    whose mean vector has norm in the thousands. `full_covariance=False` keeps only per-dimension
+    variances (what standardisation needs) at O(dim) instead of O(dim^2) per row.
+    """
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("full_covariance", "count", "mean", "scatter")
+
+    def __init__(self, *, full_covariance: bool = True) -> None:
+        self.full_covariance = full_covariance
+        self.count = 0
+        self.mean: np.ndarray | None = None
+        self.scatter: np.ndarray | None = None
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> "MomentAccumulator":
+        X = as_float64_rows(X)
+        if len(X) == 0:
+            return self
+        chunk_mean = X.mean(axis=0)
+        centred = X - chunk_mean
+        chunk_scatter = centred.T @ centred if self.full_covariance else np.einsum("ij,ij->j", centred, centred)
+        return self._combine(len(X), chunk_mean, chunk_scatter)
+
+    def merge(self, other: "MomentAccumulator") -> "MomentAccumulator":
+        if other.full_covariance != self.full_covariance:
+            raise ValueError("cannot merge a full-covariance MomentAccumulator with a diagonal-only one")
+        if other.count == 0:
+            return self
+        return self._combine(other.count, other.mean, other.scatter)
+
+    def _combine(self, n_new: int, mean_new: np.ndarray, scatter_new: np.ndarray) -> "MomentAccumulator":
+        if self.count == 0:
+            self.count, self.mean, self.scatter = n_new, mean_new.copy(), scatter_new.copy()
+            return self
+        if mean_new.shape != self.mean.shape:
+            raise ValueError(
+                f"rows have {mean_new.shape[0]} dimensions but this accumulator holds {self.mean.shape[0]}; "
+                "feed rows of one layer / one model only"
+            )
+        total = self.count + n_new
+        delta = mean_new - self.mean
+        weight = self.count * n_new / total
+        self.scatter = self.scatter + scatter_new + (np.outer(delta, delta) if self.full_covariance else delta**2) * weight
+        self.mean = self.mean + delta * (n_new / total)
+        self.count = total
+        return self
+
+    def result(self) -> Moments:
+        if self.count == 0:
+            raise ValueError("MomentAccumulator has seen no rows; call add() with data first")
+        return Moments(count=self.count, mean=self.mean.copy(), scatter=self.scatter.copy())
+
+
+# --------------------------------------------------------------------------------------------
+# Spectra
+# --------------------------------------------------------------------------------------------
+
+
+def _canonical_signs(vectors: np.ndarray) -> np.ndarray:
+    """Flip each column so its largest-magnitude entry is positive (as sklearn's svd_flip does)."""
+    rows = np.argmax(np.abs(vectors), axis=0)
+    signs = np.sign(vectors[rows, np.arange(vectors.shape[1])])
+    signs[signs == 0] = 1.0
+    return vectors * signs
+
+
+def symmetric_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (descending, negatives from rounding set to 0) and eigenvectors in columns with
+    deterministic signs, of a symmetric positive semi-definite matrix."""
+    values, vectors = np.linalg.eigh(matrix)
+    order = np.argsort(values)[::-1]
+    return np.clip(values[order], 0.0, None), _canonical_signs(vectors[:, order])
+
+
+def covariance_eigenvalues(X: Any) -> np.ndarray:
+    """Eigenvalues of the sample covariance (ddof=1), descending."""
+    X = as_float64_rows(X)
+    _require_rows(X, 2, "the covariance spectrum")
+    centred = X - X.mean(axis=0)
+    return np.clip(np.linalg.eigvalsh(centred.T @ centred / (len(X) - 1))[::-1], 0.0, None)
+
+
+def _isoscore_from_variances(variances: np.ndarray) -> float:
+    """Rudman et al. 2022, step for step as in the IsoScore package, from the PCA variances."""
+    n = variances.shape[0]
+    if n < 2:
+        raise ValueError("IsoScore needs points of at least 2 dimensions (n_features = 1 given)")
+    norm = np.linalg.norm(variances)
+    if norm == 0:
+        return float("nan")  # every point identical: no direction is used at all
+    normalised = variances * np.sqrt(n) / norm
+    defect = np.linalg.norm(normalised - 1.0) / np.sqrt(2 * (n - np.sqrt(n)))
+    return float(((n - defect**2 * (n - np.sqrt(n))) ** 2 - n) / (n * (n - 1)))
+
+
+def _effective_rank_from_singular_values(singular_values: np.ndarray) -> float:
+    total = singular_values.sum()
+    if total == 0:
+        return float("nan")
+    p = singular_values[singular_values > 0] / total
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def _participation_ratio_from_variances(variances: np.ndarray) -> float:
+    squares = (variances**2).sum()
+    return float(variances.sum() ** 2 / squares) if squares > 0 else float("nan")
+
+
+def _variance_share(variances: np.ndarray, k: int) -> float:
+    if k < 1:
+        raise ValueError(f"top-k variance share needs k >= 1, got {k}")
+    total = variances.sum()
+    return float(variances[:k].sum() / total) if total > 0 else float("nan")
+
+
+def _spectrum_measures(variances: np.ndarray, *, top_k: tuple[int, ...]) -> dict[str, float]:
+    measures = {
+        "isoscore": _isoscore_from_variances(variances),
+        "effective_rank": _effective_rank_from_singular_values(np.sqrt(variances)),
+        "participation_ratio": _participation_ratio_from_variances(variances),
+    }
+    for k in top_k:
+        measures[f"top{k}_variance_share"] = _variance_share(variances, k)
+    return measures
+
+
+def covariance_isotropy(covariance: np.ndarray, *, top_k: tuple[int, ...] = (1, 10)) -> dict[str, float]:
+    """The covariance-only measures (IsoScore, centred effective rank, participation ratio, top-k
+    variance shares) from a covariance matrix, e.g. `MomentAccumulator().add(...).result().covariance()`."""
+    covariance = np.asarray(covariance, dtype=np.float64)
+    if covariance.ndim != 2 or covariance.shape[0] != covariance.shape[1]:
+        raise ValueError(f"covariance must be a square (dim, dim) matrix, got shape {covariance.shape}")
+    variances = np.clip(np.linalg.eigvalsh(covariance)[::-1], 0.0, None)
+    return _spectrum_measures(variances, top_k=top_k)
+
+
+def isoscore(X: Any) -> float:
+    """IsoScore (Rudman et al. 2022) in [0, 1]: 1 for isotropic points, 0 when all lie on one line.
+
+    Agrees with the PyPI package `IsoScore.IsoScore(points)` (points as (n_points, dim))."""
+    return _isoscore_from_variances(covariance_eigenvalues(X))
+
+
+def effective_rank(X: Any, *, centered: bool = True) -> float:
+    """Roy & Vetterli's effective rank: exp of the entropy of the normalised singular values of X
+    (of X - mean when `centered`), between 1 and min(n_points, dim)."""
+    X = as_float64_rows(X)
+    _require_rows(X, 2 if centered else 1, "the effective rank")
+    W = X - X.mean(axis=0) if centered else X
+    gram = W.T @ W if W.shape[0] >= W.shape[1] else W @ W.T
+    return _effective_rank_from_singular_values(np.sqrt(np.clip(np.linalg.eigvalsh(gram), 0.0, None)))
+
+
+def participation_ratio(X: Any) -> float:
+    """(sum of covariance eigenvalues)^2 / sum of their squares, between 1 and dim."""
+    return _participation_ratio_from_variances(covariance_eigenvalues(X))
+
+
+def top_pc_variance_share(X: Any, k: int = 1) -> float:
+    """Share of the total variance carried by the top-k principal components."""
+    return _variance_share(covariance_eigenvalues(X), k)
+
+
+# --------------------------------------------------------------------------------------------
+# Partition-function isotropy I(W)
+# --------------------------------------------------------------------------------------------
+
+
+def _log_partition_range(W: np.ndarray, directions: np.ndarray, *, both_signs: bool) -> float:
+    """min_c log Z(c) - max_c log Z(c), Z(c) = sum_w exp(c.w), streamed over row blocks in log space."""
+    log_z_plus = np.full(directions.shape[1], -np.inf)
+    log_z_minus = np.full(directions.shape[1], -np.inf)
+    for start in range(0, len(W), _PROJECTION_BLOCK_ROWS):
+        projections = W[start : start + _PROJECTION_BLOCK_ROWS] @ directions
+        log_z_plus = np.logaddexp(log_z_plus, logsumexp(projections, axis=0))
+        if both_signs:
+            log_z_minus = np.logaddexp(log_z_minus, logsumexp(-projections, axis=0))
+    log_z = np.concatenate([log_z_plus, log_z_minus]) if both_signs else log_z_plus
+    return float(log_z.min() - log_z.max())
+
+
+def log_partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool = True) -> float:
+    """Natural log of I(W) = min_c Z(c) / max_c Z(c) over the eigenvectors c of W^T W
+    (Mu & Viswanath 2018); W = X, or X minus its mean when `centered`.
+
+    Always <= 0 and finite, also for vectors of norm in the thousands where I(W) itself underflows
+    to 0.0: report this number, not `partition_isotropy`."""
+    W = as_float64_rows(X)
+    _require_rows(W, 2 if centered else 1, "I(W)")
+    if centered:
+        W = W - W.mean(axis=0)
+    _, directions = symmetric_eigh(W.T @ W)
+    return _log_partition_range(W, directions, both_signs=both_signs)
+
+
+def partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool = True) -> float:
+    """I(W) in [0, 1]; exp(log_partition_isotropy), which is 0.0 in float64 once log I < about -745."""
+    return float(np.exp(log_partition_isotropy(X, centered, both_signs=both_signs)))
+
+
+# --------------------------------------------------------------------------------------------
+# Cosines and rogue dimensions
+# --------------------------------------------------------------------------------------------
+
+
+def average_cosine(X: Any) -> float:
+    """Mean cosine over distinct ordered pairs of non-zero rows, in closed form:
+    (||sum of unit rows||^2 - n) / (n (n - 1))."""
+    return float(cosine_contributions(X).sum())
+
+
+def cosine_contributions(X: Any) -> np.ndarray:
+    """Per-dimension contribution to the average cosine (Timkey & van Schijndel 2021):
+    CC_i = mean over distinct ordered pairs of u_i v_i / (||u|| ||v||); the CC_i sum to the average cosine."""
+    units, nonzero = unit_rows(as_float64_rows(X))
+    units = units[nonzero]
+    n = len(units)
+    if n < 2:
+        raise ValueError(f"a cosine between distinct points needs at least 2 non-zero rows, got {n}")
+    column_sums = units.sum(axis=0)
+    return (column_sums**2 - np.einsum("ij,ij->j", units, units)) / (n * (n - 1))
+
+
+def standardize_columns(X: np.ndarray) -> np.ndarray:
+    """Per-dimension z-scores (population std); constant dimensions are only centred."""
+    std = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(std > 0, std, 1.0)
+
+
+@dataclass(frozen=True)
+class RogueDimensions:
+    contributions: np.ndarray = field(repr=False)
+    top_dimensions: np.ndarray
+    top_share: float  # share of the average cosine carried by the top dimensions
+    average_cosine: float
+    average_cosine_without_top: float
+    average_cosine_standardized: float
+
+
+def rogue_dimensions(X: Any, *, top_k: int = 3) -> RogueDimensions:
+    """The `top_k` dimensions that contribute most to the average cosine, the share they carry, and
+    the average cosine after dropping them or after z-scoring every dimension."""
+    X = as_float64_rows(X)
+    if not 1 <= top_k < X.shape[1]:
+        raise ValueError(f"top_k must be between 1 and dim - 1 = {X.shape[1] - 1}, got {top_k}")
+    contributions = cosine_contributions(X)
+    top = np.argsort(contributions)[::-1][:top_k]
+    total = float(contributions.sum())
+    return RogueDimensions(
+        contributions=contributions,
+        top_dimensions=top,
+        top_share=float(contributions[top].sum() / total) if total != 0 else float("nan"),
+        average_cosine=total,
+        average_cosine_without_top=average_cosine(np.delete(X, top, axis=1)),
+        average_cosine_standardized=average_cosine(standardize_columns(X)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Local isotropy and the report
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalIsotropy:
+    """Isotropy inside k-means clusters (Cai et al. 2021).
+
+    `per_cluster` holds one record per cluster; `weighted_mean` averages each measure over the
+    clusters where it is defined (at least 2 points, 3 for I(W)), weighted by cluster size."""
+
+    per_cluster: list[dict[str, float]]
+    weighted_mean: dict[str, float]
+
+
+_LOCAL_MEASURES = ("isoscore", "log_partition_isotropy_centered", "average_cosine", "average_cosine_centered", "effective_rank")
+
+
+def _cluster_measures(points: np.ndarray) -> dict[str, float]:
+    if len(points) < 2:
+        return dict.fromkeys(_LOCAL_MEASURES, float("nan"))
+    centred = points - points.mean(axis=0)
+    nonzero_centred = np.linalg.norm(centred, axis=1) > 0
+    return {
+        "isoscore": isoscore(points) if points.shape[1] > 1 else float("nan"),
+        "log_partition_isotropy_centered": log_partition_isotropy(points, True),
+        "average_cosine": average_cosine(points) if (np.linalg.norm(points, axis=1) > 0).sum() > 1 else float("nan"),
+        "average_cosine_centered": average_cosine(centred) if nonzero_centred.sum() > 1 else float("nan"),
+        "effective_rank": effective_rank(points),
+    }
+
+
+def local_isotropy(X: Any, *, n_clusters: int = 8, seed: int = 0) -> LocalIsotropy:
+    """IsoScore, centred I(W), average cosine (raw and centred) and effective rank inside each of
+    `n_clusters` seeded k-means clusters, with their size-weighted mean."""
+    X = as_float64_rows(X)
+    if n_clusters < 1 or len(X) < n_clusters:
+        raise ValueError(
+            f"local isotropy with n_clusters={n_clusters} needs at least that many points, got {len(X)}; "
+            "lower n_clusters or pass more rows"
+        )
+    labels = KMeans(n_clusters=n_clusters, random_state=seed, n_init="auto").fit_predict(X)
+    per_cluster = [
+        {"cluster": cluster, "size": int((labels == cluster).sum()), **_cluster_measures(X[labels == cluster])}
+        for cluster in range(n_clusters)
+    ]
+    weighted_mean = {}
+    for measure in _LOCAL_MEASURES:
+        values = np.array([record[measure] for record in per_cluster])
+        sizes = np.array([record["size"] for record in per_cluster], dtype=np.float64)
+        defined = np.isfinite(values)
+        weighted_mean[measure] = float(np.average(values[defined], weights=sizes[defined])) if defined.any() else float("nan")
+    return LocalIsotropy(per_cluster=per_cluster, weighted_mean=weighted_mean)
+
+
+def subsample_rows(n_rows: int, max_rows: int | None, *, seed: int = 0) -> np.ndarray:
+    """Sorted row indexes of a seeded uniform subsample of at most `max_rows` (all rows if None)."""
+    if max_rows is None or n_rows <= max_rows:
+        return np.arange(n_rows)
+    return np.sort(np.random.default_rng(seed).choice(n_rows, size=max_rows, replace=False))
+
+
+def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_ROWS, rogue_top_k: int = 3) -> dict[str, float]:
+    """Every global isotropy measure of X as one flat dict, on a seeded subsample of `max_rows` rows.
+
+    Keys: n_points, n_used, dim, log_partition_isotropy(_centered), partition_isotropy(_centered),
+    isoscore, average_cosine, effective_rank, participation_ratio, top1/top10_variance_share,
+    rogue_top_share, average_cosine_without_rogue, average_cosine_standardized."""
+    X = as_float64_rows(X)
+    n_points, dim = X.shape
+    X = X[subsample_rows(n_points, max_rows, seed=seed)]
+    _require_rows(X, 3, "an isotropy report")
+    centred = X - X.mean(axis=0)
+    # One eigendecomposition serves the covariance spectrum and the centred I(W): W_c^T W_c = (n-1) cov.
+    variances, centred_directions = symmetric_eigh(centred.T @ centred / (len(X) - 1))
+    _, raw_directions = symmetric_eigh(X.T @ X)
+    log_i_raw = _log_partition_range(X, raw_directions, both_signs=True)
+    log_i_centred = _log_partition_range(centred, centred_directions, both_signs=True)
+    report: dict[str, float] = {
+        "n_points": n_points,
+        "n_used": len(X),
+        "dim": dim,
+        "log_partition_isotropy": log_i_raw,
+        "log_partition_isotropy_centered": log_i_centred,
+        "partition_isotropy": float(np.exp(log_i_raw)),
+        "partition_isotropy_centered": float(np.exp(log_i_centred)),
+        **_spectrum_measures(variances, top_k=(1, 10)),
+    }
+    if dim > rogue_top_k:
+        rogue = rogue_dimensions(X, top_k=rogue_top_k)
+        report.update(
+            average_cosine=rogue.average_cosine,
+            rogue_top_share=rogue.top_share,
+            average_cosine_without_rogue=rogue.average_cosine_without_top,
+            average_cosine_standardized=rogue.average_cosine_standardized,
+        )
+    else:
+        report["average_cosine"] = average_cosine(X)
+    return report
+
+
+def _require_rows(X: np.ndarray, minimum: int, what: str) -> None:
+    if len(X) < minimum:
+        raise ValueError(f"{what} needs at least {minimum} points, got n_samples = {len(X)}; pass more rows")

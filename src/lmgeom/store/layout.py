@@ -1,0 +1,44 @@
+"""The on-disk layout of a representation store, shared by its writer and its reader.
+
+```
+RUN/
+  meta.json            settings, counts, "complete"; written first, completed last
+  progress.json        committed chunks while an extraction runs (removed when complete)
+  parts/               per-chunk token and sentence tables while an extraction runs
+  layers/<l>/          one zarr array per layer, rows = stored tokens, layer 0 = embedding output
+  tokens.parquet       sentence_id, position, word, word_id, is_punct, is_special, n_pieces
+  sentences.parquet    sentence_id, text, n_words, n_tokens, n_windows, first_row
+  vocab.parquet        word_id, word, count, n_contexts, is_punct
+```
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+STORE_SCHEMA_VERSION = 1
+META = "meta.json"
+PROGRESS = "progress.json"
+PARTS = "parts"
+LAYERS = "layers"
+TOKENS = "tokens.parquet"
+SENTENCES = "sentences.parquet"
+VOCAB = "vocab.parquet"
+STORAGE_DTYPES = ("float32", "float16")
+
+
+def layer_path(root: Path, layer: int) -> Path:
+    return root / LAYERS / str(layer)
+
+
+def part_path(root: Path, kind: str, chunk: int) -> Path:
+    return root / PARTS / f"{kind}-{chunk:06d}.parquet"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"corrupt store: cannot read {path} ({error}); re-run the extraction with --overwrite") from None

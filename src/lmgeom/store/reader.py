@@ -1,0 +1,133 @@
+"""`RepresentationStore`: lazy reading of a complete store."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import zarr
+
+from lmgeom.store import layout
+
+
+class RepresentationStore:
+    """A complete store: per-layer lazy arrays plus token, sentence and vocabulary tables.
+
+    Row i of every layer is token i of `tokens`. Layer 0 is the embedding output.
+    """
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.meta = meta
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RepresentationStore":
+        path = Path(path)
+        meta_path = path / layout.META
+        if not meta_path.exists():
+            raise FileNotFoundError(f"{path} is not an lmgeom store (no {layout.META}); create one with `lmgeom extract`")
+        meta = layout.read_json(meta_path)
+        if not meta.get("complete"):
+            progress = path / layout.PROGRESS
+            done = layout.read_json(progress)["n_sentences"] if progress.exists() else 0
+            raise ValueError(
+                f"{path} is an unfinished extraction ({done} sentences committed); re-run the same "
+                "`lmgeom extract` command to resume it"
+            )
+        store = cls(path, meta)
+        store._check()
+        return store
+
+    def _check(self) -> None:
+        for name in (layout.TOKENS, layout.SENTENCES, layout.VOCAB):
+            if not (self.path / name).exists():
+                raise ValueError(f"corrupt store {self.path}: {name} is missing; re-run the extraction with --overwrite")
+        for layer in self.layers:
+            shape = self.layer(layer).shape
+            if shape != (self.n_tokens, self.dim):
+                raise ValueError(
+                    f"corrupt store {self.path}: layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim}); "
+                    "re-run the extraction with --overwrite"
+                )
+
+    # ---- shape ------------------------------------------------------------------------------
+    @property
+    def layers(self) -> list[int]:
+        return list(range(int(self.meta["n_layers"])))
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.meta["n_tokens"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def __repr__(self) -> str:
+        return (f"RepresentationStore({str(self.path)!r}, model={self.meta.get('model_id')!r}, "
+                f"layers=0..{len(self.layers) - 1} (0 = embeddings), tokens={self.n_tokens}, dim={self.dim})")
+
+    # ---- arrays -----------------------------------------------------------------------------
+    def layer(self, layer: int) -> zarr.Array:
+        """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches."""
+        if layer not in self.layers:
+            raise IndexError(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
+        return self._arrays[layer]
+
+    @cached_property
+    def _arrays(self) -> list[zarr.Array]:
+        return [zarr.open_array(str(layout.layer_path(self.path, l)), mode="r") for l in self.layers]
+
+    def iter_chunks(self, layer: int, *, chunk_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
+        """(start_row, rows) in bounded-memory blocks, in row order."""
+        array = self.layer(layer)
+        for start in range(0, self.n_tokens, chunk_rows):
+            yield start, np.asarray(array[start : start + chunk_rows])
+
+    def rows(self, layer: int, rows: np.ndarray) -> np.ndarray:
+        """The given rows of a layer, in the given order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return np.empty((0, self.dim), dtype=self.layer(layer).dtype)
+        order = np.argsort(rows, kind="stable")
+        sorted_rows = rows[order]
+        out = np.empty((rows.size, self.dim), dtype=self.layer(layer).dtype)
+        out[order] = self.layer(layer).get_orthogonal_selection((sorted_rows, slice(None)))
+        return out
+
+    # ---- tables -----------------------------------------------------------------------------
+    @cached_property
+    def tokens(self) -> pd.DataFrame:
+        return pd.read_parquet(self.path / layout.TOKENS)
+
+    @cached_property
+    def sentences(self) -> pd.DataFrame:
+        return pd.read_parquet(self.path / layout.SENTENCES)
+
+    @cached_property
+    def vocab(self) -> pd.DataFrame:
+        return pd.read_parquet(self.path / layout.VOCAB)
+
+    @cached_property
+    def _rows_by_word_id(self) -> dict[int, np.ndarray]:
+        word_ids = self.tokens["word_id"].to_numpy()
+        order = np.argsort(word_ids, kind="stable")
+        bounds = np.searchsorted(word_ids[order], np.arange(len(self.vocab) + 1))
+        return {w: order[bounds[w] : bounds[w + 1]] for w in range(len(self.vocab))}
+
+    def occurrences(self, word: str) -> np.ndarray:
+        """Row indexes where `word` occurs (exact match), in corpus order."""
+        matches = self.vocab.index[self.vocab["word"] == word]
+        if len(matches) == 0:
+            raise ValueError(f"word {word!r} does not occur in {self.path}")
+        return self._rows_by_word_id[int(self.vocab.at[matches[0], "word_id"])]
+
+    def sentence_rows(self, sentence_id: int) -> np.ndarray:
+        """Row indexes of one sentence's stored tokens."""
+        if not 0 <= sentence_id < len(self.sentences):
+            raise IndexError(f"sentence {sentence_id} out of range 0..{len(self.sentences) - 1}")
+        record = self.sentences.iloc[sentence_id]
+        return np.arange(record["first_row"], record["first_row"] + record["n_tokens"], dtype=np.int64)

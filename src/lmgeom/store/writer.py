@@ -1,0 +1,179 @@
+"""`StoreWriter`: chunked, atomically committed, resumable writing of a representation store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import zarr
+
+from lmgeom._version import __version__
+from lmgeom.corpus.corpus import Vocabulary
+from lmgeom.corpus.segment import is_punctuation
+from lmgeom.encoders.hf import EncodedSentence
+from lmgeom.results import atomic_write_text
+from lmgeom.store import layout
+
+
+class StoreExistsError(ValueError):
+    """The output directory holds another run."""
+
+
+class StoreWriter:
+    """Append chunks of encoded sentences; each `commit` is atomic, so a killed run resumes.
+
+    `settings` are what makes two runs the same run (model, pooling, corpus fingerprint, chunking,
+    dtype, ...): re-opening a directory with other settings is refused unless `overwrite`.
+    """
+
+    def __init__(self, path: str | Path, *, settings: dict[str, Any], overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.settings = dict(settings)
+        if self.settings.get("dtype") not in layout.STORAGE_DTYPES:
+            raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
+        self.n_layers = int(self.settings["n_layers"])
+        self.dim = int(self.settings["dim"])
+        if overwrite and self.path.exists():
+            shutil.rmtree(self.path)
+        meta_path = self.path / layout.META
+        if meta_path.exists():
+            existing = layout.read_json(meta_path)
+            if existing.get("settings") != self.settings:
+                changed = sorted(k for k in set(existing.get("settings", {})) | set(self.settings)
+                                 if existing.get("settings", {}).get(k) != self.settings.get(k))
+                raise StoreExistsError(
+                    f"{self.path} holds another run (different {', '.join(changed)}); "
+                    "pass --overwrite to replace it, or choose another --out"
+                )
+            self.complete = bool(existing.get("complete"))
+            self.created = existing.get("created")
+        elif self.path.exists() and any(self.path.iterdir()):
+            raise StoreExistsError(f"{self.path} is not empty and holds no lmgeom store; pass --overwrite or choose another --out")
+        else:
+            self.complete = False
+            self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._write_meta()
+            for layer in range(self.n_layers):
+                zarr.open_array(
+                    str(layout.layer_path(self.path, layer)), mode="w", shape=(0, self.dim),
+                    chunks=(self.chunk_rows, self.dim), dtype=self.settings["dtype"],
+                )
+        self._recover()
+
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per zarr chunk: about 4 MiB of float32."""
+        return max(1024, (1 << 20) // self.dim)
+
+    @property
+    def sentences_done(self) -> int:
+        return self.progress["n_sentences"]
+
+    def _recover(self) -> None:
+        """Return to the last committed chunk: drop rows and parts written after it."""
+        progress_path = self.path / layout.PROGRESS
+        self.progress = layout.read_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
+        if self.complete:
+            return
+        self.arrays = []
+        for layer in range(self.n_layers):
+            try:
+                array = zarr.open_array(str(layout.layer_path(self.path, layer)), mode="r+")
+            except Exception as error:  # zarr raises several types for a missing or broken array
+                raise ValueError(f"corrupt store: layer {layer} of {self.path} cannot be opened ({error}); re-run with --overwrite") from None
+            if array.shape[0] != self.progress["n_tokens"]:
+                array.resize((self.progress["n_tokens"], self.dim))
+            self.arrays.append(array)
+        for stale in self.path.rglob("*.partial"):
+            stale.unlink()
+        parts = self.path / layout.PARTS
+        if parts.exists():
+            for part in parts.glob("*.parquet"):
+                if int(part.stem.rsplit("-", 1)[1]) >= self.progress["chunks"]:
+                    part.unlink()
+
+    def commit(self, encoded: Sequence[EncodedSentence], texts: Sequence[str]) -> None:
+        """Append one chunk (rows to every layer, then its tables), then record it as committed."""
+        if self.complete:
+            raise ValueError(f"{self.path} is complete; nothing more can be appended")
+        first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
+        n_rows = sum(len(e.words) for e in encoded)
+        for layer, array in enumerate(self.arrays):
+            block = np.concatenate([e.vectors[layer] for e in encoded], axis=0) if encoded else np.empty((0, self.dim))
+            if not np.isfinite(block).all():
+                bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
+                raise ValueError(f"layer {layer}, row {bad}: the model produced NaN/inf; use a float32 compute dtype")
+            array.resize((first_row + n_rows, self.dim))
+            array[first_row:] = block.astype(self.settings["dtype"])
+        tokens = pd.DataFrame({
+            "sentence_id": np.repeat(np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64),
+                                     [len(e.words) for e in encoded]),
+            "position": np.concatenate([np.arange(len(e.words), dtype=np.int32) for e in encoded]),
+            "word": [w for e in encoded for w in e.words],
+            "is_special": np.concatenate([e.is_special for e in encoded]),
+            "n_pieces": np.concatenate([e.n_pieces for e in encoded]).astype(np.int16),
+        })
+        row_starts = first_row + np.concatenate([[0], np.cumsum([len(e.words) for e in encoded])[:-1]]).astype(np.int64)
+        sentences = pd.DataFrame({
+            "sentence_id": np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64),
+            "text": list(texts),
+            "n_words": [int((~e.is_special).sum()) for e in encoded],
+            "n_tokens": [len(e.words) for e in encoded],
+            "n_windows": [e.n_windows for e in encoded],
+            "first_row": row_starts,
+        })
+        chunk = self.progress["chunks"]
+        (self.path / layout.PARTS).mkdir(exist_ok=True)
+        for kind, table in (("tokens", tokens), ("sentences", sentences)):
+            _write_parquet_atomic(table, layout.part_path(self.path, kind, chunk))
+        self.progress = {"chunks": chunk + 1, "n_sentences": first_sentence + len(encoded), "n_tokens": first_row + n_rows}
+        atomic_write_text(self.path / layout.PROGRESS, json.dumps(self.progress))
+
+    def finalize(self, **extra_meta: Any) -> None:
+        """Merge the chunk tables, build the vocabulary, and mark the store complete."""
+        if self.complete:
+            return
+        chunks = range(self.progress["chunks"])
+        tokens = pd.concat([pd.read_parquet(layout.part_path(self.path, "tokens", c)) for c in chunks], ignore_index=True)
+        sentences = pd.concat([pd.read_parquet(layout.part_path(self.path, "sentences", c)) for c in chunks], ignore_index=True)
+        words = tokens["word"].to_numpy()
+        vocab = Vocabulary.from_words(words, tokens["sentence_id"].to_numpy()).table
+        word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
+        tokens.insert(3, "word_id", word_ids.loc[words].to_numpy())
+        tokens.insert(4, "is_punct", np.fromiter((is_punctuation(w) for w in words), dtype=bool, count=len(words)) & ~tokens["is_special"].to_numpy())
+        _write_parquet_atomic(tokens, self.path / layout.TOKENS)
+        _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
+        _write_parquet_atomic(vocab, self.path / layout.VOCAB)
+        self.complete = True
+        self._write_meta(
+            n_tokens=len(tokens), n_sentences=len(sentences), n_words=int((~tokens["is_special"]).sum()),
+            n_vocab=len(vocab), n_windows=int(sentences["n_windows"].sum()),
+            n_long_sentences=int((sentences["n_windows"] > 1).sum()), **extra_meta,
+        )
+        shutil.rmtree(self.path / layout.PARTS, ignore_errors=True)
+        (self.path / layout.PROGRESS).unlink(missing_ok=True)
+
+    def _write_meta(self, **counts: Any) -> None:
+        meta = {
+            "schema_version": layout.STORE_SCHEMA_VERSION,
+            "lmgeom_version": __version__,
+            "layer_note": "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l",
+            **self.settings,
+            "settings": self.settings,
+            "created": self.created,
+            "complete": self.complete,
+            **counts,
+        }
+        atomic_write_text(self.path / layout.META, json.dumps(meta, indent=2) + "\n")
+
+
+def _write_parquet_atomic(table: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    table.to_parquet(tmp, index=False)
+    tmp.replace(path)
