@@ -41,7 +41,7 @@ def tiny_tokenizer(name: str) -> PreTrainedTokenizerFast:
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        tok.train_from_iterator(text, trainers.WordPieceTrainer(vocab_size=_VOCAB_SIZE, special_tokens=specials))
+        tok.train_from_iterator(text, trainers.WordPieceTrainer(vocab_size=_VOCAB_SIZE, special_tokens=specials, show_progress=False))
         cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
@@ -59,7 +59,7 @@ def tiny_tokenizer(name: str) -> PreTrainedTokenizerFast:
         tok.train_from_iterator(
             text,
             trainers.BpeTrainer(
-                vocab_size=_VOCAB_SIZE, special_tokens=["<|endoftext|>"],
+                vocab_size=_VOCAB_SIZE, special_tokens=["<|endoftext|>"], show_progress=False,
                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             ),
         )
@@ -72,7 +72,7 @@ def tiny_tokenizer(name: str) -> PreTrainedTokenizerFast:
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
         specials = ["<unk>", "<s>", "</s>"]
         tok.train_from_iterator(
-            text, trainers.UnigramTrainer(vocab_size=_VOCAB_SIZE, special_tokens=specials, unk_token="<unk>")
+            text, trainers.UnigramTrainer(vocab_size=_VOCAB_SIZE, special_tokens=specials, unk_token="<unk>", show_progress=False)
         )
         tok.post_processor = processors.TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]

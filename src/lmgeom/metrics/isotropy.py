@@ -27,6 +27,7 @@ from scipy.special import logsumexp
 from sklearn.cluster import KMeans
 
 from lmgeom.metrics.base import StateDictMixin, as_float64_rows, unit_rows
+from lmgeom.metrics.contextuality import average_cosine, sample_indexes
 
 # Rows per block when projecting points on all eigen-directions: bounds memory at block x dim.
 _PROJECTION_BLOCK_ROWS = 8192
@@ -276,12 +277,6 @@ def partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool = Tru
 # --------------------------------------------------------------------------------------------
 
 
-def average_cosine(X: Any) -> float:
-    """Mean cosine over distinct ordered pairs of non-zero rows, in closed form:
-    (||sum of unit rows||^2 - n) / (n (n - 1))."""
-    return float(cosine_contributions(X).sum())
-
-
 def cosine_contributions(X: Any) -> np.ndarray:
     """Per-dimension contribution to the average cosine (Timkey & van Schijndel 2021):
     CC_i = mean over distinct ordered pairs of u_i v_i / (||u|| ||v||); the CC_i sum to the average cosine."""
@@ -385,13 +380,6 @@ def local_isotropy(X: Any, *, n_clusters: int = 8, seed: int = 0) -> LocalIsotro
     return LocalIsotropy(per_cluster=per_cluster, weighted_mean=weighted_mean)
 
 
-def subsample_rows(n_rows: int, max_rows: int | None, *, seed: int = 0) -> np.ndarray:
-    """Sorted row indexes of a seeded uniform subsample of at most `max_rows` (all rows if None)."""
-    if max_rows is None or n_rows <= max_rows:
-        return np.arange(n_rows)
-    return np.sort(np.random.default_rng(seed).choice(n_rows, size=max_rows, replace=False))
-
-
 def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_ROWS, rogue_top_k: int = 3) -> dict[str, float]:
     """Every global isotropy measure of X as one flat dict, on a seeded subsample of `max_rows` rows.
 
@@ -400,7 +388,8 @@ def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_
     rogue_top_share, average_cosine_without_rogue, average_cosine_standardized."""
     X = as_float64_rows(X)
     n_points, dim = X.shape
-    X = X[subsample_rows(n_points, max_rows, seed=seed)]
+    if max_rows is not None:
+        X = X[sample_indexes(np.arange(n_points), max_rows, seed)]
     _require_rows(X, 3, "an isotropy report")
     centred = X - X.mean(axis=0)
     # One eigendecomposition serves the covariance spectrum and the centred I(W): W_c^T W_c = (n-1) cov.

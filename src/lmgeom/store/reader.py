@@ -46,7 +46,12 @@ class RepresentationStore:
             if not (self.path / name).exists():
                 raise ValueError(f"corrupt store {self.path}: {name} is missing; re-run the extraction with --overwrite")
         for layer in self.layers:
-            shape = self.layer(layer).shape
+            try:
+                shape = self.layer(layer).shape
+            except Exception as error:  # zarr raises several types for a missing or broken array
+                raise ValueError(
+                    f"corrupt store {self.path}: layer {layer} cannot be opened ({error}); re-run the extraction with --overwrite"
+                ) from None
             if shape != (self.n_tokens, self.dim):
                 raise ValueError(
                     f"corrupt store {self.path}: layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim}); "
@@ -75,11 +80,13 @@ class RepresentationStore:
         """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches."""
         if layer not in self.layers:
             raise IndexError(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
+        if layer not in self._arrays:
+            self._arrays[layer] = zarr.open_array(str(layout.layer_path(self.path, layer)), mode="r")
         return self._arrays[layer]
 
     @cached_property
-    def _arrays(self) -> list[zarr.Array]:
-        return [zarr.open_array(str(layout.layer_path(self.path, l)), mode="r") for l in self.layers]
+    def _arrays(self) -> dict[int, zarr.Array]:
+        return {}
 
     def iter_chunks(self, layer: int, *, chunk_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
         """(start_row, rows) in bounded-memory blocks, in row order."""

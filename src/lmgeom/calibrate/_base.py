@@ -1,0 +1,85 @@
+"""What every calibrator shares: input checks, torch in -> torch out, save/load."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from lmgeom.calibrate.io import load_calibrator, save_calibrator, scalar_or_array
+
+
+class Calibrator(TransformerMixin, BaseEstimator):
+    """Base of the calibrators: a scikit-learn transformer that also takes and returns torch tensors.
+
+    Numpy float32 stays float32 and float64 stays float64 (the maths runs in float64); a torch
+    tensor comes back as a tensor of its own dtype on its own device."""
+
+    _save_format: ClassVar[str] = "npz"
+    # Attribute whose presence means "fitted": partial_fit on a single row sets n_features_in_
+    # before there is anything to transform with.
+    _fitted_marker: ClassVar[str]
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, self._fitted_marker)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags
+
+    def _validate(self, X: Any, *, reset: bool, min_samples: int = 1) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+        """(checked float array, function turning a result back into X's kind: numpy or torch)."""
+        torch_kind = None
+        if isinstance(X, torch.Tensor):
+            torch_kind = (X.dtype, X.device)
+            X = X.detach().cpu()
+            X = (X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float64)).numpy()
+        X = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32], ensure_min_samples=min_samples)
+        input_dtype = X.dtype
+
+        def restore(result: np.ndarray) -> Any:
+            result = result.astype(input_dtype, copy=False)
+            if torch_kind is None:
+                return result
+            dtype, device = torch_kind
+            return torch.from_numpy(np.ascontiguousarray(result)).to(device=device, dtype=dtype if dtype.is_floating_point else torch.float32)
+
+        return X, restore
+
+    def _checked_input(self, X: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+        """Fitted check + validation for transform-like methods; the array is float64."""
+        check_is_fitted(self)
+        X, restore = self._validate(X, reset=False)
+        return X.astype(np.float64, copy=False), restore
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def _fitted_state(self) -> dict[str, Any]:
+        state = {name: np.asarray(value) for name, value in vars(self).items() if name.endswith("_") and not name.startswith("_")}
+        if "feature_names_in_" in state:  # object arrays would need pickle to load
+            state["feature_names_in_"] = state["feature_names_in_"].astype(str)
+        return state
+
+    def _set_fitted_state(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, scalar_or_array(value))
+        if hasattr(self, "feature_names_in_"):
+            self.feature_names_in_ = self.feature_names_in_.astype(object)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the fitted calibrator (`.npz`, or `.pt` for the flow); returns the path written."""
+        check_is_fitted(self)
+        return save_calibrator(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Calibrator":
+        estimator = load_calibrator(path)
+        if not isinstance(estimator, cls):
+            raise ValueError(f"{path} holds a {type(estimator).__name__}, not a {cls.__name__}")
+        return estimator

@@ -1,0 +1,286 @@
+"""A Glow-style normalizing flow (Kingma & Dhariwal 2018) for vectors, trained to map points to N(0, I).
+
+Each step is actnorm -> invertible linear map (the "1x1 convolution", LU-parametrised so its
+log-determinant is the sum of log|diag U|) -> affine coupling (or additive, volume-preserving).
+The flow is trained by maximum likelihood; `transform` gives z, `inverse_transform` maps z back,
+`log_det` gives log|det dz/dx| per point and `score_samples` the log-density log p(x).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.utils import check_random_state
+from torch import nn
+
+from lmgeom.calibrate._base import Calibrator
+from lmgeom.calibrate.io import register
+from lmgeom.device import resolve_device
+
+# Rows per forward pass at transform time (no gradients, so memory is rows x hidden_size floats).
+_TRANSFORM_BATCH_ROWS = 65536
+# Rows that set the data-dependent actnorm initialisation.
+_INIT_ROWS = 4096
+_GRADIENT_CLIP_NORM = 10.0  # a few outlier batches early on can otherwise throw the scales far off
+
+
+class _ActNorm(nn.Module):
+    """y = (x + bias) * exp(log_scale), initialised so its first input comes out zero-mean, unit-variance."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.log_scale = nn.Parameter(torch.zeros(dim))
+
+    @torch.no_grad()
+    def initialize(self, x: torch.Tensor) -> None:
+        std = x.std(dim=0)
+        # A constant dimension has std 0; a floor relative to the typical std keeps the scale finite.
+        std = std.clamp_min(1e-6 * float(std.mean()) + torch.finfo(std.dtype).tiny)
+        self.bias.copy_(-x.mean(dim=0))
+        self.log_scale.copy_(-std.log())
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x + self.bias) * self.log_scale.exp(), self.log_scale.sum().expand(x.shape[0])
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return y * (-self.log_scale).exp() - self.bias
+
+
+class _InvertibleLinear(nn.Module):
+    """y = x W^T with W = P L (U + diag(sign * exp(log_s))), P a fixed permutation, L unit lower-triangular."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        orthogonal, _ = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64))
+        permutation, lower, upper = torch.linalg.lu(orthogonal)
+        diagonal = torch.diagonal(upper)
+        self.register_buffer("permutation", permutation.float())
+        self.register_buffer("sign", torch.sign(diagonal).float())
+        self.register_buffer("lower_mask", torch.tril(torch.ones(dim, dim), diagonal=-1))
+        self.register_buffer("identity", torch.eye(dim))
+        self.lower = nn.Parameter(lower.float())
+        self.upper = nn.Parameter(torch.triu(upper, diagonal=1).float())
+        self.log_s = nn.Parameter(diagonal.abs().log().float())
+
+    def _factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        lower = self.lower * self.lower_mask + self.identity
+        upper = self.upper * self.lower_mask.T + torch.diag(self.sign * self.log_s.exp())
+        return lower, upper
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lower, upper = self._factors()
+        weight = self.permutation @ lower @ upper
+        return x @ weight.T, self.log_s.sum().expand(x.shape[0])
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        # x^T = U^-1 L^-1 P^T y^T, by two triangular solves instead of an explicit inverse.
+        lower, upper = self._factors()
+        permuted = (y @ self.permutation).T
+        solved = torch.linalg.solve_triangular(lower, permuted, upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(upper, solved, upper=True).T
+
+
+class _Coupling(nn.Module):
+    """The second half of x is shifted (and scaled, for affine) by a network of the first half."""
+
+    def __init__(self, dim: int, hidden_size: int, *, additive: bool) -> None:
+        super().__init__()
+        self.split = dim // 2
+        self.additive = additive
+        self.n_transformed = dim - self.split
+        out = self.n_transformed if additive else 2 * self.n_transformed
+        last = nn.Linear(hidden_size, out)
+        nn.init.zeros_(last.weight)  # starts as (nearly) the identity, as in Glow
+        nn.init.zeros_(last.bias)
+        self.net = nn.Sequential(nn.Linear(self.split, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size), nn.ReLU(), last)
+
+    def _shift_log_scale(self, conditioner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h = self.net(conditioner)
+        if self.additive:
+            return h, None
+        # Glow's bounded scale sigmoid(h + 2): in (0, 1), so no step can blow a coordinate up.
+        return h[:, : self.n_transformed], F.logsigmoid(h[:, self.n_transformed :] + 2.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kept, changed = x[:, : self.split], x[:, self.split :]
+        shift, log_scale = self._shift_log_scale(kept)
+        if log_scale is None:
+            return torch.cat([kept, changed + shift], dim=1), x.new_zeros(x.shape[0])
+        return torch.cat([kept, (changed + shift) * log_scale.exp()], dim=1), log_scale.sum(dim=1)
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        kept, changed = y[:, : self.split], y[:, self.split :]
+        shift, log_scale = self._shift_log_scale(kept)
+        if log_scale is not None:
+            changed = changed * (-log_scale).exp()
+        return torch.cat([kept, changed - shift], dim=1)
+
+
+class _Flow(nn.Module):
+    def __init__(self, dim: int, *, n_steps: int, hidden_size: int, additive: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for _ in range(n_steps):
+            self.layers.extend([_ActNorm(dim), _InvertibleLinear(dim), _Coupling(dim, hidden_size, additive=additive)])
+
+    @torch.no_grad()
+    def initialize(self, x: torch.Tensor) -> None:
+        """Data-dependent init: each actnorm standardises what reaches it."""
+        for layer in self.layers:
+            if isinstance(layer, _ActNorm):
+                layer.initialize(x)
+            x, _ = layer(x)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_det = x.new_zeros(x.shape[0])
+        for layer in self.layers:
+            x, layer_log_det = layer(x)
+            log_det = log_det + layer_log_det
+        return x, log_det
+
+    def inverse(self, z: torch.Tensor) -> torch.Tensor:
+        for layer in reversed(self.layers):
+            z = layer.inverse(z)
+        return z
+
+
+def _negative_log_likelihood(z: torch.Tensor, log_det: torch.Tensor) -> torch.Tensor:
+    """-log p(x) per point under z ~ N(0, I)."""
+    return 0.5 * (z**2).sum(dim=1) + 0.5 * z.shape[1] * math.log(2 * math.pi) - log_det
+
+
+@register
+class FlowCalibrator(Calibrator):
+    """Glow-style normalizing flow trained by maximum likelihood to map points to N(0, I).
+
+    The defaults (4 steps, 256 hidden units, 10 epochs of batch 256, Adam 1e-3) fit 10k x 384
+    points on a CPU in well under a minute. Computation is float32 on `device` ("auto": CUDA when
+    present). Seeded by `random_state` (initialisation and batch order).
+    Fitted: module_ (the torch flow), loss_curve_ (mean NLL in nats per dimension, per epoch),
+    n_iter_ (epochs run), n_samples_seen_."""
+
+    _save_format: ClassVar[str] = "torch"
+    _fitted_marker: ClassVar[str] = "module_"
+
+    def __init__(
+        self,
+        n_steps: int = 4,
+        hidden_size: int = 256,
+        coupling: str = "affine",
+        n_epochs: int = 10,
+        batch_size: int = 256,
+        learning_rate: float = 1e-3,
+        random_state: int | None = 0,
+        device: str = "auto",
+    ) -> None:
+        self.n_steps = n_steps
+        self.hidden_size = hidden_size
+        self.coupling = coupling
+        self.n_epochs = n_epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.random_state = random_state
+        self.device = device
+
+    def _build(self, dim: int, seed: int) -> _Flow:
+        if self.coupling not in ("affine", "additive"):
+            raise ValueError(f"FlowCalibrator coupling must be 'affine' or 'additive', got {self.coupling!r}")
+        for name in ("n_steps", "hidden_size", "n_epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"FlowCalibrator {name} must be >= 1, got {getattr(self, name)}")
+        with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's global RNG
+            torch.manual_seed(seed)
+            return _Flow(dim, n_steps=self.n_steps, hidden_size=self.hidden_size, additive=self.coupling == "additive")
+
+    def fit(self, X: Any, y: Any = None) -> "FlowCalibrator":
+        X, _ = self._validate(X, reset=True, min_samples=2)
+        n_points, dim = X.shape
+        if dim < 2:
+            raise ValueError("FlowCalibrator couples one half of the dimensions with the other, so it needs at least 2; got n_features = 1")
+        device = resolve_device(self.device)
+        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
+        flow = self._build(dim, seed).to(device)
+        batch_order = torch.Generator().manual_seed(seed)
+        data = torch.as_tensor(X, dtype=torch.float32, device=device)
+        flow.initialize(data[torch.randperm(n_points, generator=batch_order)[:_INIT_ROWS].to(device)])
+        optimizer = torch.optim.Adam(flow.parameters(), lr=self.learning_rate)
+        self.loss_curve_ = []
+        flow.train()
+        for _ in range(self.n_epochs):
+            order = torch.randperm(n_points, generator=batch_order).to(device)
+            total = 0.0
+            for start in range(0, n_points, self.batch_size):
+                batch = data[order[start : start + self.batch_size]]
+                loss = _negative_log_likelihood(*flow(batch)).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(flow.parameters(), _GRADIENT_CLIP_NORM)
+                optimizer.step()
+                total += float(loss) * len(batch)
+            self.loss_curve_.append(total / n_points / dim)
+        if not np.isfinite(self.loss_curve_[-1]):
+            raise ValueError("FlowCalibrator training diverged (non-finite loss); lower learning_rate or standardise the inputs")
+        self.module_ = flow.eval()
+        self.n_iter_ = self.n_epochs
+        self.n_samples_seen_ = n_points
+        return self
+
+    @torch.no_grad()
+    def _apply(self, X: Any, method: str) -> tuple[np.ndarray, np.ndarray | None, Any]:
+        X, restore = self._checked_input(X)
+        device = next(self.module_.parameters()).device
+        outputs, log_dets = [], []
+        for start in range(0, len(X), _TRANSFORM_BATCH_ROWS):
+            batch = torch.as_tensor(X[start : start + _TRANSFORM_BATCH_ROWS], dtype=torch.float32, device=device)
+            if method == "inverse":
+                outputs.append(self.module_.inverse(batch).double().cpu().numpy())
+            else:
+                z, log_det = self.module_(batch)
+                outputs.append(z.double().cpu().numpy())
+                log_dets.append(log_det.double().cpu().numpy())
+        dim = self.n_features_in_
+        result = np.concatenate(outputs) if outputs else np.zeros((0, dim))
+        return result, (np.concatenate(log_dets) if log_dets else None), restore
+
+    def transform(self, X: Any) -> Any:
+        z, _, restore = self._apply(X, "forward")
+        return restore(z)
+
+    def inverse_transform(self, X: Any) -> Any:
+        x, _, restore = self._apply(X, "inverse")
+        return restore(x)
+
+    def log_det(self, X: Any) -> np.ndarray:
+        """log |det dz/dx| of the flow at each point (float64 array of length n_points)."""
+        _, log_det, _ = self._apply(X, "forward")
+        return log_det
+
+    def score_samples(self, X: Any) -> np.ndarray:
+        """log p(x) under the fitted flow: log N(z; 0, I) + log |det dz/dx|."""
+        z, log_det, _ = self._apply(X, "forward")
+        return -(0.5 * (z**2).sum(axis=1) + 0.5 * z.shape[1] * math.log(2 * math.pi)) + log_det
+
+    # -- persistence: the module as a state dict -------------------------------------------
+
+    def _fitted_state(self) -> dict[str, Any]:
+        return {
+            "module_": {name: tensor.detach().cpu() for name, tensor in self.module_.state_dict().items()},
+            "loss_curve_": torch.tensor(self.loss_curve_, dtype=torch.float64),
+            "n_features_in_": self.n_features_in_,
+            "n_iter_": self.n_iter_,
+            "n_samples_seen_": self.n_samples_seen_,
+        }
+
+    def _set_fitted_state(self, state: dict[str, Any]) -> None:
+        self.n_features_in_ = int(state["n_features_in_"])
+        flow = self._build(self.n_features_in_, seed=0)  # every parameter is overwritten by the state dict
+        flow.load_state_dict(state["module_"])
+        self.module_ = flow.to(resolve_device(self.device)).eval()
+        self.loss_curve_ = state["loss_curve_"].tolist()
+        self.n_iter_ = int(state["n_iter_"])
+        self.n_samples_seen_ = int(state["n_samples_seen_"])

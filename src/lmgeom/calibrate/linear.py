@@ -1,0 +1,173 @@
+"""Calibrators that need only the mean and covariance: all-but-the-top, whitening, standardisation.
+
+All three fit from a `MomentAccumulator` (count, mean, covariance in float64), so `partial_fit`
+over chunks gives the same fit as `fit` on all rows at once, and shards accumulated separately
+can be merged and passed to `fit_moments`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.utils.validation import check_is_fitted
+
+from lmgeom.calibrate._base import Calibrator
+from lmgeom.calibrate.io import register
+from lmgeom.metrics.isotropy import MomentAccumulator, Moments, symmetric_eigh
+
+
+class _MomentCalibrator(Calibrator):
+    _fitted_marker: ClassVar[str] = "n_samples_seen_"
+    _full_covariance: ClassVar[bool] = True
+
+    def fit(self, X: Any, y: Any = None) -> "_MomentCalibrator":
+        X, _ = self._validate(X, reset=True, min_samples=2)
+        self._moments = MomentAccumulator(full_covariance=self._full_covariance).add(X)
+        self._fit_moments(self._moments.result())
+        return self
+
+    def partial_fit(self, X: Any, y: Any = None) -> "_MomentCalibrator":
+        """Add a chunk of rows; the fit is refreshed once at least 2 rows have been seen."""
+        first_call = not hasattr(self, "_moments")
+        X, _ = self._validate(X, reset=first_call)
+        if first_call:
+            self._moments = MomentAccumulator(full_covariance=self._full_covariance)
+        self._moments.add(X)
+        if self._moments.count >= 2:
+            self._fit_moments(self._moments.result())
+        return self
+
+    def fit_moments(self, accumulator: MomentAccumulator) -> "_MomentCalibrator":
+        """Fit from rows already accumulated elsewhere (e.g. merged shards); later `partial_fit`
+        calls keep adding to `accumulator`."""
+        if accumulator.full_covariance != self._full_covariance:
+            kind = "full_covariance=True" if self._full_covariance else "full_covariance=False"
+            raise ValueError(f"{type(self).__name__} needs a MomentAccumulator({kind})")
+        moments = accumulator.result()
+        if moments.count < 2:
+            raise ValueError(f"{type(self).__name__} needs at least 2 rows, got n_samples = {moments.count}")
+        self.__dict__.pop("feature_names_in_", None)  # names from an earlier DataFrame fit no longer apply
+        self.n_features_in_ = moments.dim
+        self._moments = accumulator
+        self._fit_moments(moments)
+        return self
+
+    def _fit_moments(self, moments: Moments) -> None:
+        raise NotImplementedError
+
+
+def default_abtt_components(dim: int) -> int:
+    """Mu & Viswanath's D = d/100, rounded half up, at least 1 (8 for 768 dimensions)."""
+    return max(1, int(np.floor(dim / 100 + 0.5)))
+
+
+@register
+class AllButTheTop(_MomentCalibrator):
+    """Remove the mean and the top-D principal directions (Mu & Viswanath 2018).
+
+    n_components: D; None means d/100 rounded, at least 1.
+    Fitted: mean_, components_ (D, d) top principal directions, explained_variance_ (D,),
+    n_components_, n_samples_seen_."""
+
+    def __init__(self, n_components: int | None = None) -> None:
+        self.n_components = n_components
+
+    def _fit_moments(self, moments: Moments) -> None:
+        dim = moments.dim
+        n_components = default_abtt_components(dim) if self.n_components is None else self.n_components
+        if not 1 <= n_components <= dim:
+            raise ValueError(f"AllButTheTop n_components must be between 1 and the dimension {dim}, got {n_components}")
+        variances, vectors = symmetric_eigh(moments.covariance())
+        self.mean_ = moments.mean
+        self.components_ = vectors[:, :n_components].T.copy()
+        self.explained_variance_ = variances[:n_components]
+        self.n_components_ = n_components
+        self.n_samples_seen_ = moments.count
+
+    def transform(self, X: Any) -> Any:
+        X, restore = self._checked_input(X)
+        centred = X - self.mean_
+        return restore(centred - (centred @ self.components_.T) @ self.components_)
+
+
+@register
+class Whitening(_MomentCalibrator):
+    """Whitening (Su et al. 2021): (x - mu) U Lambda^-1/2, keeping the top `n_components` directions.
+
+    zca: rotate back, (x - mu) U Lambda^-1/2 U^T, which keeps the output closest to the input.
+    eps: eigenvalues below eps x (mean eigenvalue) are raised to that floor before inverting, so
+    N <= d or rank-deficient data gives finite output (the null directions are scaled by a large
+    but finite factor; truncate with n_components to drop them instead).
+    inverse_transform exists only without truncation (n_components None or d).
+    Fitted: mean_, components_ (k, d), explained_variance_ (k,), variance_floor_,
+    whitening_matrix_ (d, k; or d, d with zca), n_components_, n_samples_seen_."""
+
+    def __init__(self, n_components: int | None = None, eps: float = 1e-6, zca: bool = False) -> None:
+        self.n_components = n_components
+        self.eps = eps
+        self.zca = zca
+
+    def _fit_moments(self, moments: Moments) -> None:
+        dim = moments.dim
+        n_components = dim if self.n_components is None else self.n_components
+        if not 1 <= n_components <= dim:
+            raise ValueError(f"Whitening n_components must be between 1 and the dimension {dim}, got {n_components}")
+        if not self.eps > 0:
+            raise ValueError(f"Whitening eps must be > 0, got {self.eps}")
+        variances, vectors = symmetric_eigh(moments.covariance())
+        if variances[0] == 0:
+            raise ValueError("all points are identical: there is no variance to whiten; pass distinct rows")
+        self.mean_ = moments.mean
+        self.components_ = vectors[:, :n_components].T.copy()
+        self.explained_variance_ = variances[:n_components]
+        self.variance_floor_ = float(self.eps * variances.mean())
+        matrix = self.components_.T / np.sqrt(self._floored_variance())
+        self.whitening_matrix_ = matrix @ self.components_ if self.zca else matrix
+        self.n_components_ = n_components
+        self.n_samples_seen_ = moments.count
+
+    def _floored_variance(self) -> np.ndarray:
+        return np.maximum(self.explained_variance_, self.variance_floor_)
+
+    def transform(self, X: Any) -> Any:
+        X, restore = self._checked_input(X)
+        return restore((X - self.mean_) @ self.whitening_matrix_)
+
+    def inverse_transform(self, X: Any) -> Any:
+        check_is_fitted(self)
+        if self.n_components_ < self.n_features_in_:
+            raise ValueError(
+                f"Whitening kept {self.n_components_} of {self.n_features_in_} directions, so the others are lost "
+                "and inverse_transform is not defined; fit with n_components=None to invert"
+            )
+        Z, restore = self._checked_input(X)
+        unscaled = Z @ self.components_.T if self.zca else Z  # ZCA output is in the input basis: rotate to PCA first
+        return restore((unscaled * np.sqrt(self._floored_variance())) @ self.components_ + self.mean_)
+
+
+@register
+class Standardize(_MomentCalibrator):
+    """Per-dimension z-score, (x - mean) / std with the population std (as sklearn's StandardScaler),
+    the fix for rogue dimensions (Timkey & van Schijndel 2021); constant dimensions are only centred.
+    Fitted: mean_, var_, scale_, n_samples_seen_."""
+
+    _full_covariance: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        pass
+
+    def _fit_moments(self, moments: Moments) -> None:
+        self.mean_ = moments.mean
+        self.var_ = moments.variance(ddof=0)
+        std = np.sqrt(self.var_)
+        self.scale_ = np.where(std > 0, std, 1.0)
+        self.n_samples_seen_ = moments.count
+
+    def transform(self, X: Any) -> Any:
+        X, restore = self._checked_input(X)
+        return restore((X - self.mean_) / self.scale_)
+
+    def inverse_transform(self, X: Any) -> Any:
+        Z, restore = self._checked_input(X)
+        return restore(Z * self.scale_ + self.mean_)

@@ -1,0 +1,109 @@
+"""`lmgeom extract` and `lmgeom run`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from lmgeom.cli.common import console, progress_bar, user_errors
+from lmgeom.corpus import load_corpus
+from lmgeom.encoders import NAMED_MODELS, load_encoder
+from lmgeom.store import DEFAULT_CHUNK_SENTENCES, RepresentationStore, extract
+
+ModelArg = typer.Argument(..., help=f"a named model ({', '.join(NAMED_MODELS)}), a Hugging Face id, or a local folder")
+
+
+def extract_with_progress(encoder, corpus, out: Path, **options) -> RepresentationStore:
+    with progress_bar() as progress:
+        task = progress.add_task(f"extract {corpus.name}", total=len(corpus), rate="")
+        started, totals = time.perf_counter(), [0, 0]
+
+        def on_chunk(n_sentences: int, n_tokens: int) -> None:
+            totals[0] += n_sentences
+            totals[1] += n_tokens
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            rate = f"{totals[0] / elapsed:,.0f} sent/s {totals[1] / elapsed:,.0f} tok/s"
+            progress.update(task, advance=n_sentences, rate=rate)
+
+        store = extract(encoder, corpus, out, on_chunk=on_chunk, **options)
+        progress.update(task, completed=len(corpus))
+    return store
+
+
+def print_store(store: RepresentationStore) -> None:
+    meta = store.meta
+    console.print(
+        f"[bold]{store.path}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
+        f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
+        f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
+        f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("extract")
+    def extract_command(
+        model: str = ModelArg,
+        corpus: str = typer.Option("lee", "--corpus", "-c", help="lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"),
+        out: Path = typer.Option(..., "--out", "-o", help="run directory to write the store into"),
+        field: str = typer.Option("text", help="JSONL field holding the sentence"),
+        pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
+        limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
+        pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last"),
+        keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
+        prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
+        dtype: str = typer.Option("float32", help="storage dtype: float32 or float16"),
+        compute_dtype: Optional[str] = typer.Option(None, help="model dtype: default float32 on CPU, float16 on CUDA"),
+        device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+        max_length: Optional[int] = typer.Option(None, help="window length in pieces (default: the model's maximum)"),
+        max_batch_tokens: int = typer.Option(8192, help="padded tokens per forward batch"),
+        chunk_sentences: int = typer.Option(DEFAULT_CHUNK_SENTENCES, help="sentences per committed chunk"),
+        gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
+        revision: Optional[str] = typer.Option(None, help="Hub revision"),
+        overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
+    ) -> None:
+        """Encode a corpus with every layer of a model into a resumable store."""
+        with user_errors():
+            sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit)
+            encoder = load_encoder(
+                model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
+                prepend_bos=prepend_bos, max_length=max_length, gguf_file=gguf_file, revision=revision,
+                max_batch_tokens=max_batch_tokens,
+            )
+            store = extract_with_progress(
+                encoder, sentences, out, dtype=dtype, chunk_sentences=chunk_sentences, overwrite=overwrite
+            )
+            print_store(store)
+
+    @app.command("run")
+    def run_command(
+        model: str = typer.Option("minilm", help="model to analyse"),
+        corpus: str = typer.Option("lee", help="corpus to analyse"),
+        out: Optional[Path] = typer.Option(None, help="run directory (default runs/<model>-<corpus>)"),
+        limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
+        device: str = typer.Option("auto", help="auto, cpu, cuda"),
+        seed: int = typer.Option(0, help="seed for sampled statistics"),
+        overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
+    ) -> None:
+        """The main job: extract every layer of MODEL on CORPUS and summarise each layer."""
+        from lmgeom.pipeline import default_run_dir, layer_summary
+
+        with user_errors():
+            out_dir = out or default_run_dir(model, corpus)
+            sentences = load_corpus(corpus, limit=limit)
+            encoder = load_encoder(model, device=device)
+            store = extract_with_progress(encoder, sentences, out_dir, overwrite=overwrite)
+            print_store(store)
+            summary = layer_summary(store, seed=seed)
+            table = Table(title=f"{store.meta['model_id']} on {store.meta['corpus_name']}: per-layer summary (layer 0 = embedding output)")
+            for column in ("layer", "mean norm", "mean cosine (1,000 random occurrences)", "mean cosine (exact, all pairs)"):
+                table.add_column(column, justify="right")
+            for record in summary:
+                table.add_row(str(record["layer"]), f"{record['mean_norm']:.3f}", f"{record['sampled_average_cosine']:.4f}",
+                              f"{record['average_cosine']:.4f}")
+            console.print(table)
+            console.print(f"wrote {out_dir}/summary.json")

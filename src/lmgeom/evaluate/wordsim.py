@@ -1,0 +1,159 @@
+"""Word-similarity (Spearman) and analogy (3CosAdd) scores of static word vectors, with gensim.
+
+Benchmarks match case-insensitively: a benchmark word matches the most frequent casing of it
+among the vectors (gensim's `case_insensitive=True` keeps the first key of each casing, so
+vectors must be ordered by frequency, most frequent first, as `StaticEmbeddings` does).
+Coverage is reported as covered / total pairs (or questions); scores use covered items only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import gensim
+from gensim.models import KeyedVectors
+
+_GENSIM_TEST_DATA = Path(gensim.__file__).parent / "test" / "test_data"
+GENSIM_BENCHMARKS = {
+    "simlex999": _GENSIM_TEST_DATA / "simlex999.txt",
+    "wordsim353": _GENSIM_TEST_DATA / "wordsim353.tsv",
+    "google_analogies": _GENSIM_TEST_DATA / "questions-words.txt",
+}
+
+
+@dataclass
+class WordPairs:
+    pairs: list[tuple[str, str, float]]
+    score_column: int
+    skipped_lines: int
+
+
+def _fields(line: str) -> list[str]:
+    if "\t" in line:
+        return [f.strip() for f in line.split("\t")]
+    if "," in line:
+        return [f.strip() for f in line.split(",")]
+    return line.split()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def read_word_pairs(path: str | os.PathLike) -> WordPairs:
+    """Word pairs with a gold score from a tab-, comma- or space-separated file.
+
+    Lines starting with '#' and header lines are skipped; CRLF is fine. The score is the first
+    column after the two words that is numeric on every data line (so SimLex-999's POS column
+    is passed over); further columns are ignored.
+    """
+    path = Path(path)
+    rows = [_fields(line) for line in path.read_text(encoding="utf-8-sig").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    rows = [row for row in rows if len(row) >= 3]
+    if not rows:
+        raise ValueError(f"{path} holds no word pairs: expected lines 'word1<TAB>word2<TAB>score'")
+    data = rows[1:] if not any(_is_number(field) for field in rows[0][2:]) else rows
+    score_column = next(
+        (column for column in range(2, max(len(row) for row in data))
+         if all(column < len(row) and _is_number(row[column]) for row in data)),
+        None,
+    )
+    if score_column is None:
+        raise ValueError(f"{path}: no column after the two words is numeric on every line, so no gold score was found")
+    pairs = [(row[0], row[1], float(row[score_column])) for row in data]
+    return WordPairs(pairs=pairs, score_column=score_column, skipped_lines=len(rows) - len(data))
+
+
+def is_analogy_file(path: str | os.PathLike) -> bool:
+    """Google-analogy format: ': section' headers and 'a b c d' question lines."""
+    with open(path, encoding="utf-8-sig") as handle:
+        for line in handle:
+            if line.strip():
+                return line.startswith(":")
+    return False
+
+
+def evaluate_word_pairs(vectors: KeyedVectors, path: str | os.PathLike, *, name: str | None = None) -> dict[str, Any]:
+    """Spearman (and Pearson) between gold scores and cosine similarities, on the covered pairs."""
+    pairs = read_word_pairs(path)
+    # gensim reads only 'a<delim>b<delim>score' lines: hand it a normalised copy
+    with tempfile.NamedTemporaryFile("w", suffix=".tsv", delete=False, encoding="utf-8") as handle:
+        handle.writelines(f"{a}\t{b}\t{score!r}\n" for a, b, score in pairs.pairs)
+    try:
+        pearson, spearman, oov_percent = vectors.evaluate_word_pairs(
+            handle.name, delimiter="\t", restrict_vocab=len(vectors), case_insensitive=True
+        )
+        covered = round(len(pairs.pairs) * (1 - oov_percent / 100))
+        spearman_rho, spearman_p, pearson_r = float(spearman[0]), float(spearman[1]), float(pearson[0])
+    except ValueError:  # gensim raises when no pair is covered
+        covered, spearman_rho, spearman_p, pearson_r = 0, math.nan, math.nan, math.nan
+    finally:
+        os.unlink(handle.name)
+    return {
+        "benchmark": name or Path(path).stem,
+        "task": "similarity",
+        "metric": "spearman",
+        "score": spearman_rho,
+        "p_value": spearman_p,
+        "pearson": pearson_r,
+        "covered": covered,
+        "total": len(pairs.pairs),
+        "coverage": covered / len(pairs.pairs),
+        "path": str(path),
+    }
+
+
+def evaluate_analogies(vectors: KeyedVectors, path: str | os.PathLike, *, name: str | None = None) -> dict[str, Any]:
+    """3CosAdd accuracy over the questions whose four words are all covered."""
+    with open(path, encoding="utf-8-sig") as handle:
+        total = sum(1 for line in handle if line.strip() and not line.startswith(":") and len(line.split()) == 4)
+    if total == 0:
+        raise ValueError(f"{path} holds no analogy questions: expected ': section' lines and 'a b c d' lines")
+    _, sections = vectors.evaluate_word_analogies(str(path), restrict_vocab=len(vectors), case_insensitive=True)
+    overall = sections[-1]
+    covered = len(overall["correct"]) + len(overall["incorrect"])
+    return {
+        "benchmark": name or Path(path).stem,
+        "task": "analogy",
+        "metric": "accuracy_3cosadd",
+        "score": len(overall["correct"]) / covered if covered else math.nan,
+        "p_value": math.nan,
+        "pearson": math.nan,
+        "covered": covered,
+        "total": total,
+        "coverage": covered / total,
+        "path": str(path),
+    }
+
+
+def evaluate_benchmarks(vectors: KeyedVectors, benchmarks: Mapping[str, str | os.PathLike]) -> list[dict[str, Any]]:
+    """One record per benchmark (analogy files are recognised by their ': section' lines)."""
+    records = []
+    for name, path in benchmarks.items():
+        evaluate = evaluate_analogies if is_analogy_file(path) else evaluate_word_pairs
+        records.append(evaluate(vectors, path, name=name))
+    return records
+
+
+def load_static_vectors(path: str | os.PathLike) -> KeyedVectors:
+    """Vectors from gensim `.kv`, word2vec binary `.bin`, or text (word2vec with a header, or GloVe without)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"static vectors file {path} does not exist")
+    if path.suffix == ".kv":
+        return KeyedVectors.load(str(path))
+    if path.suffix == ".bin":
+        return KeyedVectors.load_word2vec_format(str(path), binary=True)
+    with open(path, encoding="utf-8") as handle:
+        first = handle.readline().split()
+    has_header = len(first) == 2 and all(field.isdigit() for field in first)
+    return KeyedVectors.load_word2vec_format(str(path), binary=False, no_header=not has_header)

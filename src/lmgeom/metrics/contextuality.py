@@ -1,0 +1,483 @@
+"""How contextual are representations? Ethayarajh (2019), exact and streaming.
+
+Every cosine average is computed in closed form from sums of unit vectors: for unit rows
+u_1..u_n, the mean over ordered pairs j != k of u_j . u_k is (||sum_j u_j||^2 - n) / (n (n - 1)).
+So a word's self-similarity needs one d-vector of state, not a list of pairs, and the result is
+exact rather than the 1,000-pair sample of the original code.
+
+Zero rows have no direction: they are left out of every cosine and every MEV, and counted
+(`n_zero`). NaN/inf rows are an error naming the row (`as_float64_rows`).
+
+Array-level functions (`average_cosine`, `self_similarity`, ...) are thin wrappers over the
+accumulators, which follow `lmgeom.metrics.base`: `add` chunks, `merge` shards, `result`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+from scipy.linalg import eigh
+
+from lmgeom.metrics.base import StateDictMixin, as_float64_rows, unit_rows
+
+MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
+
+# Centred variance this small relative to the raw second moment means the occurrences are one
+# vector repeated (to float64 precision): there is no spread for a centred MEV to explain.
+_NO_SPREAD_RELATIVE = 1e-10
+
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def _mean_pairwise_cosine(unit_sum: np.ndarray, n: np.ndarray | int) -> np.ndarray | float:
+    """Mean cosine over ordered distinct pairs from the sum of n unit vectors (NaN when n < 2)."""
+    n = np.asarray(n, dtype=np.float64)
+    squared = np.einsum("...i,...i->...", unit_sum, unit_sum)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n >= 2, (squared - n) / (n * (n - 1)), np.nan)
+
+
+def _sum_by_group(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique group labels, the row sums of `values` within each, and the group sizes."""
+    labels, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    if len(values) == 0:
+        return labels, np.zeros((0,) + values.shape[1:]), sizes
+    return labels, np.add.reduceat(values[order], starts, axis=0), sizes
+
+
+def _ids(ids: np.ndarray, n_rows: int, name: str) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.shape != (n_rows,):
+        raise ValueError(f"{name} must have one entry per row of X ({n_rows}), got shape {ids.shape}")
+    return ids
+
+
+def _word_index(word_ids: np.ndarray, n_words: int, n_rows: int) -> np.ndarray:
+    word_ids = _ids(word_ids, n_rows, "word_ids").astype(np.int64, copy=False)
+    if len(word_ids) and (word_ids.min() < 0 or word_ids.max() >= n_words):
+        raise ValueError(
+            f"word_ids must lie in [0, {n_words}) for an accumulator made with n_words={n_words}; "
+            f"got values from {word_ids.min()} to {word_ids.max()}"
+        )
+    return word_ids
+
+
+def sample_indexes(pool: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """`n` distinct entries of `pool` drawn uniformly with `seed` (all of it if it is smaller), sorted."""
+    pool = np.asarray(pool)
+    if len(pool) <= n:
+        return np.sort(pool)
+    return np.sort(np.random.default_rng(seed).choice(pool, size=n, replace=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# anisotropy baseline: mean cosine between distinct rows
+
+
+class AverageCosineAccumulator(StateDictMixin):
+    """Exact mean cosine over all ordered pairs of distinct non-zero rows seen."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("unit_sum", "n_points", "n_zero")
+
+    def __init__(self) -> None:
+        self.unit_sum: np.ndarray | None = None
+        self.n_points = 0
+        self.n_zero = 0
+
+    def add(self, X: np.ndarray, /) -> AverageCosineAccumulator:
+        X = as_float64_rows(X)
+        U, nonzero = unit_rows(X)
+        self.unit_sum = U.sum(axis=0) if self.unit_sum is None else self.unit_sum + U.sum(axis=0)
+        self.n_points += int(nonzero.sum())
+        self.n_zero += int((~nonzero).sum())
+        return self
+
+    def merge(self, other: AverageCosineAccumulator) -> AverageCosineAccumulator:
+        if other.unit_sum is not None:
+            self.unit_sum = other.unit_sum.copy() if self.unit_sum is None else self.unit_sum + other.unit_sum
+        self.n_points += other.n_points
+        self.n_zero += other.n_zero
+        return self
+
+    def result(self) -> float:
+        if self.n_points < 2:
+            raise ValueError(
+                f"the average cosine needs at least 2 non-zero rows, got {self.n_points} "
+                f"({self.n_zero} zero rows were left out)"
+            )
+        return float(_mean_pairwise_cosine(self.unit_sum, self.n_points))
+
+
+def average_cosine(X: np.ndarray) -> float:
+    """Exact mean cosine similarity over all ordered pairs of distinct non-zero rows of X."""
+    return AverageCosineAccumulator().add(X).result()
+
+
+def sampled_average_cosine(X: np.ndarray, n: int = 1000, seed: int = 0) -> float:
+    """`average_cosine` of `n` non-zero rows drawn uniformly without replacement (all if fewer).
+
+    This is the estimate the paper reports (it sampled 1,000 occurrences); `average_cosine` is
+    the exact value it estimates.
+    """
+    X = as_float64_rows(X)
+    nonzero = np.flatnonzero(np.linalg.norm(X, axis=1) > 0)
+    return average_cosine(X[sample_indexes(nonzero, n, seed)])
+
+
+# ---------------------------------------------------------------------------------------------
+# self-similarity: mean cosine between a word's occurrences
+
+
+class SelfSimilarityAccumulator(StateDictMixin):
+    """Per-word sums of unit vectors; `result()` is each word's self-similarity.
+
+    Words are integer ids in [0, n_words). A word with fewer than `min_count` non-zero
+    occurrences gets NaN.
+    """
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("n_words", "min_count", "unit_sums", "counts", "n_zero")
+
+    def __init__(self, n_words: int, *, min_count: int = 2) -> None:
+        if min_count < 2:
+            raise ValueError(f"self-similarity needs at least 2 occurrences per word; got min_count={min_count}")
+        self.n_words = int(n_words)
+        self.min_count = int(min_count)
+        self.unit_sums: np.ndarray | None = None
+        self.counts = np.zeros(self.n_words, dtype=np.int64)
+        self.n_zero = 0
+
+    def add(self, X: np.ndarray, /, *, word_ids: np.ndarray) -> SelfSimilarityAccumulator:
+        X = as_float64_rows(X)
+        word_ids = _word_index(word_ids, self.n_words, len(X))
+        U, nonzero = unit_rows(X)
+        if self.unit_sums is None:
+            self.unit_sums = np.zeros((self.n_words, X.shape[1]))
+        labels, sums, sizes = _sum_by_group(U[nonzero], word_ids[nonzero])
+        self.unit_sums[labels] += sums
+        self.counts[labels] += sizes
+        self.n_zero += int((~nonzero).sum())
+        return self
+
+    def merge(self, other: SelfSimilarityAccumulator) -> SelfSimilarityAccumulator:
+        if other.n_words != self.n_words:
+            raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
+        if other.unit_sums is not None:
+            self.unit_sums = other.unit_sums.copy() if self.unit_sums is None else self.unit_sums + other.unit_sums
+        self.counts = self.counts + other.counts
+        self.n_zero += other.n_zero
+        return self
+
+    def result(self) -> np.ndarray:
+        if self.unit_sums is None:
+            return np.full(self.n_words, np.nan)
+        values = _mean_pairwise_cosine(self.unit_sums, self.counts)
+        return np.where(self.counts >= self.min_count, values, np.nan)
+
+
+def self_similarity(X: np.ndarray, word_ids: np.ndarray, *, min_count: int = 2) -> pd.Series:
+    """Each word's mean cosine between its occurrences (ordered pairs j != k), exact.
+
+    `word_ids` labels each row (any hashable labels). Returns a Series indexed by word, for the
+    words with at least `min_count` non-zero occurrences.
+    """
+    X = as_float64_rows(X)
+    labels, inverse = np.unique(_ids(word_ids, len(X), "word_ids"), return_inverse=True)
+    values = SelfSimilarityAccumulator(len(labels), min_count=min_count).add(X, word_ids=inverse).result()
+    kept = ~np.isnan(values)
+    return pd.Series(values[kept], index=pd.Index(labels[kept], name="word"), name="self_similarity")
+
+
+# ---------------------------------------------------------------------------------------------
+# intra-sentence similarity: mean cosine between a sentence's words and the sentence mean
+
+
+def _reject_completed(ids: np.ndarray, done_ids: np.ndarray, where: str) -> None:
+    repeated = np.intersect1d(ids, done_ids)
+    if len(repeated):
+        raise ValueError(
+            f"sentence {int(repeated[0])} appears again {where} after it was complete; the rows of a "
+            "sentence must be contiguous (keep rows in sentence order)"
+        )
+
+
+class IntraSentenceAccumulator(StateDictMixin):
+    """Per-sentence IntraSim, streaming, with state for the sentences at chunk edges only.
+
+    IntraSim(s) = (1/n) sum_i cos(mean_s, x_i) = (sum_i x_i) . (sum_i u_i) / (n ||sum_i x_i||),
+    so a sentence needs its raw sum and unit sum. The rows of a sentence must be contiguous
+    (a store keeps sentences in order). A sentence strictly inside a chunk is complete and is
+    reduced to its value at once; the first and last sentence of a chunk may continue in a
+    neighbouring chunk or shard, so their sums wait in `pending_*` until `result()`.
+    """
+
+    _state_fields: ClassVar[tuple[str, ...]] = (
+        "done_ids", "done_values", "pending_ids", "pending_raw", "pending_unit", "pending_counts", "n_zero",
+    )
+
+    def __init__(self) -> None:
+        self.done_ids = np.zeros(0, dtype=np.int64)
+        self.done_values = np.zeros(0)
+        self.pending_ids = np.zeros(0, dtype=np.int64)
+        self.pending_raw: np.ndarray | None = None
+        self.pending_unit: np.ndarray | None = None
+        self.pending_counts = np.zeros(0, dtype=np.int64)
+        self.n_zero = 0
+
+    @staticmethod
+    def _values(raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        raw_norms = np.linalg.norm(raw, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # a sentence whose vectors sum to zero has no mean direction: NaN, counted in result
+            return np.einsum("ij,ij->i", raw, unit) / (counts * raw_norms)
+
+    def _merge_pending(self, ids: np.ndarray, raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> None:
+        if self.pending_raw is None:
+            self.pending_raw = np.zeros((0, raw.shape[1]))
+            self.pending_unit = np.zeros((0, raw.shape[1]))
+        all_ids = np.concatenate([self.pending_ids, ids])
+        self.pending_ids, self.pending_raw, _ = _sum_by_group(np.concatenate([self.pending_raw, raw]), all_ids)
+        _, self.pending_unit, _ = _sum_by_group(np.concatenate([self.pending_unit, unit]), all_ids)
+        _, summed_counts, _ = _sum_by_group(np.concatenate([self.pending_counts, counts])[:, None], all_ids)
+        self.pending_counts = summed_counts[:, 0].astype(np.int64)
+
+    def add(self, X: np.ndarray, /, *, sentence_ids: np.ndarray) -> IntraSentenceAccumulator:
+        X = as_float64_rows(X)
+        sentence_ids = _ids(sentence_ids, len(X), "sentence_ids").astype(np.int64, copy=False)
+        if len(X) == 0:
+            return self
+        runs = 1 + int(np.count_nonzero(sentence_ids[1:] != sentence_ids[:-1]))
+        if runs != len(np.unique(sentence_ids)):
+            raise ValueError("the rows of each sentence must be contiguous within a chunk (keep rows in sentence order)")
+        _reject_completed(sentence_ids, self.done_ids, "in a later chunk")
+        U, nonzero = unit_rows(X)
+        self.n_zero += int((~nonzero).sum())
+        ids, raw, counts = _sum_by_group(X[nonzero], sentence_ids[nonzero])
+        _, unit, _ = _sum_by_group(U[nonzero], sentence_ids[nonzero])
+        at_edge = np.isin(ids, [sentence_ids[0], sentence_ids[-1]])
+        inside = ~at_edge
+        continued = np.isin(ids[inside], self.pending_ids)
+        if continued.any():
+            raise ValueError(
+                f"sentence {int(ids[inside][continued][0])} continues inside a later chunk; the rows of a "
+                "sentence must be contiguous (keep rows in sentence order)"
+            )
+        self.done_ids = np.concatenate([self.done_ids, ids[inside]])
+        self.done_values = np.concatenate([self.done_values, self._values(raw[inside], unit[inside], counts[inside])])
+        if at_edge.any():
+            self._merge_pending(ids[at_edge], raw[at_edge], unit[at_edge], counts[at_edge])
+        return self
+
+    def merge(self, other: IntraSentenceAccumulator) -> IntraSentenceAccumulator:
+        _reject_completed(np.concatenate([other.done_ids, other.pending_ids]), self.done_ids, "in a merged shard")
+        _reject_completed(self.pending_ids, other.done_ids, "in a merged shard")
+        self.done_ids = np.concatenate([self.done_ids, other.done_ids])
+        self.done_values = np.concatenate([self.done_values, other.done_values])
+        if other.pending_raw is not None and len(other.pending_ids):
+            self._merge_pending(other.pending_ids, other.pending_raw, other.pending_unit, other.pending_counts)
+        self.n_zero += other.n_zero
+        return self
+
+    def result(self) -> pd.Series:
+        """IntraSim per sentence (indexed by sentence id); NaN where a sentence's vectors sum to zero."""
+        ids, values = self.done_ids, self.done_values
+        if self.pending_raw is not None and len(self.pending_ids):
+            ids = np.concatenate([ids, self.pending_ids])
+            values = np.concatenate([values, self._values(self.pending_raw, self.pending_unit, self.pending_counts)])
+        order = np.argsort(ids, kind="stable")
+        return pd.Series(values[order], index=pd.Index(ids[order], name="sentence_id"), name="intra_sentence_similarity")
+
+
+def intra_sentence_similarity(X: np.ndarray, sentence_ids: np.ndarray) -> pd.Series:
+    """Each sentence's mean cosine between its words and the sentence's mean vector.
+
+    Rows of a sentence must be contiguous. Returns a Series indexed by sentence id.
+    """
+    return IntraSentenceAccumulator().add(X, sentence_ids=sentence_ids).result()
+
+
+# ---------------------------------------------------------------------------------------------
+# MEV and the static embedding: the spectrum of one word's occurrence matrix
+
+
+@dataclass(frozen=True)
+class OccurrenceSpectrum:
+    """What MEV and the static embedding need from an occurrence matrix X (n non-zero rows x d).
+
+    `direction` is v1, the top right singular vector of the *uncentred* X, with its sign chosen so
+    that v1 . mean >= 0: the static embedding. With C = the scatter matrix of X about its mean:
+      uncentred MEV = sigma_1^2 / ||X||_F^2             (the paper's printed formula)
+      centred MEV   = top eigenvalue of C / trace(C)    (PCA; the released per-word code)
+      svd_ratio MEV = v1' C v1 / trace(C)               (= var(X v1) / sum_j var(X[:, j]): TruncatedSVD's
+                                                         explained_variance_ratio_[0], used for the released figures)
+    """
+
+    n: int
+    top_eigenvalue: float
+    frobenius_sq: float
+    centred_top_eigenvalue: float
+    centred_total: float
+    centred_along_direction: float
+    direction: np.ndarray
+    mean: np.ndarray
+
+    def mev(self, variant: str) -> float:
+        if variant == "uncentred":
+            return self.top_eigenvalue / self.frobenius_sq
+        if variant not in MEV_VARIANTS:
+            raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
+        if self.centred_total <= _NO_SPREAD_RELATIVE * self.frobenius_sq:
+            return float("nan")
+        if variant == "centred":
+            return self.centred_top_eigenvalue / self.centred_total
+        return self.centred_along_direction / self.centred_total
+
+
+def _top_eigenpair(S: np.ndarray) -> tuple[float, np.ndarray]:
+    k = S.shape[0]
+    values, vectors = eigh(S, subset_by_index=[k - 1, k - 1])
+    return float(values[0]), vectors[:, 0]
+
+
+def _spectrum(n: int, row_sum: np.ndarray, *, rows: np.ndarray | None = None, second_moment: np.ndarray | None = None) -> OccurrenceSpectrum:
+    """From the rows themselves when n <= d (via n x n Gram matrices), else from X^T X (d x d)."""
+    mean = row_sum / n
+    if rows is not None:
+        gram = rows @ rows.T
+        top, left = _top_eigenpair(gram)
+        direction = rows.T @ left
+        direction /= np.linalg.norm(direction)
+        # centring the rows themselves is more accurate than subtracting s s^T / n
+        centred = rows - mean
+        centred_top, _ = _top_eigenpair(centred @ centred.T)
+        frobenius_sq = float(np.trace(gram))
+        centred_total = float(np.sum(centred * centred))
+        projections = centred @ direction
+        centred_along = float(projections @ projections)
+    else:
+        top, direction = _top_eigenpair(second_moment)
+        scatter = second_moment - np.outer(row_sum, row_sum) / n
+        centred_top, _ = _top_eigenpair(scatter)
+        frobenius_sq = float(np.trace(second_moment))
+        centred_total = float(np.trace(scatter))
+        centred_along = float(direction @ scatter @ direction)
+    if row_sum @ direction < 0:
+        direction = -direction
+    return OccurrenceSpectrum(
+        n=n,
+        top_eigenvalue=top,
+        frobenius_sq=frobenius_sq,
+        centred_top_eigenvalue=max(centred_top, 0.0),
+        centred_total=max(centred_total, 0.0),
+        centred_along_direction=max(centred_along, 0.0),
+        direction=direction,
+        mean=mean,
+    )
+
+
+def occurrence_spectrum(X: np.ndarray) -> OccurrenceSpectrum:
+    """The spectrum of one occurrence matrix (zero rows left out); see `OccurrenceSpectrum`."""
+    X = as_float64_rows(X)
+    X = X[np.linalg.norm(X, axis=1) > 0]
+    if len(X) == 0:
+        raise ValueError("an occurrence matrix needs at least one non-zero row")
+    if len(X) <= X.shape[1]:
+        return _spectrum(len(X), X.sum(axis=0), rows=X)
+    return _spectrum(len(X), X.sum(axis=0), second_moment=X.T @ X)
+
+
+def first_principal_direction(X: np.ndarray) -> np.ndarray:
+    """The static embedding of an occurrence matrix: unit v1 of the uncentred X, v1 . mean >= 0."""
+    return occurrence_spectrum(X).direction
+
+
+class MEVAccumulator(StateDictMixin):
+    """Per-word occurrence matrices, kept as rows while a word has at most d of them, then as X^T X.
+
+    So a word costs min(n, d) x d float64 of state, and `result()` needs one small symmetric
+    eigenproblem per word (n x n or d x d, whichever is smaller), never a full SVD.
+    """
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("n_words", "rows", "second_moments", "row_sums", "counts", "n_zero")
+
+    def __init__(self, n_words: int) -> None:
+        self.n_words = int(n_words)
+        self.rows: dict[int, list[np.ndarray]] = {}
+        self.second_moments: dict[int, np.ndarray] = {}
+        self.row_sums: dict[int, np.ndarray] = {}
+        self.counts = np.zeros(self.n_words, dtype=np.int64)
+        self.n_zero = 0
+
+    def _add_word_rows(self, word: int, block: np.ndarray) -> None:
+        self.counts[word] += len(block)
+        self.row_sums[word] = block.sum(axis=0) + self.row_sums.get(word, 0.0)
+        if word in self.second_moments:
+            self.second_moments[word] += block.T @ block
+            return
+        self.rows.setdefault(word, []).append(block)
+        if self.counts[word] > block.shape[1]:
+            stacked = np.concatenate(self.rows.pop(word))
+            self.second_moments[word] = stacked.T @ stacked
+
+    def add(self, X: np.ndarray, /, *, word_ids: np.ndarray) -> MEVAccumulator:
+        X = as_float64_rows(X)
+        word_ids = _word_index(word_ids, self.n_words, len(X))
+        nonzero = np.linalg.norm(X, axis=1) > 0
+        self.n_zero += int((~nonzero).sum())
+        X, word_ids = X[nonzero], word_ids[nonzero]
+        order = np.argsort(word_ids, kind="stable")
+        words, starts = np.unique(word_ids[order], return_index=True)
+        for word, block in zip(words, np.split(X[order], starts[1:])):
+            self._add_word_rows(int(word), block)
+        return self
+
+    def merge(self, other: MEVAccumulator) -> MEVAccumulator:
+        if other.n_words != self.n_words:
+            raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
+        for word, blocks in other.rows.items():
+            for block in blocks:
+                self._add_word_rows(word, block)
+        for word, moment in other.second_moments.items():
+            if word in self.rows:
+                stacked = np.concatenate(self.rows.pop(word))
+                self.second_moments[word] = stacked.T @ stacked
+            self.second_moments[word] = moment + self.second_moments.get(word, 0.0)
+            self.row_sums[word] = other.row_sums[word] + self.row_sums.get(word, 0.0)
+            self.counts[word] += other.counts[word]
+        self.n_zero += other.n_zero
+        return self
+
+    def result(self) -> dict[int, OccurrenceSpectrum]:
+        """Word id -> spectrum, for every word with at least one non-zero occurrence."""
+        spectra = {}
+        for word, blocks in self.rows.items():
+            spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], rows=np.concatenate(blocks))
+        for word, moment in self.second_moments.items():
+            spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], second_moment=moment)
+        return dict(sorted(spectra.items()))
+
+
+def mev(X: np.ndarray, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd.Series:
+    """Each word's maximum explainable variance (see `OccurrenceSpectrum` for the three variants).
+
+    `variant` is required: the three definitions give different numbers and are never mixed.
+    Returns a Series indexed by word, for words with at least `min_count` non-zero occurrences.
+    """
+    if variant not in MEV_VARIANTS:
+        raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
+    X = as_float64_rows(X)
+    labels, inverse = np.unique(_ids(word_ids, len(X), "word_ids"), return_inverse=True)
+    spectra = MEVAccumulator(len(labels)).add(X, word_ids=inverse).result()
+    kept = [word for word, spectrum in spectra.items() if spectrum.n >= min_count]
+    return pd.Series(
+        [spectra[word].mev(variant) for word in kept],
+        index=pd.Index(labels[kept], name="word"),
+        name=f"mev_{variant}",
+        dtype=np.float64,
+    )

