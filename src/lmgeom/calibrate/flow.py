@@ -206,7 +206,7 @@ class FlowCalibrator(Calibrator):
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         flow = self._build(dim, seed).to(device)
         batch_order = torch.Generator().manual_seed(seed)
-        data = torch.as_tensor(X, dtype=torch.float32, device=device)
+        data = torch.tensor(X, dtype=torch.float32, device=device)
         flow.initialize(data[torch.randperm(n_points, generator=batch_order)[:_INIT_ROWS].to(device)])
         optimizer = torch.optim.Adam(flow.parameters(), lr=self.learning_rate)
         self.loss_curve_ = []
@@ -236,7 +236,7 @@ class FlowCalibrator(Calibrator):
         device = next(self.module_.parameters()).device
         outputs, log_dets = [], []
         for start in range(0, len(X), _TRANSFORM_BATCH_ROWS):
-            batch = torch.as_tensor(X[start : start + _TRANSFORM_BATCH_ROWS], dtype=torch.float32, device=device)
+            batch = torch.tensor(X[start : start + _TRANSFORM_BATCH_ROWS], dtype=torch.float32, device=device)
             if method == "inverse":
                 outputs.append(self.module_.inverse(batch).double().cpu().numpy())
             else:

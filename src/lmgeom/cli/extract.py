@@ -53,6 +53,8 @@ def register(app: typer.Typer) -> None:
         field: str = typer.Option("text", help="JSONL field holding the sentence"),
         pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
+        sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences (kept in order)"),
+        seed: int = typer.Option(0, help="seed for --sample"),
         pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last"),
         keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
         prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
@@ -68,7 +70,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         with user_errors():
-            sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit)
+            sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
             encoder = load_encoder(
                 model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
                 prepend_bos=prepend_bos, max_length=max_length, gguf_file=gguf_file, revision=revision,

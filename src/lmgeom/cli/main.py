@@ -12,5 +12,7 @@ app = typer.Typer(
 )
 
 from lmgeom.cli import extract  # noqa: E402
+from lmgeom.cli import analyze  # noqa: E402
 
 extract.register(app)
+analyze.register(app)

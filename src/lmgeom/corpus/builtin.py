@@ -66,10 +66,16 @@ def sts(directory: str | os.PathLike | None = None) -> Corpus:
 BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts}
 
 
-def load_corpus(spec: str, *, field: str = "text", pretokenized: bool = False, limit: int | None = None) -> Corpus:
+def load_corpus(
+    spec: str, *, field: str = "text", pretokenized: bool = False, limit: int | None = None,
+    sample: int | None = None, seed: int = 0,
+) -> Corpus:
     """Resolve a corpus spec: ``lee``; ``brown[:DIR]``; ``sts[:DIR]``; ``hf:NAME[/CONFIG]:SPLIT:COLUMN``;
-    a ``.jsonl`` file (`field`); any other file, one sentence per line."""
+    a ``.jsonl`` file (`field`); any other file, one sentence per line. Then keep the first `limit`
+    sentences, or a seeded uniform `sample` of them (in corpus order)."""
     corpus = _load(spec, field=field, pretokenized=pretokenized)
+    if sample:
+        corpus = corpus.sample(sample, seed=seed)
     return corpus.head(limit) if limit else corpus
 
 

@@ -79,6 +79,13 @@ class Corpus:
         """The first `n` sentences (for quick runs and demos)."""
         return Corpus(f"{self.name}[:{n}]", self.sentences[:n], self.pretokenized, self.source)
 
+    def sample(self, n: int, *, seed: int = 0) -> "Corpus":
+        """`n` sentences drawn uniformly without replacement (seeded), kept in corpus order."""
+        if n >= len(self.sentences):
+            return self
+        keep = np.sort(np.random.default_rng(seed).choice(len(self.sentences), size=n, replace=False))
+        return Corpus(f"{self.name}[sample {n}, seed {seed}]", [self.sentences[i] for i in keep], self.pretokenized, self.source)
+
     # ---- constructors ------------------------------------------------------------------
     @classmethod
     def from_list(cls, items: Iterable[str | Sequence[str]], *, name: str = "list") -> "Corpus":

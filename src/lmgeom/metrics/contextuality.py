@@ -42,7 +42,7 @@ def _mean_pairwise_cosine(unit_sum: np.ndarray, n: np.ndarray | int) -> np.ndarr
         return np.where(n >= 2, (squared - n) / (n * (n - 1)), np.nan)
 
 
-def _sum_by_group(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sum_by_group(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Unique group labels, the row sums of `values` within each, and the group sizes."""
     labels, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
     order = np.argsort(inverse, kind="stable")
@@ -159,7 +159,7 @@ class SelfSimilarityAccumulator(StateDictMixin):
         U, nonzero = unit_rows(X)
         if self.unit_sums is None:
             self.unit_sums = np.zeros((self.n_words, X.shape[1]))
-        labels, sums, sizes = _sum_by_group(U[nonzero], word_ids[nonzero])
+        labels, sums, sizes = sum_by_group(U[nonzero], word_ids[nonzero])
         self.unit_sums[labels] += sums
         self.counts[labels] += sizes
         self.n_zero += int((~nonzero).sum())
@@ -242,9 +242,9 @@ class IntraSentenceAccumulator(StateDictMixin):
             self.pending_raw = np.zeros((0, raw.shape[1]))
             self.pending_unit = np.zeros((0, raw.shape[1]))
         all_ids = np.concatenate([self.pending_ids, ids])
-        self.pending_ids, self.pending_raw, _ = _sum_by_group(np.concatenate([self.pending_raw, raw]), all_ids)
-        _, self.pending_unit, _ = _sum_by_group(np.concatenate([self.pending_unit, unit]), all_ids)
-        _, summed_counts, _ = _sum_by_group(np.concatenate([self.pending_counts, counts])[:, None], all_ids)
+        self.pending_ids, self.pending_raw, _ = sum_by_group(np.concatenate([self.pending_raw, raw]), all_ids)
+        _, self.pending_unit, _ = sum_by_group(np.concatenate([self.pending_unit, unit]), all_ids)
+        _, summed_counts, _ = sum_by_group(np.concatenate([self.pending_counts, counts])[:, None], all_ids)
         self.pending_counts = summed_counts[:, 0].astype(np.int64)
 
     def add(self, X: np.ndarray, /, *, sentence_ids: np.ndarray) -> IntraSentenceAccumulator:
@@ -258,8 +258,8 @@ class IntraSentenceAccumulator(StateDictMixin):
         _reject_completed(sentence_ids, self.done_ids, "in a later chunk")
         U, nonzero = unit_rows(X)
         self.n_zero += int((~nonzero).sum())
-        ids, raw, counts = _sum_by_group(X[nonzero], sentence_ids[nonzero])
-        _, unit, _ = _sum_by_group(U[nonzero], sentence_ids[nonzero])
+        ids, raw, counts = sum_by_group(X[nonzero], sentence_ids[nonzero])
+        _, unit, _ = sum_by_group(U[nonzero], sentence_ids[nonzero])
         at_edge = np.isin(ids, [sentence_ids[0], sentence_ids[-1]])
         inside = ~at_edge
         continued = np.isin(ids[inside], self.pending_ids)

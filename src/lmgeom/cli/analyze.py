@@ -1,0 +1,124 @@
+"""`lmgeom analyze` (contextuality per layer) and `lmgeom static-embeddings` (export + word benchmarks)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from lmgeom.cli.common import console, progress_bar, user_errors
+
+
+def _number(value: float, digits: int = 4) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def print_contextuality(result) -> None:
+    from lmgeom.metrics.contextuality import MEV_VARIANTS
+
+    summary = result.summary()
+    title = f"{result.store_meta.get('model_id')}: contextuality per layer (layer 0 = embedding output; adjusted = raw − baseline)"
+    cosines = Table(title=title)
+    columns = [("anisotropy_exact", "baseline exact"), ("anisotropy_sampled", f"baseline sampled (n={result.settings['n_samples']})"),
+               ("self_similarity", "SelfSim"), ("self_similarity_adjusted", "SelfSim adj"),
+               ("intra_sentence_similarity", "IntraSim"), ("intra_sentence_similarity_adjusted", "IntraSim adj")]
+    cosines.add_column("layer", justify="right")
+    for _, header in columns:
+        cosines.add_column(header, justify="right")
+    for _, row in summary.iterrows():
+        cosines.add_row(f"{row['layer']} ({row['layer_name']})", *(_number(row[c]) for c, _ in columns))
+    console.print(cosines)
+
+    mev = Table(title="MEV: share of a word's variance explained by its first principal direction (baseline = sampled occurrences)")
+    mev.add_column("layer", justify="right")
+    for variant in MEV_VARIANTS:
+        mev.add_column(f"{variant}", justify="right")
+        mev.add_column(f"{variant} adj", justify="right")
+    for _, row in summary.iterrows():
+        cells = [_number(row[f"mev_{v}{suffix}"]) for v in MEV_VARIANTS for suffix in ("", "_adjusted")]
+        mev.add_row(f"{row['layer']} ({row['layer_name']})", *cells)
+    console.print(mev)
+    zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
+    console.print(
+        f"{result.counts['words_analysed']:,} words in ≥ {result.settings['min_contexts']} sentences "
+        f"({result.counts['words_below_min_contexts']:,} below), {result.counts['rows_analysed']:,} tokens analysed, "
+        f"{result.counts['rows_punctuation_excluded']:,} punctuation and {result.counts['rows_special_excluded']:,} special "
+        f"tokens excluded; zero vectors excluded: {zero or 'none'}"
+    )
+    console.print("[bold]Findings[/]")
+    for statement in result.statements:
+        console.print(f"  • {statement}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("analyze")
+    def analyze_command(
+        store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
+        min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
+        exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out (as the paper did)"),
+        seed: int = typer.Option(0, help="seed for the sampled baselines"),
+        samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
+        out: Optional[Path] = typer.Option(None, help="directory for the result files (default: the store)"),
+        mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices; more means fewer passes"),
+    ) -> None:
+        """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
+        from lmgeom.metrics.analyze import analyze_store
+        from lmgeom.store import RepresentationStore
+
+        with user_errors():
+            store = RepresentationStore.open(store_path)
+            with progress_bar() as progress:
+                task = progress.add_task("analyze layers", total=len(store.layers), rate="")
+                result = analyze_store(
+                    store, min_contexts=min_contexts, exclude_punct=exclude_punct, seed=seed, n_samples=samples,
+                    mev_memory_mb=mev_memory_mb, on_layer=lambda layer: progress.update(task, advance=1, rate=f"layer {layer}"),
+                )
+            paths = result.write(out)
+            print_contextuality(result)
+            console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+    @app.command("static-embeddings")
+    def static_embeddings_command(
+        store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
+        layer: int = typer.Option(..., help="layer to distil (0 = embedding output)"),
+        out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
+        benchmark: List[Path] = typer.Option([], help="extra word-pair or analogy file (repeatable)"),
+        static_vectors: List[Path] = typer.Option([], help="static vectors to compare (.kv, .bin, word2vec/GloVe text; repeatable)"),
+        min_contexts: int = typer.Option(1, help="export words occurring in at least this many distinct sentences"),
+        exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
+    ) -> None:
+        """Export first-principal-component word vectors of a layer and score them on word benchmarks."""
+        from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS
+        from lmgeom.metrics.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
+        from lmgeom.store import RepresentationStore
+
+        with user_errors():
+            store = RepresentationStore.open(store_path)
+            for path in [*benchmark, *static_vectors]:
+                if not path.exists():
+                    raise FileNotFoundError(f"{path} does not exist")
+            benchmarks = {**GENSIM_BENCHMARKS, **{path.stem: path for path in benchmark}}
+            with console.status(f"distilling layer {layer}"):
+                embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, exclude_punct=exclude_punct)
+            directory = store.path / "static"
+            saved = embeddings.save(directory, text_path=out)
+            with progress_bar() as progress:
+                task = progress.add_task("score vectors", total=3 + len(static_vectors), rate="")
+                scores = benchmark_static_embeddings(
+                    embeddings, benchmarks=benchmarks, static_vectors=static_vectors,
+                    on_vectors=lambda label: progress.update(task, advance=1, rate=label),
+                )
+            written = write_benchmarks(scores, embeddings, directory)
+            table = Table(title=f"{store.meta.get('model_id')}: static embeddings of layer {layer} "
+                                f"({len(embeddings.words):,} words; layer 0 = embedding output; benchmarks matched lowercase)")
+            for column in ("vectors", "benchmark", "score", "covered / total"):
+                table.add_column(column, justify="right" if column != "vectors" else "left")
+            for record in scores.to_dict("records"):
+                metric = "Spearman" if record["task"] == "similarity" else "3CosAdd acc"
+                table.add_row(record["vectors"], f"{record['benchmark']} ({metric})", _number(record["score"], 3),
+                              f"{record['covered']:,} / {record['total']:,} ({record['coverage']:.0%})")
+            console.print(table)
+            console.print("wrote " + ", ".join(str(p) for p in [*saved.values(), *written.values()]))

@@ -1,0 +1,19 @@
+"""Evaluation of static word vectors on word-similarity and analogy benchmarks (gensim)."""
+
+from lmgeom.evaluate.wordsim import (
+    GENSIM_BENCHMARKS,
+    evaluate_analogies,
+    evaluate_benchmarks,
+    evaluate_word_pairs,
+    load_static_vectors,
+    read_word_pairs,
+)
+
+__all__ = [
+    "GENSIM_BENCHMARKS",
+    "evaluate_analogies",
+    "evaluate_benchmarks",
+    "evaluate_word_pairs",
+    "load_static_vectors",
+    "read_word_pairs",
+]

@@ -1,0 +1,162 @@
+"""Static word embeddings distilled from a store (Ethayarajh 2019, section 5), and their benchmark scores.
+
+The static embedding of a word at layer l is v1, the first right singular vector of its *uncentred*
+occurrence matrix (the first principal component in the paper's uncentred sense), as a unit
+vector with its sign chosen so that v1 . mean >= 0 (a singular vector's sign is arbitrary). The
+released code instead kept sklearn PCA's `components_[0]`, the direction of largest spread about
+the word's mean, which does not point at the word at all when occurrences form a tight cluster.
+Baselines: the mean of the word's occurrences at layer l, and the mean of its layer-0
+(embedding output) occurrences.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from gensim.models import KeyedVectors
+
+from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
+from lmgeom.metrics.analyze import DEFAULT_MEV_MEMORY_MB, layer_chunks, plan_word_groups, select_rows, word_spectra
+from lmgeom.metrics.contextuality import sum_by_group
+from lmgeom.results import write_json, write_records_csv
+from lmgeom.store import RepresentationStore
+
+STATIC_KINDS = ("first_pc", "mean", "layer0_mean")
+
+
+@dataclass
+class StaticEmbeddings:
+    """Per-word vectors of one layer, words ordered by frequency (most frequent first)."""
+
+    layer: int
+    words: list[str]
+    counts: np.ndarray
+    vectors: dict[str, np.ndarray]  # kind -> (n_words, dim)
+    store_meta: dict[str, Any]
+
+    def keyed_vectors(self, kind: str = "first_pc") -> KeyedVectors:
+        if kind not in self.vectors:
+            raise ValueError(f"unknown static embedding kind {kind!r}; choose one of {', '.join(self.vectors)}")
+        vectors = KeyedVectors(vector_size=self.vectors[kind].shape[1])
+        vectors.add_vectors(self.words, self.vectors[kind].astype(np.float32))
+        for word, count in zip(self.words, self.counts):
+            vectors.set_vecattr(word, "count", int(count))
+        return vectors
+
+    def save(self, directory: str | os.PathLike, *, text_path: str | os.PathLike | None = None) -> dict[str, Path]:
+        """`<layer>.kv` (gensim) and word2vec text (default `<layer>.txt`) of the first-PC vectors."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        vectors = self.keyed_vectors("first_pc")
+        kv_path = directory / f"{self.layer}.kv"
+        text_path = Path(text_path) if text_path is not None else directory / f"{self.layer}.txt"
+        text_path.parent.mkdir(parents=True, exist_ok=True)
+        vectors.save(str(kv_path))
+        vectors.save_word2vec_format(str(text_path), binary=False)
+        return {"kv": kv_path, "word2vec_text": text_path}
+
+
+def _layer_word_means(store: RepresentationStore, layer: int, word_index: np.ndarray, n_words: int, *, chunk_rows: int) -> np.ndarray:
+    sums = np.zeros((n_words, store.dim))
+    counts = np.zeros(n_words, dtype=np.int64)
+    for start, X in layer_chunks(store, layer, chunk_rows=chunk_rows):
+        words = word_index[start : start + len(X)]
+        known = words >= 0
+        labels, block_sums, sizes = sum_by_group(X[known], words[known])
+        sums[labels] += block_sums
+        counts[labels] += sizes
+    return sums / np.maximum(counts, 1)[:, None]
+
+
+def static_embeddings(
+    store: RepresentationStore | str | os.PathLike,
+    *,
+    layer: int,
+    min_contexts: int = 1,
+    exclude_punct: bool = True,
+    chunk_rows: int = 65536,
+    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
+) -> StaticEmbeddings:
+    """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences."""
+    if not isinstance(store, RepresentationStore):
+        store = RepresentationStore.open(store)
+    store.layer(layer)  # an unknown layer is an IndexError naming the range
+    selection = select_rows(store, min_contexts=min_contexts, exclude_punct=exclude_punct)
+    words = selection.words
+    groups = plan_word_groups(words["count"].to_numpy(), store.dim, memory_mb=mev_memory_mb)
+    spectra = word_spectra(store, layer, selection.word_index, groups, chunk_rows=chunk_rows)
+    present = np.array(sorted(spectra))  # words whose occurrences are all zero vectors have no direction
+    first_pc = np.stack([spectra[w].direction for w in present])
+    mean = np.stack([spectra[w].mean for w in present])
+    layer0_mean = mean if layer == 0 else _layer_word_means(
+        store, 0, selection.word_index, len(words), chunk_rows=chunk_rows)[present]
+    counts = words["count"].to_numpy()[present]
+    order = np.argsort(-counts, kind="stable")
+    return StaticEmbeddings(
+        layer=layer,
+        words=words["word"].to_numpy()[present][order].tolist(),
+        counts=counts[order],
+        vectors={"first_pc": first_pc[order], "mean": mean[order], "layer0_mean": layer0_mean[order]},
+        store_meta=dict(store.meta),
+    )
+
+
+def restrict_to_words(vectors: KeyedVectors, words: Sequence[str]) -> KeyedVectors:
+    """The vectors of `vectors` whose key lowercases to one of `words` (lowercased), in their order."""
+    wanted = {word.lower() for word in words}
+    keys = [key for key in vectors.index_to_key if key.lower() in wanted]
+    restricted = KeyedVectors(vector_size=vectors.vector_size)
+    if keys:
+        restricted.add_vectors(keys, np.stack([vectors[key] for key in keys]))
+    return restricted
+
+
+def benchmark_static_embeddings(
+    embeddings: StaticEmbeddings,
+    *,
+    benchmarks: Mapping[str, str | os.PathLike] | None = None,
+    static_vectors: Sequence[str | os.PathLike] = (),
+    on_vectors: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary.
+
+    `benchmarks` defaults to gensim's shipped SimLex-999, WordSim-353 and Google analogies. Given
+    static vectors are restricted to the words the store covers, so every row has the same vocabulary.
+    """
+    benchmarks = dict(GENSIM_BENCHMARKS if benchmarks is None else benchmarks)
+    candidates: dict[str, Callable[[], KeyedVectors]] = {
+        f"{kind} (layer {embeddings.layer if kind != 'layer0_mean' else 0})": (lambda kind=kind: embeddings.keyed_vectors(kind))
+        for kind in STATIC_KINDS
+    }
+    for path in static_vectors:
+        candidates[f"static: {Path(path).name}"] = lambda path=path: restrict_to_words(load_static_vectors(path), embeddings.words)
+    records = []
+    for label, load in candidates.items():
+        vectors = load()
+        for record in evaluate_benchmarks(vectors, benchmarks):
+            records.append({"vectors": label, "layer": embeddings.layer, "n_vectors": len(vectors), **record})
+        if on_vectors is not None:
+            on_vectors(label)
+    return pd.DataFrame(records)
+
+
+def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike) -> dict[str, Path]:
+    """`<layer>.benchmarks.json` and `.csv` in `directory`."""
+    directory = Path(directory)
+    payload = {
+        "layer": embeddings.layer,
+        "n_words": len(embeddings.words),
+        "static_embedding": "first right singular vector of the uncentred occurrence matrix, unit length, sign with the mean",
+        "case": "benchmarks matched case-insensitively to the most frequent casing in the store",
+        "records": scores.to_dict("records"),
+    }
+    return {
+        "json": write_json(directory / f"{embeddings.layer}.benchmarks.json", "static_embedding_benchmarks", payload,
+                           store_meta=embeddings.store_meta),
+        "csv": write_records_csv(directory / f"{embeddings.layer}.benchmarks.csv", scores.to_dict("records")),
+    }
