@@ -59,7 +59,8 @@ class _InvertibleLinear(nn.Module):
         orthogonal, _ = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64))
         permutation, lower, upper = torch.linalg.lu(orthogonal)
         diagonal = torch.diagonal(upper)
-        self.register_buffer("permutation", permutation.float())
+        # P as an index (row i of P @ M is row permutation_index[i] of M): a gather, not a d x d matmul.
+        self.register_buffer("permutation_index", permutation.argmax(dim=1))
         self.register_buffer("sign", torch.sign(diagonal).float())
         self.register_buffer("lower_mask", torch.tril(torch.ones(dim, dim), diagonal=-1))
         self.register_buffer("identity", torch.eye(dim))
@@ -74,13 +75,13 @@ class _InvertibleLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lower, upper = self._factors()
-        weight = self.permutation @ lower @ upper
+        weight = (lower @ upper)[self.permutation_index]
         return x @ weight.T, self.log_s.sum().expand(x.shape[0])
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         # x^T = U^-1 L^-1 P^T y^T, by two triangular solves instead of an explicit inverse.
         lower, upper = self._factors()
-        permuted = (y @ self.permutation).T
+        permuted = torch.empty_like(y).index_copy_(1, self.permutation_index, y).T  # (P^T y^T)
         solved = torch.linalg.solve_triangular(lower, permuted, upper=False, unitriangular=True)
         return torch.linalg.solve_triangular(upper, solved, upper=True).T
 
@@ -221,7 +222,7 @@ class FlowCalibrator(Calibrator):
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(flow.parameters(), _GRADIENT_CLIP_NORM)
                 optimizer.step()
-                total += float(loss) * len(batch)
+                total += loss.item() * len(batch)
             self.loss_curve_.append(total / n_points / dim)
         if not np.isfinite(self.loss_curve_[-1]):
             raise ValueError("FlowCalibrator training diverged (non-finite loss); lower learning_rate or standardise the inputs")
