@@ -380,9 +380,10 @@ def test_cli_analyze(small_store, tmp_path):
     app = typer.Typer()
     register(app)
     runner = CliRunner()
-    outcome = runner.invoke(app, ["analyze", str(store.path), "--min-contexts", "3", "--samples", "10", "--out", str(tmp_path / "o")])
+    arguments = ["analyze", str(store.path), "--min-contexts", "3", "--samples", "10", "--out", str(tmp_path / "o")]
+    outcome = runner.invoke(app, arguments, env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
-    assert "Findings" in outcome.output and "embeddings" in outcome.output
+    assert "Findings" in outcome.output and "layer 0 = embedding output" in outcome.output
     assert (tmp_path / "o" / "contextuality.json").exists() and (tmp_path / "o" / "contextuality_words.csv").exists()
     failed = runner.invoke(app, ["analyze", str(store.path), "--min-contexts", "50"])
     assert failed.exit_code == 2 and "--min-contexts" in failed.output

@@ -282,3 +282,12 @@ def test_cuda_request_without_cuda_is_a_clear_error():
         pytest.skip("CUDA present")
     with pytest.raises(ValueError, match="no CUDA device"):
         load_encoder("tiny-bert", device="cuda")
+
+
+def test_rerunning_a_complete_extraction_is_a_no_op(tmp_path, lee_sample):
+    encoder = load_encoder("tiny-bert", device="cpu")
+    first = extract(encoder, lee_sample.head(10), tmp_path / "s")
+    chunks = []
+    again = extract(encoder, lee_sample.head(10), tmp_path / "s", on_chunk=lambda s, t: chunks.append(s))
+    assert chunks == [] and again.meta["created"] == first.meta["created"]
+    assert np.asarray(again.layer(1)[:]).tobytes() == np.asarray(first.layer(1)[:]).tobytes()

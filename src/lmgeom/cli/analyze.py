@@ -12,10 +12,6 @@ from rich.table import Table
 from lmgeom.cli.common import console, progress_bar, user_errors
 
 
-def _layer_label(layer: int) -> str:
-    return "0 (embeddings)" if layer == 0 else str(layer)
-
-
 def _number(value: float, digits: int = 4) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
@@ -33,7 +29,7 @@ def print_contextuality(result) -> None:
     for _, header in columns:
         cosines.add_column(header, justify="right")
     for _, row in summary.iterrows():
-        cosines.add_row(_layer_label(row["layer"]), *(_number(row[c]) for c, _ in columns))
+        cosines.add_row(str(row["layer"]), *(_number(row[c]) for c, _ in columns))
     console.print(cosines)
 
     mev = Table(title="MEV: share of a word's variance explained by its first principal direction (baseline = sampled occurrences)")
@@ -43,7 +39,7 @@ def print_contextuality(result) -> None:
         mev.add_column(f"{variant} adj", justify="right")
     for _, row in summary.iterrows():
         cells = [_number(row[f"mev_{v}{suffix}"]) for v in MEV_VARIANTS for suffix in ("", "_adjusted")]
-        mev.add_row(_layer_label(row["layer"]), *cells)
+        mev.add_row(str(row["layer"]), *cells)
     console.print(mev)
     zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
     console.print(

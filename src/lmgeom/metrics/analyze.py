@@ -32,6 +32,7 @@ from lmgeom.metrics.contextuality import (
     SelfSimilarityAccumulator,
     average_cosine,
     occurrence_spectrum,
+    row_norms,
     sample_indexes,
 )
 from lmgeom.results import LAYER_NOTE, write_json, write_records_csv
@@ -204,7 +205,7 @@ def _analyse_layer(store: RepresentationStore, layer: int, selection: RowSelecti
         sample_blocks.append(X[in_chunk - start])
     spectra = word_spectra(store, layer, selection.word_index, groups, chunk_rows=chunk_rows, first_group=first_group)
     sample = np.concatenate(sample_blocks)
-    sample = sample[np.linalg.norm(sample, axis=1) > 0]
+    sample = sample[row_norms(sample) > 0]
     sample_spectrum = occurrence_spectrum(sample)
     mev = {variant: np.full(n_words, np.nan) for variant in MEV_VARIANTS}
     for word, spectrum in spectra.items():

@@ -19,9 +19,11 @@ from typing import ClassVar
 
 import numpy as np
 import pandas as pd
+import scipy.sparse
 from scipy.linalg import eigh
+from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import StateDictMixin, as_float64_rows, unit_rows
+from lmgeom.metrics.base import StateDictMixin, as_float64_rows
 
 MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
 
@@ -42,14 +44,27 @@ def _mean_pairwise_cosine(unit_sum: np.ndarray, n: np.ndarray | int) -> np.ndarr
         return np.where(n >= 2, (squared - n) / (n * (n - 1)), np.nan)
 
 
-def sum_by_group(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unique group labels, the row sums of `values` within each, and the group sizes."""
+def row_norms(X: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.einsum("ij,ij->i", X, X))
+
+
+def inverse_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1 / ||x|| per row (0 for zero rows), and the mask of non-zero rows.
+
+    Sums of unit vectors are then weighted sums of the rows, so no normalised copy is made.
+    """
+    norms = row_norms(X)
+    nonzero = norms > 0
+    return np.divide(1.0, norms, out=np.zeros_like(norms), where=nonzero), nonzero
+
+
+def sum_by_group(values: np.ndarray, groups: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique group labels, the (weighted) row sums of `values` within each, and the group sizes."""
     labels, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
-    order = np.argsort(inverse, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    if len(values) == 0:
-        return labels, np.zeros((0,) + values.shape[1:]), sizes
-    return labels, np.add.reduceat(values[order], starts, axis=0), sizes
+    weights = np.ones(len(values)) if weights is None else weights
+    # a sparse group-by-row matrix sums every group in one pass over the rows
+    membership = scipy.sparse.csr_matrix((weights, (inverse, np.arange(len(values)))), shape=(len(labels), len(values)))
+    return labels, np.asarray(membership @ values), sizes
 
 
 def _ids(ids: np.ndarray, n_rows: int, name: str) -> np.ndarray:
@@ -93,8 +108,9 @@ class AverageCosineAccumulator(StateDictMixin):
 
     def add(self, X: np.ndarray, /) -> AverageCosineAccumulator:
         X = as_float64_rows(X)
-        U, nonzero = unit_rows(X)
-        self.unit_sum = U.sum(axis=0) if self.unit_sum is None else self.unit_sum + U.sum(axis=0)
+        weights, nonzero = inverse_norms(X)
+        unit_sum = weights @ X
+        self.unit_sum = unit_sum if self.unit_sum is None else self.unit_sum + unit_sum
         self.n_points += int(nonzero.sum())
         self.n_zero += int((~nonzero).sum())
         return self
@@ -127,7 +143,7 @@ def sampled_average_cosine(X: np.ndarray, n: int = 1000, seed: int = 0) -> float
     the exact value it estimates.
     """
     X = as_float64_rows(X)
-    nonzero = np.flatnonzero(np.linalg.norm(X, axis=1) > 0)
+    nonzero = np.flatnonzero(row_norms(X) > 0)
     return average_cosine(X[sample_indexes(nonzero, n, seed)])
 
 
@@ -156,10 +172,12 @@ class SelfSimilarityAccumulator(StateDictMixin):
     def add(self, X: np.ndarray, /, *, word_ids: np.ndarray) -> SelfSimilarityAccumulator:
         X = as_float64_rows(X)
         word_ids = _word_index(word_ids, self.n_words, len(X))
-        U, nonzero = unit_rows(X)
+        weights, nonzero = inverse_norms(X)
         if self.unit_sums is None:
             self.unit_sums = np.zeros((self.n_words, X.shape[1]))
-        labels, sums, sizes = sum_by_group(U[nonzero], word_ids[nonzero])
+        if not nonzero.all():
+            X, word_ids, weights = X[nonzero], word_ids[nonzero], weights[nonzero]
+        labels, sums, sizes = sum_by_group(X, word_ids, weights)
         self.unit_sums[labels] += sums
         self.counts[labels] += sizes
         self.n_zero += int((~nonzero).sum())
@@ -187,8 +205,7 @@ def self_similarity(X: np.ndarray, word_ids: np.ndarray, *, min_count: int = 2) 
     `word_ids` labels each row (any hashable labels). Returns a Series indexed by word, for the
     words with at least `min_count` non-zero occurrences.
     """
-    X = as_float64_rows(X)
-    labels, inverse = np.unique(_ids(word_ids, len(X), "word_ids"), return_inverse=True)
+    labels, inverse = np.unique(np.asarray(word_ids), return_inverse=True)
     values = SelfSimilarityAccumulator(len(labels), min_count=min_count).add(X, word_ids=inverse).result()
     kept = ~np.isnan(values)
     return pd.Series(values[kept], index=pd.Index(labels[kept], name="word"), name="self_similarity")
@@ -256,10 +273,12 @@ class IntraSentenceAccumulator(StateDictMixin):
         if runs != len(np.unique(sentence_ids)):
             raise ValueError("the rows of each sentence must be contiguous within a chunk (keep rows in sentence order)")
         _reject_completed(sentence_ids, self.done_ids, "in a later chunk")
-        U, nonzero = unit_rows(X)
+        weights, nonzero = inverse_norms(X)
         self.n_zero += int((~nonzero).sum())
-        ids, raw, counts = sum_by_group(X[nonzero], sentence_ids[nonzero])
-        _, unit, _ = sum_by_group(U[nonzero], sentence_ids[nonzero])
+        if not nonzero.all():
+            X, weights = X[nonzero], weights[nonzero]
+        ids, raw, counts = sum_by_group(X, sentence_ids[nonzero])
+        _, unit, _ = sum_by_group(X, sentence_ids[nonzero], weights)
         at_edge = np.isin(ids, [sentence_ids[0], sentence_ids[-1]])
         inside = ~at_edge
         continued = np.isin(ids[inside], self.pending_ids)
@@ -384,7 +403,7 @@ def _spectrum(n: int, row_sum: np.ndarray, *, rows: np.ndarray | None = None, se
 def occurrence_spectrum(X: np.ndarray) -> OccurrenceSpectrum:
     """The spectrum of one occurrence matrix (zero rows left out); see `OccurrenceSpectrum`."""
     X = as_float64_rows(X)
-    X = X[np.linalg.norm(X, axis=1) > 0]
+    X = X[row_norms(X) > 0]
     if len(X) == 0:
         raise ValueError("an occurrence matrix needs at least one non-zero row")
     if len(X) <= X.shape[1]:
@@ -428,7 +447,7 @@ class MEVAccumulator(StateDictMixin):
     def add(self, X: np.ndarray, /, *, word_ids: np.ndarray) -> MEVAccumulator:
         X = as_float64_rows(X)
         word_ids = _word_index(word_ids, self.n_words, len(X))
-        nonzero = np.linalg.norm(X, axis=1) > 0
+        nonzero = row_norms(X) > 0
         self.n_zero += int((~nonzero).sum())
         X, word_ids = X[nonzero], word_ids[nonzero]
         order = np.argsort(word_ids, kind="stable")
@@ -456,10 +475,13 @@ class MEVAccumulator(StateDictMixin):
     def result(self) -> dict[int, OccurrenceSpectrum]:
         """Word id -> spectrum, for every word with at least one non-zero occurrence."""
         spectra = {}
-        for word, blocks in self.rows.items():
-            spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], rows=np.concatenate(blocks))
-        for word, moment in self.second_moments.items():
-            spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], second_moment=moment)
+        # thousands of small eigenproblems: BLAS threads cost more than they give (on a busy
+        # machine, 100x more), so one thread
+        with threadpool_limits(limits=1, user_api="blas"):
+            for word, blocks in self.rows.items():
+                spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], rows=np.concatenate(blocks))
+            for word, moment in self.second_moments.items():
+                spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], second_moment=moment)
         return dict(sorted(spectra.items()))
 
 
@@ -471,8 +493,7 @@ def mev(X: np.ndarray, word_ids: np.ndarray, *, variant: str, min_count: int = 2
     """
     if variant not in MEV_VARIANTS:
         raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
-    X = as_float64_rows(X)
-    labels, inverse = np.unique(_ids(word_ids, len(X), "word_ids"), return_inverse=True)
+    labels, inverse = np.unique(np.asarray(word_ids), return_inverse=True)
     spectra = MEVAccumulator(len(labels)).add(X, word_ids=inverse).result()
     kept = [word for word, spectrum in spectra.items() if spectrum.n >= min_count]
     return pd.Series(

@@ -40,6 +40,8 @@ def extract(
         "chunk_sentences": chunk_sentences,
     }
     writer = StoreWriter(out, settings=settings, overwrite=overwrite)
+    if writer.complete:
+        return RepresentationStore.open(out)
     start = writer.sentences_done
     for first in range(start, len(corpus), chunk_sentences):
         sentences = corpus.sentences[first : first + chunk_sentences]
