@@ -7,7 +7,10 @@ memory (the original read them from HDF5, which only adds to its time).
 
 For 10k occurrences the original's pair list (10^8 tuples, ~6 GB) does not fit this machine, so
 its time and memory there are extrapolated from the largest measured size (both are O(n^2) in the
-pair list; the 1,000 cosines are a constant). Run: python benchmarks/contextuality.py
+pair list; the 1,000 cosines are a constant).
+
+A second table times the whole `analyze_store` (baselines, SelfSim, IntraSim, three MEV variants)
+on a synthetic store with a Zipf vocabulary. Run: python benchmarks/contextuality.py
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 from scipy.spatial.distance import cosine
 
-from lmgeom.metrics import self_similarity
+from lmgeom.metrics import analyze_store, self_similarity
+from lmgeom.store import write_store_from_arrays
 
 
 def original_self_similarity(occurrences, embeddings, layer, num_samples=1000):
@@ -62,11 +68,43 @@ def measure(function, *, repeats: int) -> tuple[float, float, object]:
     return min(times), peak, value
 
 
+def zipf_store(path: Path, *, n_tokens: int, vocabulary: int, dim: int, n_layers: int, rng) -> object:
+    """Sentences of 5-19 words drawn from a Zipf vocabulary; per-occurrence noise grows with depth."""
+    probabilities = 1 / np.arange(1, vocabulary + 1)
+    word_ids = rng.choice(vocabulary, size=n_tokens, p=probabilities / probabilities.sum())
+    lengths = rng.integers(5, 20, size=n_tokens // 5)
+    lengths = lengths[: np.searchsorted(np.cumsum(lengths), n_tokens)]
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    sentences = [[f"w{w}" for w in word_ids[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
+    word_ids = word_ids[: bounds[-1]]
+    centres = rng.normal(size=(vocabulary, dim)).astype(np.float32)
+    hidden = [centres[word_ids] + 0.5 * layer * rng.normal(size=(len(word_ids), dim)).astype(np.float32) + layer
+              for layer in range(n_layers)]
+    return write_store_from_arrays(path, hidden, sentences)
+
+
+def time_analyze_store(args, rng) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        store = zipf_store(Path(directory) / "store", n_tokens=args.store_tokens, vocabulary=5000, dim=args.store_dim,
+                           n_layers=args.store_layers, rng=rng)
+        elapsed, peak, result = measure(lambda: analyze_store(store), repeats=1)
+    print(f"\nanalyze_store on a synthetic store ({store.n_tokens:,} tokens, d={store.dim}, {len(store.layers)} layers, "
+          f"{result.counts['words_analysed']:,} words in >= 5 sentences)\n")
+    print("| tokens | d | layers | words analysed | total time | per layer | peak traced memory |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {store.n_tokens:,} | {store.dim} | {len(store.layers)} | {result.counts['words_analysed']:,} | "
+          f"{elapsed:.1f} s | {elapsed / len(store.layers):.1f} s | {peak:,.0f} MiB |")
+    print("\n(time untraced; memory from a second, traced run)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 3000, 10000])
     parser.add_argument("--max-original", type=int, default=3000, help="largest size to run the original on")
+    parser.add_argument("--store-tokens", type=int, default=100_000, help="tokens of the synthetic store (0: skip)")
+    parser.add_argument("--store-dim", type=int, default=384)
+    parser.add_argument("--store-layers", type=int, default=4)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     random.seed(0)
@@ -102,6 +140,8 @@ def main() -> None:
     for n, t_ours, m_ours, t_orig, m_orig, speedup, err_ours, err_orig, note in rows:
         print(f"| {n:,} | {t_ours * 1e3:.2f} ms | {m_ours:.1f} MiB | {t_orig * 1e3:,.0f} ms | {m_orig:,.0f} MiB | "
               f"{speedup:,.0f}x | {err_ours:.1e} | {err_orig} | {note} |")
+    if args.store_tokens:
+        time_analyze_store(args, rng)
 
 
 if __name__ == "__main__":

@@ -375,6 +375,18 @@ def test_analyze_store_bad_input(tmp_path, small_store):
         analyze_store(store, min_contexts=3)
 
 
+def test_special_tokens_are_never_analysed(tmp_path, rng):
+    hidden, _ = synthetic_layers(rng, n_layers=2)
+    special = [[position == 0 for position in range(len(sentence))] for sentence in SENTENCES]
+    store = write_store_from_arrays(tmp_path / "store", hidden, SENTENCES, is_special=special)
+    result = analyze_store(store, min_contexts=2, exclude_punct=False)
+    kept = ~np.concatenate(special)
+    X = hidden[1].astype(np.float32).astype(np.float64)
+    assert result.counts["rows_special_excluded"] == len(SENTENCES)
+    assert result.layers.set_index(["layer", "metric"]).loc[(1, "anisotropy_exact"), "raw"] == pytest.approx(
+        pairwise_mean_cosine(X[kept]), abs=1e-9)
+
+
 def test_cli_analyze(small_store, tmp_path):
     store, _ = small_store
     app = typer.Typer()

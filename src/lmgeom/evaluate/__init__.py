@@ -1,4 +1,7 @@
-"""Evaluation of static word vectors on word-similarity and analogy benchmarks (gensim)."""
+"""Evaluation on benchmarks.
+
+`wordsim`: word similarity (Spearman) and analogies (3CosAdd) of static word vectors, with gensim.
+"""
 
 from lmgeom.evaluate.wordsim import (
     GENSIM_BENCHMARKS,

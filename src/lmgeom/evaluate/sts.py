@@ -32,7 +32,6 @@ NO_CALIBRATION = "none"
 TRANSDUCTIVE = "transductive"
 FIRST_LAST_AVG = "first-last-avg"
 CALIBRATION_METHODS = (NO_CALIBRATION, *METHODS)
-AGGREGATIONS = ("all", "mean")
 ISOTROPY_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine")
 # Sentences per call to the encoder: bounds the (all layers x sentences x dim) array it returns
 # before the layers that are not needed are dropped.
@@ -227,8 +226,7 @@ def evaluate_sts(
     methods = resolve_methods(methods)
     sources = resolve_fit_sources(fit_on) if len(methods) > 1 else []
     corpora = [s for s in sources if s.sentences is not None]
-    texts = list(dict.fromkeys(t for d in datasets for t in d.sentences))
-    texts = list(dict.fromkeys([*texts, *(t for s in corpora for t in s.sentences)]))
+    texts = list(dict.fromkeys([*(t for d in datasets for t in d.sentences), *(t for s in corpora for t in s.sentences)]))
     layer_indexes = sorted({i for s in selections for i in s.indexes})
     cache = _VectorCache(
         texts, layer_indexes,

@@ -42,6 +42,8 @@ ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact base
 STATIC_VARIANCE_THRESHOLD = 0.05  # the paper: a static embedding explains < 5% of the variance
 N_LEAST_SELF_SIMILAR = 10
 DEFAULT_MEV_MEMORY_MB = 512
+# rows per chunk read from the store: 16k x 768 float64 is 100 MB, and a few masked copies of it exist at once
+DEFAULT_CHUNK_ROWS = 16384
 
 DEFINITIONS = {
     "anisotropy_exact": "mean cosine over all ordered pairs of distinct analysed occurrences (closed form, exact)",
@@ -159,13 +161,18 @@ def word_spectra(
         accumulator = MEVAccumulator(len(groups))
         for start, X in layer_chunks(store, layer, chunk_rows=chunk_rows):
             rows = group_of_row[start : start + len(X)] == group
-            accumulator.add(X[rows], word_ids=word_index[start : start + len(X)][rows])
+            accumulator.add(_rows(X, rows), word_ids=word_index[start : start + len(X)][rows])
         spectra.update(accumulator.result())
     return spectra
 
 
 # ---------------------------------------------------------------------------------------------
 # one layer
+
+
+def _rows(X: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """X[mask] without a copy when every row is kept (the usual case)."""
+    return X if mask.all() else X[mask]
 
 
 @dataclass
@@ -194,13 +201,14 @@ def _analyse_layer(store: RepresentationStore, layer: int, selection: RowSelecti
     for start, X in layer_chunks(store, layer, chunk_rows=chunk_rows):
         stop = start + len(X)
         analysed = selection.analysed[start:stop]
-        baseline.add(X[analysed])
-        intra.add(X[analysed], sentence_ids=selection.sentence_ids[start:stop][analysed])
+        X_analysed = _rows(X, analysed)
+        baseline.add(X_analysed)
+        intra.add(X_analysed, sentence_ids=selection.sentence_ids[start:stop][analysed])
         words = selection.word_index[start:stop]
         known = words >= 0
-        self_sim.add(X[known], word_ids=words[known])
+        self_sim.add(_rows(X, known), word_ids=words[known])
         in_first_group = known & (groups[np.maximum(words, 0)] == 0)
-        first_group.add(X[in_first_group], word_ids=words[in_first_group])
+        first_group.add(_rows(X, in_first_group), word_ids=words[in_first_group])
         in_chunk = sampled_rows[(sampled_rows >= start) & (sampled_rows < stop)]
         sample_blocks.append(X[in_chunk - start])
     spectra = word_spectra(store, layer, selection.word_index, groups, chunk_rows=chunk_rows, first_group=first_group)
@@ -341,6 +349,9 @@ def _depth_trend(layers: list[int], values: list[float]) -> dict[str, Any]:
     if len(layers) < 3:
         return {"spearman_rho": None, "p_value": None, "falls_with_depth": None, "monotone_decreasing": None,
                 "note": "fewer than 3 non-input layers"}
+    if np.ptp(values) == 0:
+        return {"spearman_rho": None, "p_value": None, "falls_with_depth": False, "monotone_decreasing": False,
+                "note": "the same value at every non-input layer"}
     rho, p_value = spearmanr(layers, values)
     return {
         "spearman_rho": float(rho),
@@ -431,7 +442,7 @@ def analyze_store(
     seed: int = 0,
     n_samples: int = 1000,
     layers: Sequence[int] | None = None,
-    chunk_rows: int = 65536,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
     on_layer: Callable[[int], None] | None = None,
 ) -> ContextualityResult:

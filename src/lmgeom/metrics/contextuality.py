@@ -251,7 +251,7 @@ class IntraSentenceAccumulator(StateDictMixin):
     def _values(raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> np.ndarray:
         raw_norms = np.linalg.norm(raw, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            # a sentence whose vectors sum to zero has no mean direction: NaN, counted in result
+            # a sentence whose vectors sum to zero has no mean direction: NaN, left out of layer means
             return np.einsum("ij,ij->i", raw, unit) / (counts * raw_norms)
 
     def _merge_pending(self, ids: np.ndarray, raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> None:
@@ -358,6 +358,12 @@ class OccurrenceSpectrum:
         return self.centred_along_direction / self.centred_total
 
 
+def _one_blas_thread() -> threadpool_limits:
+    """Eigenproblems of a few hundred dimensions gain nothing from BLAS threads, and on a busy
+    machine lose up to 100x to thread contention: run them on one thread."""
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _top_eigenpair(S: np.ndarray) -> tuple[float, np.ndarray]:
     k = S.shape[0]
     values, vectors = eigh(S, subset_by_index=[k - 1, k - 1])
@@ -406,9 +412,10 @@ def occurrence_spectrum(X: np.ndarray) -> OccurrenceSpectrum:
     X = X[row_norms(X) > 0]
     if len(X) == 0:
         raise ValueError("an occurrence matrix needs at least one non-zero row")
-    if len(X) <= X.shape[1]:
-        return _spectrum(len(X), X.sum(axis=0), rows=X)
-    return _spectrum(len(X), X.sum(axis=0), second_moment=X.T @ X)
+    with _one_blas_thread():
+        if len(X) <= X.shape[1]:
+            return _spectrum(len(X), X.sum(axis=0), rows=X)
+        return _spectrum(len(X), X.sum(axis=0), second_moment=X.T @ X)
 
 
 def first_principal_direction(X: np.ndarray) -> np.ndarray:
@@ -452,8 +459,9 @@ class MEVAccumulator(StateDictMixin):
         X, word_ids = X[nonzero], word_ids[nonzero]
         order = np.argsort(word_ids, kind="stable")
         words, starts = np.unique(word_ids[order], return_index=True)
-        for word, block in zip(words, np.split(X[order], starts[1:])):
-            self._add_word_rows(int(word), block)
+        with _one_blas_thread():
+            for word, block in zip(words, np.split(X[order], starts[1:])):
+                self._add_word_rows(int(word), block)
         return self
 
     def merge(self, other: MEVAccumulator) -> MEVAccumulator:
@@ -475,9 +483,7 @@ class MEVAccumulator(StateDictMixin):
     def result(self) -> dict[int, OccurrenceSpectrum]:
         """Word id -> spectrum, for every word with at least one non-zero occurrence."""
         spectra = {}
-        # thousands of small eigenproblems: BLAS threads cost more than they give (on a busy
-        # machine, 100x more), so one thread
-        with threadpool_limits(limits=1, user_api="blas"):
+        with _one_blas_thread():
             for word, blocks in self.rows.items():
                 spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], rows=np.concatenate(blocks))
             for word, moment in self.second_moments.items():

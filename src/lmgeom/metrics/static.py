@@ -21,7 +21,7 @@ import pandas as pd
 from gensim.models import KeyedVectors
 
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
-from lmgeom.metrics.analyze import DEFAULT_MEV_MEMORY_MB, layer_chunks, plan_word_groups, select_rows, word_spectra
+from lmgeom.metrics.analyze import DEFAULT_CHUNK_ROWS, DEFAULT_MEV_MEMORY_MB, layer_chunks, plan_word_groups, select_rows, word_spectra
 from lmgeom.metrics.contextuality import sum_by_group
 from lmgeom.results import write_json, write_records_csv
 from lmgeom.store import RepresentationStore
@@ -79,7 +79,7 @@ def static_embeddings(
     layer: int,
     min_contexts: int = 1,
     exclude_punct: bool = True,
-    chunk_rows: int = 65536,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
 ) -> StaticEmbeddings:
     """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences."""
