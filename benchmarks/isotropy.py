@@ -28,6 +28,7 @@ import platform
 import resource
 import time
 from pathlib import Path
+from queue import Empty
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def reference_cie(X, n_cluster=27, n_pc=12, seed=0):
         for index in members:
             centred = X[index] - cluster_mean
             sum_vec = np.zeros(X.shape[1])
-            for j in range(n_pc):
+            for j in range(min(n_pc, len(component))):  # the original assumes every cluster has >= n_pc points
                 sum_vec = sum_vec + np.dot(centred, component[j]) * component[j]
             post_rep[index] = centred - sum_vec
     return post_rep
@@ -175,7 +176,13 @@ def run(name: str, n: int, dim: int = DIM) -> dict:
     queue = context.Queue()
     process = context.Process(target=_child, args=(name, n, dim, queue))
     process.start()
-    outcome = queue.get()
+    while True:
+        try:
+            outcome = queue.get(timeout=5)
+            break
+        except Empty:
+            if not process.is_alive():
+                raise RuntimeError(f"{name} on {n} rows died (exit code {process.exitcode}); see its traceback above")
     process.join()
     return {"name": name, "rows": n, **outcome}
 
@@ -211,6 +218,7 @@ def main() -> None:
 
     rows = []
     for label, ours, reference, align in CASES:
+        print(f"running {label} ...", flush=True)
         lmgeom_runs = [run(name, args.n) for name in ours]
         probe = run(reference, args.probe_rows)
         estimate = probe["seconds"] * args.n / args.probe_rows

@@ -1,8 +1,31 @@
-"""lmgeom: how contextual are a language model's representations, and how is their space shaped?"""
+"""lmgeom: how contextual are a language model's representations, and how is their space shaped?
+
+Top-level names are imported on first use, so `import lmgeom.metrics` does not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from lmgeom._version import __version__
-from lmgeom.corpus import Corpus, Vocabulary, load_corpus
-from lmgeom.encoders import HFEncoder, load_encoder
-from lmgeom.store import RepresentationStore, extract, write_store_from_arrays
 
-__all__ = ["Corpus", "HFEncoder", "RepresentationStore", "Vocabulary", "__version__", "extract", "load_corpus", "load_encoder", "write_store_from_arrays"]
+_EXPORTS = {
+    "Corpus": "lmgeom.corpus",
+    "Vocabulary": "lmgeom.corpus",
+    "load_corpus": "lmgeom.corpus",
+    "HFEncoder": "lmgeom.encoders",
+    "load_encoder": "lmgeom.encoders",
+    "RepresentationStore": "lmgeom.store",
+    "extract": "lmgeom.store",
+    "write_store_from_arrays": "lmgeom.store",
+    "analyze_store": "lmgeom.metrics",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lmgeom' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The main job behind `lmgeom run`: extract, then summarise and analyse every layer."""
+"""The main job behind `lmgeom run`: extract, then analyse and summarise every layer."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics.contextuality import AverageCosineAccumulator, sample_indexes, sampled_average_cosine
+from lmgeom.metrics.analyze import ContextualityResult
 from lmgeom.results import write_json
 from lmgeom.store import RepresentationStore
 
 DEFAULT_MODEL = "minilm"
 DEFAULT_CORPUS = "lee"
-SAMPLED_OCCURRENCES = 1000
 
 
 def default_run_dir(model: str, corpus: str) -> Path:
@@ -30,27 +29,28 @@ def word_rows(store: RepresentationStore, *, include_punct: bool = False) -> np.
     return np.flatnonzero(keep)
 
 
-def layer_summary(store: RepresentationStore, *, seed: int = 0, write: bool = True) -> list[dict[str, Any]]:
-    """Per layer over word occurrences (no special tokens, no punctuation): mean norm, the mean cosine
-    of 1,000 random occurrences (seeded, as Ethayarajh 2019 sampled) and the exact mean over all pairs."""
-    rows = word_rows(store)
-    sample = sample_indexes(rows, SAMPLED_OCCURRENCES, seed)
+def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
+    """Per layer over the analysed word occurrences (no special tokens, no punctuation): mean norm,
+    and the anisotropy baseline from `contextuality` — the mean cosine of 1,000 random occurrences
+    (seeded, as Ethayarajh 2019 sampled) and the exact mean over all pairs."""
+    rows = word_rows(store, include_punct=not contextuality.settings["exclude_punct"])
     keep = np.zeros(store.n_tokens, dtype=bool)
     keep[rows] = True
+    baselines = contextuality.summary().set_index("layer")
     records = []
     for layer in store.layers:
-        exact, norm_sum = AverageCosineAccumulator(), 0.0
-        for start, block in store.iter_chunks(layer):
-            block = block[keep[start : start + len(block)]].astype(np.float64)
-            exact.add(block)
-            norm_sum += float(np.linalg.norm(block, axis=1).sum())
+        norm_sum = sum(
+            float(np.linalg.norm(block[keep[start : start + len(block)]].astype(np.float64), axis=1).sum())
+            for start, block in store.iter_chunks(layer)
+        )
         records.append({
             "layer": layer,
             "n_occurrences": int(len(rows)),
             "mean_norm": norm_sum / len(rows),
-            "sampled_average_cosine": sampled_average_cosine(store.rows(layer, sample), n=len(sample), seed=seed),
-            "average_cosine": exact.result(),
+            "sampled_average_cosine": float(baselines.at[layer, "anisotropy_sampled"]),
+            "average_cosine": float(baselines.at[layer, "anisotropy_exact"]),
         })
     if write:
-        write_json(store.path / "summary.json", "layer_summary", {"seed": seed, "layers": records}, store_meta=store.meta)
+        write_json(store.path / "summary.json", "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
+                   store_meta=store.meta)
     return records

@@ -53,6 +53,14 @@ def print_contextuality(result) -> None:
         console.print(f"  • {statement}")
 
 
+def analyze_with_progress(store, **options):
+    from lmgeom.metrics.analyze import analyze_store
+
+    with progress_bar() as progress:
+        task = progress.add_task("analyze layers", total=len(store.layers), rate="")
+        return analyze_store(store, on_layer=lambda layer: progress.update(task, advance=1, rate=f"layer {layer}"), **options)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
@@ -65,17 +73,14 @@ def register(app: typer.Typer) -> None:
         mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices; more means fewer passes"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
-        from lmgeom.metrics.analyze import analyze_store
         from lmgeom.store import RepresentationStore
 
         with user_errors():
             store = RepresentationStore.open(store_path)
-            with progress_bar() as progress:
-                task = progress.add_task("analyze layers", total=len(store.layers), rate="")
-                result = analyze_store(
-                    store, min_contexts=min_contexts, exclude_punct=exclude_punct, seed=seed, n_samples=samples,
-                    mev_memory_mb=mev_memory_mb, on_layer=lambda layer: progress.update(task, advance=1, rate=f"layer {layer}"),
-                )
+            result = analyze_with_progress(
+                store, min_contexts=min_contexts, exclude_punct=exclude_punct, seed=seed, n_samples=samples,
+                mev_memory_mb=mev_memory_mb,
+            )
             paths = result.write(out)
             print_contextuality(result)
             console.print("wrote " + ", ".join(str(p) for p in paths.values()))

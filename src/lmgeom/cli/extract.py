@@ -11,13 +11,15 @@ from rich.table import Table
 
 from lmgeom.cli.common import console, progress_bar, user_errors
 from lmgeom.corpus import load_corpus
-from lmgeom.encoders import NAMED_MODELS, load_encoder
-from lmgeom.store import DEFAULT_CHUNK_SENTENCES, RepresentationStore, extract
+from lmgeom.store import DEFAULT_CHUNK_SENTENCES, RepresentationStore
 
-ModelArg = typer.Argument(..., help=f"a named model ({', '.join(NAMED_MODELS)}), a Hugging Face id, or a local folder")
+MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
+ModelArg = typer.Argument(..., help=MODEL_HELP)
 
 
 def extract_with_progress(encoder, corpus, out: Path, **options) -> RepresentationStore:
+    from lmgeom.store import extract
+
     with progress_bar() as progress:
         task = progress.add_task(f"extract {corpus.name}", total=len(corpus), rate="")
         started, totals = time.perf_counter(), [0, 0]
@@ -69,6 +71,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
+        from lmgeom.encoders import load_encoder
+
         with user_errors():
             sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
             encoder = load_encoder(
@@ -83,15 +87,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run")
     def run_command(
-        model: str = typer.Option("minilm", help="model to analyse"),
-        corpus: str = typer.Option("lee", help="corpus to analyse"),
+        model: str = typer.Option("minilm", help=MODEL_HELP),
+        corpus: str = typer.Option("lee", help="corpus spec, as for `lmgeom extract --corpus`"),
         out: Optional[Path] = typer.Option(None, help="run directory (default runs/<model>-<corpus>)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
         device: str = typer.Option("auto", help="auto, cpu, cuda"),
+        min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
         seed: int = typer.Option(0, help="seed for sampled statistics"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
-        """The main job: extract every layer of MODEL on CORPUS and summarise each layer."""
+        """The main job: extract every layer of MODEL on CORPUS, then measure how contextual each layer is."""
+        from lmgeom.cli.analyze import analyze_with_progress, print_contextuality
+        from lmgeom.encoders import load_encoder
         from lmgeom.pipeline import default_run_dir, layer_summary
 
         with user_errors():
@@ -100,7 +107,9 @@ def register(app: typer.Typer) -> None:
             encoder = load_encoder(model, device=device)
             store = extract_with_progress(encoder, sentences, out_dir, overwrite=overwrite)
             print_store(store)
-            summary = layer_summary(store, seed=seed)
+            result = analyze_with_progress(store, min_contexts=min_contexts, seed=seed)
+            paths = result.write()
+            summary = layer_summary(store, result)
             table = Table(title=f"{store.meta['model_id']} on {store.meta['corpus_name']}: per-layer summary (layer 0 = embedding output)")
             for column in ("layer", "mean norm", "mean cosine (1,000 random occurrences)", "mean cosine (exact, all pairs)"):
                 table.add_column(column, justify="right")
@@ -108,4 +117,5 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(record["layer"]), f"{record['mean_norm']:.3f}", f"{record['sampled_average_cosine']:.4f}",
                               f"{record['average_cosine']:.4f}")
             console.print(table)
-            console.print(f"wrote {out_dir}/summary.json")
+            print_contextuality(result)
+            console.print("wrote " + ", ".join(str(p) for p in [out_dir / "summary.json", *paths.values()]))

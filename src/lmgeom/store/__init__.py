@@ -1,7 +1,22 @@
-"""Store stage: the on-disk representation store, its resumable writer and lazy reader."""
+"""Store stage: the on-disk representation store, its resumable writer and lazy reader.
 
-from lmgeom.store.extract import DEFAULT_CHUNK_SENTENCES, extract, write_store_from_arrays
+`extract` and `write_store_from_arrays` load the encoder stack (torch) on first use only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
 from lmgeom.store.reader import RepresentationStore
 from lmgeom.store.writer import StoreExistsError, StoreWriter
 
+DEFAULT_CHUNK_SENTENCES = 256
 __all__ = ["DEFAULT_CHUNK_SENTENCES", "RepresentationStore", "StoreExistsError", "StoreWriter", "extract", "write_store_from_arrays"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("extract", "write_store_from_arrays"):
+        import importlib
+
+        return getattr(importlib.import_module("lmgeom.store.extraction"), name)
+    raise AttributeError(f"module 'lmgeom.store' has no attribute {name!r}")

@@ -6,7 +6,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -15,9 +15,11 @@ import zarr
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.corpus.segment import is_punctuation
-from lmgeom.encoders.hf import EncodedSentence
 from lmgeom.results import atomic_write_text
 from lmgeom.store import layout
+
+if TYPE_CHECKING:
+    from lmgeom.encoders.hf import EncodedSentence
 
 
 class StoreExistsError(ValueError):

@@ -9,10 +9,9 @@ import numpy as np
 
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.hf import EncodedSentence, HFEncoder
+from lmgeom.store import DEFAULT_CHUNK_SENTENCES
 from lmgeom.store.reader import RepresentationStore
 from lmgeom.store.writer import StoreWriter
-
-DEFAULT_CHUNK_SENTENCES = 256
 
 
 def extract(

@@ -1,0 +1,200 @@
+"""Markdown tables of docs/reproduction/ethayarajh2019.md from finished run directories.
+
+    python benchmarks/reproduce_ethayarajh2019.py tables RUN_DIR [RUN_DIR ...]
+        prints, per run: the per-layer contextuality table (from `lmgeom analyze`'s
+        contextuality_layers.csv), the three MEV variants, the least self-similar words and the
+        static-embedding benchmark table (from `lmgeom static-embeddings`' static/<layer>.benchmarks.csv).
+
+    python benchmarks/reproduce_ethayarajh2019.py sts-sample --n 6000 --seed 0 --out FILE
+        writes the same seeded uniform sample of the STS sentences that `--corpus sts --sample N
+        --seed S` draws, one sentence per line, with the corpus's stray control characters repaired
+        (cp1252 punctuation decoded as C1 controls, e.g. U+0092 for a right quote). MiniLM's
+        WordPiece tokenizer drops those characters and `lmgeom extract` then stops on the sentence;
+        the file is passed to `lmgeom extract --corpus FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import unicodedata
+from pathlib import Path
+
+import pandas as pd
+
+from gensim.parsing.preprocessing import STOPWORDS
+from scipy.stats import spearmanr
+
+from lmgeom.corpus.builtin import load_corpus
+from lmgeom.metrics.analyze import layer_name
+from lmgeom.metrics.contextuality import MEV_VARIANTS
+
+# U+0012 stands where U+0092 (cp1252 right single quote) lost its high bit: "Treasury\x12s"
+_CONTROL_REPAIRS = {"\x12": "'"}
+
+
+def repair_controls(text: str) -> str:
+    """C1 controls decoded as cp1252 punctuation; other control characters become spaces."""
+    repaired = []
+    for character in text:
+        if unicodedata.category(character) != "Cc":
+            repaired.append(character)
+        elif character in _CONTROL_REPAIRS:
+            repaired.append(_CONTROL_REPAIRS[character])
+        elif 0x80 <= ord(character) <= 0x9F:
+            repaired.append(bytes([ord(character)]).decode("cp1252", errors="replace").replace("\ufffd", " "))
+        else:
+            repaired.append(" ")
+    return "".join(repaired)
+
+
+def write_sts_sample(out: Path, *, n: int, seed: int) -> None:
+    corpus = load_corpus("sts", sample=n, seed=seed)
+    lines = [repair_controls(sentence.text) for sentence in corpus.sentences]
+    changed = sum(line != sentence.text for line, sentence in zip(lines, corpus.sentences))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {out}: {len(lines)} sentences of {corpus.name}, {changed} with control characters repaired")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _cell(value: float, digits: int = 3) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(frame.columns))) + "|"
+    rows = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+def _wide(layers: pd.DataFrame, column: str) -> pd.DataFrame:
+    return layers.pivot(index="layer", columns="metric", values=column)
+
+
+def contextuality_tables(run: Path) -> str:
+    layers = pd.read_csv(run / "contextuality_layers.csv")
+    report = json.loads((run / "contextuality.json").read_text())
+    meta = json.loads((run / "meta.json").read_text())
+    raw, adjusted = _wide(layers, "raw"), _wide(layers, "adjusted")
+    n_sampled = int(layers.loc[layers["metric"] == "anisotropy_sampled", "n"].min())
+    cosine = pd.DataFrame({
+        "layer": [f"{layer} ({layer_name(layer)})" for layer in raw.index],
+        "baseline exact": raw["anisotropy_exact"].map(_cell),
+        f"baseline sampled (n={n_sampled})": raw["anisotropy_sampled"].map(_cell),
+        "SelfSim": raw["self_similarity"].map(_cell),
+        "SelfSim*": adjusted["self_similarity"].map(_cell),
+        "IntraSim": raw["intra_sentence_similarity"].map(_cell),
+        "IntraSim*": adjusted["intra_sentence_similarity"].map(_cell),
+    })
+    mev = pd.DataFrame({"layer": [f"{layer} ({layer_name(layer)})" for layer in raw.index]})
+    for variant in MEV_VARIANTS:
+        mev[f"{variant}"] = raw[f"mev_{variant}"].map(_cell).to_numpy()
+        mev[f"{variant} baseline"] = _wide(layers, "baseline")[f"mev_{variant}"].map(_cell).to_numpy()
+        mev[f"{variant}*"] = adjusted[f"mev_{variant}"].map(_cell).to_numpy()
+    payload = _payload(report)
+    counts, settings, findings = payload["counts"], payload["settings"], payload["findings"]
+    least = findings["least_self_similar"]
+    title = (f"### {meta['model_id']} on {meta['corpus_name']} ({meta['dtype']} store)\n\n"
+             f"{counts['words_analysed']:,} words in ≥ {settings['min_contexts']} sentences, "
+             f"{counts['rows_analysed']:,} tokens analysed ({counts['rows_punctuation_excluded']:,} punctuation excluded), "
+             f"{counts['sentences']:,} sentences. Layer 0 = embedding output; * = adjusted (raw − baseline).")
+    least_line = (f"Least self-similar words at layer {least['layer']}: "
+                  + ", ".join(f"{w} ({s:.3f})" for w, s in zip(least["words"], least["self_similarity"]))
+                  + f" — stopword share {least['stopword_share']:.0%} vs {least['stopword_share_among_all_analysed_words']:.0%} "
+                  "of all analysed words.")
+    return "\n\n".join([title, _markdown(cosine), "MEV (baseline: the same variant on the sampled occurrences):",
+                        _markdown(mev), least_line])
+
+
+def _payload(report: dict) -> dict:
+    return report["payload"] if "payload" in report else report
+
+
+def finding_figures(run: Path) -> str:
+    """The numbers behind the paper's findings 1-5 that `lmgeom analyze` does not print itself."""
+    layers = pd.read_csv(run / "contextuality_layers.csv")
+    words = pd.read_csv(run / "contextuality_words.csv", keep_default_na=False, na_values=[""])
+    raw, baseline, adjusted = _wide(layers, "raw"), _wide(layers, "baseline"), _wide(layers, "adjusted")
+    upper = [layer for layer in raw.index if layer >= 1]
+    lines = []
+    exact = raw.loc[upper, "anisotropy_exact"]
+    lines.append(f"1. anisotropy_exact over layers ≥ 1: min {exact.min():.3f} (layer {exact.idxmin()}), "
+                 f"max {exact.max():.3f} (layer {exact.idxmax()}), last layer {exact.iloc[-1]:.3f}; "
+                 f"layer 0 (embedding output) {raw.loc[0, 'anisotropy_exact']:.3f}; "
+                 f"layers ≥ 1 above layer 0: {int((exact > raw.loc[0, 'anisotropy_exact']).sum())}/{len(upper)}")
+    for column, label in (("self_similarity", "SelfSim"),):
+        for frame, kind in ((raw, "raw"), (adjusted, "adjusted")):
+            rho = spearmanr(upper, frame.loc[upper, column])[0]
+            lines.append(f"2. {label} ({kind}) layer 1 → last: {frame.loc[upper[0], column]:.3f} → "
+                         f"{frame.loc[upper[-1], column]:.3f}; minimum {frame.loc[upper, column].min():.3f} at layer "
+                         f"{frame.loc[upper, column].idxmin()}; Spearman ρ(layer, {label}) = {rho:+.2f}")
+    shares = []
+    for layer in raw.index:
+        at = words.loc[(words["layer"] == layer) & words["self_similarity"].notna()]
+        lowest = at.nsmallest(10, "self_similarity")["word"].str.lower()
+        lowest50 = at.nsmallest(50, "self_similarity")["word"].str.lower()
+        shares.append(f"{layer}: {lowest.isin(STOPWORDS).mean():.0%}/{lowest50.isin(STOPWORDS).mean():.0%}")
+    overall = words.loc[words["layer"] == 0, "word"].str.lower().isin(STOPWORDS).mean()
+    lines.append("3. stopword share of the 10 / 50 least self-similar words, per layer — " + ", ".join(shares)
+                 + f" (stopwords are {overall:.0%} of analysed words)")
+    intra = adjusted.loc[upper, "intra_sentence_similarity"]
+    lines.append(f"4. IntraSim* layer 1 → last: {intra.iloc[0]:.3f} → {intra.iloc[-1]:.3f} (range {intra.min():.3f}–"
+                 f"{intra.max():.3f}); Spearman ρ(layer, IntraSim*) = {spearmanr(upper, intra)[0]:+.2f}; "
+                 f"IntraSim* − SelfSim* at the last layer {intra.iloc[-1] - adjusted.loc[upper[-1], 'self_similarity']:+.3f}")
+    mixed = raw.loc[upper, "mev_centred"] - baseline.loc[upper, "mev_svd_ratio"]
+    parts = [f"{variant}* max {adjusted.loc[upper, f'mev_{variant}'].max():.3f} / mean "
+             f"{adjusted.loc[upper, f'mev_{variant}'].mean():.3f}" for variant in MEV_VARIANTS]
+    lines.append("5. adjusted MEV over layers ≥ 1: " + "; ".join(parts)
+                 + f"; per-word centred (PCA) minus svd_ratio baseline (the mix in the PCA version of the released code): "
+                 f"max {mixed.max():.3f} / mean {mixed.mean():.3f}")
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def static_table(run: Path) -> str:
+    files = sorted((run / "static").glob("*.benchmarks.csv"), key=lambda p: int(p.name.split(".")[0]))
+    if not files:
+        return f"(no static-embedding scores in {run}/static; run `lmgeom static-embeddings {run} --layer L`)"
+    scores = pd.concat([pd.read_csv(path) for path in files], ignore_index=True)
+    # layer-0 means are the same vectors whichever layer was distilled: keep one row of them
+    layer0 = scores["vectors"].str.startswith("layer0_mean")
+    scores = pd.concat([scores.loc[layer0].drop_duplicates(["vectors", "benchmark"]), scores.loc[~layer0]])
+    scores = scores.loc[~(scores["vectors"].str.startswith("mean (layer 0)"))]
+    scores["cell"] = [f"{_cell(s)} ({c}/{t})" for s, c, t in zip(scores["score"], scores["covered"], scores["total"])]
+    order = list(dict.fromkeys(scores["vectors"]))
+    table = scores.pivot(index="vectors", columns="benchmark", values="cell").reindex(order).reset_index()
+    n_words = scores.groupby("vectors")["n_vectors"].first().reindex(order).to_numpy()
+    table.insert(1, "words", n_words)
+    return _markdown(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    tables = commands.add_parser("tables", help="markdown tables of finished runs")
+    tables.add_argument("runs", nargs="+", type=Path)
+    sample = commands.add_parser("sts-sample", help="write a seeded STS sample with control characters repaired")
+    sample.add_argument("--n", type=int, required=True)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--out", type=Path, required=True)
+    arguments = parser.parse_args()
+    if arguments.command == "sts-sample":
+        write_sts_sample(arguments.out, n=arguments.n, seed=arguments.seed)
+        return
+    for run in arguments.runs:
+        print(contextuality_tables(run))
+        print()
+        print(finding_figures(run))
+        print()
+        print(f"Static embeddings ({run}): Spearman ρ for word pairs, 3CosAdd accuracy for analogies; (covered/total)")
+        print()
+        print(static_table(run))
+        print()
+
+
+if __name__ == "__main__":
+    main()
