@@ -9,8 +9,8 @@ Cases, on n x 768 synthetic anisotropic Gaussian points (default n = 100k, float
   chunks) vs Su et al.'s np.cov + np.linalg.svd.
 - Flow: lmgeom `FlowCalibrator` default fit on 10k x 384 (the "well under a minute" claim).
 
-Each run is a fresh process: time is wall time, memory is the peak RSS growth over the RSS after
-the data was generated. A reference estimated (from a probe on --probe-rows rows) to take longer
+Each run is a fresh process with every library already imported: time is wall time, memory is the
+peak RSS growth over the RSS after the data was generated. A reference estimated (from a probe on --probe-rows rows) to take longer
 than --max-seconds runs on the probe rows only and its full-size time is extrapolated linearly in
 n (marked "extrapolated"). Agreement is max |difference| against lmgeom on the same rows (for
 transforms: over the first 2,000 output rows, eigenvector signs aligned for PCA whitening).
@@ -31,6 +31,12 @@ from pathlib import Path
 from queue import Empty
 
 import numpy as np
+from IsoScore import IsoScore
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA
+
+from lmgeom.calibrate import ClusterIsotropy, FlowCalibrator, Whitening
+from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 
 DIM = 768
 AGREEMENT_ROWS = 2000
@@ -53,8 +59,6 @@ def make_points(n: int, dim: int = DIM, *, seed: int = 0) -> np.ndarray:
 
 
 def reference_isoscore(X):
-    from IsoScore import IsoScore
-
     return float(IsoScore.IsoScore(X))
 
 
@@ -72,9 +76,6 @@ def reference_log_isotropy(X):
 
 def reference_cie(X, n_cluster=27, n_pc=12, seed=0):
     """Rajaee & Pilehvar's cluster_based, loops as in their code (means vectorised per cluster)."""
-    from sklearn.cluster import KMeans
-    from sklearn.decomposition import PCA
-
     kmeans = KMeans(n_clusters=n_cluster, random_state=seed, n_init="auto").fit(X)
     label = kmeans.labels_
     post_rep = np.zeros_like(X)
@@ -105,32 +106,22 @@ def reference_whitening(X):
 
 
 def lmgeom_isoscore(X):
-    from lmgeom.metrics.isotropy import isoscore
-
     return isoscore(X)
 
 
 def lmgeom_log_isotropy(X):
-    from lmgeom.metrics.isotropy import log_partition_isotropy
-
     return log_partition_isotropy(X, both_signs=False)
 
 
 def lmgeom_cie(X):
-    from lmgeom.calibrate import ClusterIsotropy
-
     return ClusterIsotropy(random_state=0).fit(X).transform(X)
 
 
 def lmgeom_whitening(X):
-    from lmgeom.calibrate import Whitening
-
     return Whitening().fit(X).transform(X)
 
 
 def lmgeom_whitening_streamed(X):
-    from lmgeom.calibrate import Whitening
-
     whitening = Whitening()
     for start in range(0, len(X), 10_000):
         whitening.partial_fit(X[start : start + 10_000])
@@ -138,8 +129,6 @@ def lmgeom_whitening_streamed(X):
 
 
 def lmgeom_flow(X):
-    from lmgeom.calibrate import FlowCalibrator
-
     flow = FlowCalibrator().fit(X)
     return float(flow.loss_curve_[-1])
 

@@ -18,6 +18,7 @@ from lmgeom.corpus import Corpus, Vocabulary, is_punctuation, load_corpus, segme
         ('He said "No!" (twice)', ["He", "said", '"', "No", "!", '"', "(", "twice", ")"]),
         ("see https://x.org/a?b=1. or a.b@c.com", ["see", "https://x.org/a?b=1", ".", "or", "a.b@c.com"]),
         ("naïve café — déjà vu", ["naïve", "café", "—", "déjà", "vu"]),
+        ("control\x12chars and zero\u200bwidth", ["control", "chars", "and", "zero", "width"]),
     ],
 )
 def test_segmentation_rules(text, words):

@@ -42,7 +42,8 @@ def print_store(store: RepresentationStore) -> None:
         f"[bold]{store.path}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
         f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
-        f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces"
+        f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
+        f"{meta['n_unaligned_words']} words without tokenizer pieces left out"
     )
 
 
@@ -60,6 +61,7 @@ def register(app: typer.Typer) -> None:
         pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last"),
         keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
         prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
+        skip_unaligned: bool = typer.Option(False, help="leave out words whose characters the tokenizer drops (counted in meta.json) instead of stopping"),
         dtype: str = typer.Option("float32", help="storage dtype: float32 or float16"),
         compute_dtype: Optional[str] = typer.Option(None, help="model dtype: default float32 on CPU, float16 on CUDA"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
             sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
             encoder = load_encoder(
                 model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
-                prepend_bos=prepend_bos, max_length=max_length, gguf_file=gguf_file, revision=revision,
+                prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
                 max_batch_tokens=max_batch_tokens,
             )
             store = extract_with_progress(

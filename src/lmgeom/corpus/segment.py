@@ -10,6 +10,8 @@ Rules of `segment_words`, in order of priority:
    are split off as in the Penn Treebank: ``don't`` -> ``do`` ``n't``, ``Poor's`` -> ``Poor`` ``'s``.
 4. Every other non-space character that is not a letter, digit or mark is its own word (so
    punctuation is kept, and flagged by `is_punctuation`).
+5. Control and format characters (Unicode Cc, Cf: ``\x12``, zero-width space) separate words
+   like spaces: tokenizers drop them, so they could never have a vector.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def segment_words(text: str) -> list[Word]:
     words: list[Word] = []
     for match in _WORD_RE.finditer(text):
         token, start, end = match.group(), match.start(), match.end()
+        if all(unicodedata.category(ch) in ("Cc", "Cf") for ch in token):
+            continue
         clitic = _CLITIC_RE.search(token)
         if clitic and clitic.start() > 0 and token[clitic.start() - 1].isalpha():
             split = start + clitic.start()

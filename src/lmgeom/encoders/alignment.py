@@ -18,10 +18,13 @@ class TokenizedSentence:
     prefix: list[int]
     content: list[int]
     suffix: list[int]
-    word_pieces: list[np.ndarray]  # per word: indexes into `content`
+    word_pieces: list[np.ndarray]  # per kept word: indexes into `content`
+    kept_words: list[int]  # indexes of the sentence's words that have pieces
 
 
-def tokenize_sentence(tokenizer, sentence: Sentence, *, prepend_bos: bool, sentence_index: int) -> TokenizedSentence:
+def tokenize_sentence(
+    tokenizer, sentence: Sentence, *, prepend_bos: bool, sentence_index: int, skip_unaligned: bool = False
+) -> TokenizedSentence:
     """Tokenize the natural text with the tokenizer's defaults and map pieces to words.
 
     A piece belongs to every word its character span overlaps (byte-level BPE spans include the
@@ -47,16 +50,20 @@ def tokenize_sentence(tokenizer, sentence: Sentence, *, prepend_bos: bool, sente
         prefix = [tokenizer.bos_token_id, *prefix]
     starts = np.array([offsets[i][0] for i in range(first, last)], dtype=np.int64)
     ends = np.array([offsets[i][1] for i in range(first, last)], dtype=np.int64)
-    word_pieces = []
+    word_pieces, kept_words = [], []
     for position, word in enumerate(sentence.words):
         pieces = np.flatnonzero((starts < word.end) & (ends > word.start))
         if pieces.size == 0:
+            if skip_unaligned:
+                continue
             raise ValueError(
                 f"sentence {sentence_index}, word {position} ({word.text!r}) yields no tokenizer pieces: the "
-                "tokenizer drops its characters; remove or replace them in the corpus"
+                "tokenizer drops its characters; remove or replace them in the corpus, or pass --skip-unaligned "
+                "to leave such words out (they are counted in the store's meta.json)"
             )
         word_pieces.append(pieces)
-    return TokenizedSentence(prefix, content, suffix, word_pieces)
+        kept_words.append(position)
+    return TokenizedSentence(prefix, content, suffix, word_pieces, kept_words)
 
 
 def plan_windows(n_content: int, capacity: int) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ class EncodedSentence:
     is_special: np.ndarray  # (n_tokens,) bool
     n_pieces: np.ndarray  # (n_tokens,) pieces pooled into each token
     n_windows: int
+    n_unaligned: int = 0  # words left out because the tokenizer dropped all their characters
 
 
 @dataclass
@@ -52,6 +53,7 @@ class HFEncoder:
         pooling: str = "mean",
         keep_special: bool = False,
         prepend_bos: bool = False,
+        skip_unaligned: bool = False,
         device: torch.device | str = "cpu",
         max_length: int | None = None,
         max_batch_tokens: int = 8192,
@@ -70,6 +72,7 @@ class HFEncoder:
         self.pooling = pooling
         self.keep_special = keep_special
         self.prepend_bos = prepend_bos
+        self.skip_unaligned = skip_unaligned
         self.device = torch.device(device)
         self.max_length = max_length or model_max_length(model, tokenizer)
         self.max_batch_tokens = max_batch_tokens
@@ -96,6 +99,7 @@ class HFEncoder:
             "pooling": self.pooling,
             "special_tokens": "stored" if self.keep_special else "excluded",
             "prepend_bos": self.prepend_bos,
+            "skip_unaligned": self.skip_unaligned,
             "max_length": self.max_length,
             "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
         }
@@ -106,7 +110,8 @@ class HFEncoder:
         windows, units, layout = [], [], []
         for offset, sentence in enumerate(sentences):
             tokenized = tokenize_sentence(
-                self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset
+                self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset,
+                skip_unaligned=self.skip_unaligned,
             )
             first_window = len(windows)
             spans = plan_windows(len(tokenized.content), self.max_length - len(tokenized.prefix) - len(tokenized.suffix))
@@ -122,13 +127,14 @@ class HFEncoder:
             sentence_units = prefix_units + word_units + suffix_units
             words = (
                 self.tokenizer.convert_ids_to_tokens(tokenized.prefix if prefix_units else [])
-                + [w.text for w in sentence.words]
+                + [sentence.words[i].text for i in tokenized.kept_words]
                 + self.tokenizer.convert_ids_to_tokens(tokenized.suffix if suffix_units else [])
             )
             is_special = np.zeros(len(sentence_units), dtype=bool)
             is_special[: len(prefix_units)] = True
             is_special[len(prefix_units) + len(word_units) :] = True
-            layout.append((len(units), len(sentence_units), words, is_special, len(spans)))
+            n_unaligned = len(sentence.words) - len(tokenized.kept_words)
+            layout.append((len(units), len(sentence_units), words, is_special, len(spans), n_unaligned))
             units.extend(sentence_units)
         pooled = self._pool_units(windows, units, self.pooling)
         return [
@@ -138,8 +144,9 @@ class HFEncoder:
                 is_special=is_special,
                 n_pieces=np.array([len(u.positions) for u in units[start : start + count]], dtype=np.int16),
                 n_windows=n_windows,
+                n_unaligned=n_unaligned,
             )
-            for start, count, words, is_special, n_windows in layout
+            for start, count, words, is_special, n_windows, n_unaligned in layout
         ]
 
     def sentence_embeddings(

@@ -60,6 +60,7 @@ def load_encoder(
     pooling: str = "mean",
     keep_special: bool = False,
     prepend_bos: bool = False,
+    skip_unaligned: bool = False,
     max_length: int | None = None,
     gguf_file: str | None = None,
     revision: str | None = None,
@@ -71,7 +72,8 @@ def load_encoder(
     """
     resolved_device = resolve_device(device)
     compute_dtype = resolve_compute_dtype(resolved_device, dtype)
-    options = dict(pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, device=resolved_device,
+    options = dict(pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
+                   device=resolved_device,
                    max_length=max_length, max_batch_tokens=max_batch_tokens)
     if name_or_path in TINY_MODELS:
         model, tokenizer = tiny_model(name_or_path)

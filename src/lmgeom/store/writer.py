@@ -128,6 +128,7 @@ class StoreWriter:
             "n_words": [int((~e.is_special).sum()) for e in encoded],
             "n_tokens": [len(e.words) for e in encoded],
             "n_windows": [e.n_windows for e in encoded],
+            "n_unaligned": [e.n_unaligned for e in encoded],
             "first_row": row_starts,
         })
         chunk = self.progress["chunks"]
@@ -156,7 +157,8 @@ class StoreWriter:
         self._write_meta(
             n_tokens=len(tokens), n_sentences=len(sentences), n_words=int((~tokens["is_special"]).sum()),
             n_vocab=len(vocab), n_windows=int(sentences["n_windows"].sum()),
-            n_long_sentences=int((sentences["n_windows"] > 1).sum()), **extra_meta,
+            n_long_sentences=int((sentences["n_windows"] > 1).sum()),
+            n_unaligned_words=int(sentences["n_unaligned"].sum()), **extra_meta,
         )
         shutil.rmtree(self.path / layout.PARTS, ignore_errors=True)
         (self.path / layout.PROGRESS).unlink(missing_ok=True)
