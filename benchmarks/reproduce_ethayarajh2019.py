@@ -5,12 +5,11 @@
         contextuality_layers.csv), the three MEV variants, the least self-similar words and the
         static-embedding benchmark table (from `lmgeom static-embeddings`' static/<layer>.benchmarks.csv).
 
-    python benchmarks/reproduce_ethayarajh2019.py sts-sample --n 6000 --seed 0 --out FILE
-        writes the same seeded uniform sample of the STS sentences that `--corpus sts --sample N
-        --seed S` draws, one sentence per line, with the corpus's stray control characters repaired
-        (cp1252 punctuation decoded as C1 controls, e.g. U+0092 for a right quote). MiniLM's
-        WordPiece tokenizer drops those characters and `lmgeom extract` then stops on the sentence;
-        the file is passed to `lmgeom extract --corpus FILE`.
+    python benchmarks/reproduce_ethayarajh2019.py first-word RUN_DIR --layers 0,1,12,30
+        prints, per layer, how much the first word of each sentence (sequence position 0, where a
+        decoder without a BOS token puts its attention-sink outlier) moves the baselines: median norm
+        of first words vs the others, and anisotropy, IntraSim* and the sampled MEV baselines with
+        and without the first words (same rows and seed as `lmgeom analyze`'s defaults otherwise).
 """
 
 from __future__ import annotations
@@ -18,47 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-
 from gensim.parsing.preprocessing import STOPWORDS
 from scipy.stats import spearmanr
 
-from lmgeom.corpus.builtin import load_corpus
 from lmgeom.metrics.analyze import layer_name
-from lmgeom.metrics.contextuality import MEV_VARIANTS
-
-# U+0012 stands where U+0092 (cp1252 right single quote) lost its high bit: "Treasury\x12s"
-_CONTROL_REPAIRS = {"\x12": "'"}
-
-
-def repair_controls(text: str) -> str:
-    """C1 controls decoded as cp1252 punctuation; other control characters become spaces."""
-    repaired = []
-    for character in text:
-        if unicodedata.category(character) != "Cc":
-            repaired.append(character)
-        elif character in _CONTROL_REPAIRS:
-            repaired.append(_CONTROL_REPAIRS[character])
-        elif 0x80 <= ord(character) <= 0x9F:
-            repaired.append(bytes([ord(character)]).decode("cp1252", errors="replace").replace("\ufffd", " "))
-        else:
-            repaired.append(" ")
-    return "".join(repaired)
-
-
-def write_sts_sample(out: Path, *, n: int, seed: int) -> None:
-    corpus = load_corpus("sts", sample=n, seed=seed)
-    lines = [repair_controls(sentence.text) for sentence in corpus.sentences]
-    changed = sum(line != sentence.text for line, sentence in zip(lines, corpus.sentences))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {out}: {len(lines)} sentences of {corpus.name}, {changed} with control characters repaired")
-
-
-# ---------------------------------------------------------------------------------------------
+from lmgeom.metrics.contextuality import (
+    MEV_VARIANTS,
+    average_cosine,
+    intra_sentence_similarity,
+    occurrence_spectrum,
+    row_norms,
+    sample_indexes,
+)
+from lmgeom.store import RepresentationStore
 
 
 def _cell(value: float, digits: int = 3) -> str:
@@ -155,6 +130,9 @@ def finding_figures(run: Path) -> str:
     return "\n".join(f"- {line}" for line in lines)
 
 
+_FIRST_BENCHMARKS = ["simlex999", "wordsim353", "google_analogies"]
+
+
 def static_table(run: Path) -> str:
     files = sorted((run / "static").glob("*.benchmarks.csv"), key=lambda p: int(p.name.split(".")[0]))
     if not files:
@@ -166,10 +144,36 @@ def static_table(run: Path) -> str:
     scores = scores.loc[~(scores["vectors"].str.startswith("mean (layer 0)"))]
     scores["cell"] = [f"{_cell(s)} ({c}/{t})" for s, c, t in zip(scores["score"], scores["covered"], scores["total"])]
     order = list(dict.fromkeys(scores["vectors"]))
-    table = scores.pivot(index="vectors", columns="benchmark", values="cell").reindex(order).reset_index()
+    benchmarks = sorted(scores["benchmark"].unique(), key=lambda name: (name not in _FIRST_BENCHMARKS, _FIRST_BENCHMARKS.index(name) if name in _FIRST_BENCHMARKS else 0, name))
+    table = scores.pivot(index="vectors", columns="benchmark", values="cell").reindex(index=order, columns=benchmarks).reset_index()
     n_words = scores.groupby("vectors")["n_vectors"].first().reindex(order).to_numpy()
     table.insert(1, "words", n_words)
     return _markdown(table)
+
+
+def first_word_table(run: Path, layers: list[int], *, n_samples: int = 1000, seed: int = 0) -> str:
+    store = RepresentationStore.open(run)
+    tokens = store.tokens
+    analysed = ~tokens["is_special"].to_numpy() & ~tokens["is_punct"].to_numpy()
+    first = tokens["position"].to_numpy() == 0
+    sentence_ids = tokens["sentence_id"].to_numpy()
+    pools = {"all": np.flatnonzero(analysed), "no first": np.flatnonzero(analysed & ~first)}
+    samples = {name: sample_indexes(pool, n_samples, seed) for name, pool in pools.items()}
+    rows = []
+    for layer in layers:
+        X = np.asarray(store.layer(layer)[:], dtype=np.float64)
+        norms = row_norms(X)
+        row = {"layer": f"{layer} ({layer_name(layer)})",
+               "norm first / others (median)": f"{np.median(norms[analysed & first]) / np.median(norms[analysed & ~first]):.1f}"}
+        for name, pool in pools.items():
+            baseline = average_cosine(X[pool])
+            intra = intra_sentence_similarity(X[pool], sentence_ids[pool]).mean() - baseline
+            spectrum = occurrence_spectrum(X[samples[name]])
+            row[f"anisotropy ({name})"] = _cell(baseline)
+            row[f"IntraSim* ({name})"] = _cell(intra)
+            row[f"MEV baseline centred / svd_ratio ({name})"] = f"{_cell(spectrum.mev('centred'))} / {_cell(spectrum.mev('svd_ratio'))}"
+        rows.append(row)
+    return _markdown(pd.DataFrame(rows))
 
 
 def main() -> None:
@@ -177,13 +181,12 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     tables = commands.add_parser("tables", help="markdown tables of finished runs")
     tables.add_argument("runs", nargs="+", type=Path)
-    sample = commands.add_parser("sts-sample", help="write a seeded STS sample with control characters repaired")
-    sample.add_argument("--n", type=int, required=True)
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--out", type=Path, required=True)
+    first_word = commands.add_parser("first-word", help="baselines with and without each sentence's first word")
+    first_word.add_argument("run", type=Path)
+    first_word.add_argument("--layers", required=True, help="comma-separated layers, e.g. 0,1,12,30")
     arguments = parser.parse_args()
-    if arguments.command == "sts-sample":
-        write_sts_sample(arguments.out, n=arguments.n, seed=arguments.seed)
+    if arguments.command == "first-word":
+        print(first_word_table(arguments.run, [int(layer) for layer in arguments.layers.split(",")]))
         return
     for run in arguments.runs:
         print(contextuality_tables(run))

@@ -20,6 +20,23 @@ from lmgeom.metrics.contextuality import (
     sampled_average_cosine,
     self_similarity,
 )
+from lmgeom.metrics.isotropy import (
+    LocalIsotropy,
+    MomentAccumulator,
+    Moments,
+    RogueDimensions,
+    cosine_contributions,
+    covariance_isotropy,
+    effective_rank,
+    isoscore,
+    isotropy_report,
+    local_isotropy,
+    log_partition_isotropy,
+    participation_ratio,
+    partition_isotropy,
+    rogue_dimensions,
+    top_pc_variance_share,
+)
 from lmgeom.metrics.static import StaticEmbeddings, benchmark_static_embeddings, static_embeddings
 
 __all__ = [
@@ -41,4 +58,19 @@ __all__ = [
     "sampled_average_cosine",
     "self_similarity",
     "static_embeddings",
+    "LocalIsotropy",
+    "MomentAccumulator",
+    "Moments",
+    "RogueDimensions",
+    "cosine_contributions",
+    "covariance_isotropy",
+    "effective_rank",
+    "isoscore",
+    "isotropy_report",
+    "local_isotropy",
+    "log_partition_isotropy",
+    "participation_ratio",
+    "partition_isotropy",
+    "rogue_dimensions",
+    "top_pc_variance_share",
 ]

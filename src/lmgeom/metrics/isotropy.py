@@ -289,7 +289,7 @@ def cosine_contributions(X: Any) -> np.ndarray:
     return (column_sums**2 - np.einsum("ij,ij->j", units, units)) / (n * (n - 1))
 
 
-def standardize_columns(X: np.ndarray) -> np.ndarray:
+def _standardize_columns(X: np.ndarray) -> np.ndarray:
     """Per-dimension z-scores (population std); constant dimensions are only centred."""
     std = X.std(axis=0)
     return (X - X.mean(axis=0)) / np.where(std > 0, std, 1.0)
@@ -320,7 +320,7 @@ def rogue_dimensions(X: Any, *, top_k: int = 3) -> RogueDimensions:
         top_share=float(contributions[top].sum() / total) if total != 0 else float("nan"),
         average_cosine=total,
         average_cosine_without_top=average_cosine(np.delete(X, top, axis=1)),
-        average_cosine_standardized=average_cosine(standardize_columns(X)),
+        average_cosine_standardized=average_cosine(_standardize_columns(X)),
     )
 
 
