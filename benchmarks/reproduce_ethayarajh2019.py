@@ -8,8 +8,9 @@
     python benchmarks/reproduce_ethayarajh2019.py first-word RUN_DIR --layers 0,1,12,30
         prints, per layer, how much the first word of each sentence (sequence position 0, where a
         decoder without a BOS token puts its attention-sink outlier) moves the baselines: median norm
-        of first words vs the others, and anisotropy, IntraSim* and the sampled MEV baselines with
-        and without the first words (same rows and seed as `lmgeom analyze`'s defaults otherwise).
+        of first words vs the others, the share of the first words' squared norm in their largest
+        coordinate, and anisotropy, IntraSim* and the sampled MEV baselines with and without the
+        first words (same rows and seed as `lmgeom analyze`'s defaults otherwise).
 """
 
 from __future__ import annotations
@@ -51,7 +52,14 @@ def _wide(layers: pd.DataFrame, column: str) -> pd.DataFrame:
     return layers.pivot(index="layer", columns="metric", values=column)
 
 
+def _require(path: Path, command: str) -> Path:
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist; run `{command}` first")
+    return path
+
+
 def contextuality_tables(run: Path) -> str:
+    _require(run / "contextuality_layers.csv", f"lmgeom analyze {run}")
     layers = pd.read_csv(run / "contextuality_layers.csv")
     report = json.loads((run / "contextuality.json").read_text())
     meta = json.loads((run / "meta.json").read_text())
@@ -71,8 +79,7 @@ def contextuality_tables(run: Path) -> str:
         mev[f"{variant}"] = raw[f"mev_{variant}"].map(_cell).to_numpy()
         mev[f"{variant} baseline"] = _wide(layers, "baseline")[f"mev_{variant}"].map(_cell).to_numpy()
         mev[f"{variant}*"] = adjusted[f"mev_{variant}"].map(_cell).to_numpy()
-    payload = _payload(report)
-    counts, settings, findings = payload["counts"], payload["settings"], payload["findings"]
+    counts, settings, findings = report["counts"], report["settings"], report["findings"]
     least = findings["least_self_similar"]
     title = (f"### {meta['model_id']} on {meta['corpus_name']} ({meta['dtype']} store)\n\n"
              f"{counts['words_analysed']:,} words in ≥ {settings['min_contexts']} sentences, "
@@ -86,10 +93,6 @@ def contextuality_tables(run: Path) -> str:
                         _markdown(mev), least_line])
 
 
-def _payload(report: dict) -> dict:
-    return report["payload"] if "payload" in report else report
-
-
 def finding_figures(run: Path) -> str:
     """The numbers behind the paper's findings 1-5 that `lmgeom analyze` does not print itself."""
     layers = pd.read_csv(run / "contextuality_layers.csv")
@@ -98,16 +101,15 @@ def finding_figures(run: Path) -> str:
     upper = [layer for layer in raw.index if layer >= 1]
     lines = []
     exact = raw.loc[upper, "anisotropy_exact"]
-    lines.append(f"1. anisotropy_exact over layers ≥ 1: min {exact.min():.3f} (layer {exact.idxmin()}), "
+    lines.append(f"finding 1: anisotropy_exact over layers ≥ 1: min {exact.min():.3f} (layer {exact.idxmin()}), "
                  f"max {exact.max():.3f} (layer {exact.idxmax()}), last layer {exact.iloc[-1]:.3f}; "
                  f"layer 0 (embedding output) {raw.loc[0, 'anisotropy_exact']:.3f}; "
                  f"layers ≥ 1 above layer 0: {int((exact > raw.loc[0, 'anisotropy_exact']).sum())}/{len(upper)}")
-    for column, label in (("self_similarity", "SelfSim"),):
-        for frame, kind in ((raw, "raw"), (adjusted, "adjusted")):
-            rho = spearmanr(upper, frame.loc[upper, column])[0]
-            lines.append(f"2. {label} ({kind}) layer 1 → last: {frame.loc[upper[0], column]:.3f} → "
-                         f"{frame.loc[upper[-1], column]:.3f}; minimum {frame.loc[upper, column].min():.3f} at layer "
-                         f"{frame.loc[upper, column].idxmin()}; Spearman ρ(layer, {label}) = {rho:+.2f}")
+    for frame, kind in ((raw, "raw"), (adjusted, "adjusted")):
+        self_sim = frame.loc[upper, "self_similarity"]
+        lines.append(f"finding 2: SelfSim ({kind}) layer 1 → last: {self_sim.iloc[0]:.3f} → {self_sim.iloc[-1]:.3f}; "
+                     f"minimum {self_sim.min():.3f} at layer {self_sim.idxmin()}; "
+                     f"Spearman ρ(layer, SelfSim) = {spearmanr(upper, self_sim)[0]:+.2f}")
     shares = []
     for layer in raw.index:
         at = words.loc[(words["layer"] == layer) & words["self_similarity"].notna()]
@@ -115,16 +117,16 @@ def finding_figures(run: Path) -> str:
         lowest50 = at.nsmallest(50, "self_similarity")["word"].str.lower()
         shares.append(f"{layer}: {lowest.isin(STOPWORDS).mean():.0%}/{lowest50.isin(STOPWORDS).mean():.0%}")
     overall = words.loc[words["layer"] == 0, "word"].str.lower().isin(STOPWORDS).mean()
-    lines.append("3. stopword share of the 10 / 50 least self-similar words, per layer — " + ", ".join(shares)
+    lines.append("finding 3: stopword share of the 10 / 50 least self-similar words, per layer — " + ", ".join(shares)
                  + f" (stopwords are {overall:.0%} of analysed words)")
     intra = adjusted.loc[upper, "intra_sentence_similarity"]
-    lines.append(f"4. IntraSim* layer 1 → last: {intra.iloc[0]:.3f} → {intra.iloc[-1]:.3f} (range {intra.min():.3f}–"
+    lines.append(f"finding 4: IntraSim* layer 1 → last: {intra.iloc[0]:.3f} → {intra.iloc[-1]:.3f} (range {intra.min():.3f}–"
                  f"{intra.max():.3f}); Spearman ρ(layer, IntraSim*) = {spearmanr(upper, intra)[0]:+.2f}; "
                  f"IntraSim* − SelfSim* at the last layer {intra.iloc[-1] - adjusted.loc[upper[-1], 'self_similarity']:+.3f}")
     mixed = raw.loc[upper, "mev_centred"] - baseline.loc[upper, "mev_svd_ratio"]
     parts = [f"{variant}* max {adjusted.loc[upper, f'mev_{variant}'].max():.3f} / mean "
              f"{adjusted.loc[upper, f'mev_{variant}'].mean():.3f}" for variant in MEV_VARIANTS]
-    lines.append("5. adjusted MEV over layers ≥ 1: " + "; ".join(parts)
+    lines.append("finding 5: adjusted MEV over layers ≥ 1: " + "; ".join(parts)
                  + f"; per-word centred (PCA) minus svd_ratio baseline (the mix in the PCA version of the released code): "
                  f"max {mixed.max():.3f} / mean {mixed.mean():.3f}")
     return "\n".join(f"- {line}" for line in lines)
@@ -144,7 +146,8 @@ def static_table(run: Path) -> str:
     scores = scores.loc[~(scores["vectors"].str.startswith("mean (layer 0)"))]
     scores["cell"] = [f"{_cell(s)} ({c}/{t})" for s, c, t in zip(scores["score"], scores["covered"], scores["total"])]
     order = list(dict.fromkeys(scores["vectors"]))
-    benchmarks = sorted(scores["benchmark"].unique(), key=lambda name: (name not in _FIRST_BENCHMARKS, _FIRST_BENCHMARKS.index(name) if name in _FIRST_BENCHMARKS else 0, name))
+    present = set(scores["benchmark"])
+    benchmarks = [name for name in _FIRST_BENCHMARKS if name in present] + sorted(present - set(_FIRST_BENCHMARKS))
     table = scores.pivot(index="vectors", columns="benchmark", values="cell").reindex(index=order, columns=benchmarks).reset_index()
     n_words = scores.groupby("vectors")["n_vectors"].first().reindex(order).to_numpy()
     table.insert(1, "words", n_words)
@@ -163,8 +166,10 @@ def first_word_table(run: Path, layers: list[int], *, n_samples: int = 1000, see
     for layer in layers:
         X = np.asarray(store.layer(layer)[:], dtype=np.float64)
         norms = row_norms(X)
+        energy = (X[analysed & first] ** 2).sum(axis=0)
         row = {"layer": f"{layer} ({layer_name(layer)})",
-               "norm first / others (median)": f"{np.median(norms[analysed & first]) / np.median(norms[analysed & ~first]):.1f}"}
+               "norm first / others (median)": f"{np.median(norms[analysed & first]) / np.median(norms[analysed & ~first]):.1f}",
+               "first words' energy in their top coordinate": f"{energy.max() / energy.sum():.2f} (#{energy.argmax()})"}
         for name, pool in pools.items():
             baseline = average_cosine(X[pool])
             intra = intra_sentence_similarity(X[pool], sentence_ids[pool]).mean() - baseline

@@ -139,13 +139,14 @@ def test_log_partition_isotropy_matches_loop_reference(centered, both_signs):
     assert partition_isotropy(X, centered, both_signs=both_signs) == pytest.approx(math.exp(expected), rel=1e-9)
 
 
-def test_log_partition_isotropy_streams_blocks_consistently(monkeypatch):
+def test_block_size_does_not_change_results(monkeypatch):
     import lmgeom.metrics.isotropy as isotropy_module
 
-    X = anisotropic(500, 5)
-    whole = log_partition_isotropy(X)
-    monkeypatch.setattr(isotropy_module, "_PROJECTION_BLOCK_ROWS", 7)
-    assert log_partition_isotropy(X) == pytest.approx(whole, rel=1e-12)
+    X = anisotropic(500, 5, offset=50.0)
+    whole = (log_partition_isotropy(X), log_partition_isotropy(X, True), isoscore(X), effective_rank(X))
+    monkeypatch.setattr(isotropy_module, "_BLOCK_ROWS", 7)
+    blocked = (log_partition_isotropy(X), log_partition_isotropy(X, True), isoscore(X), effective_rank(X))
+    np.testing.assert_allclose(blocked, whole, rtol=1e-10)
 
 
 def test_log_partition_isotropy_closed_forms():

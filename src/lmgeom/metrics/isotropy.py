@@ -29,8 +29,9 @@ from sklearn.cluster import KMeans
 from lmgeom.metrics.base import StateDictMixin, as_float64_rows, unit_rows
 from lmgeom.metrics.contextuality import average_cosine, sample_indexes
 
-# Rows per block when projecting points on all eigen-directions: bounds memory at block x dim.
-_PROJECTION_BLOCK_ROWS = 8192
+# Rows per block when centring or projecting points: extra memory stays at block x dim, never a
+# second n x dim copy of the points.
+_BLOCK_ROWS = 8192
 # isotropy_report measures a seeded subsample of this many rows; IsoScore and I(W) need only the
 # covariance / eigenvectors, which 20k points of a <= 4096-dim layer estimate well.
 REPORT_MAX_ROWS = 20_000
@@ -88,12 +89,13 @@ class MomentAccumulator(StateDictMixin):
 
     def add(self, X: Any, /, **ids: np.ndarray) -> "MomentAccumulator":
         X = as_float64_rows(X)
-        if len(X) == 0:
-            return self
-        chunk_mean = X.mean(axis=0)
-        centred = X - chunk_mean
-        chunk_scatter = centred.T @ centred if self.full_covariance else np.einsum("ij,ij->j", centred, centred)
-        return self._combine(len(X), chunk_mean, chunk_scatter)
+        for start in range(0, len(X), _BLOCK_ROWS):
+            block = X[start : start + _BLOCK_ROWS]
+            block_mean = block.mean(axis=0)
+            centred = block - block_mean
+            block_scatter = centred.T @ centred if self.full_covariance else np.einsum("ij,ij->j", centred, centred)
+            self._combine(len(block), block_mean, block_scatter)
+        return self
 
     def merge(self, other: "MomentAccumulator") -> "MomentAccumulator":
         if other.full_covariance != self.full_covariance:
@@ -146,12 +148,25 @@ def symmetric_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(values[order], 0.0, None), _canonical_signs(vectors[:, order])
 
 
+def _gram_eigenvalues(X: np.ndarray, *, centered: bool) -> np.ndarray:
+    """Squared singular values of W = X (or X - mean), descending, padded with zeros to dim.
+
+    Taken from the smaller of W^T W and W W^T; for n >= dim the centred scatter comes from
+    block-wise moments, so X is never copied."""
+    n_points, dim = X.shape
+    if n_points < dim:
+        W = X - X.mean(axis=0) if centered else X
+        values = np.concatenate([np.linalg.eigvalsh(W @ W.T), np.zeros(dim - n_points)])
+    else:
+        values = np.linalg.eigvalsh(MomentAccumulator().add(X).result().scatter if centered else X.T @ X)
+    return np.clip(np.sort(values)[::-1], 0.0, None)
+
+
 def covariance_eigenvalues(X: Any) -> np.ndarray:
-    """Eigenvalues of the sample covariance (ddof=1), descending."""
+    """Eigenvalues of the sample covariance (ddof=1), descending, dim of them."""
     X = as_float64_rows(X)
     _require_rows(X, 2, "the covariance spectrum")
-    centred = X - X.mean(axis=0)
-    return np.clip(np.linalg.eigvalsh(centred.T @ centred / (len(X) - 1))[::-1], 0.0, None)
+    return _gram_eigenvalues(X, centered=True) / (len(X) - 1)
 
 
 def _isoscore_from_variances(variances: np.ndarray) -> float:
@@ -220,9 +235,7 @@ def effective_rank(X: Any, *, centered: bool = True) -> float:
     (of X - mean when `centered`), between 1 and min(n_points, dim)."""
     X = as_float64_rows(X)
     _require_rows(X, 2 if centered else 1, "the effective rank")
-    W = X - X.mean(axis=0) if centered else X
-    gram = W.T @ W if W.shape[0] >= W.shape[1] else W @ W.T
-    return _effective_rank_from_singular_values(np.sqrt(np.clip(np.linalg.eigvalsh(gram), 0.0, None)))
+    return _effective_rank_from_singular_values(np.sqrt(_gram_eigenvalues(X, centered=centered)))
 
 
 def participation_ratio(X: Any) -> float:
@@ -240,12 +253,14 @@ def top_pc_variance_share(X: Any, k: int = 1) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _log_partition_range(W: np.ndarray, directions: np.ndarray, *, both_signs: bool) -> float:
-    """min_c log Z(c) - max_c log Z(c), Z(c) = sum_w exp(c.w), streamed over row blocks in log space."""
+def _log_partition_range(W: np.ndarray, directions: np.ndarray, *, both_signs: bool, shift: np.ndarray | None = None) -> float:
+    """min_c log Z(c) - max_c log Z(c), Z(c) = sum_w exp(c.w), streamed over row blocks in log space;
+    the rows are W - shift when a shift (the mean, for centred I(W)) is given."""
     log_z_plus = np.full(directions.shape[1], -np.inf)
     log_z_minus = np.full(directions.shape[1], -np.inf)
-    for start in range(0, len(W), _PROJECTION_BLOCK_ROWS):
-        projections = W[start : start + _PROJECTION_BLOCK_ROWS] @ directions
+    for start in range(0, len(W), _BLOCK_ROWS):
+        block = W[start : start + _BLOCK_ROWS]
+        projections = (block if shift is None else block - shift) @ directions
         log_z_plus = np.logaddexp(log_z_plus, logsumexp(projections, axis=0))
         if both_signs:
             log_z_minus = np.logaddexp(log_z_minus, logsumexp(-projections, axis=0))
@@ -261,10 +276,12 @@ def log_partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool =
     to 0.0: report this number, not `partition_isotropy`."""
     W = as_float64_rows(X)
     _require_rows(W, 2 if centered else 1, "I(W)")
-    if centered:
-        W = W - W.mean(axis=0)
-    _, directions = symmetric_eigh(W.T @ W)
-    return _log_partition_range(W, directions, both_signs=both_signs)
+    if not centered:
+        _, directions = symmetric_eigh(W.T @ W)
+        return _log_partition_range(W, directions, both_signs=both_signs)
+    moments = MomentAccumulator().add(W).result()  # (W - mean)^T (W - mean) without copying W
+    _, directions = symmetric_eigh(moments.scatter)
+    return _log_partition_range(W, directions, both_signs=both_signs, shift=moments.mean)
 
 
 def partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool = True) -> float:
@@ -391,12 +408,12 @@ def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_
     if max_rows is not None:
         X = X[sample_indexes(np.arange(n_points), max_rows, seed)]
     _require_rows(X, 3, "an isotropy report")
-    centred = X - X.mean(axis=0)
+    moments = MomentAccumulator().add(X).result()
     # One eigendecomposition serves the covariance spectrum and the centred I(W): W_c^T W_c = (n-1) cov.
-    variances, centred_directions = symmetric_eigh(centred.T @ centred / (len(X) - 1))
+    variances, centred_directions = symmetric_eigh(moments.covariance())
     _, raw_directions = symmetric_eigh(X.T @ X)
     log_i_raw = _log_partition_range(X, raw_directions, both_signs=True)
-    log_i_centred = _log_partition_range(centred, centred_directions, both_signs=True)
+    log_i_centred = _log_partition_range(X, centred_directions, both_signs=True, shift=moments.mean)
     report: dict[str, float] = {
         "n_points": n_points,
         "n_used": len(X),
