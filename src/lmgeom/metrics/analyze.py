@@ -54,9 +54,9 @@ DEFINITIONS = {
     "mev_uncentred": "mean over words of sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's formula); "
                      "baseline = the same on the sampled occurrences",
     "mev_centred": "mean over words of the first principal component's share of variance after removing the word's mean "
-                   "(PCA; the released per-word code); baseline = the same on the sampled occurrences",
+                   "(PCA; a later version of the original code); baseline = the same on the sampled occurrences",
     "mev_svd_ratio": "mean over words of var(X v1) / total centred variance, v1 = first uncentred singular vector "
-                     "(TruncatedSVD explained_variance_ratio_[0], the released figures); baseline = the same on the sampled occurrences",
+                     "(TruncatedSVD explained_variance_ratio_[0], as for the paper's released figures); baseline = the same on the sampled occurrences",
     "adjusted": "raw minus baseline, per layer",
 }
 

@@ -332,7 +332,7 @@ class OccurrenceSpectrum:
     `direction` is v1, the top right singular vector of the *uncentred* X, with its sign chosen so
     that v1 . mean >= 0: the static embedding. With C = the scatter matrix of X about its mean:
       uncentred MEV = sigma_1^2 / ||X||_F^2             (the paper's printed formula)
-      centred MEV   = top eigenvalue of C / trace(C)    (PCA; the released per-word code)
+      centred MEV   = top eigenvalue of C / trace(C)    (PCA; a later version of the original code)
       svd_ratio MEV = v1' C v1 / trace(C)               (= var(X v1) / sum_j var(X[:, j]): TruncatedSVD's
                                                          explained_variance_ratio_[0], used for the released figures)
     """
