@@ -204,10 +204,17 @@ class HFEncoder:
     @torch.inference_mode()
     def _pool_units(self, windows: list[list[int]], units: list[_Unit], pooling: str) -> np.ndarray:
         """Run the windows in length-sorted, dynamically padded batches and pool each unit's positions."""
-        out = np.empty((self.n_layers, len(units), self.dim), dtype=np.float32)
-        units_by_window: dict[int, list[int]] = {}
-        for index, unit in enumerate(units):
-            units_by_window.setdefault(unit.window, []).append(index)
+        positions = [
+            u.positions[:1] if pooling == "first" else u.positions[-1:] if pooling == "last" else u.positions for u in units
+        ]
+        counts = np.array([len(p) for p in positions], dtype=np.int64)
+        piece_unit = np.repeat(np.arange(len(units)), counts)
+        piece_window = np.repeat(np.array([u.window for u in units], dtype=np.int64), counts)
+        piece_position = np.concatenate(positions) if positions else np.empty(0, dtype=np.int64)
+        by_window = np.argsort(piece_window, kind="stable")
+        window_bounds = np.searchsorted(piece_window[by_window], np.arange(len(windows) + 1))
+        sums = torch.zeros(self.n_layers, len(units), self.dim, dtype=torch.float32, device=self.device)
+        row_of_window = np.zeros(len(windows), dtype=np.int64)
         order = sorted(range(len(windows)), key=lambda w: (-len(windows[w]), w))
         for batch in self._batches(order, windows):
             length = len(windows[batch[0]])
@@ -222,27 +229,16 @@ class HFEncoder:
                 output_hidden_states=True,
                 use_cache=False,
             ).hidden_states
-            states = torch.stack(hidden).float()  # (n_layers, batch, length, dim)
-            flat = states.reshape(self.n_layers, len(batch) * length, self.dim)
-            piece_index, unit_slot, batch_units = [], [], []
-            for row, w in enumerate(batch):
-                for index in units_by_window.get(w, []):
-                    positions = units[index].positions
-                    if pooling == "first":
-                        positions = positions[:1]
-                    elif pooling == "last":
-                        positions = positions[-1:]
-                    piece_index.extend((row * length + positions).tolist())
-                    unit_slot.extend([len(batch_units)] * len(positions))
-                    batch_units.append(index)
-            if not batch_units:
+            pieces = np.concatenate([by_window[window_bounds[w] : window_bounds[w + 1]] for w in batch])
+            if pieces.size == 0:
                 continue
-            slots = torch.as_tensor(unit_slot, device=self.device)
-            sums = torch.zeros(self.n_layers, len(batch_units), self.dim, dtype=torch.float32, device=self.device)
-            sums.index_add_(1, slots, flat[:, torch.as_tensor(piece_index, device=self.device)])
-            counts = torch.bincount(slots, minlength=len(batch_units)).to(torch.float32)
-            out[:, batch_units] = (sums / counts[None, :, None]).cpu().numpy()
-        return out
+            row_of_window[batch] = np.arange(len(batch))
+            flat = torch.as_tensor(row_of_window[piece_window[pieces]] * length + piece_position[pieces], device=self.device)
+            slots = torch.as_tensor(piece_unit[pieces], device=self.device)
+            for layer, states in enumerate(hidden):
+                sums[layer].index_add_(0, slots, states.reshape(-1, self.dim)[flat].float())
+        sums /= torch.as_tensor(counts, dtype=torch.float32, device=self.device)[None, :, None]
+        return sums.cpu().numpy()
 
     def _batches(self, order: list[int], windows: list[list[int]]):
         batch: list[int] = []
