@@ -399,3 +399,18 @@ def test_cli_analyze(small_store, tmp_path):
     assert (tmp_path / "o" / "contextuality.json").exists() and (tmp_path / "o" / "contextuality_words.csv").exists()
     failed = runner.invoke(app, ["analyze", str(store.path), "--min-contexts", "50"])
     assert failed.exit_code == 2 and "--min-contexts" in failed.output
+
+
+def test_exclude_first_word_drops_each_sentences_first_word_not_its_special_tokens(tmp_path):
+    from lmgeom.metrics.analyze import select_rows
+    from lmgeom.store import write_store_from_arrays
+
+    sentences = [["<s>", "The", "cat", "sat"], ["<s>", "A", "dog", "."], ["<s>", "cat", "ran"]]
+    special = [[True, False, False, False], [True, False, False, False], [True, False, False]]
+    n = sum(map(len, sentences))
+    store = write_store_from_arrays(tmp_path / "s", [np.random.default_rng(0).normal(size=(n, 4))], sentences, is_special=special)
+    kept = store.tokens["word"][select_rows(store, min_contexts=1, exclude_punct=True, exclude_first_word=True).analysed]
+    assert kept.tolist() == ["cat", "sat", "dog", "ran"]
+    selection = select_rows(store, min_contexts=1, exclude_punct=False, exclude_first_word=False)
+    assert store.tokens["word"][selection.analysed].tolist() == ["The", "cat", "sat", "A", "dog", ".", "cat", "ran"]
+    assert selection.counts["rows_first_word_excluded"] == 0

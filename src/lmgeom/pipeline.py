@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics.analyze import ContextualityResult
+from lmgeom.metrics.analyze import ContextualityResult, select_rows
 from lmgeom.results import write_json
 from lmgeom.store import RepresentationStore
 
@@ -21,21 +21,16 @@ def default_run_dir(model: str, corpus: str) -> Path:
     return Path("runs") / slug
 
 
-def word_rows(store: RepresentationStore, *, include_punct: bool = False) -> np.ndarray:
-    """Rows of words: special tokens never, punctuation only when asked (Ethayarajh 2019 excludes it)."""
-    keep = ~store.tokens["is_special"].to_numpy()
-    if not include_punct:
-        keep &= ~store.tokens["is_punct"].to_numpy()
-    return np.flatnonzero(keep)
-
-
 def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
-    """Per layer over the analysed word occurrences (no special tokens, no punctuation): mean norm,
+    """Per layer over the occurrences `contextuality` analysed (no special tokens, no punctuation by default): mean norm,
     and the anisotropy baseline from `contextuality` — the mean cosine of 1,000 random occurrences
     (seeded, as Ethayarajh 2019 sampled) and the exact mean over all pairs."""
-    rows = word_rows(store, include_punct=not contextuality.settings["exclude_punct"])
-    keep = np.zeros(store.n_tokens, dtype=bool)
-    keep[rows] = True
+    settings = contextuality.settings
+    keep = select_rows(
+        store, min_contexts=settings["min_contexts"], exclude_punct=settings["exclude_punct"],
+        exclude_first_word=settings["exclude_first_word"],
+    ).analysed
+    rows = np.flatnonzero(keep)
     baselines = contextuality.summary().set_index("layer")
     records = []
     for layer in store.layers:

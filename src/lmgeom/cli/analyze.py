@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
         store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
         min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out (as the paper did)"),
+        exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word (decoders without BOS put outlier activations there)"),
         seed: int = typer.Option(0, help="seed for the sampled baselines"),
         samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
         out: Optional[Path] = typer.Option(None, help="directory for the result files (default: the store)"),
@@ -78,7 +79,8 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             store = RepresentationStore.open(store_path)
             result = analyze_with_progress(
-                store, min_contexts=min_contexts, exclude_punct=exclude_punct, seed=seed, n_samples=samples,
+                store, min_contexts=min_contexts, exclude_punct=exclude_punct, exclude_first_word=exclude_first_word,
+                seed=seed, n_samples=samples,
                 mev_memory_mb=mev_memory_mb,
             )
             paths = result.write(out)

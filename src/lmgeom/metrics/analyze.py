@@ -80,12 +80,20 @@ class RowSelection:
     counts: dict[str, int]
 
 
-def select_rows(store: RepresentationStore, *, min_contexts: int, exclude_punct: bool) -> RowSelection:
-    """Rows to analyse (no special tokens; no punctuation if `exclude_punct`), words with enough contexts."""
+def select_rows(
+    store: RepresentationStore, *, min_contexts: int, exclude_punct: bool, exclude_first_word: bool = False
+) -> RowSelection:
+    """Rows to analyse (no special tokens; no punctuation if `exclude_punct`; not each sentence's
+    first word if `exclude_first_word`), and the words with enough contexts."""
     tokens = store.tokens
     special = tokens["is_special"].to_numpy(dtype=bool)
     punct = tokens["is_punct"].to_numpy(dtype=bool) & ~special
     analysed = ~special & ~(punct if exclude_punct else np.zeros_like(punct))
+    # Decoders without BOS put outlier activations on the first position (see docs/metrics.md).
+    first_word = ~special & (pd.Series(~special).groupby(tokens["sentence_id"].to_numpy()).cumsum().to_numpy() == 1)
+    analysed_before_first = analysed.copy()
+    if exclude_first_word:
+        analysed &= ~first_word
     table = tokens.loc[analysed].groupby("word_id", sort=True).agg(
         word=("word", "first"), count=("sentence_id", "size"), contexts=("sentence_id", "nunique")
     ).reset_index()
@@ -100,6 +108,7 @@ def select_rows(store: RepresentationStore, *, min_contexts: int, exclude_punct:
         "rows_analysed": int(analysed.sum()),
         "rows_special_excluded": int(special.sum()),
         "rows_punctuation_excluded": int(punct.sum()) if exclude_punct else 0,
+        "rows_first_word_excluded": int((first_word & analysed_before_first).sum()) if exclude_first_word else 0,
         "sentences": int(tokens.loc[analysed, "sentence_id"].nunique()),
         "distinct_words": len(table),
         "words_analysed": len(words),
@@ -439,6 +448,7 @@ def analyze_store(
     *,
     min_contexts: int = 5,
     exclude_punct: bool = True,
+    exclude_first_word: bool = False,
     seed: int = 0,
     n_samples: int = 1000,
     layers: Sequence[int] | None = None,
@@ -457,7 +467,9 @@ def analyze_store(
     layers = list(store.layers if layers is None else layers)
     for layer in layers:
         store.layer(layer)  # an unknown layer is an IndexError naming the range
-    selection = select_rows(store, min_contexts=min_contexts, exclude_punct=exclude_punct)
+    selection = select_rows(
+        store, min_contexts=min_contexts, exclude_punct=exclude_punct, exclude_first_word=exclude_first_word
+    )
     sampled_rows = sample_indexes(np.flatnonzero(selection.analysed), n_samples, seed)
     groups = plan_word_groups(selection.words["count"].to_numpy(), store.dim, memory_mb=mev_memory_mb)
 
@@ -478,7 +490,8 @@ def analyze_store(
         findings={},
         statements=[],
         settings={
-            "min_contexts": min_contexts, "exclude_punct": exclude_punct, "seed": seed, "n_samples": n_samples,
+            "min_contexts": min_contexts, "exclude_punct": exclude_punct, "exclude_first_word": exclude_first_word,
+            "seed": seed, "n_samples": n_samples,
             "layers": layers, "sampling": "occurrences drawn uniformly without replacement from the analysed rows; "
             "the same rows at every layer",
             "adjusted_baselines": "SelfSim and IntraSim: anisotropy_exact of the layer; MEV: the same MEV variant "
