@@ -218,15 +218,25 @@ def test_torch_in_torch_out():
 # the flow
 
 
-def test_flow_inverse_and_log_det_against_autograd_jacobian():
+@pytest.mark.parametrize("prewhiten", [True, False])
+def test_flow_inverse_and_log_det_against_autograd_jacobian(prewhiten):
     X = anisotropic(500, 4)
-    flow = FlowCalibrator(n_steps=3, hidden_size=16, n_epochs=5, batch_size=64, device="cpu").fit(X)
+    flow = FlowCalibrator(n_steps=3, hidden_size=16, n_epochs=5, batch_size=64, prewhiten=prewhiten, device="cpu").fit(X)
     np.testing.assert_allclose(flow.inverse_transform(flow.transform(X)), X, atol=1e-4)
-    module = flow.module_
+    np.testing.assert_allclose(flow.transform(X[:5]), flow.transform(torch.tensor(X[:5])).numpy(), rtol=1e-6)
+    if prewhiten:
+        mean = torch.tensor(flow.prewhitening_.mean_, dtype=torch.float32)
+        whitening = torch.tensor(flow.prewhitening_.whitening_matrix_, dtype=torch.float32)
+    else:
+        mean, whitening = torch.zeros(4), torch.eye(4)
+
+    def x_to_z(x):
+        return flow.module_(((x - mean) @ whitening)[None])[0][0]
+
     points = torch.tensor(X[:5], dtype=torch.float32)
-    for point, log_det in zip(points, flow.log_det(X[:5])):
-        jacobian = torch.autograd.functional.jacobian(lambda x: module(x[None])[0][0], point)
-        _, expected = torch.linalg.slogdet(jacobian.double())
+    for point, log_det, z in zip(points, flow.log_det(X[:5]), flow.transform(X[:5])):
+        np.testing.assert_allclose(x_to_z(point).detach().numpy(), z, rtol=1e-5, atol=1e-5)
+        _, expected = torch.linalg.slogdet(torch.autograd.functional.jacobian(x_to_z, point).double())
         assert log_det == pytest.approx(float(expected), abs=1e-4)  # log |det|: the sign may be negative
     # log p(x) = log N(z) + log det, and the training loss fell.
     z = flow.transform(X[:5])
@@ -244,6 +254,20 @@ def test_flow_additive_coupling_has_constant_log_det_and_is_seeded():
     np.testing.assert_array_equal(again.transform(X), additive.transform(X))
     other_seed = FlowCalibrator(coupling="additive", random_state=1, **SMALL_FLOW).fit(X)
     assert not np.allclose(other_seed.transform(X), additive.transform(X))
+
+
+@pytest.mark.parametrize("prewhiten", [True, False])
+def test_flow_is_stable_with_a_dead_dimension(prewhiten, tmp_path):
+    # Real layers have dimensions that are ~1e-30 everywhere (MiniLM's last layer has three); the
+    # actnorm gives them a huge scale, so a bias applied before that scale made training explode.
+    X = anisotropic(2000, 6)
+    X[:, 2] = 1e-30 * np.random.default_rng(1).normal(size=2000)
+    flow = FlowCalibrator(n_steps=2, hidden_size=32, n_epochs=5, batch_size=256, prewhiten=prewhiten).fit(X)
+    assert all(np.diff(flow.loss_curve_) < 0)
+    assert np.abs(flow.transform(X)).max() < 10
+    loaded = FlowCalibrator.load(flow.save(tmp_path / "flow"))
+    assert (loaded.prewhitening_ is None) == (not prewhiten)
+    np.testing.assert_array_equal(loaded.transform(X), flow.transform(X))
 
 
 # ---------------------------------------------------------------------------------------------

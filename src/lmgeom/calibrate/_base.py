@@ -13,6 +13,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from lmgeom.calibrate.io import load_calibrator, save_calibrator, scalar_or_array
 
+# Rows per block in `_map_rows`: temporaries stay at block x dim.
+_TRANSFORM_BLOCK_ROWS = 8192
+
 
 class Calibrator(TransformerMixin, BaseEstimator):
     """Base of the calibrators: a scikit-learn transformer that also takes and returns torch tensors.
@@ -53,10 +56,18 @@ class Calibrator(TransformerMixin, BaseEstimator):
         return X, restore
 
     def _checked_input(self, X: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
-        """Fitted check + validation for transform-like methods; the array is float64."""
+        """Fitted check + validation for transform-like methods; the array is float32 or float64."""
         check_is_fitted(self)
-        X, restore = self._validate(X, reset=False)
-        return X.astype(np.float64, copy=False), restore
+        return self._validate(X, reset=False)
+
+    @staticmethod
+    def _map_rows(X: np.ndarray, function: Callable[[np.ndarray], np.ndarray], n_out: int) -> np.ndarray:
+        """`function` on float64 blocks of rows, written into one output of X's dtype: peak memory
+        is the output plus one block, not several n x dim temporaries."""
+        out = np.empty((len(X), n_out), dtype=X.dtype)
+        for start in range(0, len(X), _TRANSFORM_BLOCK_ROWS):
+            out[start : start + _TRANSFORM_BLOCK_ROWS] = function(X[start : start + _TRANSFORM_BLOCK_ROWS].astype(np.float64, copy=False))
+        return out
 
     # -- persistence -----------------------------------------------------------------------
 

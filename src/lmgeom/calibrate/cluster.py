@@ -63,11 +63,12 @@ class ClusterIsotropy(Calibrator):
     def transform(self, X: Any) -> Any:
         X, restore = self._checked_input(X)
         labels = pairwise_distances_argmin(X, self.cluster_centers_)
-        result = X - self.cluster_means_[labels]
+        result = np.empty_like(X)
         for cluster in np.unique(labels):
             rows = labels == cluster
+            centred = X[rows] - self.cluster_means_[cluster]
             directions = self.components_[cluster, : self.n_components_per_cluster_[cluster]]
-            result[rows] -= (result[rows] @ directions.T) @ directions
+            result[rows] = centred - (centred @ directions.T) @ directions
         return restore(result)
 
 

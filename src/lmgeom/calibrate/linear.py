@@ -87,8 +87,11 @@ class AllButTheTop(_MomentCalibrator):
 
     def transform(self, X: Any) -> Any:
         X, restore = self._checked_input(X)
-        centred = X - self.mean_
-        return restore(centred - (centred @ self.components_.T) @ self.components_)
+        return restore(self._map_rows(X, self._remove_top, X.shape[1]))
+
+    def _remove_top(self, block: np.ndarray) -> np.ndarray:
+        centred = block - self.mean_
+        return centred - (centred @ self.components_.T) @ self.components_
 
 
 @register
@@ -132,7 +135,7 @@ class Whitening(_MomentCalibrator):
 
     def transform(self, X: Any) -> Any:
         X, restore = self._checked_input(X)
-        return restore((X - self.mean_) @ self.whitening_matrix_)
+        return restore(self._map_rows(X, lambda block: (block - self.mean_) @ self.whitening_matrix_, self.whitening_matrix_.shape[1]))
 
     def inverse_transform(self, X: Any) -> Any:
         check_is_fitted(self)
@@ -142,8 +145,13 @@ class Whitening(_MomentCalibrator):
                 "and inverse_transform is not defined; fit with n_components=None to invert"
             )
         Z, restore = self._checked_input(X)
-        unscaled = Z @ self.components_.T if self.zca else Z  # ZCA output is in the input basis: rotate to PCA first
-        return restore((unscaled * np.sqrt(self._floored_variance())) @ self.components_ + self.mean_)
+        scale = np.sqrt(self._floored_variance())
+
+        def unwhiten(block: np.ndarray) -> np.ndarray:
+            unscaled = block @ self.components_.T if self.zca else block  # ZCA output is in the input basis: rotate to PCA first
+            return (unscaled * scale) @ self.components_ + self.mean_
+
+        return restore(self._map_rows(Z, unwhiten, self.n_features_in_))
 
 
 @register
@@ -166,8 +174,8 @@ class Standardize(_MomentCalibrator):
 
     def transform(self, X: Any) -> Any:
         X, restore = self._checked_input(X)
-        return restore((X - self.mean_) / self.scale_)
+        return restore(self._map_rows(X, lambda block: (block - self.mean_) / self.scale_, X.shape[1]))
 
     def inverse_transform(self, X: Any) -> Any:
         Z, restore = self._checked_input(X)
-        return restore(Z * self.scale_ + self.mean_)
+        return restore(self._map_rows(Z, lambda block: block * self.scale_ + self.mean_, Z.shape[1]))
