@@ -11,7 +11,7 @@ from rich.table import Table
 
 from lmgeom.cli.common import console, progress_bar, user_errors
 from lmgeom.corpus import load_corpus
-from lmgeom.store import DEFAULT_CHUNK_SENTENCES, RepresentationStore
+from lmgeom.store import RepresentationStore
 
 MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
 ModelArg = typer.Argument(..., help=MODEL_HELP)
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         max_length: Optional[int] = typer.Option(None, help="window length in pieces (default: the model's maximum)"),
         max_batch_tokens: int = typer.Option(8192, help="padded tokens per forward batch"),
-        chunk_sentences: int = typer.Option(DEFAULT_CHUNK_SENTENCES, help="sentences per committed chunk"),
+        chunk_sentences: Optional[int] = typer.Option(None, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
         revision: Optional[str] = typer.Option(None, help="Hub revision"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),

@@ -26,7 +26,8 @@ from lmgeom.corpus import Corpus, load_corpus
 from lmgeom.encoders import HFEncoder
 from lmgeom.evaluate.sts_data import STSDataset
 from lmgeom.metrics.base import as_float64_rows, unit_rows
-from lmgeom.metrics.isotropy import average_cosine, isoscore, log_partition_isotropy
+from lmgeom.metrics.contextuality import average_cosine
+from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 
 NO_CALIBRATION = "none"
 TRANSDUCTIVE = "transductive"

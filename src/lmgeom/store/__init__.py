@@ -10,8 +10,7 @@ from typing import Any
 from lmgeom.store.reader import RepresentationStore
 from lmgeom.store.writer import StoreExistsError, StoreWriter
 
-DEFAULT_CHUNK_SENTENCES = 256
-__all__ = ["DEFAULT_CHUNK_SENTENCES", "RepresentationStore", "StoreExistsError", "StoreWriter", "extract", "write_store_from_arrays"]
+__all__ = ["RepresentationStore", "StoreExistsError", "StoreWriter", "extract", "write_store_from_arrays"]
 
 
 def __getattr__(name: str) -> Any:

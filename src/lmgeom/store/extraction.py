@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -9,7 +10,6 @@ import numpy as np
 
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.hf import EncodedSentence, HFEncoder
-from lmgeom.store import DEFAULT_CHUNK_SENTENCES
 from lmgeom.store.reader import RepresentationStore
 from lmgeom.store.writer import StoreWriter
 
@@ -20,14 +20,16 @@ def extract(
     out: str | Path,
     *,
     dtype: str = "float32",
-    chunk_sentences: int = DEFAULT_CHUNK_SENTENCES,
+    chunk_sentences: int | None = None,
     overwrite: bool = False,
     on_chunk: Callable[[int, int], None] | None = None,
 ) -> RepresentationStore:
     """Encode `corpus` into a store at `out`; re-running the same call resumes an interrupted run.
 
     `on_chunk(n_sentences, n_tokens)` is called after each committed chunk (progress reporting).
+    `chunk_sentences` defaults to `default_chunk_sentences` for the model.
     """
+    chunk_sentences = chunk_sentences or default_chunk_sentences(encoder.n_layers, encoder.dim)
     settings = {
         **encoder.settings(),
         "dtype": dtype,
@@ -41,15 +43,36 @@ def extract(
     writer = StoreWriter(out, settings=settings, overwrite=overwrite)
     if writer.complete:
         return RepresentationStore.open(out)
-    start = writer.sentences_done
-    for first in range(start, len(corpus), chunk_sentences):
-        sentences = corpus.sentences[first : first + chunk_sentences]
-        encoded = encoder.encode(sentences, first_index=first)
-        writer.commit(encoded, [s.text for s in sentences])
-        if on_chunk is not None:
-            on_chunk(len(sentences), sum(len(e.words) for e in encoded))
+    # Each chunk is written in a background thread while the next one is encoded; a chunk counts
+    # (and `on_chunk` is told) only once its commit has finished.
+    with ThreadPoolExecutor(max_workers=1) as background:
+        pending = None
+        for first in range(writer.sentences_done, len(corpus), chunk_sentences):
+            sentences = corpus.sentences[first : first + chunk_sentences]
+            encoded = encoder.encode(sentences, first_index=first)
+            if pending is not None:
+                _finish(pending, on_chunk)
+            pending = (background.submit(writer.commit, encoded, [s.text for s in sentences]), len(sentences),
+                       sum(len(e.words) for e in encoded))
+        if pending is not None:
+            _finish(pending, on_chunk)
     writer.finalize()
     return RepresentationStore.open(out)
+
+
+def default_chunk_sentences(n_layers: int, dim: int, *, budget_mb: int = 512) -> int:
+    """Sentences per chunk so that a chunk's float32 vectors (about 32 words a sentence) take about
+    `budget_mb`, as a power of two in [64, 4096]: bigger chunks sort more sentences by length and
+    pad less (256 sentences cost MiniLM 15 % against one length-sorted pass), smaller ones bound memory."""
+    sentences = budget_mb * 2**20 / (n_layers * dim * 4 * 32)
+    return int(min(4096, max(64, 2 ** int(np.log2(sentences)))))
+
+
+def _finish(pending, on_chunk: Callable[[int, int], None] | None) -> None:
+    commit, n_sentences, n_tokens = pending
+    commit.result()
+    if on_chunk is not None:
+        on_chunk(n_sentences, n_tokens)
 
 
 def write_store_from_arrays(
