@@ -110,7 +110,7 @@ class StoreWriter:
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
                 raise ValueError(f"layer {layer}, row {bad}: the model produced NaN/inf; use a float32 compute dtype")
             array.resize((first_row + n_rows, self.dim))
-            array[first_row:] = block.astype(self.settings["dtype"])
+            array[first_row:] = block.astype(self.settings["dtype"], copy=False)
         tokens = pd.DataFrame({
             "sentence_id": np.repeat(np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64),
                                      [len(e.words) for e in encoded]),
