@@ -350,3 +350,22 @@ def test_cli_calibrate(small_store):
     assert {(r["layer"], r["method"]) for r in records} == {(0, "abtt"), (1, "abtt"), (0, "standardize"), (1, "standardize")}
     bad = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", "pca"])
     assert bad.exit_code == 2 and "unknown calibration method" in bad.output
+
+
+def test_cli_calibrate_extracts_a_model_given_instead_of_a_store(tmp_path, monkeypatch, lee_corpus_file):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app, ["calibrate", "tiny-bert", "--corpus", str(lee_corpus_file), "--method", "abtt", "--layer", "3", "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    records = json.loads((tmp_path / "runs" / "tiny-bert-lee40" / "calibration.json").read_text())["records"]
+    assert {(r["layer"], r["method"]) for r in records} == {(3, "abtt")}
+
+
+@pytest.fixture
+def lee_corpus_file(tmp_path):
+    from lmgeom.corpus import lee
+
+    path = tmp_path / "lee40.txt"
+    path.write_text("\n".join(s.text for s in lee().head(40)) + "\n")
+    return path

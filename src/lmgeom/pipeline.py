@@ -12,12 +12,11 @@ from lmgeom.metrics.analyze import ContextualityResult, select_rows
 from lmgeom.results import write_json
 from lmgeom.store import RepresentationStore
 
-DEFAULT_MODEL = "minilm"
-DEFAULT_CORPUS = "lee"
 
 
 def default_run_dir(model: str, corpus: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{Path(model).name}-{Path(corpus.split(':')[0]).name}").strip("-")
+    """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}").strip("-")
     return Path("runs") / slug
 
 

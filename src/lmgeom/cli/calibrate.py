@@ -38,10 +38,26 @@ def print_records(records: list[dict]) -> None:
     console.print(table)
 
 
+def _store_or_extract(store_or_model: str, *, corpus: str, device: str) -> RepresentationStore:
+    """Open a store; a name that is no store is a model, extracted on `corpus` (or resumed) first."""
+    if (Path(store_or_model) / "meta.json").exists():
+        return RepresentationStore.open(store_or_model)
+    from lmgeom.cli.extract import extract_with_progress
+    from lmgeom.corpus import load_corpus
+    from lmgeom.encoders import load_encoder
+    from lmgeom.pipeline import default_run_dir
+
+    out = default_run_dir(store_or_model, corpus)
+    console.print(f"{store_or_model} is not a store: extracting it on {corpus} into {out}")
+    return extract_with_progress(load_encoder(store_or_model, device=device), load_corpus(corpus), out)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_command(
-        store: Path = typer.Argument(..., help="store directory written by `lmgeom extract`"),
+        store: str = typer.Argument(..., metavar="STORE-OR-MODEL", help="a store written by `lmgeom extract`, or a model (then --corpus is extracted into runs/<model>-<corpus> first)"),
+        corpus: str = typer.Option("lee", help="corpus to extract when a model is given instead of a store"),
+        device: str = typer.Option("auto", help="device for that extraction: auto, cpu, cuda"),
         method: str = typer.Option(",".join(METHODS), "--method", "-m", help=f"comma-separated methods: {', '.join(METHODS)}"),
         layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", help="layer to calibrate, repeatable (default: all; 0 = embedding output)"),
         include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
@@ -53,7 +69,7 @@ def register(app: typer.Typer) -> None:
         """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; writes
         STORE/calibration.json + .csv and STORE/calibrators/<method>-L<layer>.*"""
         with user_errors():
-            opened = RepresentationStore.open(store)
+            opened = _store_or_extract(store, corpus=corpus, device=device)
             methods = [name.strip() for name in method.split(",") if name.strip()]
             layers = list(layer) if layer else opened.layers
             with progress_bar(unit="fits") as progress:
