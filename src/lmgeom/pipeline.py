@@ -13,7 +13,6 @@ from lmgeom.results import write_json
 from lmgeom.store import RepresentationStore
 
 
-
 def default_run_dir(model: str, corpus: str) -> Path:
     """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}").strip("-")
