@@ -6,9 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from lmgeom.metrics.analyze import ContextualityResult, select_rows
+from lmgeom.metrics.analyze import ContextualityResult
 from lmgeom.results import write_json
 from lmgeom.store import RepresentationStore
 
@@ -20,29 +18,20 @@ def default_run_dir(model: str, corpus: str) -> Path:
 
 
 def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
-    """Per layer over the occurrences `contextuality` analysed (no special tokens, no punctuation by default): mean norm,
-    and the anisotropy baseline from `contextuality` — the mean cosine of 1,000 random occurrences
-    (seeded, as Ethayarajh 2019 sampled) and the exact mean over all pairs."""
-    settings = contextuality.settings
-    keep = select_rows(
-        store, min_contexts=settings["min_contexts"], exclude_punct=settings["exclude_punct"],
-        exclude_first_word=settings["exclude_first_word"],
-    ).analysed
-    rows = np.flatnonzero(keep)
-    baselines = contextuality.summary().set_index("layer")
-    records = []
-    for layer in store.layers:
-        norm_sum = sum(
-            float(np.linalg.norm(block[keep[start : start + len(block)]].astype(np.float64), axis=1).sum())
-            for start, block in store.iter_chunks(layer)
-        )
-        records.append({
+    """Per layer over the occurrences `contextuality` analysed (no special tokens, no punctuation by
+    default): mean norm, the mean cosine of 1,000 random occurrences (seeded, as Ethayarajh 2019
+    sampled) and the exact mean over all pairs."""
+    table = contextuality.layers.set_index(["layer", "metric"])
+    records = [
+        {
             "layer": layer,
-            "n_occurrences": int(len(rows)),
-            "mean_norm": norm_sum / len(rows),
-            "sampled_average_cosine": float(baselines.at[layer, "anisotropy_sampled"]),
-            "average_cosine": float(baselines.at[layer, "anisotropy_exact"]),
-        })
+            "n_occurrences": contextuality.counts["rows_analysed"],
+            "mean_norm": contextuality.counts["mean_norm_by_layer"][layer],
+            "sampled_average_cosine": float(table.at[(layer, "anisotropy_sampled"), "raw"]),
+            "average_cosine": float(table.at[(layer, "anisotropy_exact"), "raw"]),
+        }
+        for layer in store.layers
+    ]
     if write:
         write_json(store.path / "summary.json", "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
                    store_meta=store.meta)

@@ -187,6 +187,7 @@ def _rows(X: np.ndarray, mask: np.ndarray) -> np.ndarray:
 @dataclass
 class _LayerStats:
     layer: int
+    mean_norm: float
     anisotropy_exact: float
     n_points: int
     n_zero: int
@@ -206,12 +207,13 @@ def _analyse_layer(store: RepresentationStore, layer: int, selection: RowSelecti
     intra = IntraSentenceAccumulator()
     self_sim = SelfSimilarityAccumulator(n_words)
     first_group = MEVAccumulator(n_words)
-    sample_blocks = []
+    sample_blocks, norm_sum = [], 0.0
     for start, X in layer_chunks(store, layer, chunk_rows=chunk_rows):
         stop = start + len(X)
         analysed = selection.analysed[start:stop]
         X_analysed = _rows(X, analysed)
         baseline.add(X_analysed)
+        norm_sum += float(row_norms(X_analysed).sum())
         intra.add(X_analysed, sentence_ids=selection.sentence_ids[start:stop][analysed])
         words = selection.word_index[start:stop]
         known = words >= 0
@@ -230,6 +232,7 @@ def _analyse_layer(store: RepresentationStore, layer: int, selection: RowSelecti
             mev[variant][word] = spectrum.mev(variant)
     return _LayerStats(
         layer=layer,
+        mean_norm=norm_sum / max(int(selection.analysed.sum()), 1),
         anisotropy_exact=baseline.result(),
         n_points=baseline.n_points,
         n_zero=baseline.n_zero,
@@ -473,12 +476,13 @@ def analyze_store(
     sampled_rows = sample_indexes(np.flatnonzero(selection.analysed), n_samples, seed)
     groups = plan_word_groups(selection.words["count"].to_numpy(), store.dim, memory_mb=mev_memory_mb)
 
-    records, word_frames, zero_rows = [], [], {}
+    records, word_frames, zero_rows, mean_norms = [], [], {}, {}
     for layer in layers:
         stats = _analyse_layer(store, layer, selection, sampled_rows, chunk_rows=chunk_rows, groups=groups)
         records.extend(_layer_records(stats))
         word_frames.append(_word_frame(stats, selection.words))
         zero_rows[layer] = stats.n_zero
+        mean_norms[layer] = stats.mean_norm
         if on_layer is not None:
             on_layer(layer)
 
@@ -499,7 +503,7 @@ def analyze_store(
             "anisotropy_threshold": ANISOTROPY_THRESHOLD, "static_variance_threshold": STATIC_VARIANCE_THRESHOLD,
         },
         counts={**selection.counts, "mev_word_groups": int(groups.max()) + 1,
-                "zero_vectors_excluded_by_layer": zero_rows},
+                "zero_vectors_excluded_by_layer": zero_rows, "mean_norm_by_layer": mean_norms},
         store_meta=dict(store.meta),
         store_path=store.path,
     )
