@@ -113,9 +113,7 @@ class HFEncoder:
                 self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset,
                 skip_unaligned=self.skip_unaligned,
             )
-            first_window = len(windows)
-            spans = plan_windows(len(tokenized.content), self.max_length - len(tokenized.prefix) - len(tokenized.suffix))
-            windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
+            first_window, spans = self._append_windows(tokenized, windows)
             chosen = choose_windows(tokenized.word_pieces, spans)
             word_units = [
                 _Unit(first_window + w, pieces - spans[w][0] + len(tokenized.prefix))
@@ -167,9 +165,7 @@ class HFEncoder:
                 tokenized = tokenize_sentence(
                     self.tokenizer, Sentence(text, ()), prepend_bos=self.prepend_bos, sentence_index=start + offset
                 )
-                first_window = len(windows)
-                spans = plan_windows(len(tokenized.content), self.max_length - len(tokenized.prefix) - len(tokenized.suffix))
-                windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
+                first_window, spans = self._append_windows(tokenized, windows)
                 pieces = [np.array([p]) for p in range(len(tokenized.content))]
                 chosen = choose_windows(pieces, spans) if pieces else np.empty(0, dtype=np.int64)
                 sentence_units = [
@@ -193,6 +189,14 @@ class HFEncoder:
         return out
 
     # ---- internals ----------------------------------------------------------------------------
+    def _append_windows(self, tokenized: TokenizedSentence, windows: list[list[int]]) -> tuple[int, list[tuple[int, int]]]:
+        """Append the sentence's model inputs (special tokens around each window of content pieces);
+        return the index of its first window and the windows' content spans."""
+        first_window = len(windows)
+        spans = plan_windows(len(tokenized.content), self.max_length - len(tokenized.prefix) - len(tokenized.suffix))
+        windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
+        return first_window, spans
+
     def _special_units(self, tokenized: TokenizedSentence, spans, first_window: int) -> tuple[list[_Unit], list[_Unit]]:
         """Prefix specials from the first window, suffix specials from the last."""
         last_window = first_window + len(spans) - 1
