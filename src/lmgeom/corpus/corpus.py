@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -29,7 +28,7 @@ class Sentence:
 
     @classmethod
     def from_words(cls, words: Sequence[str]) -> "Sentence":
-        text, spans = join_pretokenized([w for w in words])
+        text, spans = join_pretokenized(list(words))
         return cls(text, tuple(spans))
 
 
@@ -140,8 +139,9 @@ class Corpus:
         table = datasets.load_dataset(dataset, config, split=split)
         if column not in table.column_names:
             raise ValueError(f"dataset {dataset} has no column {column!r}; columns: {table.column_names}")
-        texts = [t for t in table[column] if isinstance(t, str) and t.strip()] if isinstance(table[0][column], str) else table[column]
-        corpus = cls.from_list(texts, name=f"{dataset}:{split}:{column}")
+        # strings are natural text (blank ones skipped), lists of strings are pre-tokenized sentences
+        items = [item for item in table[column] if not isinstance(item, str) or item.strip()]
+        corpus = cls.from_list(items, name=f"{dataset}:{split}:{column}")
         corpus.source = f"hf://{dataset}/{config or ''}/{split}/{column}"
         return corpus
 
@@ -192,6 +192,3 @@ class Vocabulary:
 
     def __len__(self) -> int:
         return len(self.table)
-
-    def counts(self) -> Counter:
-        return Counter(dict(zip(self.table["word"], self.table["count"])))
