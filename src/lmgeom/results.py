@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
@@ -41,14 +41,18 @@ def provenance(store_meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write via a temporary file and rename, so a crash never leaves half a file."""
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` a temporary file beside `path`, then rename it: a crash never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    write(tmp)
     os.replace(tmp, path)
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def write_json(path: str | os.PathLike, kind: str, payload: Mapping[str, Any], *, store_meta: Mapping[str, Any] | None = None) -> Path:

@@ -15,7 +15,7 @@ import zarr
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.corpus.segment import is_punctuation
-from lmgeom.results import atomic_write_text
+from lmgeom.results import atomic_write, atomic_write_text
 from lmgeom.store import layout
 
 if TYPE_CHECKING:
@@ -185,6 +185,4 @@ def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str) -> None:
 
 
 def _write_parquet_atomic(table: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
