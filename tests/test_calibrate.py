@@ -19,14 +19,13 @@ from lmgeom.calibrate import (
     FlowCalibrator,
     Standardize,
     Whitening,
-    calibrate_store,
-    fit_store,
     load_calibrator,
 )
 from lmgeom.calibrate.linear import default_abtt_components
 from lmgeom.cli.main import app
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import MomentAccumulator, isoscore
+from lmgeom.runs import calibrate_store, fit_store
 from lmgeom.store import write_store_from_arrays
 
 SMALL_FLOW = dict(n_steps=2, hidden_size=16, n_epochs=3, batch_size=64)
@@ -326,7 +325,9 @@ def test_fit_store_streams_over_non_punctuation_rows(small_store):
 
 
 def test_calibrate_store_records_and_files(small_store):
-    records = calibrate_store(small_store, methods=["whitening", "cie", "flow"], layers=[1], seed=0)
+    result = calibrate_store(small_store, methods=["whitening", "cie", "flow"], layers=[1], seed=0)
+    records = result.records
+    assert result.paths[0] == small_store.path / "calibration.json"
     by_key = {(r["method"], r["measure"]): r for r in records}
     assert {r["layer"] for r in records} == {1}
     assert by_key[("whitening", "isoscore")]["after"] > by_key[("whitening", "isoscore")]["before"]

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.metrics.contextuality import average_cosine
-from lmgeom.metrics.analyze import select_rows
+from lmgeom.runs import select_rows
 from lmgeom.store import RepresentationStore
 
 runner = CliRunner()
@@ -43,7 +43,7 @@ def test_run_command_summarises_every_layer(tmp_path):
     assert summary["schema_version"] == 1 and summary["model_id"] == "tiny-bert"
     assert "layer 0 is the embedding output" in summary["layer_note"]
     store = RepresentationStore.open(out)
-    rows = select_rows(store, min_contexts=3, exclude_punct=True).analysed.nonzero()[0]
+    rows = select_rows(store.tokens).rows
     assert not store.tokens.loc[rows, "is_punct"].any()
     for record in summary["layers"]:
         X = np.asarray(store.layer(record["layer"])[:], dtype=np.float64)[rows]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import pickle
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -20,7 +20,6 @@ from lmgeom.metrics import (
     IntraSentenceAccumulator,
     MEVAccumulator,
     SelfSimilarityAccumulator,
-    analyze_store,
     average_cosine,
     first_principal_direction,
     intra_sentence_similarity,
@@ -29,7 +28,9 @@ from lmgeom.metrics import (
     sampled_average_cosine,
     self_similarity,
 )
+from lmgeom.metrics.base import load_states, save_states
 from lmgeom.metrics.contextuality import sample_indexes
+from lmgeom.runs import analyze_store
 from lmgeom.store import layout, write_store_from_arrays
 
 
@@ -186,7 +187,11 @@ def test_first_principal_direction_is_top_right_singular_vector_aligned_with_mea
 # ---- streaming and merging ----------------------------------------------------------------------
 
 def _state_round_trip(accumulator):
-    return type(accumulator).from_state_dict(pickle.loads(pickle.dumps(accumulator.state_dict())))
+    """Through an .npz file without pickle, as shards move between processes."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = save_states(f"{directory}/state.npz", {"acc": accumulator})
+        _, states = load_states(path)
+    return states["acc"]
 
 
 def test_word_accumulators_stream_and_merge_like_one_pass(rng):
@@ -379,7 +384,7 @@ def test_special_tokens_are_never_analysed(tmp_path, rng):
     hidden, _ = synthetic_layers(rng, n_layers=2)
     special = [[position == 0 for position in range(len(sentence))] for sentence in SENTENCES]
     store = write_store_from_arrays(tmp_path / "store", hidden, SENTENCES, is_special=special)
-    result = analyze_store(store, min_contexts=2, exclude_punct=False)
+    result = analyze_store(store, min_contexts=2, include_punct=True)
     kept = ~np.concatenate(special)
     X = hidden[1].astype(np.float32).astype(np.float64)
     assert result.counts["rows_special_excluded"] == len(SENTENCES)
@@ -402,15 +407,14 @@ def test_cli_analyze(small_store, tmp_path):
 
 
 def test_exclude_first_word_drops_each_sentences_first_word_not_its_special_tokens(tmp_path):
-    from lmgeom.metrics.analyze import select_rows
-    from lmgeom.store import write_store_from_arrays
+    from lmgeom.runs import select_rows
 
     sentences = [["<s>", "The", "cat", "sat"], ["<s>", "A", "dog", "."], ["<s>", "cat", "ran"]]
     special = [[True, False, False, False], [True, False, False, False], [True, False, False]]
     n = sum(map(len, sentences))
     store = write_store_from_arrays(tmp_path / "s", [np.random.default_rng(0).normal(size=(n, 4))], sentences, is_special=special)
-    kept = store.tokens["word"][select_rows(store, min_contexts=1, exclude_punct=True, exclude_first_word=True).analysed]
+    kept = store.tokens["word"][select_rows(store.tokens, exclude_first_word=True).mask]
     assert kept.tolist() == ["cat", "sat", "dog", "ran"]
-    selection = select_rows(store, min_contexts=1, exclude_punct=False, exclude_first_word=False)
-    assert store.tokens["word"][selection.analysed].tolist() == ["The", "cat", "sat", "A", "dog", ".", "cat", "ran"]
+    selection = select_rows(store.tokens, include_punct=True)
+    assert store.tokens["word"][selection.mask].tolist() == ["The", "cat", "sat", "A", "dog", ".", "cat", "ran"]
     assert selection.counts["rows_first_word_excluded"] == 0

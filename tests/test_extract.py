@@ -10,7 +10,8 @@ import torch
 
 from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
-from lmgeom.store import RepresentationStore, StoreExistsError, extract
+from lmgeom.runs import extract
+from lmgeom.store import RepresentationStore, StoreExistsError
 
 SENTENCES = [
     "The bank of the river flooded.",
@@ -156,19 +157,30 @@ class Interrupt(Exception):
     pass
 
 
+class ChunkProgress:
+    """Records the sentences of each committed chunk (not the resumed part); raises after `stop_after` chunks."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.chunks: list[int] = []
+        self.stop_after = stop_after
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        pass
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        if note == "resumed":
+            return
+        self.chunks.append(n)
+        if len(self.chunks) == self.stop_after:
+            raise Interrupt
+
+
 def test_interrupted_extraction_resumes_bit_identical(tmp_path, lee_sample):
     encoder = load_encoder("tiny-bert", device="cpu")
     once = extract(encoder, lee_sample, tmp_path / "once", chunk_sentences=16)
 
-    calls = []
-
-    def stop_after_two(n_sentences, n_tokens):
-        calls.append(n_sentences)
-        if len(calls) == 2:
-            raise Interrupt
-
     with pytest.raises(Interrupt):
-        extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, on_chunk=stop_after_two)
+        extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, progress=ChunkProgress(stop_after=2))
     progress = json.loads((tmp_path / "resumed" / "progress.json").read_text())
     assert progress["chunks"] == 2 and progress["n_sentences"] == 32
     with pytest.raises(ValueError, match="re-run the same"):
@@ -180,9 +192,9 @@ def test_interrupted_extraction_resumes_bit_identical(tmp_path, lee_sample):
     stale.resize((progress["n_tokens"] + 7, stale.shape[1]))
     stale[progress["n_tokens"] :] = 123.0
 
-    resumed_chunks = []
-    resumed = extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, on_chunk=lambda s, t: resumed_chunks.append(s))
-    assert sum(resumed_chunks) == len(lee_sample) - 32
+    resumed_chunks = ChunkProgress()
+    resumed = extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, progress=resumed_chunks)
+    assert sum(resumed_chunks.chunks) == len(lee_sample) - 32
     for layer in once.layers:
         a, b = np.asarray(once.layer(layer)[:]), np.asarray(resumed.layer(layer)[:])
         assert a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -288,9 +300,9 @@ def test_cuda_request_without_cuda_is_a_clear_error():
 def test_rerunning_a_complete_extraction_is_a_no_op(tmp_path, lee_sample):
     encoder = load_encoder("tiny-bert", device="cpu")
     first = extract(encoder, lee_sample.head(10), tmp_path / "s")
-    chunks = []
-    again = extract(encoder, lee_sample.head(10), tmp_path / "s", on_chunk=lambda s, t: chunks.append(s))
-    assert chunks == [] and again.meta["created"] == first.meta["created"]
+    chunks = ChunkProgress()
+    again = extract(encoder, lee_sample.head(10), tmp_path / "s", progress=chunks)
+    assert chunks.chunks == [] and again.meta["created"] == first.meta["created"]
     assert np.asarray(again.layer(1)[:]).tobytes() == np.asarray(first.layer(1)[:]).tobytes()
 
 

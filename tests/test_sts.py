@@ -16,9 +16,9 @@ from lmgeom.calibrate import Whitening
 from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
-from lmgeom.evaluate.sts import (
-    CALIBRATION_METHODS, FIRST_LAST_AVG, LayerSelection, aggregate_scores, combination, encode_sentences, evaluate_sts,
-    pair_cosines, resolve_layers, spearman,
+from lmgeom.evaluate.sts import aggregate_scores, pair_cosines, spearman
+from lmgeom.runs.sts import (
+    CALIBRATION_METHODS, FIRST_LAST_AVG, LayerSelection, combination, encode_sentences, evaluate_sts, resolve_layers,
 )
 from lmgeom.evaluate.sts_data import STSDataset, find_datasets, read_semeval_sts, read_sick, read_stsb, semeval_subsets
 

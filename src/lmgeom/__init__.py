@@ -17,9 +17,10 @@ _EXPORTS = {
     "HFEncoder": "lmgeom.encoders",
     "load_encoder": "lmgeom.encoders",
     "RepresentationStore": "lmgeom.store",
-    "extract": "lmgeom.store",
     "write_store_from_arrays": "lmgeom.store",
-    "analyze_store": "lmgeom.metrics",
+    "extract": "lmgeom.runs",
+    "run": "lmgeom.runs",
+    "analyze_store": "lmgeom.runs",
 }
 
 __all__ = ["__version__", *_EXPORTS]

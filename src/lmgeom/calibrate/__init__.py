@@ -1,20 +1,40 @@
-"""Isotropy calibrators as scikit-learn transformers, and fitting them on a representation store.
+"""Isotropy calibrators as scikit-learn transformers.
 
 `AllButTheTop`, `Whitening`, `Standardize` (mean/covariance only: `partial_fit` and `fit_moments`),
 `ClusterIsotropy` (CIE) and `FlowCalibrator` (Glow-style normalizing flow). Each takes numpy or
 torch input (torch in, torch out), and saves with `.save(path)` / loads with `load_calibrator(path)`
-or `<Class>.load(path)`. Method notes: docs/calibration.md.
+or `<Class>.load(path)`. Fitting them on a store is `lmgeom.runs.calibrate_store`.
+Method notes: docs/calibration.md.
 """
+
+from __future__ import annotations
 
 from lmgeom.calibrate._base import Calibrator
 from lmgeom.calibrate.cluster import ClusterIsotropy
 from lmgeom.calibrate.flow import FlowCalibrator
 from lmgeom.calibrate.io import load_calibrator, save_calibrator
 from lmgeom.calibrate.linear import AllButTheTop, Standardize, Whitening
-from lmgeom.calibrate.pipeline import FIT_MAX_ROWS, METHODS, calibrate_store, fit_store, make_calibrator
+
+METHODS: dict[str, type[Calibrator]] = {
+    "whitening": Whitening,
+    "abtt": AllButTheTop,
+    "cie": ClusterIsotropy,
+    "flow": FlowCalibrator,
+    "standardize": Standardize,
+}
+
+
+def make_calibrator(method: str, *, seed: int = 0) -> Calibrator:
+    """A calibrator with its default settings by CLI name (whitening, abtt, cie, flow, standardize)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(METHODS)}")
+    estimator = METHODS[method]()
+    if "random_state" in estimator.get_params():
+        estimator.set_params(random_state=seed)
+    return estimator
+
 
 __all__ = [
-    "FIT_MAX_ROWS",
     "METHODS",
     "AllButTheTop",
     "Calibrator",
@@ -22,8 +42,6 @@ __all__ = [
     "FlowCalibrator",
     "Standardize",
     "Whitening",
-    "calibrate_store",
-    "fit_store",
     "load_calibrator",
     "make_calibrator",
     "save_calibrator",

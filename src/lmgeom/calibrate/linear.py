@@ -17,32 +17,32 @@ from lmgeom.calibrate.io import register
 from lmgeom.metrics.isotropy import MomentAccumulator, Moments, symmetric_eigh
 
 
-class _MomentCalibrator(Calibrator):
+class MomentCalibrator(Calibrator):
     _fitted_marker: ClassVar[str] = "n_samples_seen_"
-    _full_covariance: ClassVar[bool] = True
+    full_covariance: ClassVar[bool] = True
 
-    def fit(self, X: Any, y: Any = None) -> "_MomentCalibrator":
+    def fit(self, X: Any, y: Any = None) -> "MomentCalibrator":
         X, _ = self._validate(X, reset=True, min_samples=2)
-        self._moments = MomentAccumulator(full_covariance=self._full_covariance).add(X)
+        self._moments = MomentAccumulator(full_covariance=self.full_covariance).add(X)
         self._fit_moments(self._moments.result())
         return self
 
-    def partial_fit(self, X: Any, y: Any = None) -> "_MomentCalibrator":
+    def partial_fit(self, X: Any, y: Any = None) -> "MomentCalibrator":
         """Add a chunk of rows; the fit is refreshed once at least 2 rows have been seen."""
         first_call = not hasattr(self, "_moments")
         X, _ = self._validate(X, reset=first_call)
         if first_call:
-            self._moments = MomentAccumulator(full_covariance=self._full_covariance)
+            self._moments = MomentAccumulator(full_covariance=self.full_covariance)
         self._moments.add(X)
         if self._moments.count >= 2:
             self._fit_moments(self._moments.result())
         return self
 
-    def fit_moments(self, accumulator: MomentAccumulator) -> "_MomentCalibrator":
+    def fit_moments(self, accumulator: MomentAccumulator) -> "MomentCalibrator":
         """Fit from rows already accumulated elsewhere (e.g. merged shards); later `partial_fit`
         calls keep adding to `accumulator`."""
-        if accumulator.full_covariance != self._full_covariance:
-            kind = "full_covariance=True" if self._full_covariance else "full_covariance=False"
+        if accumulator.full_covariance != self.full_covariance:
+            kind = "full_covariance=True" if self.full_covariance else "full_covariance=False"
             raise ValueError(f"{type(self).__name__} needs a MomentAccumulator({kind})")
         moments = accumulator.result()
         if moments.count < 2:
@@ -63,7 +63,7 @@ def default_abtt_components(dim: int) -> int:
 
 
 @register
-class AllButTheTop(_MomentCalibrator):
+class AllButTheTop(MomentCalibrator):
     """Remove the mean and the top-D principal directions (Mu & Viswanath 2018).
 
     n_components: D; None means d/100 rounded, at least 1.
@@ -95,7 +95,7 @@ class AllButTheTop(_MomentCalibrator):
 
 
 @register
-class Whitening(_MomentCalibrator):
+class Whitening(MomentCalibrator):
     """Whitening (Su et al. 2021): (x - mu) U Lambda^-1/2, keeping the top `n_components` directions.
 
     zca: rotate back, (x - mu) U Lambda^-1/2 U^T, which keeps the output closest to the input.
@@ -155,12 +155,12 @@ class Whitening(_MomentCalibrator):
 
 
 @register
-class Standardize(_MomentCalibrator):
+class Standardize(MomentCalibrator):
     """Per-dimension z-score, (x - mean) / std with the population std (as sklearn's StandardScaler),
     the fix for rogue dimensions (Timkey & van Schijndel 2021); constant dimensions are only centred.
     Fitted: mean_, var_, scale_, n_samples_seen_."""
 
-    _full_covariance: ClassVar[bool] = False
+    full_covariance: ClassVar[bool] = False
 
     def __init__(self) -> None:
         pass

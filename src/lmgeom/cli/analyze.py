@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import console, progress_bar, user_errors
+from lmgeom.cli.common import RichProgress, console, number, user_errors
+
+if TYPE_CHECKING:
+    from lmgeom.runs import ContextualityResult
 
 
-def _number(value: float, digits: int = 4) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def print_contextuality(result) -> None:
+def print_contextuality(result: ContextualityResult) -> None:
     from lmgeom.metrics.contextuality import MEV_VARIANTS
 
     summary = result.summary()
@@ -29,7 +27,7 @@ def print_contextuality(result) -> None:
     for _, header in columns:
         cosines.add_column(header, justify="right")
     for _, row in summary.iterrows():
-        cosines.add_row(str(row["layer"]), *(_number(row[c]) for c, _ in columns))
+        cosines.add_row(str(row["layer"]), *(number(row[c]) for c, _ in columns))
     console.print(cosines)
 
     mev = Table(title="MEV: share of a word's variance explained by its first principal direction (baseline = sampled occurrences)")
@@ -38,7 +36,7 @@ def print_contextuality(result) -> None:
         mev.add_column(f"{variant}", justify="right")
         mev.add_column(f"{variant} adj", justify="right")
     for _, row in summary.iterrows():
-        cells = [_number(row[f"mev_{v}{suffix}"]) for v in MEV_VARIANTS for suffix in ("", "_adjusted")]
+        cells = [number(row[f"mev_{v}{suffix}"]) for v in MEV_VARIANTS for suffix in ("", "_adjusted")]
         mev.add_row(str(row["layer"]), *cells)
     console.print(mev)
     zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
@@ -53,14 +51,6 @@ def print_contextuality(result) -> None:
         console.print(f"  • {statement}")
 
 
-def analyze_with_progress(store, **options):
-    from lmgeom.metrics.analyze import analyze_store
-
-    with progress_bar() as progress:
-        task = progress.add_task("analyze layers", total=len(store.layers), rate="")
-        return analyze_store(store, on_layer=lambda layer: progress.update(task, advance=1, rate=f"layer {layer}"), **options)
-
-
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
@@ -68,24 +58,23 @@ def register(app: typer.Typer) -> None:
         min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out (as the paper did)"),
         exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word (decoders without BOS put outlier activations there)"),
+        include_special: bool = typer.Option(False, help="also analyse special tokens (CLS/SEP/BOS), when the store kept them"),
         seed: int = typer.Option(0, help="seed for the sampled baselines"),
         samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
         out: Optional[Path] = typer.Option(None, help="directory for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices; more means fewer passes"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
-        from lmgeom.store import RepresentationStore
+        from lmgeom.runs import analyze_store
 
-        with user_errors():
-            store = RepresentationStore.open(store_path)
-            result = analyze_with_progress(
-                store, min_contexts=min_contexts, exclude_punct=exclude_punct, exclude_first_word=exclude_first_word,
-                seed=seed, n_samples=samples,
-                mev_memory_mb=mev_memory_mb,
+        with user_errors(), RichProgress() as progress:
+            result = analyze_store(
+                store_path, min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
+                exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
+                progress=progress, write_to=out if out is not None else True,
             )
-            paths = result.write(out)
-            print_contextuality(result)
-            console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+        print_contextuality(result)
+        console.print("wrote " + ", ".join(str(p) for p in result.written.values()))
 
     @app.command("static-embeddings")
     def static_embeddings_command(
@@ -98,34 +87,20 @@ def register(app: typer.Typer) -> None:
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
     ) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks."""
-        from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS
-        from lmgeom.metrics.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
-        from lmgeom.store import RepresentationStore
+        from lmgeom.runs import export_static_embeddings
 
-        with user_errors():
-            store = RepresentationStore.open(store_path)
-            for path in [*benchmark, *static_vectors]:
-                if not path.exists():
-                    raise FileNotFoundError(f"{path} does not exist")
-            benchmarks = {**GENSIM_BENCHMARKS, **{path.stem: path for path in benchmark}}
-            with console.status(f"distilling layer {layer}"):
-                embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, exclude_punct=exclude_punct)
-            directory = store.path / "static"
-            saved = embeddings.save(directory, text_path=out)
-            with progress_bar() as progress:
-                task = progress.add_task("score vectors", total=3 + len(static_vectors), rate="")
-                scores = benchmark_static_embeddings(
-                    embeddings, benchmarks=benchmarks, static_vectors=static_vectors,
-                    on_vectors=lambda label: progress.update(task, advance=1, rate=label),
-                )
-            written = write_benchmarks(scores, embeddings, directory)
-            table = Table(title=f"{store.meta.get('model_id')}: static embeddings of layer {layer} "
-                                f"({len(embeddings.words):,} words; layer 0 = embedding output; benchmarks matched lowercase)")
-            for column in ("vectors", "benchmark", "score", "covered / total"):
-                table.add_column(column, justify="right" if column != "vectors" else "left")
-            for record in scores.to_dict("records"):
-                metric = "Spearman" if record["task"] == "similarity" else "3CosAdd acc"
-                table.add_row(record["vectors"], f"{record['benchmark']} ({metric})", _number(record["score"], 3),
-                              f"{record['covered']:,} / {record['total']:,} ({record['coverage']:.0%})")
-            console.print(table)
-            console.print("wrote " + ", ".join(str(p) for p in [*saved.values(), *written.values()]))
+        with user_errors(), RichProgress() as progress:
+            exported = export_static_embeddings(
+                store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
+                min_contexts=min_contexts, include_punct=not exclude_punct, progress=progress,
+            )
+        table = Table(title=f"{exported.embeddings.store_meta.get('model_id')}: static embeddings of layer {layer} "
+                            f"({len(exported.embeddings.words):,} words; layer 0 = embedding output; benchmarks matched lowercase)")
+        for column in ("vectors", "benchmark", "score", "covered / total"):
+            table.add_column(column, justify="right" if column != "vectors" else "left")
+        for record in exported.scores.to_dict("records"):
+            metric = "Spearman" if record["task"] == "similarity" else "3CosAdd acc"
+            table.add_row(record["vectors"], f"{record['benchmark']} ({metric})", number(record["score"], 3),
+                          f"{record['covered']:,} / {record['total']:,} ({record['coverage']:.0%})")
+        console.print(table)
+        console.print("wrote " + ", ".join(str(p) for p in exported.paths.values()))

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.table import Table
 
-from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, calibrate_store
-from lmgeom.cli.common import console, progress_bar, user_errors
+from lmgeom.calibrate import METHODS
+from lmgeom.cli.common import RichProgress, console, split_list, user_errors
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
-from lmgeom.results import LAYER_NOTE
-from lmgeom.store import RepresentationStore
+from lmgeom.runs.calibration import FIT_MAX_ROWS
+from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = {
     "log_partition_isotropy": "log I(W)",
@@ -23,7 +22,7 @@ TABLE_MEASURES = {
 }
 
 
-def print_records(records: list[dict]) -> None:
+def print_records(records: list[dict[str, Any]]) -> None:
     table = Table(title="Isotropy before → after calibration", caption=LAYER_NOTE)
     table.add_column("layer", justify="right")
     table.add_column("method")
@@ -36,20 +35,6 @@ def print_records(records: list[dict]) -> None:
     for (layer, method), row in cells.items():
         table.add_row(str(layer), method, *(row.get(measure, "") for measure in TABLE_MEASURES))
     console.print(table)
-
-
-def _store_or_extract(store_or_model: str, *, corpus: str, device: str) -> RepresentationStore:
-    """Open a store; a name that is no store is a model, extracted on `corpus` (or resumed) first."""
-    if (Path(store_or_model) / "meta.json").exists():
-        return RepresentationStore.open(store_or_model)
-    from lmgeom.cli.extract import extract_with_progress
-    from lmgeom.corpus import load_corpus
-    from lmgeom.encoders import load_encoder
-    from lmgeom.pipeline import default_run_dir
-
-    out = default_run_dir(store_or_model, corpus)
-    console.print(f"{store_or_model} is not a store: extracting it on {corpus} into {out}")
-    return extract_with_progress(load_encoder(store_or_model, device=device), load_corpus(corpus), out)
 
 
 def register(app: typer.Typer) -> None:
@@ -68,16 +53,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; writes
         STORE/calibration.json + .csv and STORE/calibrators/<method>-L<layer>.*"""
-        with user_errors():
-            opened = _store_or_extract(store, corpus=corpus, device=device)
-            methods = [name.strip() for name in method.split(",") if name.strip()]
-            layers = list(layer) if layer else opened.layers
-            with progress_bar(unit="fits") as progress:
-                task = progress.add_task("calibrate", total=len(layers) * len(methods), rate="")
-                records = calibrate_store(
-                    opened, methods=methods, layers=layers, exclude_punct=not include_punct,
-                    exclude_special=not include_special, eval_rows=eval_rows, fit_rows=fit_rows, seed=seed,
-                    on_step=lambda done_layer, done_method: progress.update(task, advance=1, rate=f"done: L{done_layer} {done_method}"),
-                )
-        print_records(records)
-        console.print(f"wrote {opened.path / 'calibration.json'}, calibration.csv and calibrators/")
+        from lmgeom.runs import calibrate_store
+
+        with user_errors(), RichProgress() as progress:
+            result = calibrate_store(
+                store, corpus=corpus, device=device, methods=split_list(method), layers=layer or None,
+                include_punct=include_punct, include_special=include_special, eval_rows=eval_rows, fit_rows=fit_rows,
+                seed=seed, progress=progress,
+            )
+        print_records(result.records)
+        console.print("wrote " + ", ".join(str(path) for path in result.paths))

@@ -1,31 +1,62 @@
-"""Helpers shared by the CLI commands: the console, progress bars, error reporting."""
+"""Helpers shared by the CLI commands: the console, progress bars, error reporting, number cells."""
 
 from __future__ import annotations
 
 import contextlib
+import math
+from types import TracebackType
 from typing import Iterator
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 console = Console()
 
 
-def progress_bar(*, unit: str = "items") -> Progress:
-    """A progress bar with throughput and ETA; `rate` fields are filled by the caller."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+class RichProgress:
+    """A rich progress bar per stage (with its count, a note such as a rate, elapsed time and ETA),
+    satisfying `lmgeom.runs.progress.Progress`. Use as a context manager."""
+
+    def __init__(self) -> None:
+        self._bars = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[note]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichProgress:
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self._bars.__exit__(kind, error, trace)
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        if stage in self._tasks:
+            self._bars.reset(self._tasks[stage], total=total, note="")
+        else:
+            self._tasks[stage] = self._bars.add_task(f"{stage} ({unit})", total=total, note="")
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        self._bars.update(self._tasks[stage], advance=n, note=note)
 
 
 @contextlib.contextmanager
@@ -36,3 +67,13 @@ def user_errors() -> Iterator[None]:
     except (ValueError, FileNotFoundError, ImportError, OSError, IndexError) as error:
         console.print(f"[bold red]error:[/] {error}")
         raise typer.Exit(code=2) from None
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    """A table cell: the value to `digits` decimals, or a dash for a missing (None/NaN) one."""
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def split_list(text: str) -> list[str]:
+    """Items of a comma-separated option."""
+    return [item.strip() for item in text.split(",") if item.strip()]

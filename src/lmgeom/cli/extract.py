@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import console, progress_bar, user_errors
-from lmgeom.corpus import load_corpus
+from lmgeom.cli.common import RichProgress, console, user_errors
 from lmgeom.store import RepresentationStore
 
 MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
-ModelArg = typer.Argument(..., help=MODEL_HELP)
-
-
-def extract_with_progress(encoder, corpus, out: Path, **options) -> RepresentationStore:
-    from lmgeom.store import extract
-
-    with progress_bar() as progress:
-        task = progress.add_task(f"extract {corpus.name}", total=len(corpus), rate="")
-        started, totals = time.perf_counter(), [0, 0]
-
-        def on_chunk(n_sentences: int, n_tokens: int) -> None:
-            totals[0] += n_sentences
-            totals[1] += n_tokens
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            rate = f"{totals[0] / elapsed:,.0f} sent/s {totals[1] / elapsed:,.0f} tok/s"
-            progress.update(task, advance=n_sentences, rate=rate)
-
-        store = extract(encoder, corpus, out, on_chunk=on_chunk, **options)
-        progress.update(task, completed=len(corpus))
-    return store
+CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"
 
 
 def print_store(store: RepresentationStore) -> None:
@@ -50,8 +29,8 @@ def print_store(store: RepresentationStore) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("extract")
     def extract_command(
-        model: str = ModelArg,
-        corpus: str = typer.Option("lee", "--corpus", "-c", help="lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"),
+        model: str = typer.Argument(..., help=MODEL_HELP),
+        corpus: str = typer.Option("lee", "--corpus", "-c", help=CORPUS_HELP),
         out: Path = typer.Option(..., "--out", "-o", help="run directory to write the store into"),
         field: str = typer.Option("text", help="JSONL field holding the sentence"),
         pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
@@ -73,19 +52,17 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
-        from lmgeom.encoders import load_encoder
+        from lmgeom.runs import extract_model
 
-        with user_errors():
-            sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-            encoder = load_encoder(
-                model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
-                prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
-                max_batch_tokens=max_batch_tokens,
+        with user_errors(), RichProgress() as progress:
+            store = extract_model(
+                model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
+                pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
+                dtype=dtype, compute_dtype=compute_dtype, device=device, max_length=max_length,
+                max_batch_tokens=max_batch_tokens, chunk_sentences=chunk_sentences, gguf_file=gguf_file,
+                revision=revision, overwrite=overwrite, progress=progress,
             )
-            store = extract_with_progress(
-                encoder, sentences, out, dtype=dtype, chunk_sentences=chunk_sentences, overwrite=overwrite
-            )
-            print_store(store)
+        print_store(store)
 
     @app.command("run")
     def run_command(
@@ -99,25 +76,20 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
         """The main job: extract every layer of MODEL on CORPUS, then measure how contextual each layer is."""
-        from lmgeom.cli.analyze import analyze_with_progress, print_contextuality
-        from lmgeom.encoders import load_encoder
-        from lmgeom.pipeline import default_run_dir, layer_summary
+        from lmgeom.cli.analyze import print_contextuality
+        from lmgeom.runs import run
 
-        with user_errors():
-            out_dir = out or default_run_dir(model, corpus)
-            sentences = load_corpus(corpus, limit=limit)
-            encoder = load_encoder(model, device=device)
-            store = extract_with_progress(encoder, sentences, out_dir, overwrite=overwrite)
-            print_store(store)
-            result = analyze_with_progress(store, min_contexts=min_contexts, seed=seed)
-            paths = result.write()
-            summary = layer_summary(store, result)
-            table = Table(title=f"{store.meta['model_id']} on {store.meta['corpus_name']}: per-layer summary (layer 0 = embedding output)")
-            for column in ("layer", "mean norm", "mean cosine (1,000 random occurrences)", "mean cosine (exact, all pairs)"):
-                table.add_column(column, justify="right")
-            for record in summary:
-                table.add_row(str(record["layer"]), f"{record['mean_norm']:.3f}", f"{record['sampled_average_cosine']:.4f}",
-                              f"{record['average_cosine']:.4f}")
-            console.print(table)
-            print_contextuality(result)
-            console.print("wrote " + ", ".join(str(p) for p in [out_dir / "summary.json", *paths.values()]))
+        with user_errors(), RichProgress() as progress:
+            result = run(model, corpus, out=out, limit=limit, device=device, min_contexts=min_contexts, seed=seed,
+                         overwrite=overwrite, progress=progress)
+        print_store(result.store)
+        meta = result.store.meta
+        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']}: per-layer summary (layer 0 = embedding output)")
+        for column in ("layer", "mean norm", "mean cosine (1,000 random occurrences)", "mean cosine (exact, all pairs)"):
+            table.add_column(column, justify="right")
+        for record in result.summary:
+            table.add_row(str(record["layer"]), f"{record['mean_norm']:.3f}", f"{record['sampled_average_cosine']:.4f}",
+                          f"{record['average_cosine']:.4f}")
+        console.print(table)
+        print_contextuality(result.contextuality)
+        console.print("wrote " + ", ".join(str(p) for p in result.paths))

@@ -1,7 +1,29 @@
-"""Encoder stage: sentences in, per-layer word vectors out (layer 0 = embedding output)."""
+"""Encoder stage: sentences in, per-layer word vectors out (layer 0 = embedding output).
 
-from lmgeom.encoders.hf import POOLINGS, EncodedSentence, HFEncoder
-from lmgeom.encoders.registry import NAMED_MODELS, load_encoder
-from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
+The names that need torch and transformers (`HFEncoder`, `load_encoder`, the tiny models) are
+imported on first use, so the store and the analyses can use `EncodedSentence` without them.
+"""
 
-__all__ = ["NAMED_MODELS", "POOLINGS", "TINY_MODELS", "EncodedSentence", "HFEncoder", "load_encoder", "tiny_model"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from lmgeom.encoders.base import EncodedSentence, Encoder
+
+_LAZY = {
+    "POOLINGS": "lmgeom.encoders.hf",
+    "HFEncoder": "lmgeom.encoders.hf",
+    "NAMED_MODELS": "lmgeom.encoders.registry",
+    "load_encoder": "lmgeom.encoders.registry",
+    "TINY_MODELS": "lmgeom.encoders.tiny",
+    "tiny_model": "lmgeom.encoders.tiny",
+}
+
+__all__ = ["EncodedSentence", "Encoder", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lmgeom.encoders' has no attribute {name!r}")

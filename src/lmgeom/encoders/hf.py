@@ -10,20 +10,9 @@ import torch
 
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.alignment import TokenizedSentence, choose_windows, plan_windows, tokenize_sentence
+from lmgeom.encoders.base import EncodedSentence
 
 POOLINGS = ("mean", "first", "last")
-
-
-@dataclass
-class EncodedSentence:
-    """Per-layer vectors of one sentence's stored tokens (words, and special tokens when kept)."""
-
-    vectors: np.ndarray  # (n_layers, n_tokens, dim), float32
-    words: list[str]
-    is_special: np.ndarray  # (n_tokens,) bool
-    n_pieces: np.ndarray  # (n_tokens,) pieces pooled into each token
-    n_windows: int
-    n_unaligned: int = 0  # words left out because the tokenizer dropped all their characters
 
 
 @dataclass

@@ -1,7 +1,10 @@
-"""Evaluation on benchmarks.
+"""Evaluation on benchmarks, as pure functions of given vectors.
 
 `wordsim`: word similarity (Spearman) and analogies (3CosAdd) of static word vectors, with gensim.
+`sts_data` / `sts`: sentence-similarity readers and scoring of given sentence vectors.
 """
+
+from __future__ import annotations
 
 from lmgeom.evaluate.wordsim import (
     GENSIM_BENCHMARKS,

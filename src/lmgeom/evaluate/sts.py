@@ -1,140 +1,37 @@
-"""Sentence similarity (STS): Spearman x 100 between gold scores and the cosine of pooled sentence
-vectors, per layer or layer combination, raw or after an isotropy calibration.
+"""Sentence similarity (STS) scoring of given sentence vectors: Spearman x 100 between gold scores and
+pair cosines, in both aggregations, with the isotropy of the vectors.
 
-- A sentence vector is the mean of its tokenizer pieces in one layer (`HFEncoder.sentence_embeddings`;
-  special tokens included by default, the sentence-transformers convention); a layer combination
-  averages those per-layer vectors, which by linearity equals pooling the layer-averaged tokens.
-  `first-last-avg` is layers 1 and L: the first transformer block and the last, as Li et al. (2020)
-  and Su et al. (2021) define it (layer 0 is the embedding output).
-- Calibrators are fitted "transductively" on all distinct sentences of the set being evaluated,
-  or on a separate corpus encoded the same way; records say which in `fit_on`.
 - Aggregations: "all" is the Spearman of the pooled pairs of all subsets; "mean" is the unweighted
   mean of the per-subset Spearman values (SentEval's "mean"; its "wmean" weights by subset size
   and is not reported). "mean" exists only for sets with more than one subset (the SemEval years).
+- Encoding sentences, pooling layers and fitting calibrators is the STS run of the driver,
+  `lmgeom.runs.evaluate_sts`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy.stats import spearmanr
 
-from lmgeom.calibrate import METHODS, make_calibrator
-from lmgeom.corpus import Corpus, load_corpus
-from lmgeom.encoders import HFEncoder
 from lmgeom.evaluate.sts_data import STSDataset
-from lmgeom.metrics.base import as_float64_rows, unit_rows
+from lmgeom.metrics.base import unit_rows
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 
-NO_CALIBRATION = "none"
-TRANSDUCTIVE = "transductive"
-FIRST_LAST_AVG = "first-last-avg"
-CALIBRATION_METHODS = (NO_CALIBRATION, *METHODS)
 ISOTROPY_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine")
-# Sentences per call to the encoder: bounds the (all layers x sentences x dim) array it returns
-# before the layers that are not needed are dropped.
-ENCODE_CHUNK_SENTENCES = 1024
-
-# (stage, items done since the last call, total items of the stage); stages "encode" and "evaluate".
-ProgressCallback = Callable[[str, int, int], None]
 
 
-@dataclass(frozen=True)
-class LayerSelection:
-    """A named set of layer indexes whose sentence vectors are averaged (one index: that layer)."""
-
-    name: str
-    indexes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class FitSource:
-    """Where calibrators are fitted: the evaluated sentences (`sentences` None) or a corpus."""
-
-    name: str
-    sentences: tuple[str, ...] | None = None
-
-
-def resolve_layers(layers: Sequence[int | str | LayerSelection] | None, n_layers: int) -> list[LayerSelection]:
-    """Layer selections from ints, "all" (every layer 0..L), "first-last-avg" (layers 1 and L) or
-    ready `LayerSelection`s; None means every layer plus first-last-avg."""
-    last = n_layers - 1
-    selections: list[LayerSelection] = []
-    for item in ["all", FIRST_LAST_AVG] if layers is None else layers:
-        if isinstance(item, LayerSelection):
-            selection = item
-        elif item == "all":
-            selections.extend(LayerSelection(str(layer), (layer,)) for layer in range(n_layers))
-            continue
-        elif item == FIRST_LAST_AVG:
-            if last < 1:
-                raise ValueError("first-last-avg needs at least one transformer layer; this model has only the embedding layer")
-            selection = LayerSelection(FIRST_LAST_AVG, (1, last))
-        else:
-            try:
-                selection = LayerSelection(str(int(item)), (int(item),))
-            except (TypeError, ValueError):
-                raise ValueError(f"unknown layer {item!r}; give layer numbers 0..{last}, 'all' or '{FIRST_LAST_AVG}'") from None
-        bad = [index for index in selection.indexes if not 0 <= index <= last]
-        if bad or not selection.indexes:
-            raise ValueError(
-                f"layer selection {selection.name!r} has layer(s) {bad or '(none)'} outside 0..{last} "
-                f"(layer 0 is the embedding output, {last} the last block)"
-            )
-        selections.append(selection)
-    unique = list(dict.fromkeys(selections))
-    if not unique:
-        raise ValueError("no layers selected; give layer numbers, 'all' or 'first-last-avg'")
-    return unique
-
-
-def combination(indexes: Sequence[int]) -> LayerSelection:
-    """The average of the given layers' sentence vectors, named avg(i,j,...)."""
-    indexes = tuple(int(i) for i in indexes)
-    return LayerSelection(f"avg({','.join(map(str, indexes))})", indexes)
-
-
-def resolve_methods(methods: Sequence[str]) -> list[str]:
-    """"none" first (the uncalibrated baseline is always measured), then the requested calibrators."""
-    unknown = [m for m in methods if m not in CALIBRATION_METHODS]
-    if unknown:
-        raise ValueError(f"unknown calibration method(s) {unknown}; choose from {', '.join(CALIBRATION_METHODS)}")
-    return list(dict.fromkeys([NO_CALIBRATION, *methods]))
-
-
-FitOn = str | Corpus | FitSource
-
-
-def resolve_fit_sources(fit_on: FitOn | Sequence[FitOn]) -> list[FitSource]:
-    """"transductive", a corpus spec for `load_corpus` (lee, brown, a file, ...), a `Corpus` or a
-    `FitSource`, or a list of them."""
-    items = [fit_on] if isinstance(fit_on, (str, Corpus, FitSource)) else list(fit_on)
-    if not items:
-        raise ValueError(f"fit_on is empty; give '{TRANSDUCTIVE}' or a corpus (e.g. lee)")
-    sources = []
-    for item in items:
-        if isinstance(item, FitSource):
-            sources.append(item)
-            continue
-        if isinstance(item, str) and item == TRANSDUCTIVE:
-            sources.append(FitSource(TRANSDUCTIVE))
-            continue
-        corpus = item if isinstance(item, Corpus) else load_corpus(item)
-        sources.append(FitSource(corpus.name, tuple(s.text for s in corpus.sentences)))
-    return list(dict.fromkeys(sources))
-
-
-def spearman(gold: Sequence[float], predicted: Sequence[float]) -> float:
+def spearman(gold: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
     """Spearman rank correlation x 100 (ties take their average rank)."""
-    gold, predicted = np.asarray(gold, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
-    if gold.shape != predicted.shape or gold.ndim != 1:
-        raise ValueError(f"gold and predicted must be 1-D of equal length, got {gold.shape} and {predicted.shape}")
-    if len(gold) < 2:
+    gold_scores, predicted_scores = np.asarray(gold, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    if gold_scores.shape != predicted_scores.shape or gold_scores.ndim != 1:
+        raise ValueError(f"gold and predicted must be 1-D of equal length, got {gold_scores.shape} and {predicted_scores.shape}")
+    if len(gold_scores) < 2:
         return float("nan")
-    return float(spearmanr(gold, predicted).statistic * 100)
+    return float(spearmanr(gold_scores, predicted_scores).statistic * 100)
 
 
 def pair_cosines(vectors1: np.ndarray, vectors2: np.ndarray) -> np.ndarray:
@@ -154,31 +51,6 @@ def aggregate_scores(dataset: STSDataset, predicted: np.ndarray) -> dict[str, fl
     return scores
 
 
-def encode_sentences(
-    encoder: HFEncoder,
-    texts: Sequence[str],
-    *,
-    layer_indexes: Sequence[int],
-    include_special: bool = True,
-    on_progress: ProgressCallback | None = None,
-) -> np.ndarray:
-    """Mean-pooled sentence vectors of the given layers, (len(layer_indexes), n_texts, dim) float32.
-
-    Texts go to the model shortest first, so batches hold similar lengths and little padding."""
-    layer_indexes = list(layer_indexes)
-    out = np.empty((len(layer_indexes), len(texts), encoder.dim), dtype=np.float32)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-
-    def on_batch(n: int) -> None:
-        if on_progress is not None:
-            on_progress("encode", n, len(texts))
-
-    for start in range(0, len(order), ENCODE_CHUNK_SENTENCES):
-        rows = order[start : start + ENCODE_CHUNK_SENTENCES]
-        vectors = encoder.sentence_embeddings([texts[i] for i in rows], include_special=include_special, on_batch=on_batch)
-        out[:, rows] = vectors[layer_indexes]
-    return out
-
 
 def isotropy_of(X: np.ndarray) -> dict[str, float]:
     """log I(W) (Mu & Viswanath), IsoScore and the average cosine of sentence vectors."""
@@ -189,80 +61,8 @@ def isotropy_of(X: np.ndarray) -> dict[str, float]:
     }
 
 
-class _VectorCache:
-    """Sentence vectors of every distinct text, encoded once, pooled per layer selection on demand."""
-
-    def __init__(self, texts: Sequence[str], layer_indexes: list[int], vectors: np.ndarray) -> None:
-        self.row = {text: i for i, text in enumerate(texts)}
-        self.position = {layer: i for i, layer in enumerate(layer_indexes)}
-        self.vectors = vectors
-
-    def pooled(self, selection: LayerSelection, texts: Sequence[str], *, name: str) -> np.ndarray:
-        rows = np.array([self.row[t] for t in texts])
-        total = np.zeros((len(rows), self.vectors.shape[2]), dtype=np.float64)
-        for layer in selection.indexes:
-            total += self.vectors[self.position[layer], rows]
-        return as_float64_rows(total / len(selection.indexes), name=name, layer=selection.indexes[0])
-
-
-def evaluate_sts(
-    encoder: HFEncoder,
-    datasets: Sequence[STSDataset],
-    *,
-    layers: Sequence[int | str | LayerSelection] | None = None,
-    methods: Sequence[str] = (NO_CALIBRATION,),
-    fit_on: FitOn | Sequence[FitOn] = TRANSDUCTIVE,
-    include_special: bool = True,
-    seed: int = 0,
-    on_progress: ProgressCallback | None = None,
-) -> list[dict[str, Any]]:
-    """Spearman x 100 of every (dataset, layer selection, method, fit source, aggregation), as tidy
-    records that also carry the isotropy of the (calibrated) sentence vectors of that dataset.
-
-    Every distinct sentence (of all datasets and fit corpora) runs through the model once; only the
-    layers the selections use are kept. The "none" baseline is always included; its `fit_on` is "none"."""
-    if not datasets:
-        raise ValueError("no datasets to evaluate; read some with find_datasets(data_dir)")
-    selections = resolve_layers(layers, encoder.n_layers)
-    methods = resolve_methods(methods)
-    sources = resolve_fit_sources(fit_on) if len(methods) > 1 else []
-    corpora = [s for s in sources if s.sentences is not None]
-    texts = list(dict.fromkeys([*(t for d in datasets for t in d.sentences), *(t for s in corpora for t in s.sentences)]))
-    layer_indexes = sorted({i for s in selections for i in s.indexes})
-    cache = _VectorCache(
-        texts, layer_indexes,
-        encode_sentences(encoder, texts, layer_indexes=layer_indexes, include_special=include_special, on_progress=on_progress),
-    )
-    context = {"pooling": "mean", "special_tokens": "included" if include_special else "excluded"}
-    n_steps = len(selections) * len(datasets) * (1 + (len(methods) - 1) * len(sources))
-    records: list[dict[str, Any]] = []
-    for selection in selections:
-        corpus_vectors = {s.name: cache.pooled(selection, s.sentences, name=f"{s.name} sentence vectors") for s in corpora}
-        fitted: dict[tuple[str, str], Any] = {}  # calibrators fitted on a corpus serve every dataset
-        for dataset in datasets:
-            X = cache.pooled(selection, dataset.sentences, name=f"{dataset.name} sentence vectors")
-            settings = {**context, "layer": selection.name, "layer_indexes": list(selection.indexes)}
-            records.extend(_score(dataset, X, {**settings, "method": NO_CALIBRATION, "fit_on": NO_CALIBRATION, "n_fit_sentences": 0}))
-            if on_progress is not None:
-                on_progress("evaluate", 1, n_steps)
-            for method in methods[1:]:
-                for source in sources:
-                    if source.sentences is None:
-                        calibrator, n_fit = make_calibrator(method, seed=seed).fit(X), len(X)
-                    else:
-                        key = (method, source.name)
-                        if key not in fitted:
-                            fitted[key] = make_calibrator(method, seed=seed).fit(corpus_vectors[source.name])
-                        calibrator, n_fit = fitted[key], len(corpus_vectors[source.name])
-                    fit_settings = {**settings, "method": method, "fit_on": source.name, "n_fit_sentences": n_fit}
-                    records.extend(_score(dataset, calibrator.transform(X), fit_settings))
-                    if on_progress is not None:
-                        on_progress("evaluate", 1, n_steps)
-    return records
-
-
-def _score(dataset: STSDataset, X: np.ndarray, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """Records of one dataset's vectors X (rows in `dataset.sentences` order), one per aggregation."""
+def score_dataset(dataset: STSDataset, X: np.ndarray, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Tidy records of one dataset's sentence vectors X (rows in `dataset.sentences` order), one per aggregation."""
     index = {text: i for i, text in enumerate(dataset.sentences)}
     left = np.array([index[t] for t in dataset.sentences1])
     right = np.array([index[t] for t in dataset.sentences2])

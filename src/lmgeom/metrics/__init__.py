@@ -1,17 +1,24 @@
-"""Metrics stage: contextuality (Ethayarajh 2019) and isotropy of representation spaces.
+"""Metrics stage: contextuality (Ethayarajh 2019) and isotropy of representation spaces. Pure: arrays
+and accumulators in, numbers out (the store-level analysis is `lmgeom.runs.analyze_store`).
 
-Array-level functions take (n_points, dim) arrays; accumulators stream chunks and merge shards
-(`lmgeom.metrics.base`); `analyze_store` runs the contextuality analysis over a store.
+Array-level functions take (n_points, dim) arrays; every streaming statistic is an accumulator
+following `lmgeom.metrics.base.Accumulator` (`add`, `merge`, `result`, `state_dict`), whose states
+are saved and loaded with `save_states` / `load_states`.
 """
 
-from lmgeom.metrics.analyze import ContextualityResult, analyze_store
+from __future__ import annotations
+
+from lmgeom.metrics.base import Accumulator, load_states, save_states
 from lmgeom.metrics.contextuality import (
     MEV_VARIANTS,
     AverageCosineAccumulator,
     IntraSentenceAccumulator,
+    MeanNormAccumulator,
     MEVAccumulator,
     OccurrenceSpectrum,
+    RowSampleAccumulator,
     SelfSimilarityAccumulator,
+    WordMeanAccumulator,
     average_cosine,
     first_principal_direction,
     intra_sentence_similarity,
@@ -21,9 +28,11 @@ from lmgeom.metrics.contextuality import (
     self_similarity,
 )
 from lmgeom.metrics.isotropy import (
+    CosineContributionAccumulator,
     LocalIsotropy,
     MomentAccumulator,
     Moments,
+    PartitionFunctionAccumulator,
     RogueDimensions,
     cosine_contributions,
     covariance_isotropy,
@@ -32,45 +41,49 @@ from lmgeom.metrics.isotropy import (
     isotropy_report,
     local_isotropy,
     log_partition_isotropy,
+    partition_directions,
     participation_ratio,
     partition_isotropy,
     rogue_dimensions,
     top_pc_variance_share,
 )
-from lmgeom.metrics.static import StaticEmbeddings, benchmark_static_embeddings, static_embeddings
 
 __all__ = [
     "MEV_VARIANTS",
+    "Accumulator",
     "AverageCosineAccumulator",
-    "ContextualityResult",
+    "CosineContributionAccumulator",
     "IntraSentenceAccumulator",
-    "MEVAccumulator",
-    "OccurrenceSpectrum",
-    "SelfSimilarityAccumulator",
-    "StaticEmbeddings",
-    "analyze_store",
-    "average_cosine",
-    "benchmark_static_embeddings",
-    "first_principal_direction",
-    "intra_sentence_similarity",
-    "mev",
-    "occurrence_spectrum",
-    "sampled_average_cosine",
-    "self_similarity",
-    "static_embeddings",
     "LocalIsotropy",
+    "MEVAccumulator",
+    "MeanNormAccumulator",
     "MomentAccumulator",
     "Moments",
+    "OccurrenceSpectrum",
+    "PartitionFunctionAccumulator",
     "RogueDimensions",
+    "RowSampleAccumulator",
+    "SelfSimilarityAccumulator",
+    "WordMeanAccumulator",
+    "average_cosine",
     "cosine_contributions",
     "covariance_isotropy",
     "effective_rank",
+    "first_principal_direction",
+    "intra_sentence_similarity",
     "isoscore",
     "isotropy_report",
+    "load_states",
     "local_isotropy",
     "log_partition_isotropy",
+    "mev",
+    "occurrence_spectrum",
+    "partition_directions",
     "participation_ratio",
     "partition_isotropy",
     "rogue_dimensions",
+    "sampled_average_cosine",
+    "save_states",
+    "self_similarity",
     "top_pc_variance_share",
 ]

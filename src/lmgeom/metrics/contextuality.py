@@ -8,14 +8,15 @@ exact rather than the 1,000-pair sample of the original code.
 Zero rows have no direction: they are left out of every cosine and every MEV, and counted
 (`n_zero`). NaN/inf rows are an error naming the row (`as_float64_rows`).
 
-Array-level functions (`average_cosine`, `self_similarity`, ...) are thin wrappers over the
-accumulators, which follow `lmgeom.metrics.base`: `add` chunks, `merge` shards, `result`.
+Every statistic is an accumulator following `lmgeom.metrics.base` (`add(X, /, **ids)` chunks,
+`merge` shards, `result`, `state_dict`); the array-level functions (`average_cosine`,
+`self_similarity`, ...) are `Accumulator().add(X, ...).result()`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ import scipy.sparse
 from scipy.linalg import eigh
 from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import StateDictMixin, as_float64_rows
+from lmgeom.metrics.base import StatefulAccumulator, as_float64_rows, register_accumulator, row_ids
 
 MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
 
@@ -36,7 +37,7 @@ _NO_SPREAD_RELATIVE = 1e-10
 # shared helpers
 
 
-def _mean_pairwise_cosine(unit_sum: np.ndarray, n: np.ndarray | int) -> np.ndarray | float:
+def _mean_pairwise_cosine(unit_sum: np.ndarray, n: np.ndarray | int) -> Any:
     """Mean cosine over ordered distinct pairs from the sum of n unit vectors (NaN when n < 2)."""
     n = np.asarray(n, dtype=np.float64)
     squared = np.einsum("...i,...i->...", unit_sum, unit_sum)
@@ -67,21 +68,26 @@ def sum_by_group(values: np.ndarray, groups: np.ndarray, weights: np.ndarray | N
     return labels, np.asarray(membership @ values), sizes
 
 
-def _ids(ids: np.ndarray, n_rows: int, name: str) -> np.ndarray:
-    ids = np.asarray(ids)
-    if ids.shape != (n_rows,):
-        raise ValueError(f"{name} must have one entry per row of X ({n_rows}), got shape {ids.shape}")
-    return ids
-
-
-def _word_index(word_ids: np.ndarray, n_words: int, n_rows: int) -> np.ndarray:
-    word_ids = _ids(word_ids, n_rows, "word_ids").astype(np.int64, copy=False)
+def _word_index(word_ids: np.ndarray, n_words: int) -> np.ndarray:
+    word_ids = word_ids.astype(np.int64, copy=False)
     if len(word_ids) and (word_ids.min() < 0 or word_ids.max() >= n_words):
         raise ValueError(
             f"word_ids must lie in [0, {n_words}) for an accumulator made with n_words={n_words}; "
             f"got values from {word_ids.min()} to {word_ids.max()}"
         )
     return word_ids
+
+
+def _no_ids(ids: dict[str, np.ndarray], n_rows: int, owner: str) -> None:
+    row_ids(ids, (), n_rows, owner)
+
+
+def _check_dim(state: np.ndarray, X: np.ndarray, owner: str) -> None:
+    if state.size and state.shape[-1] != X.shape[1]:
+        raise ValueError(
+            f"{owner} holds vectors of {state.shape[-1]} dimensions but got rows of {X.shape[1]}; "
+            "feed rows of one layer of one model only"
+        )
 
 
 def sample_indexes(pool: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -96,28 +102,32 @@ def sample_indexes(pool: np.ndarray, n: int, seed: int) -> np.ndarray:
 # anisotropy baseline: mean cosine between distinct rows
 
 
-class AverageCosineAccumulator(StateDictMixin):
+@register_accumulator
+class AverageCosineAccumulator(StatefulAccumulator):
     """Exact mean cosine over all ordered pairs of distinct non-zero rows seen."""
 
     _state_fields: ClassVar[tuple[str, ...]] = ("unit_sum", "n_points", "n_zero")
 
     def __init__(self) -> None:
-        self.unit_sum: np.ndarray | None = None
+        self.unit_sum = np.zeros(0)  # (dim,) once rows have been seen
         self.n_points = 0
         self.n_zero = 0
 
-    def add(self, X: np.ndarray, /) -> AverageCosineAccumulator:
+    def add(self, X: Any, /, **ids: np.ndarray) -> AverageCosineAccumulator:
         X = as_float64_rows(X)
+        _no_ids(ids, len(X), type(self).__name__)
+        _check_dim(self.unit_sum, X, type(self).__name__)
         weights, nonzero = inverse_norms(X)
         unit_sum = weights @ X
-        self.unit_sum = unit_sum if self.unit_sum is None else self.unit_sum + unit_sum
+        self.unit_sum = unit_sum if not self.unit_sum.size else self.unit_sum + unit_sum
         self.n_points += int(nonzero.sum())
         self.n_zero += int((~nonzero).sum())
         return self
 
     def merge(self, other: AverageCosineAccumulator) -> AverageCosineAccumulator:
-        if other.unit_sum is not None:
-            self.unit_sum = other.unit_sum.copy() if self.unit_sum is None else self.unit_sum + other.unit_sum
+        if other.unit_sum.size:
+            _check_dim(self.unit_sum, other.unit_sum[None, :], type(self).__name__)
+            self.unit_sum = other.unit_sum.copy() if not self.unit_sum.size else self.unit_sum + other.unit_sum
         self.n_points += other.n_points
         self.n_zero += other.n_zero
         return self
@@ -131,12 +141,12 @@ class AverageCosineAccumulator(StateDictMixin):
         return float(_mean_pairwise_cosine(self.unit_sum, self.n_points))
 
 
-def average_cosine(X: np.ndarray) -> float:
+def average_cosine(X: Any) -> float:
     """Exact mean cosine similarity over all ordered pairs of distinct non-zero rows of X."""
     return AverageCosineAccumulator().add(X).result()
 
 
-def sampled_average_cosine(X: np.ndarray, n: int = 1000, seed: int = 0) -> float:
+def sampled_average_cosine(X: Any, n: int = 1000, seed: int = 0) -> float:
     """`average_cosine` of `n` non-zero rows drawn uniformly without replacement (all if fewer).
 
     This is the estimate the paper reports (it sampled 1,000 occurrences); `average_cosine` is
@@ -147,15 +157,82 @@ def sampled_average_cosine(X: np.ndarray, n: int = 1000, seed: int = 0) -> float
     return average_cosine(X[sample_indexes(nonzero, n, seed)])
 
 
+@register_accumulator
+class MeanNormAccumulator(StatefulAccumulator):
+    """Mean Euclidean norm of the rows seen (zero rows included)."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("norm_sum", "n_rows")
+
+    def __init__(self) -> None:
+        self.norm_sum = 0.0
+        self.n_rows = 0
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> MeanNormAccumulator:
+        X = as_float64_rows(X)
+        _no_ids(ids, len(X), type(self).__name__)
+        self.norm_sum += float(row_norms(X).sum())
+        self.n_rows += len(X)
+        return self
+
+    def merge(self, other: MeanNormAccumulator) -> MeanNormAccumulator:
+        self.norm_sum += other.norm_sum
+        self.n_rows += other.n_rows
+        return self
+
+    def result(self) -> float:
+        return self.norm_sum / max(self.n_rows, 1)
+
+
+@register_accumulator
+class RowSampleAccumulator(StatefulAccumulator):
+    """Collects the rows whose global index is in `sample_rows` (a seeded sample drawn up front), so
+    statistics of a sample (the paper's 1,000-occurrence baselines) stream and merge like the others.
+
+    `add(X, rows=...)` takes each row's global index (its row number in the store)."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("sample_rows", "seen_rows", "seen")
+
+    def __init__(self, sample_rows: np.ndarray) -> None:
+        self.sample_rows = np.unique(np.asarray(sample_rows, dtype=np.int64))
+        self.seen_rows = np.zeros(0, dtype=np.int64)
+        self.seen = np.zeros((0, 0))
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> RowSampleAccumulator:
+        X = as_float64_rows(X)
+        (rows,) = row_ids(ids, ("rows",), len(X), type(self).__name__)
+        wanted = np.isin(rows, self.sample_rows)
+        if wanted.any():
+            self._append(rows[wanted].astype(np.int64), X[wanted])
+        return self
+
+    def _append(self, rows: np.ndarray, X: np.ndarray) -> None:
+        if np.isin(rows, self.seen_rows).any():
+            raise ValueError("a sampled row was added twice; shards must cover disjoint rows")
+        self.seen = X.copy() if not self.seen.size else np.concatenate([self.seen, X])
+        self.seen_rows = np.concatenate([self.seen_rows, rows])
+
+    def merge(self, other: RowSampleAccumulator) -> RowSampleAccumulator:
+        if not np.array_equal(other.sample_rows, self.sample_rows):
+            raise ValueError("cannot merge row samples drawn differently (another seed, size or selection)")
+        if other.seen_rows.size:
+            self._append(other.seen_rows, other.seen)
+        return self
+
+    def result(self) -> np.ndarray:
+        """The sampled rows seen, in global row order."""
+        return self.seen[np.argsort(self.seen_rows, kind="stable")]
+
+
 # ---------------------------------------------------------------------------------------------
 # self-similarity: mean cosine between a word's occurrences
 
 
-class SelfSimilarityAccumulator(StateDictMixin):
+@register_accumulator
+class SelfSimilarityAccumulator(StatefulAccumulator):
     """Per-word sums of unit vectors; `result()` is each word's self-similarity.
 
-    Words are integer ids in [0, n_words). A word with fewer than `min_count` non-zero
-    occurrences gets NaN.
+    `add(X, word_ids=...)`: words are integer ids in [0, n_words). A word with fewer than
+    `min_count` non-zero occurrences gets NaN.
     """
 
     _state_fields: ClassVar[tuple[str, ...]] = ("n_words", "min_count", "unit_sums", "counts", "n_zero")
@@ -165,15 +242,17 @@ class SelfSimilarityAccumulator(StateDictMixin):
             raise ValueError(f"self-similarity needs at least 2 occurrences per word; got min_count={min_count}")
         self.n_words = int(n_words)
         self.min_count = int(min_count)
-        self.unit_sums: np.ndarray | None = None
+        self.unit_sums = np.zeros((0, 0))  # (n_words, dim) once rows have been seen
         self.counts = np.zeros(self.n_words, dtype=np.int64)
         self.n_zero = 0
 
-    def add(self, X: np.ndarray, /, *, word_ids: np.ndarray) -> SelfSimilarityAccumulator:
+    def add(self, X: Any, /, **ids: np.ndarray) -> SelfSimilarityAccumulator:
         X = as_float64_rows(X)
-        word_ids = _word_index(word_ids, self.n_words, len(X))
+        (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
+        word_ids = _word_index(word_ids, self.n_words)
+        _check_dim(self.unit_sums, X, type(self).__name__)
         weights, nonzero = inverse_norms(X)
-        if self.unit_sums is None:
+        if not self.unit_sums.size:
             self.unit_sums = np.zeros((self.n_words, X.shape[1]))
         if not nonzero.all():
             X, word_ids, weights = X[nonzero], word_ids[nonzero], weights[nonzero]
@@ -186,20 +265,21 @@ class SelfSimilarityAccumulator(StateDictMixin):
     def merge(self, other: SelfSimilarityAccumulator) -> SelfSimilarityAccumulator:
         if other.n_words != self.n_words:
             raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
-        if other.unit_sums is not None:
-            self.unit_sums = other.unit_sums.copy() if self.unit_sums is None else self.unit_sums + other.unit_sums
+        if other.unit_sums.size:
+            _check_dim(self.unit_sums, other.unit_sums, type(self).__name__)
+            self.unit_sums = other.unit_sums.copy() if not self.unit_sums.size else self.unit_sums + other.unit_sums
         self.counts = self.counts + other.counts
         self.n_zero += other.n_zero
         return self
 
     def result(self) -> np.ndarray:
-        if self.unit_sums is None:
+        if not self.unit_sums.size:
             return np.full(self.n_words, np.nan)
         values = _mean_pairwise_cosine(self.unit_sums, self.counts)
         return np.where(self.counts >= self.min_count, values, np.nan)
 
 
-def self_similarity(X: np.ndarray, word_ids: np.ndarray, *, min_count: int = 2) -> pd.Series:
+def self_similarity(X: Any, word_ids: np.ndarray, *, min_count: int = 2) -> pd.Series:
     """Each word's mean cosine between its occurrences (ordered pairs j != k), exact.
 
     `word_ids` labels each row (any hashable labels). Returns a Series indexed by word, for the
@@ -209,6 +289,44 @@ def self_similarity(X: np.ndarray, word_ids: np.ndarray, *, min_count: int = 2) 
     values = SelfSimilarityAccumulator(len(labels), min_count=min_count).add(X, word_ids=inverse).result()
     kept = ~np.isnan(values)
     return pd.Series(values[kept], index=pd.Index(labels[kept], name="word"), name="self_similarity")
+
+
+@register_accumulator
+class WordMeanAccumulator(StatefulAccumulator):
+    """Per-word mean vector of the rows seen (zero rows included); `add(X, word_ids=...)`."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("n_words", "sums", "counts")
+
+    def __init__(self, n_words: int) -> None:
+        self.n_words = int(n_words)
+        self.sums = np.zeros((0, 0))  # (n_words, dim) once rows have been seen
+        self.counts = np.zeros(self.n_words, dtype=np.int64)
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> WordMeanAccumulator:
+        X = as_float64_rows(X)
+        (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
+        word_ids = _word_index(word_ids, self.n_words)
+        _check_dim(self.sums, X, type(self).__name__)
+        if not self.sums.size:
+            self.sums = np.zeros((self.n_words, X.shape[1]))
+        labels, sums, sizes = sum_by_group(X, word_ids)
+        self.sums[labels] += sums
+        self.counts[labels] += sizes
+        return self
+
+    def merge(self, other: WordMeanAccumulator) -> WordMeanAccumulator:
+        if other.n_words != self.n_words:
+            raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
+        if other.sums.size:
+            _check_dim(self.sums, other.sums, type(self).__name__)
+            self.sums = other.sums.copy() if not self.sums.size else self.sums + other.sums
+        self.counts = self.counts + other.counts
+        return self
+
+    def result(self) -> np.ndarray:
+        """(n_words, dim) means; a word without rows gets zeros."""
+        means: np.ndarray = self.sums / np.maximum(self.counts, 1)[:, None]
+        return means
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,14 +342,15 @@ def _reject_completed(ids: np.ndarray, done_ids: np.ndarray, where: str) -> None
         )
 
 
-class IntraSentenceAccumulator(StateDictMixin):
+@register_accumulator
+class IntraSentenceAccumulator(StatefulAccumulator):
     """Per-sentence IntraSim, streaming, with state for the sentences at chunk edges only.
 
     IntraSim(s) = (1/n) sum_i cos(mean_s, x_i) = (sum_i x_i) . (sum_i u_i) / (n ||sum_i x_i||),
-    so a sentence needs its raw sum and unit sum. The rows of a sentence must be contiguous
-    (a store keeps sentences in order). A sentence strictly inside a chunk is complete and is
-    reduced to its value at once; the first and last sentence of a chunk may continue in a
-    neighbouring chunk or shard, so their sums wait in `pending_*` until `result()`.
+    so a sentence needs its raw sum and unit sum. `add(X, sentence_ids=...)`: the rows of a
+    sentence must be contiguous (a store keeps sentences in order). A sentence strictly inside a
+    chunk is complete and is reduced to its value at once; the first and last sentence of a chunk
+    may continue in a neighbouring chunk or shard, so their sums wait in `pending_*` until `result()`.
     """
 
     _state_fields: ClassVar[tuple[str, ...]] = (
@@ -242,8 +361,8 @@ class IntraSentenceAccumulator(StateDictMixin):
         self.done_ids = np.zeros(0, dtype=np.int64)
         self.done_values = np.zeros(0)
         self.pending_ids = np.zeros(0, dtype=np.int64)
-        self.pending_raw: np.ndarray | None = None
-        self.pending_unit: np.ndarray | None = None
+        self.pending_raw = np.zeros((0, 0))
+        self.pending_unit = np.zeros((0, 0))
         self.pending_counts = np.zeros(0, dtype=np.int64)
         self.n_zero = 0
 
@@ -252,10 +371,11 @@ class IntraSentenceAccumulator(StateDictMixin):
         raw_norms = np.linalg.norm(raw, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             # a sentence whose vectors sum to zero has no mean direction: NaN, left out of layer means
-            return np.einsum("ij,ij->i", raw, unit) / (counts * raw_norms)
+            values: np.ndarray = np.einsum("ij,ij->i", raw, unit) / (counts * raw_norms)
+        return values
 
     def _merge_pending(self, ids: np.ndarray, raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> None:
-        if self.pending_raw is None:
+        if not self.pending_ids.size:
             self.pending_raw = np.zeros((0, raw.shape[1]))
             self.pending_unit = np.zeros((0, raw.shape[1]))
         all_ids = np.concatenate([self.pending_ids, ids])
@@ -264,9 +384,10 @@ class IntraSentenceAccumulator(StateDictMixin):
         _, summed_counts, _ = sum_by_group(np.concatenate([self.pending_counts, counts])[:, None], all_ids)
         self.pending_counts = summed_counts[:, 0].astype(np.int64)
 
-    def add(self, X: np.ndarray, /, *, sentence_ids: np.ndarray) -> IntraSentenceAccumulator:
+    def add(self, X: Any, /, **ids: np.ndarray) -> IntraSentenceAccumulator:
         X = as_float64_rows(X)
-        sentence_ids = _ids(sentence_ids, len(X), "sentence_ids").astype(np.int64, copy=False)
+        (sentence_ids,) = row_ids(ids, ("sentence_ids",), len(X), type(self).__name__)
+        sentence_ids = sentence_ids.astype(np.int64, copy=False)
         if len(X) == 0:
             return self
         runs = 1 + int(np.count_nonzero(sentence_ids[1:] != sentence_ids[:-1]))
@@ -277,20 +398,20 @@ class IntraSentenceAccumulator(StateDictMixin):
         self.n_zero += int((~nonzero).sum())
         if not nonzero.all():
             X, weights = X[nonzero], weights[nonzero]
-        ids, raw, counts = sum_by_group(X, sentence_ids[nonzero])
+        ids_kept, raw, counts = sum_by_group(X, sentence_ids[nonzero])
         _, unit, _ = sum_by_group(X, sentence_ids[nonzero], weights)
-        at_edge = np.isin(ids, [sentence_ids[0], sentence_ids[-1]])
+        at_edge = np.isin(ids_kept, [sentence_ids[0], sentence_ids[-1]])
         inside = ~at_edge
-        continued = np.isin(ids[inside], self.pending_ids)
+        continued = np.isin(ids_kept[inside], self.pending_ids)
         if continued.any():
             raise ValueError(
-                f"sentence {int(ids[inside][continued][0])} continues inside a later chunk; the rows of a "
+                f"sentence {int(ids_kept[inside][continued][0])} continues inside a later chunk; the rows of a "
                 "sentence must be contiguous (keep rows in sentence order)"
             )
-        self.done_ids = np.concatenate([self.done_ids, ids[inside]])
+        self.done_ids = np.concatenate([self.done_ids, ids_kept[inside]])
         self.done_values = np.concatenate([self.done_values, self._values(raw[inside], unit[inside], counts[inside])])
         if at_edge.any():
-            self._merge_pending(ids[at_edge], raw[at_edge], unit[at_edge], counts[at_edge])
+            self._merge_pending(ids_kept[at_edge], raw[at_edge], unit[at_edge], counts[at_edge])
         return self
 
     def merge(self, other: IntraSentenceAccumulator) -> IntraSentenceAccumulator:
@@ -298,7 +419,7 @@ class IntraSentenceAccumulator(StateDictMixin):
         _reject_completed(self.pending_ids, other.done_ids, "in a merged shard")
         self.done_ids = np.concatenate([self.done_ids, other.done_ids])
         self.done_values = np.concatenate([self.done_values, other.done_values])
-        if other.pending_raw is not None and len(other.pending_ids):
+        if other.pending_ids.size:
             self._merge_pending(other.pending_ids, other.pending_raw, other.pending_unit, other.pending_counts)
         self.n_zero += other.n_zero
         return self
@@ -306,14 +427,14 @@ class IntraSentenceAccumulator(StateDictMixin):
     def result(self) -> pd.Series:
         """IntraSim per sentence (indexed by sentence id); NaN where a sentence's vectors sum to zero."""
         ids, values = self.done_ids, self.done_values
-        if self.pending_raw is not None and len(self.pending_ids):
+        if self.pending_ids.size:
             ids = np.concatenate([ids, self.pending_ids])
             values = np.concatenate([values, self._values(self.pending_raw, self.pending_unit, self.pending_counts)])
         order = np.argsort(ids, kind="stable")
         return pd.Series(values[order], index=pd.Index(ids[order], name="sentence_id"), name="intra_sentence_similarity")
 
 
-def intra_sentence_similarity(X: np.ndarray, sentence_ids: np.ndarray) -> pd.Series:
+def intra_sentence_similarity(X: Any, sentence_ids: np.ndarray) -> pd.Series:
     """Each sentence's mean cosine between its words and the sentence's mean vector.
 
     Rows of a sentence must be contiguous. Returns a Series indexed by sentence id.
@@ -386,6 +507,8 @@ def _spectrum(n: int, row_sum: np.ndarray, *, rows: np.ndarray | None = None, se
         projections = centred @ direction
         centred_along = float(projections @ projections)
     else:
+        if second_moment is None:
+            raise ValueError("_spectrum needs the rows or their second moment")
         top, direction = _top_eigenpair(second_moment)
         scatter = second_moment - np.outer(row_sum, row_sum) / n
         centred_top, _ = _top_eigenpair(scatter)
@@ -406,7 +529,7 @@ def _spectrum(n: int, row_sum: np.ndarray, *, rows: np.ndarray | None = None, se
     )
 
 
-def occurrence_spectrum(X: np.ndarray) -> OccurrenceSpectrum:
+def occurrence_spectrum(X: Any) -> OccurrenceSpectrum:
     """The spectrum of one occurrence matrix (zero rows left out); see `OccurrenceSpectrum`."""
     X = as_float64_rows(X)
     X = X[row_norms(X) > 0]
@@ -418,19 +541,24 @@ def occurrence_spectrum(X: np.ndarray) -> OccurrenceSpectrum:
         return _spectrum(len(X), X.sum(axis=0), second_moment=X.T @ X)
 
 
-def first_principal_direction(X: np.ndarray) -> np.ndarray:
+def first_principal_direction(X: Any) -> np.ndarray:
     """The static embedding of an occurrence matrix: unit v1 of the uncentred X, v1 . mean >= 0."""
     return occurrence_spectrum(X).direction
 
 
-class MEVAccumulator(StateDictMixin):
+@register_accumulator
+class MEVAccumulator(StatefulAccumulator):
     """Per-word occurrence matrices, kept as rows while a word has at most d of them, then as X^T X.
 
     So a word costs min(n, d) x d float64 of state, and `result()` needs one small symmetric
     eigenproblem per word (n x n or d x d, whichever is smaller), never a full SVD.
+    `add(X, word_ids=...)`: words are integer ids in [0, n_words).
     """
 
-    _state_fields: ClassVar[tuple[str, ...]] = ("n_words", "rows", "second_moments", "row_sums", "counts", "n_zero")
+    # the per-word dictionaries, flattened into arrays for `state_dict`
+    _state_fields: ClassVar[tuple[str, ...]] = (
+        "n_words", "counts", "n_zero", "row_words", "row_blocks", "moment_words", "moment_blocks", "sum_words", "sum_blocks",
+    )
 
     def __init__(self, n_words: int) -> None:
         self.n_words = int(n_words)
@@ -439,6 +567,43 @@ class MEVAccumulator(StateDictMixin):
         self.row_sums: dict[int, np.ndarray] = {}
         self.counts = np.zeros(self.n_words, dtype=np.int64)
         self.n_zero = 0
+
+    # -- state as arrays: which word each stored row / moment / sum belongs to, and the blocks
+    @property
+    def row_words(self) -> np.ndarray:
+        return np.array([word for word, blocks in self.rows.items() for block in blocks for _ in block], dtype=np.int64)
+
+    @property
+    def row_blocks(self) -> np.ndarray:
+        blocks = [block for word_blocks in self.rows.values() for block in word_blocks]
+        return np.concatenate(blocks) if blocks else np.zeros((0, 0))
+
+    @property
+    def moment_words(self) -> np.ndarray:
+        return np.array(list(self.second_moments), dtype=np.int64)
+
+    @property
+    def moment_blocks(self) -> np.ndarray:
+        return np.stack(list(self.second_moments.values())) if self.second_moments else np.zeros((0, 0, 0))
+
+    @property
+    def sum_words(self) -> np.ndarray:
+        return np.array(list(self.row_sums), dtype=np.int64)
+
+    @property
+    def sum_blocks(self) -> np.ndarray:
+        return np.stack(list(self.row_sums.values())) if self.row_sums else np.zeros((0, 0))
+
+    def load_state_dict(self, state: Any) -> None:
+        self.n_words = int(state["n_words"])
+        self.counts = np.array(state["counts"], dtype=np.int64)
+        self.n_zero = int(state["n_zero"])
+        row_words, row_blocks = np.asarray(state["row_words"], dtype=np.int64), np.asarray(state["row_blocks"], dtype=np.float64)
+        order = np.argsort(row_words, kind="stable")
+        words, starts = np.unique(row_words[order], return_index=True)
+        self.rows = {int(w): [block] for w, block in zip(words, np.split(row_blocks[order], starts[1:]))} if len(row_words) else {}
+        self.second_moments = {int(w): np.array(m) for w, m in zip(state["moment_words"], state["moment_blocks"])}
+        self.row_sums = {int(w): np.array(s) for w, s in zip(state["sum_words"], state["sum_blocks"])}
 
     def _add_word_rows(self, word: int, block: np.ndarray) -> None:
         self.counts[word] += len(block)
@@ -451,9 +616,10 @@ class MEVAccumulator(StateDictMixin):
             stacked = np.concatenate(self.rows.pop(word))
             self.second_moments[word] = stacked.T @ stacked
 
-    def add(self, X: np.ndarray, /, *, word_ids: np.ndarray) -> MEVAccumulator:
+    def add(self, X: Any, /, **ids: np.ndarray) -> MEVAccumulator:
         X = as_float64_rows(X)
-        word_ids = _word_index(word_ids, self.n_words, len(X))
+        (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
+        word_ids = _word_index(word_ids, self.n_words)
         nonzero = row_norms(X) > 0
         self.n_zero += int((~nonzero).sum())
         X, word_ids = X[nonzero], word_ids[nonzero]
@@ -467,16 +633,17 @@ class MEVAccumulator(StateDictMixin):
     def merge(self, other: MEVAccumulator) -> MEVAccumulator:
         if other.n_words != self.n_words:
             raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
-        for word, blocks in other.rows.items():
-            for block in blocks:
-                self._add_word_rows(word, block)
-        for word, moment in other.second_moments.items():
-            if word in self.rows:
-                stacked = np.concatenate(self.rows.pop(word))
-                self.second_moments[word] = stacked.T @ stacked
-            self.second_moments[word] = moment + self.second_moments.get(word, 0.0)
-            self.row_sums[word] = other.row_sums[word] + self.row_sums.get(word, 0.0)
-            self.counts[word] += other.counts[word]
+        with _one_blas_thread():
+            for word, blocks in other.rows.items():
+                for block in blocks:
+                    self._add_word_rows(word, block)
+            for word, moment in other.second_moments.items():
+                if word in self.rows:
+                    stacked = np.concatenate(self.rows.pop(word))
+                    self.second_moments[word] = stacked.T @ stacked
+                self.second_moments[word] = moment + self.second_moments.get(word, 0.0)
+                self.row_sums[word] = other.row_sums[word] + self.row_sums.get(word, 0.0)
+                self.counts[word] += other.counts[word]
         self.n_zero += other.n_zero
         return self
 
@@ -491,7 +658,7 @@ class MEVAccumulator(StateDictMixin):
         return dict(sorted(spectra.items()))
 
 
-def mev(X: np.ndarray, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd.Series:
+def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd.Series:
     """Each word's maximum explainable variance (see `OccurrenceSpectrum` for the three variants).
 
     `variant` is required: the three definitions give different numbers and are never mixed.

@@ -26,7 +26,7 @@ import numpy as np
 from scipy.special import logsumexp
 from sklearn.cluster import KMeans
 
-from lmgeom.metrics.base import StateDictMixin, as_float64_rows, unit_rows
+from lmgeom.metrics.base import StatefulAccumulator, as_float64_rows, register_accumulator, row_ids, unit_rows
 from lmgeom.metrics.contextuality import average_cosine, sample_indexes
 
 # Rows per block when centring or projecting points: extra memory stays at block x dim, never a
@@ -70,7 +70,8 @@ class Moments:
         return covariance if covariance.ndim == 1 else np.diag(covariance).copy()
 
 
-class MomentAccumulator(StateDictMixin):
+@register_accumulator
+class MomentAccumulator(StatefulAccumulator):
     """Count, mean and covariance of rows seen in any number of chunks, mergeable across shards.
 
     Chunks are combined with Chan et al.'s parallel update, which stays exact in float64 where the
@@ -84,11 +85,12 @@ class MomentAccumulator(StateDictMixin):
     def __init__(self, *, full_covariance: bool = True) -> None:
         self.full_covariance = full_covariance
         self.count = 0
-        self.mean: np.ndarray | None = None
-        self.scatter: np.ndarray | None = None
+        self.mean = np.zeros(0)  # (dim,) once rows have been seen
+        self.scatter = np.zeros(0)  # (dim, dim), or (dim,) without full_covariance
 
-    def add(self, X: Any, /, **ids: np.ndarray) -> "MomentAccumulator":
+    def add(self, X: Any, /, **ids: np.ndarray) -> MomentAccumulator:
         X = as_float64_rows(X)
+        row_ids(ids, (), len(X), type(self).__name__)
         for start in range(0, len(X), _BLOCK_ROWS):
             block = X[start : start + _BLOCK_ROWS]
             block_mean = block.mean(axis=0)
@@ -97,14 +99,17 @@ class MomentAccumulator(StateDictMixin):
             self._combine(len(block), block_mean, block_scatter)
         return self
 
-    def merge(self, other: "MomentAccumulator") -> "MomentAccumulator":
+    def merge(self, other: MomentAccumulator) -> MomentAccumulator:
         if other.full_covariance != self.full_covariance:
             raise ValueError("cannot merge a full-covariance MomentAccumulator with a diagonal-only one")
         if other.count == 0:
             return self
         return self._combine(other.count, other.mean, other.scatter)
 
-    def _combine(self, n_new: int, mean_new: np.ndarray, scatter_new: np.ndarray) -> "MomentAccumulator":
+    def copy(self) -> MomentAccumulator:
+        return MomentAccumulator.from_state_dict(self.state_dict())
+
+    def _combine(self, n_new: int, mean_new: np.ndarray, scatter_new: np.ndarray) -> MomentAccumulator:
         if self.count == 0:
             self.count, self.mean, self.scatter = n_new, mean_new.copy(), scatter_new.copy()
             return self
@@ -253,19 +258,66 @@ def top_pc_variance_share(X: Any, k: int = 1) -> float:
 # --------------------------------------------------------------------------------------------
 
 
+@register_accumulator
+class PartitionFunctionAccumulator(StatefulAccumulator):
+    """Second stage of I(W) (Mu & Viswanath 2018): log Z(c) = log sum_w exp(c . (w - shift)) for each
+    given direction c (and -c with `both_signs`), streamed over rows in log space and merged with
+    `logaddexp`; `result()` is log I(W) = min_c log Z(c) - max_c log Z(c).
+
+    The first stage is the directions themselves, the eigenvectors of W^T W: get them from a
+    (merged) `MomentAccumulator` with `partition_directions`, then stream the rows again."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("directions", "shift", "both_signs", "log_z_plus", "log_z_minus")
+
+    def __init__(self, directions: np.ndarray, *, shift: np.ndarray | None = None, both_signs: bool = True) -> None:
+        self.directions = np.asarray(directions, dtype=np.float64)
+        if self.directions.ndim != 2:
+            raise ValueError(f"directions must be a (dim, n_directions) matrix, got shape {self.directions.shape}")
+        self.shift = np.zeros(0) if shift is None else np.asarray(shift, dtype=np.float64)
+        self.both_signs = both_signs
+        self.log_z_plus = np.full(self.directions.shape[1], -np.inf)
+        self.log_z_minus = np.full(self.directions.shape[1], -np.inf)
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> PartitionFunctionAccumulator:
+        W = as_float64_rows(X)
+        row_ids(ids, (), len(W), type(self).__name__)
+        if W.shape[1] != self.directions.shape[0]:
+            raise ValueError(f"rows have {W.shape[1]} dimensions but the directions have {self.directions.shape[0]}")
+        for start in range(0, len(W), _BLOCK_ROWS):
+            block = W[start : start + _BLOCK_ROWS]
+            projections = (block - self.shift if self.shift.size else block) @ self.directions
+            self.log_z_plus = np.logaddexp(self.log_z_plus, logsumexp(projections, axis=0))
+            if self.both_signs:
+                self.log_z_minus = np.logaddexp(self.log_z_minus, logsumexp(-projections, axis=0))
+        return self
+
+    def merge(self, other: PartitionFunctionAccumulator) -> PartitionFunctionAccumulator:
+        if not (np.array_equal(other.directions, self.directions) and np.array_equal(other.shift, self.shift)
+                and other.both_signs == self.both_signs):
+            raise ValueError("cannot merge partition functions over different directions, shifts or sign sets")
+        self.log_z_plus = np.logaddexp(self.log_z_plus, other.log_z_plus)
+        self.log_z_minus = np.logaddexp(self.log_z_minus, other.log_z_minus)
+        return self
+
+    def result(self) -> float:
+        if not np.isfinite(self.log_z_plus).all():
+            raise ValueError("I(W) needs at least one row; call add() with data first")
+        log_z = np.concatenate([self.log_z_plus, self.log_z_minus]) if self.both_signs else self.log_z_plus
+        return float(log_z.min() - log_z.max())
+
+
+def partition_directions(moments: Moments, *, centered: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(directions, shift) for `PartitionFunctionAccumulator` from the moments of all rows: the
+    eigenvectors of W^T W, with W the rows (raw) or the rows minus their mean (centred)."""
+    if moments.scatter.ndim != 2:
+        raise ValueError("I(W) needs a full-covariance MomentAccumulator")
+    if centered:
+        return symmetric_eigh(moments.scatter)[1], moments.mean
+    return symmetric_eigh(moments.scatter + moments.count * np.outer(moments.mean, moments.mean))[1], None
+
+
 def _log_partition_range(W: np.ndarray, directions: np.ndarray, *, both_signs: bool, shift: np.ndarray | None = None) -> float:
-    """min_c log Z(c) - max_c log Z(c), Z(c) = sum_w exp(c.w), streamed over row blocks in log space;
-    the rows are W - shift when a shift (the mean, for centred I(W)) is given."""
-    log_z_plus = np.full(directions.shape[1], -np.inf)
-    log_z_minus = np.full(directions.shape[1], -np.inf)
-    for start in range(0, len(W), _BLOCK_ROWS):
-        block = W[start : start + _BLOCK_ROWS]
-        projections = (block if shift is None else block - shift) @ directions
-        log_z_plus = np.logaddexp(log_z_plus, logsumexp(projections, axis=0))
-        if both_signs:
-            log_z_minus = np.logaddexp(log_z_minus, logsumexp(-projections, axis=0))
-    log_z = np.concatenate([log_z_plus, log_z_minus]) if both_signs else log_z_plus
-    return float(log_z.min() - log_z.max())
+    return PartitionFunctionAccumulator(directions, shift=shift, both_signs=both_signs).add(W).result()
 
 
 def log_partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool = True) -> float:
@@ -273,7 +325,8 @@ def log_partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool =
     (Mu & Viswanath 2018); W = X, or X minus its mean when `centered`.
 
     Always <= 0 and finite, also for vectors of norm in the thousands where I(W) itself underflows
-    to 0.0: report this number, not `partition_isotropy`."""
+    to 0.0: report this number, not `partition_isotropy`. To stream rows that do not fit in memory,
+    use `MomentAccumulator`, `partition_directions` and `PartitionFunctionAccumulator`."""
     W = as_float64_rows(X)
     _require_rows(W, 2 if centered else 1, "I(W)")
     if not centered:
@@ -294,16 +347,56 @@ def partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool = Tru
 # --------------------------------------------------------------------------------------------
 
 
+@register_accumulator
+class CosineContributionAccumulator(StatefulAccumulator):
+    """Per-dimension contributions to the average cosine (Timkey & van Schijndel 2021), streamed:
+    the column sums of the unit rows and of their squares suffice.
+
+    The derived numbers of `rogue_dimensions` (the average cosine without the top dimensions, or
+    after z-scoring every dimension) change the rows themselves, so they take a second pass: an
+    `AverageCosineAccumulator` over the transformed rows."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("unit_sum", "unit_square_sum", "n_points")
+
+    def __init__(self) -> None:
+        self.unit_sum = np.zeros(0)
+        self.unit_square_sum = np.zeros(0)
+        self.n_points = 0
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> CosineContributionAccumulator:
+        units, nonzero = unit_rows(as_float64_rows(X))
+        row_ids(ids, (), len(units), type(self).__name__)
+        units = units[nonzero]
+        if not self.unit_sum.size:
+            self.unit_sum, self.unit_square_sum = np.zeros(units.shape[1]), np.zeros(units.shape[1])
+        elif units.shape[1] != self.unit_sum.shape[0]:
+            raise ValueError(f"rows have {units.shape[1]} dimensions but this accumulator holds {self.unit_sum.shape[0]}")
+        self.unit_sum = self.unit_sum + units.sum(axis=0)
+        self.unit_square_sum = self.unit_square_sum + np.einsum("ij,ij->j", units, units)
+        self.n_points += len(units)
+        return self
+
+    def merge(self, other: CosineContributionAccumulator) -> CosineContributionAccumulator:
+        if other.n_points:
+            if not self.unit_sum.size:
+                self.unit_sum, self.unit_square_sum = np.zeros_like(other.unit_sum), np.zeros_like(other.unit_sum)
+            self.unit_sum = self.unit_sum + other.unit_sum
+            self.unit_square_sum = self.unit_square_sum + other.unit_square_sum
+            self.n_points += other.n_points
+        return self
+
+    def result(self) -> np.ndarray:
+        n = self.n_points
+        if n < 2:
+            raise ValueError(f"a cosine between distinct points needs at least 2 non-zero rows, got {n}")
+        contributions: np.ndarray = (self.unit_sum**2 - self.unit_square_sum) / (n * (n - 1))
+        return contributions
+
+
 def cosine_contributions(X: Any) -> np.ndarray:
     """Per-dimension contribution to the average cosine (Timkey & van Schijndel 2021):
     CC_i = mean over distinct ordered pairs of u_i v_i / (||u|| ||v||); the CC_i sum to the average cosine."""
-    units, nonzero = unit_rows(as_float64_rows(X))
-    units = units[nonzero]
-    n = len(units)
-    if n < 2:
-        raise ValueError(f"a cosine between distinct points needs at least 2 non-zero rows, got {n}")
-    column_sums = units.sum(axis=0)
-    return (column_sums**2 - np.einsum("ij,ij->j", units, units)) / (n * (n - 1))
+    return CosineContributionAccumulator().add(X).result()
 
 
 def _standardize_columns(X: np.ndarray) -> np.ndarray:
@@ -349,6 +442,9 @@ def rogue_dimensions(X: Any, *, top_k: int = 3) -> RogueDimensions:
 @dataclass(frozen=True)
 class LocalIsotropy:
     """Isotropy inside k-means clusters (Cai et al. 2021).
+
+    It has no streaming accumulator: the clusters come from k-means, which needs every point at
+    once (fit on a sample of rows, as `local_isotropy` does).
 
     `per_cluster` holds one record per cluster; `weighted_mean` averages each measure over the
     clusters where it is defined (at least 2 points, 3 for I(W)), weighted by cluster size."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 STORE_SCHEMA_VERSION = 1
+LAYER_NOTE = "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l"
 META = "meta.json"
 PROGRESS = "progress.json"
 PARTS = "parts"
@@ -35,6 +36,11 @@ def layer_path(root: Path, layer: int) -> Path:
 
 def part_path(root: Path, kind: str, chunk: int) -> Path:
     return root / PARTS / f"{kind}-{chunk:06d}.parquet"
+
+
+def is_store(path: str | Path) -> bool:
+    """Whether `path` is a store directory (complete or not): it holds the store's meta.json."""
+    return (Path(path) / META).is_file()
 
 
 def read_json(path: Path) -> dict[str, Any]:

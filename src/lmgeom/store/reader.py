@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,7 +25,7 @@ class RepresentationStore:
         self.meta = meta
 
     @classmethod
-    def open(cls, path: str | Path) -> "RepresentationStore":
+    def open(cls, path: str | os.PathLike[str]) -> "RepresentationStore":
         path = Path(path)
         meta_path = path / layout.META
         if not meta_path.exists():

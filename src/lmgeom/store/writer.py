@@ -15,11 +15,11 @@ import zarr
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.corpus.segment import is_punctuation
-from lmgeom.results import atomic_write, atomic_write_text
+from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.store import layout
 
 if TYPE_CHECKING:
-    from lmgeom.encoders.hf import EncodedSentence
+    from lmgeom.encoders.base import EncodedSentence
 
 
 class StoreExistsError(ValueError):
@@ -165,7 +165,7 @@ class StoreWriter:
         meta = {
             "schema_version": layout.STORE_SCHEMA_VERSION,
             "lmgeom_version": __version__,
-            "layer_note": "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l",
+            "layer_note": layout.LAYER_NOTE,
             **self.settings,
             "settings": self.settings,
             "created": self.created,

@@ -1,4 +1,8 @@
-"""Writing results: every JSON carries schema_version, lmgeom version, model id and corpus fingerprint."""
+"""The one writer of result files: JSON documents with provenance, and tidy CSV records, atomically.
+
+Every JSON carries `kind`, `schema_version`, the lmgeom version, the model id, the corpus fingerprint
+and the layer-0 note.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from lmgeom._version import __version__
+from lmgeom.atomic import atomic_write_text
+from lmgeom.store.layout import LAYER_NOTE
 
 SCHEMA_VERSION = 1
-LAYER_NOTE = "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l"
 
 
 def _jsonable(value: Any) -> Any:
@@ -41,26 +46,15 @@ def provenance(store_meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
-    """`write(tmp)` a temporary file beside `path`, then rename it: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def write_json(path: str | os.PathLike, kind: str, payload: Mapping[str, Any], *, store_meta: Mapping[str, Any] | None = None) -> Path:
+def write_json(path: str | os.PathLike[str], kind: str, payload: Mapping[str, Any], *,
+               store_meta: Mapping[str, Any] | None = None) -> Path:
     document = {"kind": kind, **provenance(store_meta), **payload}
     return atomic_write_text(path, json.dumps(_jsonable(document), indent=2) + "\n")
 
 
-def write_records_csv(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> Path:
-    path = Path(path)
-    frame = pd.DataFrame(list(records))
-    return atomic_write_text(path, frame.to_csv(index=False))
+def write_records_csv(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> Path:
+    return atomic_write_text(path, pd.DataFrame(list(records)).to_csv(index=False))
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    return atomic_write_text(path, text)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,9 +23,11 @@ import pandas as pd
 from gensim.models import KeyedVectors
 
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
-from lmgeom.metrics.analyze import DEFAULT_CHUNK_ROWS, DEFAULT_MEV_MEMORY_MB, layer_chunks, plan_word_groups, select_rows, word_spectra
-from lmgeom.metrics.contextuality import sum_by_group
-from lmgeom.results import write_json, write_records_csv
+from lmgeom.metrics.contextuality import WordMeanAccumulator
+from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, plan_analysis, word_spectra
+from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.runs.results import write_json, write_records_csv
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore
 
 STATIC_KINDS = ("first_pc", "mean", "layer0_mean")
@@ -49,7 +52,7 @@ class StaticEmbeddings:
             vectors.set_vecattr(word, "count", int(count))
         return vectors
 
-    def save(self, directory: str | os.PathLike, *, text_path: str | os.PathLike | None = None) -> dict[str, Path]:
+    def save(self, directory: str | os.PathLike[str], *, text_path: str | os.PathLike[str] | None = None) -> dict[str, Path]:
         """`<layer>.kv` (gensim) and word2vec text (default `<layer>.txt`) of the first-PC vectors."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -62,40 +65,35 @@ class StaticEmbeddings:
         return {"kv": kv_path, "word2vec_text": text_path}
 
 
-def _layer_word_means(store: RepresentationStore, layer: int, word_index: np.ndarray, n_words: int, *, chunk_rows: int) -> np.ndarray:
-    sums = np.zeros((n_words, store.dim))
-    counts = np.zeros(n_words, dtype=np.int64)
-    for start, X in layer_chunks(store, layer, chunk_rows=chunk_rows):
-        words = word_index[start : start + len(X)]
-        known = words >= 0
-        labels, block_sums, sizes = sum_by_group(X[known], words[known])
-        sums[labels] += block_sums
-        counts[labels] += sizes
-    return sums / np.maximum(counts, 1)[:, None]
-
-
 def static_embeddings(
-    store: RepresentationStore | str | os.PathLike,
+    store: RepresentationStore | str | os.PathLike[str],
     *,
     layer: int,
     min_contexts: int = 1,
-    exclude_punct: bool = True,
+    include_special: bool = False,
+    include_punct: bool = False,
+    exclude_first_word: bool = False,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
 ) -> StaticEmbeddings:
-    """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences."""
+    """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences
+    (rows chosen by the row selection of `lmgeom.runs.selection`)."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
-    selection = select_rows(store, min_contexts=min_contexts, exclude_punct=exclude_punct)
-    words = selection.words
-    groups = plan_word_groups(words["count"].to_numpy(), store.dim, memory_mb=mev_memory_mb)
-    spectra = word_spectra(store, layer, selection.word_index, groups, chunk_rows=chunk_rows)
+    plan = plan_analysis(store, min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
+                         exclude_first_word=exclude_first_word, layers=[layer], mev_memory_mb=mev_memory_mb)
+    words = plan.words.words
+    spectra = word_spectra(store, layer, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
     present = np.array(sorted(spectra))  # words whose occurrences are all zero vectors have no direction
     first_pc = np.stack([spectra[w].direction for w in present])
     mean = np.stack([spectra[w].mean for w in present])
-    layer0_mean = mean if layer == 0 else _layer_word_means(
-        store, 0, selection.word_index, len(words), chunk_rows=chunk_rows)[present]
+    if layer == 0:
+        layer0_mean = mean
+    else:
+        means = WordMeanAccumulator(len(words))
+        tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows)
+        layer0_mean = means.result()[present]
     counts = words["count"].to_numpy()[present]
     order = np.argsort(-counts, kind="stable")
     return StaticEmbeddings(
@@ -117,12 +115,16 @@ def restrict_to_words(vectors: KeyedVectors, words: Sequence[str]) -> KeyedVecto
     return restricted
 
 
+def _restricted_vectors(path: str | os.PathLike[str], words: Sequence[str]) -> KeyedVectors:
+    return restrict_to_words(load_static_vectors(path), words)
+
+
 def benchmark_static_embeddings(
     embeddings: StaticEmbeddings,
     *,
-    benchmarks: Mapping[str, str | os.PathLike] | None = None,
-    static_vectors: Sequence[str | os.PathLike] = (),
-    on_vectors: Callable[[str], None] | None = None,
+    benchmarks: Mapping[str, str | os.PathLike[str]] | None = None,
+    static_vectors: Sequence[str | os.PathLike[str]] = (),
+    progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary.
 
@@ -131,22 +133,23 @@ def benchmark_static_embeddings(
     """
     benchmarks = dict(GENSIM_BENCHMARKS if benchmarks is None else benchmarks)
     candidates: dict[str, Callable[[], KeyedVectors]] = {
-        f"{kind} (layer {embeddings.layer if kind != 'layer0_mean' else 0})": (lambda kind=kind: embeddings.keyed_vectors(kind))
+        f"{kind} (layer {embeddings.layer if kind != 'layer0_mean' else 0})": partial(embeddings.keyed_vectors, kind)
         for kind in STATIC_KINDS
     }
     for path in static_vectors:
-        candidates[f"static: {Path(path).name}"] = lambda path=path: restrict_to_words(load_static_vectors(path), embeddings.words)
+        candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words)
+    progress = progress or NoProgress()
+    progress.start("score vectors", len(candidates), unit="vector sets")
     records = []
     for label, load in candidates.items():
         vectors = load()
         for record in evaluate_benchmarks(vectors, benchmarks):
             records.append({"vectors": label, "layer": embeddings.layer, "n_vectors": len(vectors), **record})
-        if on_vectors is not None:
-            on_vectors(label)
+        progress.advance("score vectors", note=label)
     return pd.DataFrame(records)
 
 
-def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike) -> dict[str, Path]:
+def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike[str]) -> dict[str, Path]:
     """`<layer>.benchmarks.json` and `.csv` in `directory`."""
     directory = Path(directory)
     payload = {
@@ -161,3 +164,42 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directo
                            store_meta=embeddings.store_meta),
         "csv": write_records_csv(directory / f"{embeddings.layer}.benchmarks.csv", scores.to_dict("records")),
     }
+
+
+@dataclass
+class StaticEmbeddingRun:
+    embeddings: StaticEmbeddings
+    scores: pd.DataFrame
+    paths: dict[str, Path]
+
+
+def export_static_embeddings(
+    store: RepresentationStore | str | os.PathLike[str],
+    *,
+    layer: int,
+    text_path: str | os.PathLike[str] | None = None,
+    benchmarks: Sequence[str | os.PathLike[str]] = (),
+    static_vectors: Sequence[str | os.PathLike[str]] = (),
+    min_contexts: int = 1,
+    include_punct: bool = False,
+    progress: Progress | None = None,
+) -> StaticEmbeddingRun:
+    """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
+    or `text_path`), and score them on gensim's benchmarks plus `benchmarks` next to `static_vectors`;
+    the scores go to STORE/static/<layer>.benchmarks.json and .csv."""
+    if not isinstance(store, RepresentationStore):
+        store = RepresentationStore.open(store)
+    for path in [*benchmarks, *static_vectors]:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path} does not exist")
+    progress = progress or NoProgress()
+    progress.start(f"distil layer {layer}", 1, unit="layers")
+    embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, include_punct=include_punct)
+    progress.advance(f"distil layer {layer}")
+    directory = store.path / "static"
+    saved = embeddings.save(directory, text_path=text_path)
+    scores = benchmark_static_embeddings(
+        embeddings, benchmarks={**GENSIM_BENCHMARKS, **{Path(path).stem: path for path in benchmarks}},
+        static_vectors=static_vectors, progress=progress,
+    )
+    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory)})

@@ -1,0 +1,649 @@
+"""Contextuality of a representation store (Ethayarajh 2019): baselines, SelfSim, IntraSim, MEV.
+
+One streaming pass per layer feeds every accumulator (`lmgeom.runs.tally`); words whose occurrence
+matrices do not fit in `mev_memory_mb` at once get further passes over the same layer, a group of
+words at a time. Memory is per-word state only: a d-vector per analysed word, and min(n, d) x d for MEV.
+Rows are chosen by the one row selection of `lmgeom.runs.selection`; self-similarity and MEV use
+every selected occurrence of each word with at least `min_contexts` distinct sentences, and the
+baselines use the same rows.
+
+Shards: `analyze_shard` runs the same accumulators over a range of rows and returns their state,
+which can be saved (`.npz`, no pickle), loaded in another process, merged, and finished with
+`finish_analysis`; the result equals one `analyze_store` pass (closed-form statistics to float64
+rounding).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from gensim.parsing.preprocessing import STOPWORDS
+from scipy.stats import spearmanr
+
+from lmgeom.metrics.base import load_states, save_states
+from lmgeom.metrics.contextuality import (
+    MEV_VARIANTS,
+    AverageCosineAccumulator,
+    IntraSentenceAccumulator,
+    MeanNormAccumulator,
+    MEVAccumulator,
+    OccurrenceSpectrum,
+    RowSampleAccumulator,
+    SelfSimilarityAccumulator,
+    average_cosine,
+    occurrence_spectrum,
+    row_norms,
+    sample_indexes,
+)
+from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
+from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, tally
+from lmgeom.store import RepresentationStore
+
+ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
+STATIC_VARIANCE_THRESHOLD = 0.05  # the paper: a static embedding explains < 5% of the variance
+N_LEAST_SELF_SIMILAR = 10
+DEFAULT_MEV_MEMORY_MB = 512
+
+DEFINITIONS = {
+    "anisotropy_exact": "mean cosine over all ordered pairs of distinct analysed occurrences (closed form, exact)",
+    "anisotropy_sampled": "the same mean over the pairs of n uniformly sampled occurrences (the paper's estimate; seeded)",
+    "self_similarity": "mean over words of the mean cosine between a word's occurrences; baseline = anisotropy_exact",
+    "intra_sentence_similarity": "mean over sentences of the mean cosine between each word and the sentence's mean vector; "
+                                 "baseline = anisotropy_exact",
+    "mev_uncentred": "mean over words of sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's formula); "
+                     "baseline = the same on the sampled occurrences",
+    "mev_centred": "mean over words of the first principal component's share of variance after removing the word's mean "
+                   "(PCA; a later version of the original code); baseline = the same on the sampled occurrences",
+    "mev_svd_ratio": "mean over words of var(X v1) / total centred variance, v1 = first uncentred singular vector "
+                     "(TruncatedSVD explained_variance_ratio_[0], as for the paper's released figures); baseline = the same on the sampled occurrences",
+    "adjusted": "raw minus baseline, per layer",
+}
+
+
+def layer_name(layer: int) -> str:
+    return "embedding output" if layer == 0 else f"block {layer}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan every pass and every shard shares
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """What a whole analysis (or each of its shards) agrees on: settings, rows, words, the seeded
+    sample of occurrences and the word groups of the MEV passes."""
+
+    settings: dict[str, Any]
+    layers: list[int]
+    selection: RowSelection
+    words: WordSelection
+    sampled_rows: np.ndarray
+    groups: np.ndarray  # MEV word group of each analysed word
+    store_identity: dict[str, Any]
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.groups.max(initial=-1)) + 1
+
+
+def plan_analysis(
+    store: RepresentationStore,
+    *,
+    min_contexts: int = 5,
+    include_special: bool = False,
+    include_punct: bool = False,
+    exclude_first_word: bool = False,
+    seed: int = 0,
+    n_samples: int = 1000,
+    layers: Sequence[int] | None = None,
+    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
+) -> AnalysisPlan:
+    """Select rows and words, draw the sampled occurrences and plan the MEV word groups."""
+    if min_contexts < 1:
+        raise ValueError(f"--min-contexts must be at least 1; got {min_contexts}")
+    layers = list(store.layers if layers is None else layers)
+    for layer in layers:
+        store.layer(layer)  # an unknown layer is an IndexError naming the range
+    tokens = store.tokens
+    selection = select_rows(tokens, include_special=include_special, include_punct=include_punct,
+                            exclude_first_word=exclude_first_word)
+    words = select_words(tokens, selection, min_contexts=min_contexts)
+    settings = {
+        "min_contexts": min_contexts, "exclude_punct": not include_punct, "exclude_first_word": exclude_first_word,
+        "include_special": include_special, "seed": seed, "n_samples": n_samples, "layers": layers,
+        "mev_memory_mb": mev_memory_mb,
+        "sampling": "occurrences drawn uniformly without replacement from the analysed rows; the same rows at every layer",
+        "adjusted_baselines": "SelfSim and IntraSim: anisotropy_exact of the layer; MEV: the same MEV variant "
+                              "computed on the sampled occurrences of the layer",
+        "anisotropy_threshold": ANISOTROPY_THRESHOLD, "static_variance_threshold": STATIC_VARIANCE_THRESHOLD,
+    }
+    return AnalysisPlan(
+        settings=settings,
+        layers=layers,
+        selection=selection,
+        words=words,
+        sampled_rows=sample_indexes(selection.rows, n_samples, seed),
+        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=mev_memory_mb),
+        store_identity=_store_identity(store),
+    )
+
+
+def _store_identity(store: RepresentationStore) -> dict[str, Any]:
+    meta = store.meta
+    return {key: meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "n_tokens", "n_layers", "dim")}
+
+
+def plan_word_groups(counts: np.ndarray, dim: int, *, memory_mb: float) -> np.ndarray:
+    """Group number per word so that each group's MEV state (min(n, d) x d float64 each) fits the budget."""
+    cost = np.minimum(np.asarray(counts, dtype=np.int64), dim) * dim * 8
+    budget = memory_mb * 2**20
+    groups = np.zeros(len(cost), dtype=np.int64)
+    group, used = 0, 0.0
+    for word, bytes_needed in enumerate(cost):
+        if used > 0 and used + bytes_needed > budget:
+            group, used = group + 1, 0.0
+        groups[word] = group
+        used += bytes_needed
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# the accumulators of one layer
+
+
+@dataclass
+class LayerAccumulators:
+    """Every streaming statistic of one layer; `mev` holds one accumulator per word group kept."""
+
+    baseline: AverageCosineAccumulator
+    norms: MeanNormAccumulator
+    intra: IntraSentenceAccumulator
+    self_similarity: SelfSimilarityAccumulator
+    sample: RowSampleAccumulator
+    mev: dict[int, MEVAccumulator]
+
+    @classmethod
+    def empty(cls, plan: AnalysisPlan, groups: Iterable[int]) -> LayerAccumulators:
+        n_words = len(plan.words)
+        return cls(AverageCosineAccumulator(), MeanNormAccumulator(), IntraSentenceAccumulator(),
+                   SelfSimilarityAccumulator(n_words), RowSampleAccumulator(plan.sampled_rows),
+                   {group: MEVAccumulator(n_words) for group in groups})
+
+    def named(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "norms": self.norms, "intra": self.intra,
+                "self_similarity": self.self_similarity, "sample": self.sample,
+                **{f"mev{group}": accumulator for group, accumulator in self.mev.items()}}
+
+    @classmethod
+    def from_named(cls, named: dict[str, Any]) -> LayerAccumulators:
+        mev = {int(name.removeprefix("mev")): acc for name, acc in named.items() if name.startswith("mev")}
+        return cls(named["baseline"], named["norms"], named["intra"], named["self_similarity"], named["sample"], mev)
+
+    def merge(self, other: LayerAccumulators) -> None:
+        self.baseline.merge(other.baseline)
+        self.norms.merge(other.norms)
+        self.intra.merge(other.intra)
+        self.self_similarity.merge(other.self_similarity)
+        self.sample.merge(other.sample)
+        for group, accumulator in other.mev.items():
+            if group in self.mev:
+                self.mev[group].merge(accumulator)
+            else:
+                self.mev[group] = accumulator
+
+    def feeds(self, plan: AnalysisPlan) -> list[Feed]:
+        selection, word_index = plan.selection, plan.words.word_index
+        known = word_index >= 0
+        feeds = [
+            Feed(self.baseline, selection.mask),
+            Feed(self.norms, selection.mask),
+            Feed(self.intra, selection.mask, {"sentence_ids": selection.sentence_ids}),
+            Feed(self.self_similarity, known, {"word_ids": word_index}),
+            Feed(self.sample, selection.mask, {"rows": np.arange(len(selection.mask))}),
+        ]
+        return feeds + mev_feeds(plan, self.mev)
+
+
+def mev_feeds(plan: AnalysisPlan, accumulators: dict[int, MEVAccumulator]) -> list[Feed]:
+    """Feeds of each word group's rows into that group's MEV accumulator."""
+    word_index = plan.words.word_index
+    group_of_row = np.where(word_index >= 0, plan.groups[np.maximum(word_index, 0)], -1)
+    return [Feed(accumulator, group_of_row == group, {"word_ids": word_index}) for group, accumulator in accumulators.items()]
+
+
+def word_spectra(store: RepresentationStore, layer: int, plan: AnalysisPlan, *, groups: Iterable[int],
+                 rows: range | tuple[int, int] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict[int, OccurrenceSpectrum]:
+    """Spectra of the analysed words' occurrence matrices at `layer`, one pass per word group, each
+    group reduced before the next is read (so memory holds one group's matrices at a time)."""
+    spectra: dict[int, OccurrenceSpectrum] = {}
+    for group in groups:
+        accumulator = MEVAccumulator(len(plan.words))
+        tally(store, layer, mev_feeds(plan, {group: accumulator}), rows=rows, chunk_rows=chunk_rows)
+        spectra.update(accumulator.result())
+    return spectra
+
+
+# ---------------------------------------------------------------------------------------------
+# one layer's numbers
+
+
+@dataclass
+class _LayerStats:
+    layer: int
+    mean_norm: float
+    anisotropy_exact: float
+    n_points: int
+    n_zero: int
+    anisotropy_sampled: float
+    n_sampled: int
+    mev_baseline: dict[str, float]
+    intra: pd.Series
+    self_similarity: np.ndarray
+    nonzero_counts: np.ndarray
+    mev: dict[str, np.ndarray]
+
+
+def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int) -> _LayerStats:
+    sample = accumulators.sample.result()
+    sample = sample[row_norms(sample) > 0]
+    sample_spectrum = occurrence_spectrum(sample)
+    mev = {variant: np.full(n_words, np.nan) for variant in MEV_VARIANTS}
+    for word, spectrum in spectra.items():
+        for variant in MEV_VARIANTS:
+            mev[variant][word] = spectrum.mev(variant)
+    return _LayerStats(
+        layer=layer,
+        mean_norm=accumulators.norms.result(),
+        anisotropy_exact=accumulators.baseline.result(),
+        n_points=accumulators.baseline.n_points,
+        n_zero=accumulators.baseline.n_zero,
+        anisotropy_sampled=average_cosine(sample),
+        n_sampled=len(sample),
+        mev_baseline={variant: sample_spectrum.mev(variant) for variant in MEV_VARIANTS},
+        intra=accumulators.intra.result(),
+        self_similarity=accumulators.self_similarity.result(),
+        nonzero_counts=accumulators.self_similarity.counts,
+        mev=mev,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# result
+
+
+@dataclass
+class ContextualityResult:
+    """Per-layer tidy records (`layers`), per word x layer values (`words`), computed findings."""
+
+    layers: pd.DataFrame
+    words: pd.DataFrame
+    findings: dict[str, Any]
+    statements: list[str]
+    settings: dict[str, Any]
+    counts: dict[str, Any]
+    store_meta: dict[str, Any] = field(default_factory=dict)
+    store_path: Path | None = None
+    written: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """One record per layer x metric: raw, baseline, adjusted."""
+        return self.layers.to_dict("records")
+
+    def summary(self) -> pd.DataFrame:
+        """One row per layer, one column per metric (raw and adjusted side by side)."""
+        wide = self.layers.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
+        columns = {}
+        for metric in self.layers["metric"].unique():
+            columns[metric] = wide[("raw", metric)]
+            if self.layers.loc[self.layers["metric"] == metric, "adjusted"].notna().any():
+                columns[f"{metric}_adjusted"] = wide[("adjusted", metric)]
+        table = pd.DataFrame(columns)
+        table.insert(0, "layer_name", [layer_name(layer) for layer in table.index])
+        return table.reset_index()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON payload (provenance is added by `write`)."""
+        return {
+            "layer_note": LAYER_NOTE,
+            "settings": self.settings,
+            "definitions": DEFINITIONS,
+            "counts": self.counts,
+            "records": self.records,
+            "findings": self.findings,
+            "statements": self.statements,
+        }
+
+    def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+        """contextuality.json, contextuality_layers.csv, contextuality_words.csv (default: next to the store)."""
+        if directory is not None:
+            target = Path(directory)
+        elif self.store_path is not None:
+            target = self.store_path
+        else:
+            raise ValueError("give a directory to write to (this result has no store path)")
+        self.written = {
+            "json": write_json(target / "contextuality.json", "contextuality", self.to_json(), store_meta=self.store_meta),
+            "layers_csv": write_records_csv(target / "contextuality_layers.csv", self.records),
+            "words_csv": write_records_csv(target / "contextuality_words.csv", self.words.to_dict("records")),
+        }
+        return self.written
+
+
+def _mean_defined(values: np.ndarray) -> float:
+    defined = values[~np.isnan(values)]
+    return float(defined.mean()) if len(defined) else float("nan")
+
+
+def _layer_records(stats: _LayerStats) -> list[dict[str, Any]]:
+    name = layer_name(stats.layer)
+    exact = stats.anisotropy_exact
+    word_count = int(np.count_nonzero(~np.isnan(stats.self_similarity)))
+
+    def record(metric: str, raw: float, baseline: float, source: str, n: int) -> dict[str, Any]:
+        return {"layer": stats.layer, "layer_name": name, "metric": metric, "raw": raw, "baseline": baseline,
+                "adjusted": raw - baseline, "baseline_source": source, "n": n}
+
+    records = [
+        {"layer": stats.layer, "layer_name": name, "metric": "anisotropy_exact", "raw": exact, "baseline": np.nan,
+         "adjusted": np.nan, "baseline_source": "", "n": stats.n_points},
+        {"layer": stats.layer, "layer_name": name, "metric": "anisotropy_sampled", "raw": stats.anisotropy_sampled,
+         "baseline": np.nan, "adjusted": np.nan, "baseline_source": "", "n": stats.n_sampled},
+        record("self_similarity", _mean_defined(stats.self_similarity), exact, "anisotropy_exact", word_count),
+        record("intra_sentence_similarity", _mean_defined(stats.intra.to_numpy()), exact, "anisotropy_exact",
+               int(stats.intra.notna().sum())),
+    ]
+    for variant in MEV_VARIANTS:
+        values = stats.mev[variant]
+        records.append(record(f"mev_{variant}", _mean_defined(values),
+                              stats.mev_baseline[variant], f"mev_{variant} of the sampled occurrences",
+                              int(np.count_nonzero(~np.isnan(values)))))
+    return records
+
+
+def _word_frame(stats: _LayerStats, words: pd.DataFrame) -> pd.DataFrame:
+    frame = pd.DataFrame({
+        "layer": stats.layer,
+        "layer_name": layer_name(stats.layer),
+        "word_id": words["word_id"].to_numpy(),
+        "word": words["word"].to_numpy(),
+        "count": words["count"].to_numpy(),
+        "contexts": words["contexts"].to_numpy(),
+        "nonzero_occurrences": stats.nonzero_counts,
+        "self_similarity": stats.self_similarity,
+        "self_similarity_adjusted": stats.self_similarity - stats.anisotropy_exact,
+    })
+    for variant in MEV_VARIANTS:
+        frame[f"mev_{variant}"] = stats.mev[variant]
+        frame[f"mev_{variant}_adjusted"] = stats.mev[variant] - stats.mev_baseline[variant]
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# findings
+
+
+def _depth_trend(layers: list[int], values: list[float]) -> dict[str, Any]:
+    if len(layers) < 3:
+        return {"spearman_rho": None, "p_value": None, "falls_with_depth": None, "monotone_decreasing": None,
+                "note": "fewer than 3 non-input layers"}
+    if np.ptp(values) == 0:
+        return {"spearman_rho": None, "p_value": None, "falls_with_depth": False, "monotone_decreasing": False,
+                "note": "the same value at every non-input layer"}
+    rho, p_value = spearmanr(layers, values)
+    return {
+        "spearman_rho": float(rho),
+        "p_value": float(p_value),
+        "falls_with_depth": bool(rho < 0),
+        "monotone_decreasing": bool(np.all(np.diff(values) < 0)),
+    }
+
+
+def _findings(summary: pd.DataFrame, words: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
+    upper = summary.loc[summary["layer"] >= 1]
+    if upper.empty:
+        note = "this store has only layer 0 (the embedding output): no findings about contextual layers"
+        return {"note": note}, [note]
+    layers = upper["layer"].tolist()
+    findings: dict[str, Any] = {}
+    statements: list[str] = []
+
+    baseline = upper.set_index("layer")["anisotropy_exact"]
+    anisotropic = bool((baseline > ANISOTROPY_THRESHOLD).all())
+    findings["anisotropy"] = {
+        "threshold": ANISOTROPY_THRESHOLD,
+        "every_non_input_layer_anisotropic": anisotropic,
+        "min_baseline": float(baseline.min()), "min_baseline_layer": int(baseline.idxmin()),
+        "max_baseline": float(baseline.max()), "max_baseline_layer": int(baseline.idxmax()),
+    }
+    statements.append(
+        f"Every non-input layer anisotropic (exact baseline > {ANISOTROPY_THRESHOLD}): {'yes' if anisotropic else 'no'} "
+        f"(baseline {baseline.min():.3f} at layer {baseline.idxmin()} to {baseline.max():.3f} at layer {baseline.idxmax()})"
+    )
+
+    trends = {kind: _depth_trend(layers, upper[column].tolist())
+              for kind, column in (("raw", "self_similarity"), ("adjusted", "self_similarity_adjusted"))}
+    findings["self_similarity_depth"] = {"layers": layers, **trends}
+    for kind, trend in trends.items():
+        if trend["spearman_rho"] is not None:
+            statements.append(
+                f"Mean self-similarity ({kind}) falls with depth over layers {layers[0]}-{layers[-1]}: "
+                f"{'yes' if trend['falls_with_depth'] else 'no'} (Spearman rho {trend['spearman_rho']:+.2f}, "
+                f"p {trend['p_value']:.2g}; strictly monotone: {'yes' if trend['monotone_decreasing'] else 'no'})"
+            )
+
+    last = layers[-1]
+    at_last = words.loc[(words["layer"] == last) & words["self_similarity"].notna()]
+    least = at_last.nsmallest(N_LEAST_SELF_SIMILAR, "self_similarity")
+    is_stop = least["word"].str.lower().isin(STOPWORDS)
+    overall_share = float(at_last["word"].str.lower().isin(STOPWORDS).mean()) if len(at_last) else float("nan")
+    findings["least_self_similar"] = {
+        "layer": last,
+        "words": least["word"].tolist(),
+        "self_similarity": least["self_similarity"].tolist(),
+        "stopword_share": float(is_stop.mean()) if len(least) else None,
+        "stopword_share_among_all_analysed_words": overall_share,
+        "stopword_list": f"gensim.parsing.preprocessing.STOPWORDS ({len(STOPWORDS)} words, lowercase match)",
+    }
+    statements.append(
+        f"The {len(least)} least self-similar words at layer {last}: {', '.join(least['word'])}; "
+        f"{is_stop.mean():.0%} are stopwords (vs {overall_share:.0%} of all analysed words)"
+    )
+
+    findings["static_embedding_variance"] = {}
+    for variant in MEV_VARIANTS:
+        adjusted = upper.set_index("layer")[f"mev_{variant}_adjusted"]
+        below = bool((adjusted < STATIC_VARIANCE_THRESHOLD).all())
+        findings["static_embedding_variance"][variant] = {
+            "threshold": STATIC_VARIANCE_THRESHOLD,
+            "adjusted_mev_below_threshold_every_non_input_layer": below,
+            "max_adjusted_mev": float(adjusted.max()), "max_adjusted_mev_layer": int(adjusted.idxmax()),
+            "max_raw_mev": float(upper[f"mev_{variant}"].max()),
+        }
+        statements.append(
+            f"A static embedding explains < {STATIC_VARIANCE_THRESHOLD:.0%} of a word's variance after adjustment "
+            f"(MEV {variant}) in every non-input layer: {'yes' if below else 'no'} "
+            f"(mean adjusted MEV at most {adjusted.max():.3f}, layer {adjusted.idxmax()})"
+        )
+    return findings, statements
+
+
+
+# ---------------------------------------------------------------------------------------------
+# drivers: one pass, or shards whose states merge
+
+
+def analyze_store(
+    store: RepresentationStore | str | os.PathLike[str],
+    *,
+    min_contexts: int = 5,
+    include_special: bool = False,
+    include_punct: bool = False,
+    exclude_first_word: bool = False,
+    seed: int = 0,
+    n_samples: int = 1000,
+    layers: Sequence[int] | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
+    progress: Progress | None = None,
+    write_to: str | os.PathLike[str] | bool = False,
+) -> ContextualityResult:
+    """Anisotropy baselines, self-similarity, intra-sentence similarity and MEV for every layer.
+
+    `write_to`: True writes the result files next to the store, a path writes them there
+    (`result.written` names them); rows are chosen as `lmgeom.runs.selection` documents."""
+    store = _open(store)
+    progress = progress or NoProgress()
+    _require_two_contexts(min_contexts)
+    plan = plan_analysis(store, min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
+                         exclude_first_word=exclude_first_word, seed=seed, n_samples=n_samples, layers=layers,
+                         mev_memory_mb=mev_memory_mb)
+    progress.start("analyze layers", len(plan.layers), unit="layers")
+    stats = []
+    for layer in plan.layers:
+        # the first pass also fills the first word group's MEV state; later groups get a pass each
+        accumulators = LayerAccumulators.empty(plan, groups=[0])
+        tally(store, layer, accumulators.feeds(plan), chunk_rows=chunk_rows)
+        spectra = accumulators.mev.pop(0).result()
+        spectra.update(word_spectra(store, layer, plan, groups=range(1, plan.n_groups), chunk_rows=chunk_rows))
+        stats.append(_layer_stats(layer, accumulators, spectra, len(plan.words)))
+        progress.advance("analyze layers", note=f"layer {layer}")
+    result = _result(store, plan, stats)
+    if write_to is not False:
+        result.write(None if write_to is True else write_to)
+    return result
+
+
+@dataclass
+class AnalysisState:
+    """The accumulator states of an analysis over some rows of a store (one shard, or merged shards)."""
+
+    settings: dict[str, Any]
+    store_identity: dict[str, Any]
+    row_ranges: list[tuple[int, int]]
+    layers: dict[int, LayerAccumulators] = field(default_factory=dict)
+
+    def merge(self, other: AnalysisState) -> AnalysisState:
+        """Add the states of a shard over other rows of the same store, analysed with the same settings."""
+        if other.settings != self.settings or other.store_identity != self.store_identity:
+            raise ValueError("cannot merge analysis states of different stores or settings")
+        overlap = [(a, b) for a in self.row_ranges for b in other.row_ranges if a[0] < b[1] and b[0] < a[1]]
+        if overlap:
+            raise ValueError(f"shards overlap (rows {overlap[0][0]} and {overlap[0][1]}); each row may be analysed once")
+        for layer, accumulators in other.layers.items():
+            self.layers[layer].merge(accumulators)
+        self.row_ranges = sorted(self.row_ranges + other.row_ranges)
+        return self
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """One `.npz` file (no pickle) holding every accumulator's state and the settings."""
+        states = {f"L{layer}.{name}": accumulator for layer, accumulators in self.layers.items()
+                  for name, accumulator in accumulators.named().items()}
+        header = {"kind": "contextuality_state", "settings": self.settings, "store": self.store_identity,
+                  "row_ranges": self.row_ranges}
+        return save_states(path, states, header=header)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> AnalysisState:
+        header, states = load_states(path)
+        if header.get("kind") != "contextuality_state":
+            raise ValueError(f"{path} is not a saved contextuality analysis state (it holds {header.get('kind')!r})")
+        named: dict[int, dict[str, Any]] = {}
+        for key, accumulator in states.items():
+            layer, _, name = key.partition(".")
+            named.setdefault(int(layer.removeprefix("L")), {})[name] = accumulator
+        return cls(header["settings"], header["store"], [(int(start), int(stop)) for start, stop in header["row_ranges"]],
+                   {layer: LayerAccumulators.from_named(parts) for layer, parts in sorted(named.items())})
+
+
+def analyze_shard(
+    store: RepresentationStore | str | os.PathLike[str],
+    rows: range | tuple[int, int],
+    *,
+    min_contexts: int = 5,
+    include_special: bool = False,
+    include_punct: bool = False,
+    exclude_first_word: bool = False,
+    seed: int = 0,
+    n_samples: int = 1000,
+    layers: Sequence[int] | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
+) -> AnalysisState:
+    """The accumulator states of the analysis over store rows [start, stop), every word group at once.
+
+    Shards over disjoint row ranges that cover the store, merged (`AnalysisState.merge`) and finished
+    (`finish_analysis`), give the result of `analyze_store` with the same settings. A shard holds the
+    MEV state of its own rows (at most its rows x dim per word group)."""
+    store = _open(store)
+    _require_two_contexts(min_contexts)
+    plan = plan_analysis(store, min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
+                         exclude_first_word=exclude_first_word, seed=seed, n_samples=n_samples, layers=layers,
+                         mev_memory_mb=mev_memory_mb)
+    span = row_range(store, rows)
+    state = AnalysisState(plan.settings, plan.store_identity, [(span.start, span.stop)])
+    for layer in plan.layers:
+        accumulators = LayerAccumulators.empty(plan, groups=range(plan.n_groups))
+        tally(store, layer, accumulators.feeds(plan), rows=span, chunk_rows=chunk_rows)
+        state.layers[layer] = accumulators
+    return state
+
+
+def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: AnalysisState) -> ContextualityResult:
+    """The result of merged shard states that together cover every row of `store` once."""
+    store = _open(store)
+    if state.store_identity != _store_identity(store):
+        raise ValueError(f"these analysis states were computed on another store than {store.path}")
+    covered = sorted(state.row_ranges)
+    ends = [0] + [stop for _, stop in covered]
+    if any(start != end for (start, _), end in zip(covered, ends)) or ends[-1] != store.n_tokens:
+        raise ValueError(f"the merged shards cover rows {covered}, not every row of the store [0, {store.n_tokens}) once; "
+                         "analyse the missing ranges and merge them in")
+    settings = state.settings
+    plan = plan_analysis(store, min_contexts=settings["min_contexts"], include_special=settings["include_special"],
+                         include_punct=not settings["exclude_punct"], exclude_first_word=settings["exclude_first_word"],
+                         seed=settings["seed"], n_samples=settings["n_samples"], layers=settings["layers"],
+                         mev_memory_mb=settings["mev_memory_mb"])
+    stats = []
+    for layer in plan.layers:
+        accumulators = state.layers[layer]
+        spectra: dict[int, OccurrenceSpectrum] = {}
+        for accumulator in accumulators.mev.values():
+            spectra.update(accumulator.result())
+        stats.append(_layer_stats(layer, accumulators, dict(sorted(spectra.items())), len(plan.words)))
+    return _result(store, plan, stats)
+
+
+def _require_two_contexts(min_contexts: int) -> None:
+    if min_contexts < 2:
+        raise ValueError(f"--min-contexts must be at least 2 (self-similarity needs two occurrences); got {min_contexts}")
+
+
+def _open(store: RepresentationStore | str | os.PathLike[str]) -> RepresentationStore:
+    return store if isinstance(store, RepresentationStore) else RepresentationStore.open(store)
+
+
+def _result(store: RepresentationStore, plan: AnalysisPlan, stats: list[_LayerStats]) -> ContextualityResult:
+    records = [record for layer_stats in stats for record in _layer_records(layer_stats)]
+    words = pd.concat([_word_frame(layer_stats, plan.words.words) for layer_stats in stats], ignore_index=True)
+    result = ContextualityResult(
+        layers=pd.DataFrame(records),
+        words=words,
+        findings={},
+        statements=[],
+        settings=plan.settings,
+        counts={**plan.selection.counts, **plan.words.counts, "mev_word_groups": plan.n_groups,
+                "zero_vectors_excluded_by_layer": {s.layer: s.n_zero for s in stats},
+                "mean_norm_by_layer": {s.layer: s.mean_norm for s in stats}},
+        store_meta=dict(store.meta),
+        store_path=store.path,
+    )
+    result.findings, result.statements = _findings(result.summary(), words)
+    return result

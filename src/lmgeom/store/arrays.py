@@ -1,0 +1,46 @@
+"""A store from vectors already in memory (tests, imported embeddings): no model involved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from lmgeom.corpus.corpus import Corpus
+from lmgeom.encoders.base import EncodedSentence
+from lmgeom.store.reader import RepresentationStore
+from lmgeom.store.writer import StoreWriter
+
+
+def write_store_from_arrays(
+    path: str | Path,
+    hidden: Sequence[np.ndarray],
+    words_per_sentence: Sequence[Sequence[str]],
+    *,
+    model_id: str = "synthetic",
+    is_special: Sequence[Sequence[bool]] | None = None,
+    overwrite: bool = True,
+) -> RepresentationStore:
+    """A store from given per-layer arrays (rows in sentence order; layer 0 first)."""
+    n_rows = sum(len(words) for words in words_per_sentence)
+    hidden = [np.asarray(h) for h in hidden]
+    if not hidden or any(h.shape != (n_rows, hidden[0].shape[1]) for h in hidden):
+        raise ValueError(f"every layer must have shape (n_words={n_rows}, dim); got {[h.shape for h in hidden]}")
+    corpus = Corpus.from_list([list(words) for words in words_per_sentence], name="arrays")
+    settings = {
+        "model_id": model_id, "n_layers": len(hidden), "dim": int(hidden[0].shape[1]), "pooling": "given",
+        "special_tokens": "stored" if is_special is not None else "excluded",
+        "dtype": "float16" if hidden[0].dtype == np.float16 else "float32",
+        "corpus_name": corpus.name, "corpus_fingerprint": corpus.fingerprint,
+    }
+    writer = StoreWriter(path, settings=settings, overwrite=overwrite)
+    encoded, row = [], 0
+    for index, words in enumerate(words_per_sentence):
+        stack = np.stack([h[row : row + len(words)] for h in hidden])
+        special = np.asarray(is_special[index], dtype=bool) if is_special is not None else np.zeros(len(words), dtype=bool)
+        encoded.append(EncodedSentence(stack, list(words), special, np.ones(len(words), dtype=np.int16), 1))
+        row += len(words)
+    writer.commit(encoded, [s.text for s in corpus.sentences])
+    writer.finalize()
+    return RepresentationStore.open(path)
