@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 from scipy.spatial.distance import cosine
 
-from lmgeom.metrics import analyze_store, self_similarity
+from lmgeom.metrics import self_similarity
+from lmgeom.runs import analyze_store
 from lmgeom.store import write_store_from_arrays
 
 

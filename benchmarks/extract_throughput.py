@@ -23,7 +23,7 @@ WORKER = textwrap.dedent(
     import torch
     from lmgeom.corpus import Corpus, lee
     from lmgeom.encoders import load_encoder
-    from lmgeom.store import extract
+    from lmgeom.runs import extract
 
     mode, model, n_sentences, copies = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(int(sys.argv[5]))

