@@ -320,7 +320,9 @@ def test_run_from_python_equals_the_cli(tmp_path):
         api, cli = (json.loads((tmp_path / side / name).read_text()) for side in ("api", "cli"))
         assert_same_numbers(api.get("records", api.get("layers")), cli.get("records", cli.get("layers")), atol=0)
     assert [path.name for path in result.paths] == ["summary.json", "contextuality.json", "contextuality_layers.csv",
-                                                    "contextuality_words.csv"]
+                                                    "contextuality_words.csv", "isotropy.json", "calibration.json",
+                                                    "0.benchmarks.json", "1.benchmarks.json", "3.benchmarks.json"]
+    assert all(path.exists() for path in result.paths)
     assert "sentences/s" in outcome.output and "words/s" in outcome.output and "tok/s" not in outcome.output
 
 
@@ -337,3 +339,39 @@ def test_minilm_on_lee_agrees_with_the_code_before_the_restructure(tmp_path):
     assert_same_numbers(result.summary, expected["summary"], atol=1e-5)
     counts = {key: value for key, value in result.contextuality.counts.items() if key != "mean_norm_by_layer"}
     assert_same_numbers(counts, {key: value for key, value in expected["counts"].items() if key != "mean_norm_by_layer"}, atol=0)
+
+
+class StopAt:
+    """A progress reporter that interrupts the run when a stage starts."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        if stage == self.stage:
+            raise KeyboardInterrupt
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        pass
+
+
+def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
+    from lmgeom.runs import run
+
+    options = dict(limit=80, device="cpu", min_contexts=3, layers="all")
+    whole = run("tiny-bert", "lee", out=tmp_path / "whole", **options)
+    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings"]
+    with pytest.raises(KeyboardInterrupt):
+        run("tiny-bert", "lee", out=tmp_path / "cut", progress=StopAt("calibrate"), **options)
+    assert not (tmp_path / "cut" / "calibration.json").exists()
+    resumed = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
+    assert resumed.steps_skipped == ["extract", "contextuality", "isotropy"]
+    assert resumed.steps_run == ["calibration", "static_embeddings"]
+    again = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
+    assert again.steps_run == [] and len(again.steps_skipped) == 5
+    for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/2.benchmarks.json"):
+        first, second = (json.loads((tmp_path / side / name).read_text()) for side in ("whole", "cut"))
+        assert_same_numbers(first["records"], second["records"], atol=1e-12)
+    assert_same_numbers(again.contextuality.records, whole.contextuality.records, atol=0)
+    changed = run("tiny-bert", "lee", out=tmp_path / "cut", **{**options, "layers": "0,1"})
+    assert changed.steps_run == ["calibration", "static_embeddings"]

@@ -298,14 +298,20 @@ def test_cli_end_to_end_on_tiny_data(tmp_path, tiny_bert):
     out = tmp_path / "sts.json"
     result = CliRunner().invoke(app, [
         "sts", "tiny-bert", "--data", str(tmp_path), "--out", str(out), "--layers", "0,first-last-avg",
-        "--method", "whitening", "--markdown", str(tmp_path / "sts.md"), "--device", "cpu",
-    ])
+        "--method", "whitening,abtt,standardize", "--markdown", str(tmp_path / "sts.md"), "--device", "cpu",
+    ], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
+    # readable at 80 columns: no cell cut short, and the grid's numbers are the records' means
+    assert "…" not in result.output and all(len(line) <= 80 for line in result.output.splitlines())
+    grid_row = next(line for line in result.output.splitlines() if line.startswith("│ first-last-avg"))
+    whitening_all = [r["spearman"] for r in json.loads(out.read_text())["records"]
+                     if r["layer"] == "first-last-avg" and r["method"] == "whitening" and r["aggregation"] == "all"]
+    assert f"{np.mean(whitening_all):.1f}" in grid_row
     document = json.loads(out.read_text())
     assert document["kind"] == "sts" and document["model_id"] == "tiny-bert" and "layer 0" in document["layer_note"]
     records = document["records"]
-    # (STS-B, SICK-R: "all"; STS12: "all" and "mean") x 2 layers x (none, whitening transductive)
-    assert len(records) == 4 * 2 * 2
+    # (STS-B, SICK-R: "all"; STS12: "all" and "mean") x 2 layers x (none + 3 calibrators, transductive)
+    assert len(records) == 4 * 2 * 4
     pairs = {(r["dataset"], r["aggregation"]): r["n_pairs"] for r in records}
     assert pairs == {("STS-B", "all"): 4, ("STS12", "all"): 5, ("STS12", "mean"): 5, ("SICK-R", "all"): 3}
     assert {r["fit_on"] for r in records if r["method"] == "whitening"} == {"transductive"}

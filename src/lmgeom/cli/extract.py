@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, console, number, split_list, user_errors
 from lmgeom.store import RepresentationStore
 
 MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
@@ -72,24 +72,35 @@ def register(app: typer.Typer) -> None:
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
         device: str = typer.Option("auto", help="auto, cpu, cuda"),
         min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
+        layers: str = typer.Option("default", help="layers to calibrate and distil static embeddings from: 'default' (0, middle, last), 'all', or e.g. 0,3,6"),
+        methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
         seed: int = typer.Option(0, help="seed for sampled statistics"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
-        """The main job: extract every layer of MODEL on CORPUS, then measure how contextual each layer is."""
-        from lmgeom.cli.analyze import print_contextuality
+        """The main job: extract every layer of MODEL on CORPUS, measure how contextual and how isotropic
+        each layer is, calibrate and distil static embeddings; finished steps are skipped when re-run."""
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:
             result = run(model, corpus, out=out, limit=limit, device=device, min_contexts=min_contexts, seed=seed,
-                         overwrite=overwrite, progress=progress)
+                         layers=layers, methods=split_list(methods), overwrite=overwrite, progress=progress)
         print_store(result.store)
         meta = result.store.meta
-        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']}: per-layer summary (layer 0 = embedding output)")
-        for column in ("layer", "mean norm", "mean cosine (1,000 random occurrences)", "mean cosine (exact, all pairs)"):
+        summary = result.contextuality.summary().set_index("layer")
+        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']} (layer 0 = embedding output; adj = minus baseline)")
+        for column in ("layer", "norm", "anisotropy", "SelfSim adj", "IntraSim adj", "MEV adj"):
             table.add_column(column, justify="right")
         for record in result.summary:
-            table.add_row(str(record["layer"]), f"{record['mean_norm']:.3f}", f"{record['sampled_average_cosine']:.4f}",
-                          f"{record['average_cosine']:.4f}")
+            row = summary.loc[record["layer"]]
+            table.add_row(str(record["layer"]), f"{record['mean_norm']:.2f}", number(record["average_cosine"], 3),
+                          number(row["self_similarity_adjusted"], 3), number(row["intra_sentence_similarity_adjusted"], 3),
+                          number(row["mev_svd_ratio_adjusted"], 3))
         console.print(table)
-        print_contextuality(result.contextuality)
-        console.print("wrote " + ", ".join(str(p) for p in result.paths))
+        console.print("[bold]Findings[/]")
+        for statement in result.contextuality.statements:
+            console.print(f"  • {statement}")
+        if result.steps_skipped:
+            console.print(f"skipped (already done with these settings): {', '.join(result.steps_skipped)}")
+        console.print(f"MEV adj = svd_ratio variant; every table is in {result.store.path}:")
+        for path in result.paths:
+            console.print(f"  {path}")

@@ -47,16 +47,18 @@ def register(app: typer.Typer) -> None:
                     markdown=markdown, progress=progress,
                 )
         header, rows = result.summary
+        datasets = ", ".join(d["name"] for d in result.settings["datasets"])
         title = (
-            f"{result.model_id}: STS Spearman x 100 ({split}; mean pooling, special tokens "
-            f"{'included' if special else 'excluded'}); 'all' pools a year's subsets, 'mean' averages them unweighted; "
-            "isotropy averaged over datasets; layer 0 = embedding output, first-last-avg = layers 1 and L"
+            f"{result.model_id}: STS Spearman x 100 ({split}), mean over {datasets} of the pooled pairs; "
+            f"mean pooling, special tokens {'included' if special else 'excluded'}; layer 0 = embedding output"
         )
         table = Table(title=title)
         for index, column in enumerate(header):
-            table.add_column(column, justify="left" if index < 3 else "right")
+            table.add_column(column, justify="left" if index == 0 else "right")
         for row in rows:
             table.add_row(*row)
         console.print(table)
         if result.paths:
-            console.print("wrote " + ", ".join(str(path) for path in result.paths))
+            console.print("per-dataset scores, both aggregations and isotropy: " + ", ".join(str(path) for path in result.paths))
+        else:
+            console.print("per-dataset scores, both aggregations and isotropy: pass --out (JSON + CSV) or --markdown")

@@ -79,16 +79,13 @@ def score_dataset(dataset: STSDataset, X: np.ndarray, settings: dict[str, Any]) 
 # ---- summaries ------------------------------------------------------------------------------
 
 
-def summary_table(records: Sequence[dict[str, Any]], *, compact: bool = False) -> tuple[list[str], list[list[str]]]:
+def summary_table(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """(header, rows): one row per (layer, method, fit_on) with Spearman x 100 per dataset and
     aggregation, their average over datasets ("all" aggregation), and the isotropy of the sentence
-    vectors averaged over datasets. `compact` puts a multi-subset set's "all" and "mean" in one cell."""
+    vectors averaged over datasets."""
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     multi = {r["dataset"] for r in records if r["n_subsets"] > 1}
-    if compact:
-        score_columns = [f"{d} all/mean" if d in multi else d for d in datasets]
-    else:
-        score_columns = [c for d in datasets for c in ([f"{d} all", f"{d} mean"] if d in multi else [d])]
+    score_columns = [c for d in datasets for c in ([f"{d} all", f"{d} mean"] if d in multi else [d])]
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for record in records:
         row = rows.setdefault((record["layer"], record["method"], record["fit_on"]), {"all": {}, "mean": {}, "isotropy": {}})
@@ -98,8 +95,7 @@ def summary_table(records: Sequence[dict[str, Any]], *, compact: bool = False) -
 
     def cells(row: dict[str, Any], dataset: str) -> list[str]:
         values = [row[a].get(dataset) for a in (("all", "mean") if dataset in multi else ("all",))]
-        texts = ["" if v is None else f"{v:.{1 if compact else 2}f}" for v in values]
-        return ["/".join(texts)] if compact else texts
+        return ["" if v is None else f"{v:.2f}" for v in values]
 
     header = ["layer", "method", "fit_on", *score_columns, "avg (all)", "log I(W)", "IsoScore", "avg cos"]
     body = []
@@ -109,6 +105,21 @@ def summary_table(records: Sequence[dict[str, Any]], *, compact: bool = False) -
         isotropy = np.mean(list(row["isotropy"].values()), axis=0)
         body.append([layer, method, fit_name, *scores, average, f"{isotropy[0]:.2f}", f"{isotropy[1]:.3f}", f"{isotropy[2]:.3f}"])
     return header, body
+
+
+def headline_grid(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) narrow enough for a terminal: one row per layer selection, one column per
+    calibration (`method@corpus` when fitted on a corpus), each cell the Spearman x 100 of the "all"
+    aggregation averaged over the datasets."""
+    scores: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        if record["aggregation"] != "all":
+            continue
+        column = record["method"] if record["fit_on"] in ("none", "transductive") else f"{record['method']}@{record['fit_on']}"
+        scores.setdefault(record["layer"], {}).setdefault(column, []).append(record["spearman"])
+    columns = list(dict.fromkeys(column for by_column in scores.values() for column in by_column))
+    rows = [[layer, *(f"{np.mean(by_column[c]):.1f}" if c in by_column else "" for c in columns)] for layer, by_column in scores.items()]
+    return ["layer", *columns], rows
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

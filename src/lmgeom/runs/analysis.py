@@ -15,6 +15,7 @@ rounding).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact base
 STATIC_VARIANCE_THRESHOLD = 0.05  # the paper: a static embedding explains < 5% of the variance
 N_LEAST_SELF_SIMILAR = 10
 DEFAULT_MEV_MEMORY_MB = 512
+CONTEXTUALITY_FILE = "contextuality.json"
 
 DEFINITIONS = {
     "anisotropy_exact": "mean cosine over all ordered pairs of distinct analysed occurrences (closed form, exact)",
@@ -321,6 +323,26 @@ class ContextualityResult:
             "statements": self.statements,
         }
 
+    @classmethod
+    def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None) -> ContextualityResult:
+        """The result written by `write` for `store` (default: next to the store)."""
+        target = Path(directory) if directory is not None else store.path
+        document = json.loads((target / CONTEXTUALITY_FILE).read_text(encoding="utf-8"))
+        counts = dict(document["counts"])
+        for key in ("zero_vectors_excluded_by_layer", "mean_norm_by_layer"):
+            counts[key] = {int(layer): value for layer, value in counts[key].items()}
+        records = pd.DataFrame(document["records"]).astype({"raw": float, "baseline": float, "adjusted": float})
+        return cls(
+            layers=records,
+            words=pd.read_csv(target / "contextuality_words.csv", keep_default_na=False, na_values=[""], dtype={"word": str}),
+            findings=document["findings"],
+            statements=document["statements"],
+            settings=document["settings"],
+            counts=counts,
+            store_meta=dict(store.meta),
+            store_path=store.path,
+        )
+
     def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
         """contextuality.json, contextuality_layers.csv, contextuality_words.csv (default: next to the store)."""
         if directory is not None:
@@ -330,7 +352,7 @@ class ContextualityResult:
         else:
             raise ValueError("give a directory to write to (this result has no store path)")
         self.written = {
-            "json": write_json(target / "contextuality.json", "contextuality", self.to_json(), store_meta=self.store_meta),
+            "json": write_json(target / CONTEXTUALITY_FILE, "contextuality", self.to_json(), store_meta=self.store_meta),
             "layers_csv": write_records_csv(target / "contextuality_layers.csv", self.records),
             "words_csv": write_records_csv(target / "contextuality_words.csv", self.words.to_dict("records")),
         }

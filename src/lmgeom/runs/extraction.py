@@ -46,10 +46,11 @@ def extract(
     writer = StoreWriter(Path(out), settings=settings, overwrite=overwrite)
     stage = f"extract {corpus.name}"
     progress.start(stage, len(corpus), unit="sentences")
+    if writer.complete:
+        progress.advance(stage, len(corpus), note="already extracted")
+        return RepresentationStore.open(out)
     if writer.sentences_done:
         progress.advance(stage, writer.sentences_done, note="resumed")
-    if writer.complete:
-        return RepresentationStore.open(out)
     rate = _Rate()
     # Each chunk is written in a background thread while the next one is encoded; a chunk counts
     # (and is reported) only once its commit has finished.

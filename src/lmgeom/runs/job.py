@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from lmgeom.corpus import load_corpus
 from lmgeom.runs.analysis import ContextualityResult, analyze_store
@@ -93,14 +95,72 @@ def layer_summary(store: RepresentationStore, contextuality: ContextualityResult
     return records
 
 
+DEFAULT_CALIBRATION_METHODS = ("whitening", "abtt")
+RUN_FILE = "run.json"
+
+
+def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list[int]:
+    """The layers of the per-layer steps: "default" is the embedding output, the middle layer and the
+    last (0, L // 2, L), "all" every layer, or the given layer numbers."""
+    if isinstance(spec, str):
+        if spec == "default":
+            last = layers[-1]
+            return sorted({0, last // 2, last})
+        if spec == "all":
+            return list(layers)
+        try:
+            spec = [int(item) for item in spec.split(",") if item.strip()]
+        except ValueError:
+            raise ValueError(f"--layers takes 'default', 'all' or comma-separated layer numbers; got {spec!r}") from None
+    chosen = sorted(set(int(layer) for layer in spec))
+    outside = [layer for layer in chosen if layer not in layers]
+    if outside or not chosen:
+        raise ValueError(f"layers {outside or '(none)'} are not in this store's layers 0..{layers[-1]} (0 = embedding output)")
+    return chosen
+
+
+class _Steps:
+    """The run's record of finished steps (RUN/run.json): a step whose settings and output files are
+    unchanged is skipped when the run is repeated or resumed."""
+
+    def __init__(self, store: RepresentationStore) -> None:
+        self.store = store
+        self.path = store.path / RUN_FILE
+        identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created")}
+        self.identity = identity
+        self.document: dict[str, Any] = {"steps": {}}
+        if self.path.exists():
+            previous = json.loads(self.path.read_text(encoding="utf-8"))
+            if previous.get("store") == identity:
+                self.document = previous
+        self.ran: list[str] = []
+        self.skipped: list[str] = []
+
+    def done(self, name: str, settings: dict[str, Any]) -> bool:
+        step = self.document["steps"].get(name)
+        finished = (step is not None and step["settings"] == json.loads(json.dumps(settings))
+                    and all((self.store.path / path).exists() for path in step["outputs"]))
+        if finished:
+            self.skipped.append(name)
+        return finished
+
+    def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Path]) -> None:
+        self.document["steps"][name] = {"settings": settings, "seconds": round(time.perf_counter() - started, 3),
+                                        "outputs": [str(Path(path).relative_to(self.store.path)) for path in outputs]}
+        self.ran.append(name)
+        write_json(self.path, "run", {"store": self.identity, "steps": self.document["steps"]}, store_meta=self.store.meta)
+
+
 @dataclass
 class RunResult:
-    """What `run` did: the store, the contextuality analysis, the per-layer summary, the files written."""
+    """What `run` did: the store, the analyses, the files written, and which steps ran or were skipped."""
 
     store: RepresentationStore
     contextuality: ContextualityResult
     summary: list[dict[str, Any]]
     paths: list[Path]
+    steps_run: list[str]
+    steps_skipped: list[str]
 
 
 def run(
@@ -112,15 +172,59 @@ def run(
     device: str = "auto",
     min_contexts: int = 5,
     seed: int = 0,
+    layers: str | Sequence[int] = "default",
+    methods: Sequence[str] = DEFAULT_CALIBRATION_METHODS,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RunResult:
-    """The main job: extract every layer of `model` on `corpus` (resuming an interrupted extraction,
-    skipping a finished one), analyse every layer as Ethayarajh (2019) did, and write
-    summary.json, contextuality.json and the two contextuality CSVs into the run directory."""
+    """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
+    (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
+    (isotropy.json), calibrate `layers` with `methods` (calibration.json), and distil and score static
+    embeddings of `layers` (static/). Each step is recorded in run.json and skipped when repeated
+    with the same settings; an interrupted extraction resumes."""
+    from lmgeom.runs.calibration import calibrate_store
+    from lmgeom.runs.isotropy import measure_isotropy
+    from lmgeom.runs.static import export_static_embeddings
+
     progress = progress or NoProgress()
+    started = time.perf_counter()
     store = extract_model(model, corpus, out=out, limit=limit, device=device, overwrite=overwrite, progress=progress)
-    contextuality = analyze_store(store, min_contexts=min_contexts, seed=seed, progress=progress, write_to=True)
-    written = contextuality.written
+    steps = _Steps(store)
+    settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit}
+    if not steps.done("extract", settings):  # an extraction resumed or finished just now
+        steps.record("extract", settings, started, [store.path / layout.META])
+    per_layer = run_layers(store.layers, layers)
+    paths: list[Path] = []
+
+    settings = {"min_contexts": min_contexts, "seed": seed}
+    if steps.done("contextuality", settings):
+        contextuality = ContextualityResult.read(store)
+    else:
+        started = time.perf_counter()
+        contextuality = analyze_store(store, min_contexts=min_contexts, seed=seed, progress=progress, write_to=True)
+        steps.record("contextuality", settings, started, list(contextuality.written.values()))
     summary = layer_summary(store, contextuality)
-    return RunResult(store, contextuality, summary, [store.path / "summary.json", *written.values()])
+    paths += [store.path / "summary.json", *(store.path / name for name in
+              ("contextuality.json", "contextuality_layers.csv", "contextuality_words.csv"))]
+
+    settings = {"seed": seed}
+    if not steps.done("isotropy", settings):
+        started = time.perf_counter()
+        steps.record("isotropy", settings, started, measure_isotropy(store, seed=seed, progress=progress).paths)
+    paths.append(store.path / "isotropy.json")
+
+    settings = {"layers": per_layer, "methods": list(methods), "seed": seed}
+    if not steps.done("calibration", settings):
+        started = time.perf_counter()
+        calibrated = calibrate_store(store, methods=methods, layers=per_layer, seed=seed, progress=progress)
+        steps.record("calibration", settings, started, calibrated.paths)
+    paths.append(store.path / "calibration.json")
+
+    settings = {"layers": per_layer}
+    if not steps.done("static_embeddings", settings):
+        started = time.perf_counter()
+        written = [path for layer in per_layer
+                   for path in export_static_embeddings(store, layer=layer, progress=progress).paths.values()]
+        steps.record("static_embeddings", settings, started, written)
+    paths += [store.path / "static" / f"{layer}.benchmarks.json" for layer in per_layer]
+    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped)

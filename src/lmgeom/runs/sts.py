@@ -21,7 +21,7 @@ import numpy as np
 
 from lmgeom.calibrate import METHODS, Calibrator, make_calibrator
 from lmgeom.corpus import Corpus, load_corpus
-from lmgeom.evaluate.sts import markdown_table, score_dataset, summary_table
+from lmgeom.evaluate.sts import headline_grid, markdown_table, score_dataset, summary_table
 from lmgeom.evaluate.sts_data import STSDataset, find_datasets
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.runs.progress import NoProgress, Progress
@@ -225,7 +225,7 @@ def evaluate_sts(
 
 @dataclass
 class STSRun:
-    """What `run_sts` did: the tidy records, the settings, the summary table and the files written."""
+    """What `run_sts` did: the tidy records, the settings, the terminal's headline grid and the files written."""
 
     records: list[dict[str, Any]]
     settings: dict[str, Any]
@@ -279,4 +279,4 @@ def run_sts(
         paths.append(write_records_csv(out.with_suffix(".csv"), records))
     if markdown is not None:
         paths.append(write_text(markdown, markdown_table(*summary_table(records))))
-    return STSRun(records, settings, encoder.model_id, summary_table(records, compact=True), paths)
+    return STSRun(records, settings, encoder.model_id, headline_grid(records), paths)
