@@ -345,7 +345,7 @@ class ElmoBiLM(nn.Module):
     def _initial_states(self, direction: str, batch: int, reference: torch.Tensor) -> list[LSTMState]:
         widths = (self.config.projection_dim, self.config.lstm_dim)
         zeros = [(reference.new_zeros(batch, widths[0]), reference.new_zeros(batch, widths[1])) for _ in range(self.config.n_layers)]
-        if not self.stateful or self._states is None:
+        if not self.stateful or self._states is None or not self._states[direction]:
             return zeros
         carried = []
         for (h0, c0), (h, c) in zip(zeros, self._states[direction]):
@@ -408,7 +408,8 @@ class ElmoBiLM(nn.Module):
 
     @torch.inference_mode()
     def embed_sentences(self, sentences: Sequence[Sequence[str]], *, batch_size: int = 64) -> list[np.ndarray]:
-        """Per sentence, (n_layers + 1, n_words, 2 * projection_dim) float32: the token layer, then
+        """Per sentence, (n_layers + 1, n_words, 2 * projection_dim) in the model's dtype (float32
+        unless converted): the token layer, then
         LSTM layers 1..L; `<S>`/`</S>` removed. An empty sentence gives 0 rows (it is still run as
         ``<S> </S>``, which matters only in stateful mode). Stateless mode batches sentences by
         length; stateful mode keeps the given order, `batch_size` sentences a batch, row i of each
@@ -425,7 +426,7 @@ class ElmoBiLM(nn.Module):
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
                 ids = batch_to_ids([sentences[i] for i in batch], self.config.max_characters_per_token)
-                layers = self(ids.to(self.device)).layers().float().cpu().numpy()
+                layers = self(ids.to(self.device)).layers().cpu().numpy()
                 for row, index in enumerate(batch):
                     results[index] = np.ascontiguousarray(layers[:, row, 1 : len(sentences[index]) + 1])
         finally:

@@ -306,7 +306,7 @@ def train(
             position, step, words_seen = position + 1, step + 1, words_seen + n_words
             if on_progress is not None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                on_progress(TrainProgress(step, total_steps, epoch, float(loss), words_seen, words_seen / elapsed))
+                on_progress(TrainProgress(step, total_steps, epoch, loss.item(), words_seen, words_seen / elapsed))
             if step % checkpoint_every == 0:
                 save_checkpoint()
         if not stopped:
