@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="seed for initialisation, batch order and dropout"),
         max_steps: Optional[int] = typer.Option(None, help="stop after this many steps in all (checkpointed; re-run to continue)"),
         checkpoint_every: int = typer.Option(200, help="steps between checkpoints"),
+        threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)"),
         overwrite: bool = typer.Option(False, help="discard a run with other settings in --out"),
     ) -> None:
         """Train a biLM (resumes from --out's checkpoint), then report held-out perplexity."""
@@ -52,7 +53,8 @@ def register(app: typer.Typer) -> None:
                     )
 
                 result = train(out, corpus=corpus, config=config, device=device, overwrite=overwrite,
-                               max_steps=max_steps, checkpoint_every=checkpoint_every, on_progress=on_progress)
+                               max_steps=max_steps, checkpoint_every=checkpoint_every, threads=threads,
+                               on_progress=on_progress)
             ppl = result.perplexity
             state = "finished" if result.complete else f"stopped at step {result.steps} (re-run to continue)"
             console.print(

@@ -295,7 +295,6 @@ class ElmoBiLM(nn.Module):
                 raise ValueError(f"vocab has {len(vocab)} words but the options give n_tokens_vocab={config.n_tokens_vocab}")
             self.softmax = nn.Linear(config.projection_dim, config.n_tokens_vocab)
             self.vocab = list(vocab) if vocab is not None else []
-        self._word_index: dict[str, int] | None = None
         self._states: dict[str, list[LSTMState]] | None = None
         self.reset_parameters()
 
@@ -434,25 +433,6 @@ class ElmoBiLM(nn.Module):
         return results
 
     # ---- language-model loss -----------------------------------------------------------------
-    def word_index(self) -> dict[str, int]:
-        if self._word_index is None:
-            self._word_index = {word: i for i, word in enumerate(self.vocab)}
-        return self._word_index
-
-    def token_targets(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
-        """(batch, longest + 2) softmax ids of ``<S> words </S>`` (unknown words -> `<UNK>`), -1 = padding."""
-        index = self.word_index()
-        for required in ("<S>", "</S>", UNK_TOKEN):
-            if required not in index:
-                raise ValueError(f"the softmax vocabulary has no {required!r}; it needs <S>, </S> and {UNK_TOKEN}")
-        longest = max((len(s) for s in sentences), default=0)
-        targets = torch.full((len(sentences), longest + 2), -1, dtype=torch.long)
-        unk = index[UNK_TOKEN]
-        for row, sentence in enumerate(sentences):
-            ids = [index["<S>"], *(index.get(w, unk) for w in sentence), index["</S>"]]
-            targets[row, : len(ids)] = torch.tensor(ids)
-        return targets
-
     def lm_losses(
         self, output: BiLMOutput, targets: torch.Tensor, *, n_negative_samples: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -198,6 +198,9 @@ def perplexity(model: ElmoBiLM, sentences: Sequence[Sequence[str]], *, batch_tok
     (stateless, no dropout); unknown words count as `<UNK>` predictions."""
     if model.softmax is None:
         raise ValueError("this biLM has no softmax (published weight files ship none); it cannot score text")
+    missing = [t for t in (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN) if t not in model.vocab]
+    if missing:
+        raise ValueError(f"the softmax vocabulary lacks {missing}; scoring needs <S>, </S> and {UNK_TOKEN} in it")
     if not sentences:
         raise ValueError("no sentences to score")
     was_training = model.training
@@ -231,13 +234,30 @@ def train(
     overwrite: bool = False,
     max_steps: int | None = None,
     checkpoint_every: int = 200,
+    threads: int | None = None,
     on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> TrainResult:
     """Train a biLM on `corpus` (a spec for `split_corpus`, or (train, held-out) corpora) into `out`.
 
     Re-running the same call resumes from the last checkpoint (a finished run is not repeated);
     a folder holding a run with another configuration or corpus is refused unless `overwrite`.
-    `max_steps` stops after that many optimizer steps in all (checkpointed; the run resumes later)."""
+    `max_steps` stops after that many optimizer steps in all (checkpointed; the run resumes later).
+    `threads` sets torch's CPU threads for the call (on a shared machine 1 can beat 2: spinning
+    threads that wait for a busy core cost more than they give)."""
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _train(out, corpus=corpus, config=config, device=device, overwrite=overwrite, max_steps=max_steps,
+                      checkpoint_every=checkpoint_every, on_progress=on_progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(
+    out: str | Path, *, corpus: str | tuple[Corpus, Corpus], config: TrainConfig, device: str, overwrite: bool,
+    max_steps: int | None, checkpoint_every: int, on_progress: Callable[[TrainProgress], None] | None,
+) -> TrainResult:
     out = Path(out)
     resolved = resolve_device(device)
     train_corpus, heldout_corpus = split_corpus(corpus) if isinstance(corpus, str) else corpus
