@@ -195,7 +195,8 @@ def numpy_elmo(tensors, config: ElmoConfig, sentence, clip_counts):
         conv = np.stack([
             np.einsum("tkc,kcf->tf", chars[:, p : p + width], kernel) for p in range(chars.shape[1] - width + 1)
         ], axis=1) + bias
-        pooled.append(np.maximum(conv.max(axis=1), 0.0))
+        activation = np.tanh if config.activation == "tanh" else (lambda v: np.maximum(v, 0.0))
+        pooled.append(activation(conv.max(axis=1)))
     h = np.concatenate(pooled, axis=1)
     for k in range(config.n_highway):
         carry = sigmoid(h @ tensors[f"CNN_high_{k}/W_carry"] + tensors[f"CNN_high_{k}/b_carry"])
@@ -241,11 +242,15 @@ def published(tmp_path):
     return options_file, weight_file, tensors
 
 
-def test_loaded_weights_match_numpy_forward_pass(published):
-    options_file, weight_file, tensors = published
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_loaded_weights_match_numpy_forward_pass(tmp_path, activation):
+    config = dataclasses.replace(SMALL, activation=activation)
+    options_file, weight_file = tmp_path / "options.json", tmp_path / "weights.hdf5"
+    options_file.write_text(json.dumps(config.to_options()))
+    tensors = random_published_file(weight_file, config)
     counts = {"cell": 0, "proj": 0}
     sentence = ["Café", "rates", "fell", "."]
-    expected = numpy_elmo(tensors, SMALL, sentence, counts)
+    expected = numpy_elmo(tensors, config, sentence, counts)
     assert counts["cell"] > 0 and counts["proj"] > 0  # both clips change the numbers
     model = load_elmo(options_file, weight_file)
     got32 = model.embed_sentences([sentence])[0]
