@@ -13,7 +13,6 @@ only the boundaries the model adds get the sentence-marker ids.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
 import numpy as np
@@ -36,10 +35,6 @@ CHAR_VOCABULARY = (
     f"pad={PAD_CHAR}, shift=+1, 0=no token"
 )
 """What the ids mean; part of a model's fingerprint."""
-
-
-def char_vocabulary_fingerprint() -> str:
-    return hashlib.sha256(CHAR_VOCABULARY.encode()).hexdigest()[:16]
 
 
 def _marker_token(marker: int, max_characters: int) -> np.ndarray:
