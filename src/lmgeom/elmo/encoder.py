@@ -1,0 +1,101 @@
+"""`ElmoEncoder`: an ELMo biLM behind the interface the extraction drives (`HFEncoder`'s)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from lmgeom.corpus.corpus import Sentence
+from lmgeom.device import resolve_device
+from lmgeom.elmo.chars import CHAR_VOCABULARY
+from lmgeom.elmo.model import ElmoBiLM
+from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, load_elmo
+from lmgeom.encoders.hf import EncodedSentence
+
+
+def model_fingerprint(model: ElmoBiLM) -> str:
+    """sha256 over the options, every parameter and the character vocabulary."""
+    digest = hashlib.sha256()
+    digest.update(model.config.fingerprint_text().encode())
+    digest.update(CHAR_VOCABULARY.encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().float().contiguous().numpy().tobytes())
+    digest.update("\n".join(model.vocab).encode())
+    return digest.hexdigest()[:16]
+
+
+class ElmoEncoder:
+    """Every ELMo layer for each word of a sentence: the corpus words are ELMo's tokens (no
+    sub-word pooling). Layer 0 is the char-CNN token layer (duplicated to 2 x projection_dim, as
+    the published models expose it), layers 1..L the biLSTM layers. Sentences run statelessly."""
+
+    def __init__(self, model: ElmoBiLM, *, model_id: str = "elmo", batch_size: int = 64) -> None:
+        if model.stateful:
+            raise ValueError("ElmoEncoder needs a stateless biLM (outputs must not depend on batch order)")
+        self.model = model.eval()
+        self.model_id = model_id
+        self.batch_size = batch_size
+        self.n_layers = model.config.n_layers + 1
+        self.dim = model.config.output_dim
+        self.model_fingerprint = model_fingerprint(model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def settings(self) -> dict[str, Any]:
+        """What a store records about how its vectors were made."""
+        return {
+            "model_id": self.model_id,
+            "model_fingerprint": self.model_fingerprint,
+            "model_class": type(self.model).__name__,
+            "n_layers": self.n_layers,
+            "dim": self.dim,
+            "pooling": "none (ELMo reads whole words)",
+            "special_tokens": "excluded",
+            "prepend_bos": False,
+            "skip_unaligned": False,
+            "max_length": None,
+            "compute_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+        }
+
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
+        """Per-layer vectors of each sentence's words (`first_index` is unused: nothing here can
+        fail per sentence)."""
+        words = [[w.text for w in sentence.words] for sentence in sentences]
+        vectors = self.model.embed_sentences(words, batch_size=self.batch_size)
+        return [
+            EncodedSentence(
+                vectors=v, words=w, is_special=np.zeros(len(w), dtype=bool),
+                n_pieces=np.ones(len(w), dtype=np.int16), n_windows=1,
+            )
+            for v, w in zip(vectors, words)
+        ]
+
+
+def load_elmo_encoder(
+    path_or_options: str | Path, weights: str | Path | None = None, *, device: str = "auto", model_id: str | None = None,
+) -> ElmoEncoder:
+    """An `ElmoEncoder` from a folder (``options.json`` and ``weights.hdf5``, as `lmgeom elmo train`
+    writes, or its only ``*.json`` and ``*.hdf5``), or from an options file and a weights file."""
+    path = Path(path_or_options)
+    if weights is None:
+        if not path.is_dir():
+            raise ValueError(f"{path} is not a folder; give a folder with an options .json and a weights .hdf5, or both files")
+        options = [path / OPTIONS_FILE] if (path / OPTIONS_FILE).is_file() else sorted(path.glob("*.json"))
+        found = [path / WEIGHTS_FILE] if (path / WEIGHTS_FILE).is_file() else sorted([*path.glob("*.hdf5"), *path.glob("*.h5")])
+        if len(options) != 1 or len(found) != 1:
+            raise ValueError(
+                f"{path} must hold {OPTIONS_FILE} and {WEIGHTS_FILE}, or exactly one .json and one .hdf5 "
+                f"(found {[o.name for o in options]} and {[f.name for f in found]}); pass the two files instead"
+            )
+        options_file, weight_file = options[0], found[0]
+    else:
+        options_file, weight_file = path, Path(weights)
+    model = load_elmo(options_file, weight_file, device=resolve_device(device))
+    return ElmoEncoder(model, model_id=model_id or (path.name if weights is None else weight_file.stem))
