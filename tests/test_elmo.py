@@ -21,7 +21,7 @@ from lmgeom.elmo import (
     train, word_ids,
 )
 from lmgeom.elmo.model import Highway, run_lstm
-from lmgeom.store import extract
+from lmgeom.runs import extract
 
 SENTENCES = [
     ["The", "bank", "raised", "rates", "."],
@@ -385,17 +385,25 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
     config = dataclasses.replace(TINY_TRAINING, epochs=3, dropout=0.2)
     whole = train(tmp_path / "whole", corpus=(corpus, corpus), config=config, device="cpu", checkpoint_every=2)
 
-    def crash(progress):
-        if progress.step == 5:
-            raise KeyboardInterrupt
+    class CrashAtStep5:
+        steps = 0
+
+        def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+            pass
+
+        def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+            self.steps += n
+            if self.steps == 5:
+                raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "killed", corpus=(corpus, corpus), config=config, device="cpu", checkpoint_every=2, on_progress=crash)
-    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["step"] == 4
+        train(tmp_path / "killed", corpus=(corpus, corpus), config=config, device="cpu", checkpoint_every=2,
+              progress=CrashAtStep5())
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 4
     resumed = train(tmp_path / "killed", corpus=(corpus, corpus), config=config, device="cpu", checkpoint_every=2)
     assert resumed.steps == whole.steps > 5
-    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["model"]
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert resumed.perplexity == whole.perplexity

@@ -25,7 +25,7 @@ console = Console()
 
 class RichProgress:
     """A rich progress bar per stage (with its count, a note such as a rate, elapsed time and ETA),
-    satisfying `lmgeom.runs.progress.Progress`. Use as a context manager."""
+    satisfying `lmgeom.progress.Progress`. Use as a context manager."""
 
     def __init__(self) -> None:
         self._bars = Progress(

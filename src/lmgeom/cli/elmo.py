@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from lmgeom.cli.common import console, progress_bar, user_errors
+from lmgeom.cli.common import RichProgress, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="discard a run with other settings in --out"),
     ) -> None:
         """Train a biLM (resumes from --out's checkpoint), then report held-out perplexity."""
-        from lmgeom.elmo.train import TrainConfig, TrainProgress, train
+        from lmgeom.elmo.train import TrainConfig, train
 
         with user_errors():
             config = TrainConfig(
@@ -43,18 +43,10 @@ def register(app: typer.Typer) -> None:
                 n_negative_samples=negative_samples, lstm_dim=lstm_dim, projection_dim=projection_dim,
                 n_layers=n_layers, dropout=dropout, seed=seed,
             )
-            with progress_bar() as progress:
-                task = progress.add_task(f"train ELMo on {corpus}", total=None, rate="")
-
-                def on_progress(report: TrainProgress) -> None:
-                    progress.update(
-                        task, completed=report.step, total=report.total_steps,
-                        rate=f"epoch {report.epoch + 1} loss {report.loss:.3f} {report.words_per_second:,.0f} words/s",
-                    )
-
+            with RichProgress() as progress:
                 result = train(out, corpus=corpus, config=config, device=device, overwrite=overwrite,
                                max_steps=max_steps, checkpoint_every=checkpoint_every, threads=threads,
-                               on_progress=on_progress)
+                               progress=progress)
             ppl = result.perplexity
             state = "finished" if result.complete else f"stopped at step {result.steps} (re-run to continue)"
             console.print(

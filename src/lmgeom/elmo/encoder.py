@@ -14,7 +14,7 @@ from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import CHAR_VOCABULARY
 from lmgeom.elmo.model import ElmoBiLM
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, load_elmo
-from lmgeom.encoders.hf import EncodedSentence
+from lmgeom.encoders.base import EncodedSentence
 
 
 def model_fingerprint(model: ElmoBiLM) -> str:

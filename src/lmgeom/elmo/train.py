@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +31,8 @@ from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import BOS_TOKEN, EOS_TOKEN, bos_ids, eos_ids, word_ids
 from lmgeom.elmo.model import UNK_TOKEN, ElmoBiLM, ElmoConfig
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, save_elmo
-from lmgeom.results import atomic_write, atomic_write_text
+from lmgeom.atomic import atomic_write, atomic_write_text
+from lmgeom.progress import NoProgress, Progress
 
 CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_FILE = "training.json"
@@ -80,18 +81,6 @@ class TrainConfig:
             extra={"trained_with": "lmgeom", "lstm_implementation": implementation,
                    "vocab": "softmax/vocab in the weights file", "training": dataclasses.asdict(self)},
         )
-
-
-@dataclass(frozen=True)
-class TrainProgress:
-    """Reported after every optimizer step."""
-
-    step: int
-    total_steps: int
-    epoch: int
-    loss: float  # mean of forward and backward NLL per prediction, this batch
-    words: int  # words trained on so far in this run (resumed runs count from their start)
-    words_per_second: float
 
 
 @dataclass(frozen=True)
@@ -235,7 +224,7 @@ def train(
     max_steps: int | None = None,
     checkpoint_every: int = 200,
     threads: int | None = None,
-    on_progress: Callable[[TrainProgress], None] | None = None,
+    progress: Progress | None = None,
 ) -> TrainResult:
     """Train a biLM on `corpus` (a spec for `split_corpus`, or (train, held-out) corpora) into `out`.
 
@@ -249,14 +238,14 @@ def train(
         torch.set_num_threads(threads)
     try:
         return _train(out, corpus=corpus, config=config, device=device, overwrite=overwrite, max_steps=max_steps,
-                      checkpoint_every=checkpoint_every, on_progress=on_progress)
+                      checkpoint_every=checkpoint_every, progress=progress or NoProgress())
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _train(
     out: str | Path, *, corpus: str | tuple[Corpus, Corpus], config: TrainConfig, device: str, overwrite: bool,
-    max_steps: int | None, checkpoint_every: int, on_progress: Callable[[TrainProgress], None] | None,
+    max_steps: int | None, checkpoint_every: int, progress: Progress,
 ) -> TrainResult:
     out = Path(out)
     resolved = resolve_device(device)
@@ -270,7 +259,7 @@ def _train(
             for name in (CHECKPOINT_FILE, OPTIONS_FILE, WEIGHTS_FILE, REPORT_FILE):
                 (out / name).unlink(missing_ok=True)
         else:
-            state = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+            state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
             if state["identity"] != identity:
                 changed = sorted(k for k in identity if state["identity"].get(k) != identity[k])
                 raise ValueError(f"{out} holds a training run with another {', '.join(changed)}; pass --overwrite or choose another --out")
@@ -307,6 +296,9 @@ def _train(
         atomic_write(checkpoint_path, lambda tmp: torch.save(payload, tmp))
 
     started, words_seen, stopped = time.perf_counter(), 0, False
+    stage = f"train ELMo on {train_corpus.name}"
+    progress.start(stage, total_steps, unit="steps")
+    progress.advance(stage, step, note="resumed" if step else "")
     model.train()
     while epoch < config.epochs and not stopped:
         batches = epoch_batches[epoch]
@@ -324,9 +316,8 @@ def _train(
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             position, step, words_seen = position + 1, step + 1, words_seen + n_words
-            if on_progress is not None:
-                elapsed = max(time.perf_counter() - started, 1e-9)
-                on_progress(TrainProgress(step, total_steps, epoch, loss.item(), words_seen, words_seen / elapsed))
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            progress.advance(stage, note=f"epoch {epoch + 1} loss {loss.item():.3f} {words_seen / elapsed:,.0f} words/s")
             if step % checkpoint_every == 0:
                 save_checkpoint()
         if not stopped:

@@ -28,7 +28,7 @@ from torch import nn
 
 from lmgeom.elmo.chars import STORED_CHARACTERS
 from lmgeom.elmo.model import ElmoBiLM, ElmoConfig, Highway, lstm_parameter
-from lmgeom.results import atomic_write, atomic_write_text
+from lmgeom.atomic import atomic_write, atomic_write_text
 
 VOCAB_DATASET = "softmax/vocab"
 OPTIONS_FILE = "options.json"  # names used when a model is saved into a folder

@@ -21,7 +21,7 @@ from lmgeom.runs.analysis import (
 from lmgeom.runs.calibration import calibrate_store, fit_store
 from lmgeom.runs.extraction import extract
 from lmgeom.runs.job import RunResult, default_run_dir, extract_model, layer_summary, open_or_extract, run
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.static import StaticEmbeddings, benchmark_static_embeddings, export_static_embeddings, static_embeddings
 from lmgeom.runs.sts import STSRun, evaluate_sts, run_sts

@@ -41,7 +41,7 @@ from lmgeom.metrics.contextuality import (
     row_norms,
     sample_indexes,
 )
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, tally

@@ -11,7 +11,7 @@ import numpy as np
 
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.store import RepresentationStore, StoreWriter
 
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, isotropy_report, local_isotropy
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv
 from lmgeom.runs.selection import select_rows
 from lmgeom.store import RepresentationStore

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from lmgeom.corpus import load_corpus
 from lmgeom.runs.analysis import ContextualityResult, analyze_store
 from lmgeom.runs.extraction import extract
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json
 from lmgeom.store import RepresentationStore, layout
 

@@ -25,7 +25,7 @@ from gensim.models import KeyedVectors
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
 from lmgeom.metrics.contextuality import WordMeanAccumulator
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, plan_analysis, word_spectra
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore

@@ -24,7 +24,7 @@ from lmgeom.corpus import Corpus, load_corpus
 from lmgeom.evaluate.sts import headline_grid, markdown_table, score_dataset, summary_table
 from lmgeom.evaluate.sts_data import STSDataset, find_datasets
 from lmgeom.metrics.base import as_float64_rows
-from lmgeom.runs.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv, write_text
 
 if TYPE_CHECKING:
