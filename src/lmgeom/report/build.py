@@ -94,13 +94,23 @@ def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], pa
     if run.calibration is None:
         return missing(run.notes["calibration"])
     body = "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("calibration_"))
-    frame = run.calibration.copy()
-    frame["change"] = frame["after"] - frame["before"]
-    columns = [c for c in ("layer", "method", "measure", "before", "after", "change", "n_fit_rows") if c in frame]
+    table_frame = calibration_table(run.calibration)
     settings = run.calibration_settings
     note = (f"<p class=\"note\">Methods {', '.join(map(str, settings.get('methods', [])))}; fitted and measured on "
             f"{settings.get('eval_rows', '—')} rows per layer; seed {settings.get('seed', '—')}.</p>" if settings else "")
-    return note + body + "<h3>Every measure, before and after</h3>" + table(frame[columns])
+    return note + body + "<h3>Every isotropy measure, before and after each method</h3>" + table(table_frame)
+
+
+def calibration_table(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer and state (before, after METHOD), one column per isotropy measure."""
+    before = records.drop_duplicates(["layer", "measure"]).assign(state="before")
+    after = records.assign(state="after " + records["method"].astype(str))
+    states = pd.concat([before.assign(value=before["before"]), after.assign(value=after["after"])], ignore_index=True)
+    order = {state: i for i, state in enumerate(dict.fromkeys(states["state"]))}
+    wide = states.pivot_table(index=["layer", "state"], columns="measure", values="value", sort=False).reset_index()
+    wide = wide.sort_values(["layer", "state"], key=lambda c: c.map(order) if c.name == "state" else c, kind="stable")
+    wide.columns.name = None
+    return wide.reset_index(drop=True)
 
 
 def _experiments_section(run: RunData) -> str:

@@ -63,7 +63,7 @@ def _word_metrics(words: pd.DataFrame, chosen: list[str]) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     for word, rows in table.groupby("word", sort=False):
         rows = rows.set_index("layer").reindex(layers)
-        entry = {"count": int(rows["count"].dropna().iloc[0]), "contexts": int(rows["contexts"].dropna().iloc[0])}
+        entry: dict[str, Any] = {"count": int(rows["count"].dropna().iloc[0]), "contexts": int(rows["contexts"].dropna().iloc[0])}
         for column in WORD_COLUMNS:
             if column in rows:
                 entry[column] = [None if pd.isna(v) else round(float(v), 4) for v in rows[column]]
@@ -78,8 +78,8 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
         raise ValueError(f"no contextuality_words.csv in {run.path}; run `lmgeom analyze {run.path}` first")
     chosen = top_words(run.words, top_n)
     payload: dict[str, Any] = {"words": chosen, **_word_metrics(run.words, chosen), "neighbours": {}}
-    if not (run.path / "meta.json").exists():
-        payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need the extracted layers"
+    if not (run.path / "meta.json").exists() or not (run.path / "layers").is_dir():
+        payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need its extracted layers"
         return payload
     store = RepresentationStore.open(run.path)
     settings = (run.contextuality or {}).get("settings", {})

@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display, no browser
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from lmgeom.metrics.contextuality import MEV_VARIANTS  # noqa: E402
 from lmgeom.report.data import RunData  # noqa: E402
@@ -161,7 +162,7 @@ def save_figure(chart: Chart, directory: Path) -> list[Path]:
         ax.set_xlabel(chart.x_label)
         ax.set_ylabel(chart.y_label)
         if chart.integer_x:
-            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

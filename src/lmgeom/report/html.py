@@ -40,7 +40,7 @@ def number(value: Any, digits: int = 4) -> str:
 
 
 def table(frame: pd.DataFrame, *, digits: int = 4, text_columns: Iterable[str] = ()) -> str:
-    text = set(text_columns) | {c for c in frame.columns if frame[c].dtype == object}
+    text = set(text_columns) | {c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])}
     head = "".join(f'<th class="{"text" if c in text else ""}">{esc(c)}</th>' for c in frame.columns)
     rows = []
     for record in frame.to_dict("records"):
