@@ -24,7 +24,7 @@ from lmgeom.cli.report import register
 from lmgeom.metrics import analyze_store
 from lmgeom.metrics.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
 from lmgeom.pipeline import layer_summary
-from lmgeom.report import build_comparison, build_report, load_run
+from lmgeom.report import build_report, load_run
 from lmgeom.report.compare import COMPARED
 from lmgeom.report.explorer import EXPLORER_FILE, explorer_data
 from lmgeom.report.figures import run_charts
@@ -91,6 +91,22 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def shallow_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Only the store and its analysis, with a different depth (layers 0-2)."""
     return synthetic_run(tmp_path_factory.mktemp("shallow") / "run", n_layers=3, seed=2)
+
+
+def cli_app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.fixture(scope="module")
+def comparison(full_run: Path, shallow_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`lmgeom compare` of the two runs at 80 columns: (output folder, terminal output)."""
+    out = tmp_path_factory.mktemp("compare") / "cmp"
+    result = CliRunner().invoke(cli_app(), ["compare", str(full_run), str(shallow_run), "--out", str(out)],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return out, result.output
 
 
 def page_figures(html: str) -> dict:
@@ -270,10 +286,11 @@ def test_a_missing_run_directory_is_a_clear_error(tmp_path: Path) -> None:
 
 # ---- comparison ---------------------------------------------------------------------------------------
 
-def test_comparison_puts_runs_on_a_relative_depth_axis_with_their_own_numbers(full_run: Path, shallow_run: Path,
-                                                                              tmp_path: Path) -> None:
-    path = build_comparison([full_run, shallow_run], tmp_path / "cmp")
-    table = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+def test_comparison_puts_runs_on_a_relative_depth_axis_with_their_own_numbers(
+        full_run: Path, shallow_run: Path, comparison: tuple[Path, str]) -> None:
+    out, _ = comparison
+    path = out / "compare.html"
+    table = pd.read_csv(out / "compare.csv")
     for run, last in ((full_run, 3), (shallow_run, 2)):
         rows = table.loc[table["run_dir"] == str(run)]
         assert rows["depth"].tolist() == pytest.approx((rows["layer"] / last).tolist())
@@ -289,34 +306,25 @@ def test_comparison_puts_runs_on_a_relative_depth_axis_with_their_own_numbers(fu
     assert depth[1]["y"] == pytest.approx(values(records_of(shallow_run), "self_similarity", "adjusted"))
     for name, *_ in COMPARED:
         for axis in ("depth", "layer"):
-            assert (tmp_path / "cmp" / "figures" / f"{name}_by_{axis}.png").exists()
+            assert (out / "figures" / f"{name}_by_{axis}.png").exists()
             assert f"chart-{name}_by_{axis}" in figures
     assert_self_contained(path.read_text())
 
 
 # ---- command line --------------------------------------------------------------------------------------
 
-@pytest.fixture
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
-
-
-def test_report_and_compare_commands_print_readable_80_column_output(cli: typer.Typer, full_run: Path,
-                                                                      shallow_run: Path, tmp_path: Path) -> None:
+def test_report_and_compare_commands_print_readable_80_column_output(shallow_run: Path, comparison: tuple[Path, str],
+                                                                      tmp_path: Path) -> None:
     runner = CliRunner()
-    result = runner.invoke(cli, ["report", str(shallow_run)], env={"COLUMNS": "80"})
+    result = runner.invoke(cli_app(), ["report", str(shallow_run), "--out", str(tmp_path / "r.html")], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
-    assert "SelfSim adj" in result.output and "report.html" in result.output
-    assert (shallow_run / "report.html").exists()
+    assert "SelfSim adj" in result.output and "r.html" in result.output
+    assert (tmp_path / "r.html").exists()
     assert max(len(line) for line in result.output.splitlines()) <= 80
-    result = runner.invoke(cli, ["compare", str(full_run), str(shallow_run), "--out", str(tmp_path / "cmp")],
-                           env={"COLUMNS": "80"})
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "cmp" / "compare.html").exists() and "compare.csv" in result.output
-    assert max(len(line) for line in result.output.splitlines()) <= 80
-    result = runner.invoke(cli, ["report", str(tmp_path / "nowhere")])
+    out, output = comparison
+    assert (out / "compare.html").exists() and "compare.csv" in output and "SelfSim adj" in output
+    assert max(len(line) for line in output.splitlines()) <= 80
+    result = runner.invoke(cli_app(), ["report", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "not a directory" in result.output
 
 
@@ -326,15 +334,14 @@ def _browser() -> str:
     executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if executable is None:
         pytest.skip("no Chromium found (install it: `bash scripts/install.sh --test` or `apt-get install chromium`)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (`pip install playwright`)")
     return executable
 
 
-def test_report_renders_in_headless_chromium(full_run: Path, shallow_run: Path, tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
     executable = _browser()
-    compare = build_comparison([full_run, shallow_run], tmp_path / "cmp")
+    from playwright.sync_api import sync_playwright  # a test dependency: missing, it fails rather than skips
+
+    compare = comparison[0] / "compare.html"
     data = json.loads((full_run / EXPLORER_FILE).read_text())["data"]
     word = data["words"][1]
     with sync_playwright() as playwright:

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
                     table.add_row(str(layer), *(f"{v:.3f}" if v is not None else "—" for v in values))
                 console.print(table)
             for section, note in run.notes.items():
-                console.print(f"[dim]{section}: {note}[/]", soft_wrap=False)
+                console.print(f"[dim]{section}: {note}[/]")
             console.print(f"wrote {path}")
             console.print(f"figures in {run.path / 'figures'}")
 

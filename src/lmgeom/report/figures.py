@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -133,15 +134,16 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     import plotly.graph_objects as go
 
     figure = go.Figure()
+    subtitle_lines = textwrap.wrap(chart.subtitle, 140)
     for series in chart.series:
         figure.add_trace(go.Scatter(
             x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=series.name, mode="lines+markers",
             line={"dash": "dash" if series.dash else "solid"},
         ))
     figure.update_layout(
-        title={"text": f"{chart.title}<br><sup>{chart.subtitle}</sup>"},
+        title={"text": f"{chart.title}<br><sup>{'<br>'.join(subtitle_lines)}</sup>"},
         xaxis_title=chart.x_label, yaxis_title=chart.y_label, template="plotly_white", height=420,
-        margin={"t": 80, "l": 60, "r": 20, "b": 60}, legend={"orientation": "h", "y": -0.22},
+        margin={"t": 64 + 14 * len(subtitle_lines), "l": 60, "r": 20, "b": 60}, legend={"orientation": "h", "y": -0.22},
     )
     if chart.integer_x:
         figure.update_xaxes(tickmode="linear", dtick=max(1, round(max((max(s.x, default=0) for s in chart.series), default=0) / 15)))
@@ -158,14 +160,16 @@ def save_figure(chart: Chart, directory: Path) -> list[Path]:
     try:
         for series in chart.series:
             ax.plot(series.x, series.y, marker="o", markersize=3.5, linestyle="--" if series.dash else "-", label=series.name)
-        ax.set_title(f"{chart.title}\n{chart.subtitle}", fontsize=9)
+        subtitle = textwrap.fill(chart.subtitle, 120)
+        fig.text(0.01, 0.985, chart.title, fontsize=10, weight="bold", va="top", ha="left")
+        fig.text(0.01, 0.935, subtitle, fontsize=7, va="top", ha="left", color="#444")
         ax.set_xlabel(chart.x_label)
         ax.set_ylabel(chart.y_label)
         if chart.integer_x:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 1, 0.92 - 0.035 * subtitle.count("\n")))
         paths = [directory / f"{safe_name(chart.name)}.{ext}" for ext in ("png", "svg")]
         for path in paths:
             fig.savefig(path, dpi=150)
