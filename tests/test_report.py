@@ -24,6 +24,7 @@ from lmgeom.cli.report import register
 from lmgeom.metrics import analyze_store
 from lmgeom.metrics.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
 from lmgeom.pipeline import layer_summary
+from lmgeom.results import write_json
 from lmgeom.report import build_report, load_run
 from lmgeom.report.compare import COMPARED
 from lmgeom.report.explorer import EXPLORER_FILE, explorer_data
@@ -83,6 +84,10 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_benchmarks(benchmark_static_embeddings(embeddings), embeddings, run / "static")
     (run / "experiments" / "probe").mkdir(parents=True)
     (run / "experiments" / "probe" / "results.json").write_text(json.dumps({"records": EXPERIMENT_RECORDS}))
+    sts = [{"dataset": "STS-B", "split": "test", "layer": str(layer), "method": "none", "fit_on": "none",
+            "aggregation": "all", "spearman": 60.0 + layer + 0.125, "n_pairs": 10, "n_subsets": 1, "n_sentences": 20,
+            "log_partition_isotropy": -1.0, "isoscore": 0.5, "average_cosine": 0.25} for layer in range(4)]
+    write_json(run / "sts.json", "sts", {"settings": {}, "records": sts}, store_meta={"model_id": "synthetic-4"})
     build_report(run, explorer_neighbours=N_NEIGHBOURS)
     return run
 
@@ -170,6 +175,7 @@ def test_page_shows_findings_metadata_words_and_benchmarks(full_run: Path) -> No
     assert f"<td class=\"text\">{lowest['word']}</td>" in html and f"{lowest['self_similarity']:.4f}" in html
     assert "Static embeddings on word benchmarks" in html and "simlex999" in html and "google_analogies" in html
     assert "synthetic-4" in html and document["corpus_fingerprint"] in html
+    assert all(f"<td>{60 + layer + 0.125:.2f}</td>" in html for layer in range(4))  # the STS results
 
 
 def test_experiment_results_are_grouped_with_mean_and_std_over_seeds(full_run: Path, tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ PRODUCERS = {
     "explorer": "lmgeom analyze RUN on a run whose store is present",
 }
 
+# result files of other kinds at the top of a run directory (the explorer cache can be tens of MB)
+OTHER_RESULT_FILES = {"meta.json", "progress.json", "summary.json", "contextuality.json", "calibration.json", "explorer.json"}
 EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "metric")
 
 
@@ -138,6 +140,8 @@ def _read_sts(run_dir: Path) -> pd.DataFrame | None:
     """Records of every JSON of kind 'sts' at the top of the run directory."""
     frames = []
     for path in sorted(run_dir.glob("*.json")):
+        if path.name in OTHER_RESULT_FILES:
+            continue
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
