@@ -27,6 +27,7 @@ DEFAULT_TOP_WORDS = 2000
 DEFAULT_NEIGHBOURS = 10
 EXPLORER_FILE = "explorer.json"
 EXPLORER_KIND = "word_explorer"
+EXPLORER_FORMAT = 2  # bumped when the payload's layout changes, so an old cache is recomputed
 WORD_COLUMNS = ("self_similarity", "self_similarity_adjusted",
                 *(f"mev_{v}{suffix}" for v in MEV_VARIANTS for suffix in ("", "_adjusted")))
 
@@ -73,7 +74,8 @@ def _word_metrics(words: pd.DataFrame, chosen: list[str]) -> dict[str, Any]:
 
 def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFAULT_NEIGHBOURS,
                      on_layer: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Explorer payload: the chosen words, their metrics by layer and their neighbours per layer."""
+    """Explorer payload: the chosen words, their metrics by layer, and per layer a list aligned with the
+    words of [neighbour word indexes, cosines (3 decimals)], best first (null for a word without a vector)."""
     if run.words is None or run.words.empty:
         raise ValueError(f"no contextuality_words.csv in {run.path}; run `lmgeom analyze {run.path}` first")
     chosen = top_words(run.words, top_n)
@@ -92,10 +94,11 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
         if len(rows) < 2:
             continue
         order, cosines = nearest_neighbours(embeddings.vectors["first_pc"][rows], k)
-        payload["neighbours"][str(layer)] = {
-            name: [[index[names[j]], round(float(c), 4)] for j, c in zip(order[i], cosines[i])]
-            for i, name in enumerate(names)
-        }
+        # per chosen word (by index; null without a vector): [neighbour indexes], [cosines]
+        entries: list[list[list[Any]] | None] = [None] * len(chosen)
+        for i, name in enumerate(names):
+            entries[index[name]] = [[index[names[j]] for j in order[i]], [round(float(c), 3) for c in cosines[i]]]
+        payload["neighbours"][str(layer)] = entries
         if on_layer is not None:
             on_layer(layer)
     return payload
@@ -105,7 +108,7 @@ def explorer_data(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFA
                   refresh: bool = False, on_layer: Callable[[int], None] | None = None) -> dict[str, Any]:
     """The cached RUN/explorer.json when it was made with these settings from this analysis, else computed and cached."""
     path = run.path / EXPLORER_FILE
-    settings = {"top_words": top_n, "neighbours": k, "analysis_sha256": _analysis_fingerprint(run),
+    settings = {"format": EXPLORER_FORMAT, "top_words": top_n, "neighbours": k, "analysis_sha256": _analysis_fingerprint(run),
                 "vectors": "first principal component of each word's occurrences (lmgeom.metrics.static)"}
     if path.exists() and not refresh:
         try:

@@ -140,12 +140,12 @@ EXPLORER_SCRIPT = """
       columns.map(c => '<th>' + esc(c[1]) + '</th>').join('') + '</tr></thead><tbody>' + rows + '</tbody></table></div>' +
       '<div id="explorer-chart" class="chart"></div>';
     const layer = layerSelect.value;
-    const neighbours = (data.neighbours[layer] || {})[word];
+    const neighbours = (data.neighbours[layer] || [])[index];
     if (neighbours) {
       html += '<h4>Nearest neighbours at layer ' + esc(layer) + ' (cosine of first-principal-component vectors)</h4>' +
         '<table id="explorer-neighbours"><thead><tr><th>rank</th><th class="text">word</th><th>cosine</th></tr></thead><tbody>' +
-        neighbours.map((n, r) => '<tr><td>' + (r + 1) + '</td><td class="text">' + esc(data.words[n[0]]) + '</td><td>' +
-          fmt(n[1]) + '</td></tr>').join('') + '</tbody></table>';
+        neighbours[0].map((n, r) => '<tr><td>' + (r + 1) + '</td><td class="text">' + esc(data.words[n]) + '</td><td>' +
+          neighbours[1][r].toFixed(3) + '</td></tr>').join('') + '</tbody></table>';
     } else {
       html += '<p class="missing">' + esc(data.neighbours_note || ('no neighbours of this word at layer ' + layer)) + '</p>';
     }
