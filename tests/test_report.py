@@ -12,6 +12,7 @@ import shutil
 import struct
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -234,11 +235,16 @@ def test_explorer_data_is_cached_with_provenance_and_recomputed_for_other_settin
 
     calls: list[int] = []
     original = explorer.static_embeddings
-    monkeypatch.setattr(explorer, "static_embeddings", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["layer"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(explorer, "static_embeddings", counted)
     assert explorer_data(load_run(run), k=N_NEIGHBOURS) == cached["data"]
     assert calls == []  # served from the cache
     explorer_data(load_run(run), k=N_NEIGHBOURS + 1)
-    assert len(calls) == 4  # one distillation per layer
+    assert calls == [0, 1, 2, 3]  # one distillation per layer
     assert json.loads((run / EXPLORER_FILE).read_text())["settings"]["neighbours"] == N_NEIGHBOURS + 1
 
 
