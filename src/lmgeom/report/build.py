@@ -1,0 +1,203 @@
+"""`build_report`: one run's result files → RUN/report.html and RUN/figures/*.png|svg."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from lmgeom.report.data import (
+    PRODUCERS,
+    RunData,
+    context_specific_words,
+    elapsed_seconds,
+    layer_label,
+    load_run,
+    summarise_experiments,
+)
+from lmgeom.report.explorer import DEFAULT_NEIGHBOURS, DEFAULT_TOP_WORDS, explorer_data
+from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure
+from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
+from lmgeom.results import atomic_write_text
+
+FIGURES_DIR = "figures"
+REPORT_FILE = "report.html"
+N_WORDS_SHOWN = 10
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "—"
+
+
+def _metadata(run: RunData) -> list[tuple[str, Any]]:
+    meta, contextuality = run.meta, run.contextuality or {}
+    settings = contextuality.get("settings", {})
+    items: list[tuple[str, Any]] = [
+        ("model", run.model_id),
+        ("model class / revision or fingerprint", f"{meta.get('model_class', '—')} / "
+                                                    f"{meta.get('model_revision') or meta.get('model_fingerprint') or '—'}"),
+        ("corpus", f"{run.corpus} (fingerprint {meta.get('corpus_fingerprint') or contextuality.get('corpus_fingerprint') or '—'})"),
+        ("store", f"{_count(meta.get('n_sentences'))} sentences, {_count(meta.get('n_tokens'))} tokens, "
+                  f"{_count(meta.get('n_vocab'))} distinct words; {meta.get('n_layers', '—')} layers x {meta.get('dim', '—')} dims, "
+                  f"{meta.get('pooling', '—')} pooling, {meta.get('dtype', '—')}, special tokens {meta.get('special_tokens', '—')}"
+         if meta else "no meta.json: the store is not in this directory"),
+        ("analysis", run.counts_caption() + (
+            f"; words in ≥ {settings.get('min_contexts')} sentences; punctuation "
+            f"{'excluded' if settings.get('exclude_punct') else 'included'}; seed {settings.get('seed')}" if settings else "")),
+        ("layers", "layer 0 = embedding output; layer l ≥ 1 = output of transformer block l"),
+        ("lmgeom version", contextuality.get("lmgeom_version") or meta.get("lmgeom_version", "—")),
+        ("extracted", meta.get("created", "—")),
+    ]
+    seconds = elapsed_seconds(meta, contextuality)
+    if seconds is not None:
+        items.append(("time taken", f"{seconds:,.1f} s"))
+    return items
+
+
+def _layer_table(run: RunData) -> pd.DataFrame:
+    assert run.layers is not None
+    wide = run.layers.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
+    columns: dict[str, Any] = {"layer": wide.index, "name": [layer_label(int(layer)) for layer in wide.index]}
+    for metric in dict.fromkeys(run.layers["metric"]):
+        columns[metric] = wide[("raw", metric)].to_numpy()
+        if run.layers.loc[run.layers["metric"] == metric, "adjusted"].notna().any():
+            columns[f"{metric} adj"] = wide[("adjusted", metric)].to_numpy()
+    frame = pd.DataFrame(columns)
+    if run.summary is not None:
+        frame.insert(2, "mean norm", frame["layer"].map(run.summary.set_index("layer")["mean_norm"]))
+    return frame
+
+
+def _words_section(run: RunData) -> str:
+    if run.words is None or run.words.empty:
+        return missing(run.notes.get("words", f"no word results; run `{PRODUCERS['words']}`"))
+    layers = sorted(int(layer) for layer in run.words["layer"].unique())
+    last = layers[-1]
+    most, least = context_specific_words(run.words, last, n=N_WORDS_SHOWN)
+    body = (
+        f"<p class=\"note\">Self-similarity at the last layer ({last}, {layer_label(last)}); low = the word's "
+        "representations change most with context.</p>"
+        f"<h3>Most context-specific (lowest self-similarity), layer {last}</h3>{table(most)}"
+        f"<h3>Least context-specific (highest self-similarity), layer {last}</h3>{table(least)}"
+    )
+    per_layer = []
+    for layer in layers:
+        low, high = context_specific_words(run.words, layer, n=N_WORDS_SHOWN)
+        per_layer.append({"layer": layer, "most context-specific": ", ".join(low["word"]),
+                          "least context-specific": ", ".join(high["word"])})
+    return body + "<h3>Per layer</h3>" + table(pd.DataFrame(per_layer))
+
+
+def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], page: Page) -> str:
+    if run.calibration is None:
+        return missing(run.notes["calibration"])
+    body = "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("calibration_"))
+    table_frame = calibration_table(run.calibration)
+    settings = run.calibration_settings
+    note = (f"<p class=\"note\">Methods {', '.join(map(str, settings.get('methods', [])))}; fitted and measured on "
+            f"{settings.get('eval_rows', '—')} rows per layer; seed {settings.get('seed', '—')}.</p>" if settings else "")
+    return note + body + "<h3>Every isotropy measure, before and after each method</h3>" + table(table_frame)
+
+
+def calibration_table(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer and state (before, after METHOD), one column per isotropy measure."""
+    before = records.drop_duplicates(["layer", "measure"]).assign(state="before")
+    after = records.assign(state="after " + records["method"].astype(str))
+    states = pd.concat([before.assign(value=before["before"]), after.assign(value=after["after"])], ignore_index=True)
+    order = {state: i for i, state in enumerate(dict.fromkeys(states["state"]))}
+    wide = states.pivot_table(index=["layer", "state"], columns="measure", values="value", sort=False).reset_index()
+    wide = wide.sort_values(["layer", "state"], key=lambda c: c.map(order) if c.name == "state" else c, kind="stable")
+    wide.columns.name = None
+    return wide.reset_index(drop=True)
+
+
+def _experiments_section(run: RunData) -> str:
+    if run.experiments is None:
+        return missing(run.notes["experiments"])
+    summary = summarise_experiments(run.experiments)
+    summary["mean ± std"] = [f"{m:.4f} ± {s:.4f}" for m, s in zip(summary["mean"], summary["std"])]
+    shown = summary.drop(columns=["mean", "std"]).rename(columns={"n": "seeds"})
+    return "<p class=\"note\">Mean ± standard deviation over seeds.</p>" + "".join(
+        f"<h3>{esc(name)}</h3>{table(group.drop(columns=['experiment']))}"
+        for name, group in shown.groupby("experiment", sort=True)
+    )
+
+
+def build_report(
+    run_dir: str | os.PathLike,
+    *,
+    include: Sequence[str | os.PathLike] = (),
+    out: str | os.PathLike | None = None,
+    explorer_words: int = DEFAULT_TOP_WORDS,
+    explorer_neighbours: int = DEFAULT_NEIGHBOURS,
+    on_layer: Callable[[int], None] | None = None,
+) -> Path:
+    """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files; no model is needed.
+
+    `include` adds folders of experiment results (results.json, or */results.json). The word explorer's
+    neighbours are computed from the store once and cached in RUN/explorer.json.
+    """
+    run = load_run(run_dir, include=include)
+    out_path = Path(out) if out is not None else run.path / REPORT_FILE
+    figures_dir = run.path / FIGURES_DIR
+    charts = [(chart, save_figure(chart, figures_dir)) for chart in run_charts(run)]
+    relative = {chart.name: [os.path.relpath(p, out_path.parent) for p in paths] for chart, paths in charts}
+    figure_of = {chart.name: (chart, relative[chart.name]) for chart, _ in charts}
+
+    page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.path.name}")
+    page.section("run", "Run", definition_list(_metadata(run)))
+    contextuality = run.contextuality
+    if contextuality is None:
+        page.section("findings", "Findings", missing(run.notes["contextuality"]))
+    else:
+        statements = "".join(f"<li>{esc(s)}</li>" for s in contextuality.get("statements", []))
+        page.section("findings", "Findings (computed from this run)", f"<ul>{statements}</ul>")
+
+    def chart_or_note(name: str) -> str:
+        if name in figure_of:
+            chart, files = figure_of[name]
+            return page.chart(chart, files=files)
+        return missing(run.notes.get("contextuality", f"no values for {name} in contextuality.json"))
+
+    page.section("anisotropy", "Anisotropy baseline by layer",
+                 "<p class=\"note\">Mean cosine between word occurrences at random: the baseline that the adjusted "
+                 "measures subtract. Exact = all pairs in closed form; sampled = the paper's estimate.</p>"
+                 + chart_or_note("anisotropy"))
+    page.section("self-similarity", "Self-similarity", chart_or_note("self_similarity"))
+    page.section("intra-sentence", "Intra-sentence similarity", chart_or_note("intra_sentence_similarity"))
+    page.section("mev", "Maximum explainable variance",
+                 "<p class=\"note\">Share of a word's occurrence variance explained by its first principal direction, "
+                 "in three named variants; adjusted = raw minus the same variant on sampled occurrences.</p>"
+                 + chart_or_note("mev") + chart_or_note("mev_adjusted"))
+    if run.layers is not None:
+        page.section("layers", "All measures by layer", table(_layer_table(run)))
+    page.section("words", "Least and most context-specific words", _words_section(run))
+
+    if run.words is not None and not run.words.empty:
+        data = explorer_data(run, top_n=explorer_words, k=explorer_neighbours, on_layer=on_layer)
+        body, script = explorer_section(data, run_subtitle(run))
+        page.section("explorer", "Word explorer", body)
+        page.scripts.append(script)
+    else:
+        page.section("explorer", "Word explorer", missing(run.notes["words"]))
+
+    if run.static is None:
+        page.section("static", "Static embeddings on word benchmarks", missing(run.notes["static"]))
+    else:
+        columns = [c for c in ("layer", "vectors", "benchmark", "task", "metric", "score", "covered", "total", "coverage") if c in run.static]
+        page.section("static", "Static embeddings on word benchmarks",
+                     "<p class=\"note\">First-principal-component, mean and layer-0-mean word vectors; Spearman for "
+                     "similarity, 3CosAdd accuracy for analogies; benchmarks matched lowercase.</p>" + table(run.static[columns], digits=3))
+    page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
+    if run.sts is None:
+        page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))
+    else:
+        columns = [c for c in ("file", "dataset", "layer", "method", "fit_on", "aggregation", "spearman", "n_pairs",
+                               "log_partition_isotropy", "isoscore", "average_cosine") if c in run.sts]
+        page.section("sts", "Sentence similarity (STS)", "<p class=\"note\">Spearman × 100.</p>" + table(run.sts[columns], digits=2))
+    page.section("experiments", "Experiment results", _experiments_section(run))
+
+    atomic_write_text(out_path, page.render())
+    return out_path

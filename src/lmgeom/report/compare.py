@@ -1,0 +1,105 @@
+"""`build_comparison`: several runs side by side, by layer index and by relative depth (layer / last layer)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from lmgeom.metrics.contextuality import MEV_VARIANTS
+from lmgeom.report.data import RunData, load_run
+from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
+from lmgeom.report.html import Page, missing, table
+from lmgeom.results import atomic_write_text
+
+# (name, contextuality metric, raw or adjusted, title)
+COMPARED = [
+    ("anisotropy", "anisotropy_exact", "raw", "Anisotropy baseline (exact mean cosine)"),
+    ("self_similarity", "self_similarity", "raw", "Self-similarity, raw"),
+    ("self_similarity_adjusted", "self_similarity", "adjusted", "Self-similarity, adjusted (raw − baseline)"),
+    ("intra_sentence_similarity", "intra_sentence_similarity", "raw", "Intra-sentence similarity, raw"),
+    ("intra_sentence_similarity_adjusted", "intra_sentence_similarity", "adjusted", "Intra-sentence similarity, adjusted"),
+    *((f"mev_{v}{suffix}", f"mev_{v}", column, f"MEV {MEV_NAMES[v]}, {column}")
+      for v in MEV_VARIANTS for suffix, column in (("", "raw"), ("_adjusted", "adjusted"))),
+]
+
+
+def _labels(runs: Sequence[RunData]) -> list[str]:
+    """Each run's 'model on corpus', with its directory name where two runs would share one."""
+    labels = [run.label for run in runs]
+    return [f"{label} ({run.path.name})" if labels.count(label) > 1 else label for label, run in zip(labels, runs)]
+
+
+def comparison_table(runs: Sequence[RunData]) -> pd.DataFrame:
+    """Tidy rows: run, run_dir, model, corpus, layer, depth (layer / last layer), metric, raw, baseline, adjusted."""
+    frames = []
+    for label, run in zip(_labels(runs), runs):
+        if run.layers is None:
+            raise ValueError(f"{run.path} has no contextuality.json; run `lmgeom analyze {run.path}` before comparing")
+        frame = run.layers[["layer", "metric", "raw", "baseline", "adjusted"]].copy()
+        last = int(frame["layer"].max())
+        frame.insert(0, "depth", frame["layer"] / last if last > 0 else 0.0)
+        frame.insert(0, "corpus", run.corpus)
+        frame.insert(0, "model", run.model_id)
+        frame.insert(0, "run_dir", str(run.path))
+        frame.insert(0, "run", label)
+        frames.append(frame)
+    columns = ["run", "run_dir", "model", "corpus", "layer", "depth", "metric", "raw", "baseline", "adjusted"]
+    return pd.concat(frames, ignore_index=True)[columns]
+
+
+def wide_table(tidy: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and layer, one column per compared metric (raw or adjusted as named)."""
+    index = ["run", "layer", "depth"]
+    columns = [
+        tidy.loc[tidy["metric"] == metric].set_index(index)[column].rename(name)
+        for name, metric, column, _ in COMPARED
+        if (tidy["metric"] == metric).any()
+    ]
+    return pd.concat(columns, axis=1).reset_index()
+
+
+def comparison_charts(tidy: pd.DataFrame, caption: str) -> list[Chart]:
+    """Per compared metric: one chart by relative depth and one by layer index, one line per run."""
+    charts = []
+    for name, metric, column, title in COMPARED:
+        rows = tidy.loc[tidy["metric"] == metric]
+        for axis, x_label, suffix in (("depth", DEPTH_AXIS, "depth"), ("layer", LAYER_AXIS, "layer")):
+            series = [
+                Series(run, group[axis].astype(float).tolist(), group[column].astype(float).tolist())
+                for run, group in rows.sort_values("layer").groupby("run", sort=False)
+            ]
+            charts.append(Chart(f"{name}_by_{suffix}", f"{title} by {'relative depth' if axis == 'depth' else 'layer'}",
+                                caption, x_label, title, series, integer_x=axis == "layer"))
+    return [chart for chart in charts if chart.has_data]
+
+
+def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
+    """OUT/compare.html, OUT/figures/*.png|svg and OUT/compare.csv for several analysed runs."""
+    if len(run_dirs) < 1:
+        raise ValueError("give at least one run directory to compare")
+    runs = [load_run(run_dir) for run_dir in run_dirs]
+    out = Path(out)
+    tidy = comparison_table(runs)
+    atomic_write_text(out / "compare.csv", tidy.to_csv(index=False))
+    caption = "; ".join(f"{label}: {run.counts_caption()}" for label, run in zip(_labels(runs), runs)) + \
+        "; layer 0 = embedding output"
+    page = Page("lmgeom comparison: " + ", ".join(_labels(runs)), caption)
+    listing = pd.DataFrame([{"run": label, "directory": str(run.path), "layers": len(run.layer_numbers),
+                             "words": run.counts.get("words_analysed"), "tokens": run.counts.get("rows_analysed")}
+                            for label, run in zip(_labels(runs), runs)])
+    page.section("runs", "Runs", table(listing, text_columns=("run", "directory")))
+    by_name = {chart.name: chart for chart in comparison_charts(tidy, caption)}
+    for name, _, _, title in COMPARED:
+        body = ""
+        for suffix in ("depth", "layer"):
+            chart = by_name.get(f"{name}_by_{suffix}")
+            if chart is not None:
+                files = save_figure(chart, out / "figures")
+                body += page.chart(chart, files=[os.path.relpath(p, out) for p in files])
+        page.section(name, title, body or missing(f"no run has values for {title}"))
+    page.section("table", "Values by run and layer", table(wide_table(tidy), text_columns=("run",)))
+    path = atomic_write_text(out / "compare.html", page.render())
+    return path

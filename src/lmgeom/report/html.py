@@ -1,0 +1,189 @@
+"""Self-contained HTML pages: styles, Plotly's script and all data inlined (readable from file://)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from lmgeom.report.figures import Chart, plotly_figure
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1100px;
+       padding: 1em 2em 4em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 2em; }
+.note { color: #555; font-size: 0.92em; } .missing { background: #fff6e0; border-left: 4px solid #e0a000; padding: 0.5em 1em; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; } th { background: #f4f4f4; }
+td.text, th.text { text-align: left; } .chart { min-height: 420px; margin: 1em 0; }
+.figure-files { font-size: 0.85em; color: #555; margin-top: -0.6em; }
+nav a { margin-right: 1em; } #explorer-controls input, #explorer-controls select { font-size: 1em; padding: 0.2em 0.4em; }
+.wide { overflow-x: auto; }
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def number(value: Any, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return esc(value)
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
+        return f"{int(value):,}"
+    return f"{value:.{digits}f}"
+
+
+def table(frame: pd.DataFrame, *, digits: int = 4, text_columns: Iterable[str] = ()) -> str:
+    text = set(text_columns) | {c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])}
+    head = "".join(f'<th class="{"text" if c in text else ""}">{esc(c)}</th>' for c in frame.columns)
+    rows = []
+    for record in frame.to_dict("records"):
+        cells = "".join(
+            f'<td class="text">{esc(record[c])}</td>' if c in text else f"<td>{number(record[c], digits)}</td>"
+            for c in frame.columns
+        )
+        rows.append(f"<tr>{cells}</tr>")
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+
+
+def definition_list(items: Sequence[tuple[str, Any]]) -> str:
+    rows = "".join(f'<tr><th class="text">{esc(k)}</th><td class="text">{esc(v)}</td></tr>' for k, v in items)
+    return f"<table>{rows}</table>"
+
+
+def missing(message: str) -> str:
+    return f'<p class="missing">{esc(message)}</p>'
+
+
+def script_json(value: Any) -> str:
+    """JSON safe inside a <script> element (no '</' can close it early)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+
+
+class Page:
+    """Sections and charts, rendered into one HTML document with Plotly's script inlined once."""
+
+    def __init__(self, title: str, subtitle: str) -> None:
+        self.title = title
+        self.subtitle = subtitle
+        self.sections: list[tuple[str, str, str]] = []  # (anchor, heading, body)
+        self.figures: dict[str, dict[str, Any]] = {}
+        self.scripts: list[str] = []
+
+    def section(self, anchor: str, heading: str, body: str) -> None:
+        self.sections.append((anchor, heading, body))
+
+    def chart(self, chart: Chart, *, files: Sequence[str] = ()) -> str:
+        """A chart's placeholder; its figure is drawn by the page script."""
+        div_id = f"chart-{chart.name}"
+        self.figures[div_id] = plotly_figure(chart)
+        links = " · ".join(f'<a href="{esc(f)}">{esc(f.rsplit(".", 1)[-1].upper())}</a>' for f in files)
+        caption = f'<p class="figure-files">for papers: {links}</p>' if links else ""
+        return f'<div class="chart" id="{div_id}" data-chart="{esc(chart.name)}"></div>{caption}'
+
+    def render(self) -> str:
+        from plotly.offline import get_plotlyjs
+
+        nav = "".join(f'<a href="#{a}">{esc(h)}</a>' for a, h, _ in self.sections)
+        body = "".join(f'<section id="{a}"><h2>{esc(h)}</h2>{b}</section>' for a, h, b in self.sections)
+        draw = (
+            f"const LMGEOM_FIGURES = {script_json(self.figures)};\n"
+            "for (const [id, fig] of Object.entries(LMGEOM_FIGURES)) {\n"
+            "  Plotly.newPlot(id, fig.data, fig.layout, {responsive: true, displaylogo: false});\n"
+            "}\n"
+        )
+        scripts = "".join(f"<script>{s}</script>" for s in [draw, *self.scripts])
+        return (
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{esc(self.title)}</title>"
+            f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
+            f"<h1>{esc(self.title)}</h1><p class=\"note\">{esc(self.subtitle)}</p><nav>{nav}</nav>"
+            f"{body}{scripts}</body></html>\n"
+        )
+
+
+EXPLORER_SCRIPT = """
+(function () {
+  const data = JSON.parse(document.getElementById('explorer-data').textContent);
+  const input = document.getElementById('explorer-word');
+  const layerSelect = document.getElementById('explorer-layer');
+  const out = document.getElementById('explorer-result');
+  const lookup = new Map(data.words.map((w, i) => [w.toLowerCase(), i]));
+  const fmt = v => (v === null || v === undefined) ? '—' : v.toFixed(4);
+  const esc = s => String(s).replace(/[&<>"']/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;'}[c]));
+  const columns = %COLUMNS%;
+  function show() {
+    const typed = input.value.trim();
+    if (!typed) { out.innerHTML = ''; return; }
+    const exact = data.words.indexOf(typed);
+    const index = exact >= 0 ? exact : lookup.get(typed.toLowerCase());
+    if (index === undefined) {
+      out.innerHTML = '<p class="missing">"' + esc(typed) + '" is not among the ' + data.words.length +
+        ' most frequent analysed words.</p>';
+      return;
+    }
+    const word = data.words[index];
+    const m = data.metrics[word];
+    let rows = '';
+    data.layers.forEach((layer, i) => {
+      rows += '<tr><td>' + layer + '</td>' + columns.map(c => '<td>' + fmt(m[c[0]] ? m[c[0]][i] : null) + '</td>').join('') + '</tr>';
+    });
+    let html = '<h3 id="explorer-word-title">' + esc(word) + '</h3><p class="note">' + m.count +
+      ' occurrences in ' + m.contexts + ' sentences; layer 0 = embedding output</p>' +
+      '<div class="wide"><table id="explorer-metrics"><thead><tr><th>layer</th>' +
+      columns.map(c => '<th>' + esc(c[1]) + '</th>').join('') + '</tr></thead><tbody>' + rows + '</tbody></table></div>' +
+      '<div id="explorer-chart" class="chart"></div>';
+    const layer = layerSelect.value;
+    const neighbours = (data.neighbours[layer] || [])[index];
+    if (neighbours) {
+      html += '<h4>Nearest neighbours at layer ' + esc(layer) + ' (cosine of first-principal-component vectors)</h4>' +
+        '<table id="explorer-neighbours"><thead><tr><th>rank</th><th class="text">word</th><th>cosine</th></tr></thead><tbody>' +
+        neighbours[0].map((n, r) => '<tr><td>' + (r + 1) + '</td><td class="text">' + esc(data.words[n]) + '</td><td>' +
+          neighbours[1][r].toFixed(3) + '</td></tr>').join('') + '</tbody></table>';
+    } else {
+      html += '<p class="missing">' + esc(data.neighbours_note || ('no neighbours of this word at layer ' + layer)) + '</p>';
+    }
+    out.innerHTML = html;
+    const traces = [['self_similarity', 'self-similarity'], ['self_similarity_adjusted', 'self-similarity adjusted'],
+                    ['mev_uncentred', 'MEV uncentred'], ['mev_centred', 'MEV centred'], ['mev_svd_ratio', 'MEV SVD ratio']]
+      .filter(t => m[t[0]]).map(t => ({x: data.layers, y: m[t[0]], name: t[1], mode: 'lines+markers', type: 'scatter'}));
+    Plotly.newPlot('explorer-chart', traces, {
+      title: {text: '"' + word + '" across layers<br><sup>' + data.caption + '</sup>'}, template: 'plotly_white',
+      xaxis: {title: {text: 'layer (layer 0 = embedding output)'}, dtick: 1}, yaxis: {title: {text: 'value'}},
+      height: 380, margin: {t: 70, l: 60, r: 20, b: 50}}, {responsive: true, displaylogo: false});
+  }
+  input.addEventListener('input', show);
+  input.addEventListener('change', show);
+  layerSelect.addEventListener('change', show);
+})();
+"""
+
+
+def explorer_section(data: dict[str, Any], caption: str) -> tuple[str, str]:
+    """(section body, script) of the word explorer."""
+    from lmgeom.report.explorer import WORD_COLUMNS
+
+    columns = [[c, c.replace("_", " ").replace("mev", "MEV")] for c in WORD_COLUMNS]
+    payload = {**data, "caption": caption}
+    layers = data["layers"]
+    options = "".join(
+        f'<option value="{layer}"{" selected" if layer == layers[-1] else ""}>{layer}</option>' for layer in layers
+    )
+    datalist = "".join(f'<option value="{esc(w)}">' for w in data["words"])
+    example = esc(data["words"][0]) if data["words"] else ""
+    body = (
+        f'<p class="note">The {len(data["words"]):,} most frequent analysed words: self-similarity and MEV by layer, and '
+        "their nearest neighbours among the first-principal-component static vectors of a layer (precomputed; "
+        f'cached in explorer.json). Try "{example}".</p>'
+        '<div id="explorer-controls"><label>word <input id="explorer-word" list="explorer-words" autocomplete="off"></label> '
+        f'<label>neighbours at layer <select id="explorer-layer">{options}</select></label></div>'
+        f'<datalist id="explorer-words">{datalist}</datalist><div id="explorer-result"></div>'
+        f'<script type="application/json" id="explorer-data">{script_json(payload)}</script>'
+    )
+    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", json.dumps(columns))
