@@ -101,8 +101,9 @@ def _load_transformers(source, *, gguf_file: str | None, revision: str | None, d
 
     kwargs = {"revision": revision} if revision else {}
     if gguf_file:
-        if importlib.util.find_spec("gguf") is None:
-            raise ImportError("loading a GGUF model needs the gguf package: pip install gguf")
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ImportError(f"transformers loads GGUF weights only with {' and '.join(missing)} installed: pip install {' '.join(missing)}")
         kwargs["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
