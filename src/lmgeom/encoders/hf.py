@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -12,6 +14,39 @@ from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.alignment import TokenizedSentence, choose_windows, plan_windows, tokenize_sentence
 
 POOLINGS = ("mean", "first", "last")
+# Config entries that say where or how a model was loaded, not what it is (the compute dtype is
+# recorded in the store's settings on its own).
+_CONFIG_KEYS_NOT_FINGERPRINTED = ("transformers_version", "dtype", "torch_dtype")
+
+
+def _short_hash(*parts: bytes | str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def hash_state_dict(model: torch.nn.Module) -> str:
+    """Hash of every tensor of the state dict (name, dtype, shape, bytes): exact, one pass over the weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def hash_tokenizer(tokenizer: Any) -> str:
+    """Hash of the tokenizer's full definition (vocabulary, normalizer, pre-tokenizer,
+    post-processor, added tokens) and the special tokens transformers assigns."""
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
+    return _short_hash(tokenizer.backend_tokenizer.to_str(), special)
+
+
+def hash_config(config: Any) -> str:
+    """Hash of the model config, leaving out private entries and `_CONFIG_KEYS_NOT_FINGERPRINTED`."""
+    entries = {key: value for key, value in config.to_dict().items() if not key.startswith("_") and key not in _CONFIG_KEYS_NOT_FINGERPRINTED}
+    return _short_hash(json.dumps(entries, sort_keys=True, default=str))
 
 
 @dataclass
@@ -41,6 +76,9 @@ class HFEncoder:
     are pooled into the words their character spans overlap (`pooling`: mean, first or last piece).
     Inputs longer than `max_length` are split into overlapping windows, and each word takes its
     vector from the window where it has most context on both sides.
+    `weights_fingerprint` identifies the weights cheaply (e.g. a hash of the weight files); None
+    hashes every tensor of the state dict. The store records it with hashes of the tokenizer and
+    the config as `model_fingerprint`, so a resumed extraction refuses another model.
     """
 
     def __init__(
@@ -49,7 +87,7 @@ class HFEncoder:
         tokenizer: Any,
         *,
         model_id: str,
-        model_fingerprint: str = "",
+        weights_fingerprint: str | None = None,
         pooling: str = "mean",
         keep_special: bool = False,
         prepend_bos: bool = False,
@@ -68,7 +106,9 @@ class HFEncoder:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
-        self.model_fingerprint = model_fingerprint
+        weights = weights_fingerprint if weights_fingerprint is not None else hash_state_dict(model)
+        # What a resumed extraction must share with the interrupted one: weights, tokenizer and config.
+        self.model_fingerprint = f"weights:{weights} tokenizer:{hash_tokenizer(tokenizer)} config:{hash_config(model.config)}"
         self.pooling = pooling
         self.keep_special = keep_special
         self.prepend_bos = prepend_bos

@@ -78,7 +78,7 @@ def load_encoder(
     if name_or_path in TINY_MODELS:
         model, tokenizer = tiny_model(name_or_path)
         model = model.to(resolved_device, compute_dtype)
-        return HFEncoder(model, tokenizer, model_id=name_or_path, model_fingerprint="seed0", **options)
+        return HFEncoder(model, tokenizer, model_id=name_or_path, **options)  # fingerprinted by a hash of its tensors
     if name_or_path == "minilm":
         source, model_id = minilm_path(), "minilm (sentence-transformers/all-MiniLM-L6-v2)"
     elif name_or_path == "smollm2":
@@ -93,7 +93,7 @@ def load_encoder(
     model, tokenizer = _load_transformers(source, gguf_file=gguf_file, revision=revision, dtype=compute_dtype)
     model = model.to(resolved_device)
     fingerprint = _fingerprint(source, gguf_file, revision)
-    return HFEncoder(model, tokenizer, model_id=model_id, model_fingerprint=fingerprint, **options)
+    return HFEncoder(model, tokenizer, model_id=model_id, weights_fingerprint=fingerprint, **options)
 
 
 def _load_transformers(source, *, gguf_file: str | None, revision: str | None, dtype: torch.dtype):
