@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -60,6 +60,11 @@ class _ActNorm(nn.Module):
 
 class _InvertibleLinear(nn.Module):
     """y = x W^T with W = P L (U + diag(sign * exp(log_s))), P a fixed permutation, L unit lower-triangular."""
+
+    permutation_index: torch.Tensor
+    sign: torch.Tensor
+    lower_mask: torch.Tensor
+    identity: torch.Tensor
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -155,7 +160,7 @@ class _Flow(nn.Module):
 
     def inverse(self, z: torch.Tensor) -> torch.Tensor:
         for layer in reversed(self.layers):
-            z = layer.inverse(z)
+            z = cast("_ActNorm | _InvertibleLinear | _Coupling", layer).inverse(z)
         return z
 
 
@@ -293,6 +298,7 @@ class FlowCalibrator(Calibrator):
     def log_det(self, X: Any) -> np.ndarray:
         """log |det dz/dx| of the flow at each point (float64 array of length n_points)."""
         _, log_det, _ = self._apply(X, "forward")
+        assert log_det is not None  # the forward pass always yields it
         return log_det
 
     def score_samples(self, X: Any) -> np.ndarray:

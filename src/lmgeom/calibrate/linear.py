@@ -75,8 +75,10 @@ class _MomentCalibrator(Calibrator):
     def _set_fitted_state(self, state: dict[str, Any]) -> None:
         moments = {key.removeprefix(_MOMENT_PREFIX): scalar_or_array(value) for key, value in state.items() if key.startswith(_MOMENT_PREFIX)}
         super()._set_fitted_state({key: value for key, value in state.items() if not key.startswith(_MOMENT_PREFIX)})
+        # Any: mypy rejects MomentAccumulator for the protocol bound of from_state_dict in metrics/base.py.
+        accumulator_class: Any = MomentAccumulator
         if moments.get("count", 0) > 0:
-            self._moments = MomentAccumulator.from_state_dict(moments)
+            self._moments = accumulator_class.from_state_dict(moments)
         elif moments:
             self._moments = MomentAccumulator(full_covariance=bool(moments["full_covariance"]))
 

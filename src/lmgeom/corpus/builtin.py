@@ -96,7 +96,9 @@ def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
         if name == "lee" and argument:
             raise ValueError(_spec_error(spec, "the lee corpus takes no argument (it ships with gensim); write plain 'lee'"))
         try:
-            return BUILTIN_CORPORA[name](argument) if argument else BUILTIN_CORPORA[name]()
+            if not argument:
+                return BUILTIN_CORPORA[name]()
+            return brown(argument) if name == "brown" else sts(argument)
         except FileNotFoundError as error:
             raise FileNotFoundError(_spec_error(spec, str(error))) from None
     if name == "hf":

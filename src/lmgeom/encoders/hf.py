@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -117,7 +117,7 @@ class HFEncoder:
         self.max_length = max_length or model_max_length(model, tokenizer)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        config = model.config
+        config: Any = model.config
         self.n_layers = int(config.num_hidden_layers) + 1
         self.dim = int(config.hidden_size)
         self.pad_id = next(
@@ -147,7 +147,9 @@ class HFEncoder:
     # ---- public encoding API ------------------------------------------------------------------
     def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
         """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`)."""
-        windows, units, layout = [], [], []
+        windows: list[list[int]] = []
+        units: list[_Unit] = []
+        layout: list[tuple[int, int, list[str], np.ndarray, int, int]] = []
         for offset, sentence in enumerate(sentences):
             tokenized = tokenize_sentence(
                 self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset,
@@ -200,7 +202,9 @@ class HFEncoder:
         out = np.empty((self.n_layers, len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), batch_sentences):
             chunk = texts[start : start + batch_sentences]
-            windows, units, owners = [], [], []
+            windows: list[list[int]] = []
+            units: list[_Unit] = []
+            owners: list[int] = []
             for offset, text in enumerate(chunk):
                 tokenized = tokenize_sentence(
                     self.tokenizer, Sentence(text, ()), prepend_bos=self.prepend_bos, sentence_index=start + offset
@@ -237,7 +241,7 @@ class HFEncoder:
         windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
         return first_window, spans
 
-    def _special_units(self, tokenized: TokenizedSentence, spans, first_window: int) -> tuple[list[_Unit], list[_Unit]]:
+    def _special_units(self, tokenized: TokenizedSentence, spans: list[tuple[int, int]], first_window: int) -> tuple[list[_Unit], list[_Unit]]:
         """Prefix specials from the first window, suffix specials from the last."""
         last_window = first_window + len(spans) - 1
         suffix_start = len(tokenized.prefix) + spans[-1][1] - spans[-1][0]
@@ -284,7 +288,7 @@ class HFEncoder:
         sums /= torch.as_tensor(counts, dtype=torch.float32, device=self.device)[None, :, None]
         return sums.cpu().numpy()
 
-    def _batches(self, order: list[int], windows: list[list[int]]):
+    def _batches(self, order: list[int], windows: list[list[int]]) -> Iterator[list[int]]:
         batch: list[int] = []
         for w in order:
             # order is longest first, so the first window of a batch sets its padded length
@@ -299,8 +303,8 @@ class HFEncoder:
 def model_max_length(model: torch.nn.Module, tokenizer: Any) -> int:
     """The longest input the model takes: its position limit, capped by the tokenizer's stated maximum."""
     config = model.config
-    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions")]
-    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
+    positions = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions")]
+    limits = [int(x) for x in positions if isinstance(x, int) and x > 0]
     declared = getattr(tokenizer, "model_max_length", None)
     if isinstance(declared, int) and 0 < declared < 1_000_000:
         limits.append(declared)

@@ -115,24 +115,21 @@ def tiny_model(name: str, *, seed: int = 0) -> tuple[torch.nn.Module, PreTrained
 
 def _random_model(name: str, tokenizer: Any) -> torch.nn.Module:
     vocab = len(tokenizer)
-    model: torch.nn.Module
     if name == "tiny-bert":
-        config = BertConfig(
+        bert_config = BertConfig(
             vocab_size=vocab, hidden_size=_HIDDEN, num_hidden_layers=_LAYERS, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
         )
-        model = BertModel(config, add_pooling_layer=False)
-    elif name == "tiny-gpt2":
-        config = GPT2Config(
+        return BertModel(bert_config, add_pooling_layer=False)
+    if name == "tiny-gpt2":
+        gpt2_config = GPT2Config(
             vocab_size=vocab, n_embd=_HIDDEN, n_layer=_LAYERS, n_head=2, n_positions=64,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         )
-        model = GPT2Model(config)
-    else:
-        config = LlamaConfig(
-            vocab_size=vocab, hidden_size=_HIDDEN, num_hidden_layers=_LAYERS, num_attention_heads=2,
-            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        )
-        model = LlamaModel(config)
-    return model
+        return GPT2Model(gpt2_config)
+    llama_config = LlamaConfig(
+        vocab_size=vocab, hidden_size=_HIDDEN, num_hidden_layers=_LAYERS, num_attention_heads=2,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    return LlamaModel(llama_config)
