@@ -223,8 +223,9 @@ def test_store_reader(tmp_path, lee_sample):
     assert np.array_equal(np.concatenate([b for _, b in blocks]), np.asarray(store.layer(1)[:]))
     shuffled = rows[::-1]
     np.testing.assert_array_equal(store.rows(3, shuffled), np.asarray(store.layer(3)[:])[shuffled])
-    # stored vectors are the encoder's, rounded to float16
-    direct = encoder.encode(lee_sample.sentences[5:6])[0].vectors
+    # stored vectors are the encoder's, rounded to float16; encoded with the same chunk of sentences, as float32
+    # results change with batch shape (sentence 5 alone rounds differently in 2 of 992 values)
+    direct = encoder.encode(lee_sample.sentences[:25])[5].vectors
     np.testing.assert_array_equal(np.asarray(store.layer(2)[sentence_rows]), direct[2].astype(np.float16))
     assert tokens.loc[tokens["word"] == ",", "is_punct"].all() and not tokens.loc[rows, "is_punct"].any()
     with pytest.raises(ValueError, match="does not occur"):

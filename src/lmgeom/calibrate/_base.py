@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils import Tags
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from lmgeom.calibrate.io import load_calibrator, save_calibrator, scalar_or_array
@@ -31,7 +32,7 @@ class Calibrator(TransformerMixin, BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, self._fitted_marker)
 
-    def __sklearn_tags__(self):
+    def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
         tags.transformer_tags.preserves_dtype = ["float64", "float32"]
         return tags
@@ -80,8 +81,9 @@ class Calibrator(TransformerMixin, BaseEstimator):
     def _set_fitted_state(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self, name, scalar_or_array(value))
-        if hasattr(self, "feature_names_in_"):
-            self.feature_names_in_ = self.feature_names_in_.astype(object)
+        names = getattr(self, "feature_names_in_", None)
+        if names is not None:
+            self.feature_names_in_ = np.asarray(names).astype(object)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fitted calibrator (`.npz`, or `.pt` for the flow); returns the path written."""

@@ -9,8 +9,9 @@ The flow is trained by maximum likelihood; `transform` gives z, `inverse_transfo
 
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -59,6 +60,11 @@ class _ActNorm(nn.Module):
 
 class _InvertibleLinear(nn.Module):
     """y = x W^T with W = P L (U + diag(sign * exp(log_s))), P a fixed permutation, L unit lower-triangular."""
+
+    permutation_index: torch.Tensor
+    sign: torch.Tensor
+    lower_mask: torch.Tensor
+    identity: torch.Tensor
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -154,7 +160,7 @@ class _Flow(nn.Module):
 
     def inverse(self, z: torch.Tensor) -> torch.Tensor:
         for layer in reversed(self.layers):
-            z = layer.inverse(z)
+            z = cast("_ActNorm | _InvertibleLinear | _Coupling", layer).inverse(z)
         return z
 
 
@@ -172,8 +178,11 @@ class FlowCalibrator(Calibrator):
     do not undo the condition numbers of real layers (variances spanning 6+ orders of magnitude in
     decoder layers), and near-dead dimensions make maximum likelihood unstable.
     The defaults (4 steps, 128 hidden units, 10 epochs of batch 512, Adam 1e-3) cost about
-    0.9 TFLOP for 10k x 384 points: seconds on a free CPU. Computation is float32 on `device`
-    ("auto": CUDA when present). Seeded by `random_state` (initialisation and batch order).
+    0.9 TFLOP for 10k x 384 points: seconds on a free CPU. Training is float32 on `device`
+    ("auto": CUDA when present); transform-like methods run a float64 copy of the trained flow, so
+    a row's result does not depend on how many other rows come with it (float32 matrix products
+    round differently for different batch shapes). Seeded by `random_state` (initialisation and
+    batch order).
     Fitted: module_ (the torch flow), prewhitening_ (a fitted Whitening, or None), loss_curve_
     (mean NLL in nats per dimension of the whitened data, per epoch), n_iter_ (epochs run), n_samples_seen_."""
 
@@ -241,10 +250,14 @@ class FlowCalibrator(Calibrator):
             self.loss_curve_.append(total / n_points / dim)
         if not np.isfinite(self.loss_curve_[-1]):
             raise ValueError("FlowCalibrator training diverged (non-finite loss); lower learning_rate, or use prewhiten=True")
-        self.module_ = flow.eval()
+        self._set_module(flow)
         self.n_iter_ = self.n_epochs
         self.n_samples_seen_ = n_points
         return self
+
+    def _set_module(self, flow: _Flow) -> None:
+        self.module_ = flow.eval()
+        self._module64 = copy.deepcopy(self.module_).double()
 
     def _prewhitened(self, X: np.ndarray) -> np.ndarray:
         return X if self.prewhitening_ is None else self.prewhitening_.transform(X.astype(np.float64, copy=False))
@@ -254,16 +267,16 @@ class FlowCalibrator(Calibrator):
         X, restore = self._checked_input(X)
         if method == "forward":
             X = self._prewhitened(X)
-        device = next(self.module_.parameters()).device
+        device = next(self._module64.parameters()).device
         outputs, log_dets = [], []
         for start in range(0, len(X), _TRANSFORM_BATCH_ROWS):
-            batch = torch.tensor(X[start : start + _TRANSFORM_BATCH_ROWS], dtype=torch.float32, device=device)
+            batch = torch.tensor(X[start : start + _TRANSFORM_BATCH_ROWS], dtype=torch.float64, device=device)
             if method == "inverse":
-                outputs.append(self.module_.inverse(batch).double().cpu().numpy())
+                outputs.append(self._module64.inverse(batch).cpu().numpy())
             else:
-                z, log_det = self.module_(batch)
-                outputs.append(z.double().cpu().numpy())
-                log_dets.append(log_det.double().cpu().numpy())
+                z, log_det = self._module64(batch)
+                outputs.append(z.cpu().numpy())
+                log_dets.append(log_det.cpu().numpy())
         result = np.concatenate(outputs) if outputs else np.zeros((0, self.n_features_in_))
         if method == "inverse" and self.prewhitening_ is not None:
             result = self.prewhitening_.inverse_transform(result)
@@ -285,6 +298,7 @@ class FlowCalibrator(Calibrator):
     def log_det(self, X: Any) -> np.ndarray:
         """log |det dz/dx| of the flow at each point (float64 array of length n_points)."""
         _, log_det, _ = self._apply(X, "forward")
+        assert log_det is not None  # the forward pass always yields it
         return log_det
 
     def score_samples(self, X: Any) -> np.ndarray:
@@ -309,7 +323,7 @@ class FlowCalibrator(Calibrator):
         self.n_features_in_ = int(state["n_features_in_"])
         flow = self._build(self.n_features_in_, seed=0)  # every parameter is overwritten by the state dict
         flow.load_state_dict(state["module_"])
-        self.module_ = flow.to(resolve_device(self.device)).eval()
+        self._set_module(flow.to(resolve_device(self.device)))
         self.prewhitening_ = None
         if state["prewhitening_"]:
             self.prewhitening_ = Whitening()

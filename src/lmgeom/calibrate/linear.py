@@ -2,7 +2,8 @@
 
 All three fit from a `MomentAccumulator` (count, mean, covariance in float64), so `partial_fit`
 over chunks gives the same fit as `fit` on all rows at once, and shards accumulated separately
-can be merged and passed to `fit_moments`.
+can be merged and passed to `fit_moments`. The accumulator is saved with the fitted calibrator,
+so `partial_fit` after `load` goes on from where the saved calibrator stopped.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from lmgeom.calibrate._base import Calibrator
-from lmgeom.calibrate.io import register
+from lmgeom.calibrate.io import register, scalar_or_array
 from lmgeom.metrics.isotropy import MomentAccumulator, Moments, symmetric_eigh
 
 
@@ -30,6 +31,11 @@ class MomentCalibrator(Calibrator):
     def partial_fit(self, X: Any, y: Any = None) -> "MomentCalibrator":
         """Add a chunk of rows; the fit is refreshed once at least 2 rows have been seen."""
         first_call = not hasattr(self, "_moments")
+        if first_call and self.__sklearn_is_fitted__():
+            raise ValueError(
+                f"this {type(self).__name__} was loaded from a file saved without its moment state (an older "
+                "lmgeom), so partial_fit cannot go on from it; fit it again on all rows"
+            )
         X, _ = self._validate(X, reset=first_call)
         if first_call:
             self._moments = MomentAccumulator(full_covariance=self.full_covariance)
@@ -40,7 +46,7 @@ class MomentCalibrator(Calibrator):
 
     def fit_moments(self, accumulator: MomentAccumulator) -> "MomentCalibrator":
         """Fit from rows already accumulated elsewhere (e.g. merged shards); later `partial_fit`
-        calls keep adding to `accumulator`."""
+        calls add to a copy of `accumulator`, which itself is left unchanged."""
         if accumulator.full_covariance != self.full_covariance:
             kind = "full_covariance=True" if self.full_covariance else "full_covariance=False"
             raise ValueError(f"{type(self).__name__} needs a MomentAccumulator({kind})")
@@ -49,12 +55,29 @@ class MomentCalibrator(Calibrator):
             raise ValueError(f"{type(self).__name__} needs at least 2 rows, got n_samples = {moments.count}")
         self.__dict__.pop("feature_names_in_", None)  # names from an earlier DataFrame fit no longer apply
         self.n_features_in_ = moments.dim
-        self._moments = accumulator
+        self._moments = accumulator.copy()
         self._fit_moments(moments)
         return self
 
     def _fit_moments(self, moments: Moments) -> None:
         raise NotImplementedError
+
+    # -- persistence: the fitted attributes plus the accumulator, for partial_fit after load ----
+
+    def _fitted_state(self) -> dict[str, Any]:
+        state = super()._fitted_state()
+        state.update({_MOMENT_PREFIX + key: np.asarray(value) for key, value in self._moments.state_dict().items()})
+        return state
+
+    def _set_fitted_state(self, state: dict[str, Any]) -> None:
+        moments = {key.removeprefix(_MOMENT_PREFIX): scalar_or_array(value) for key, value in state.items() if key.startswith(_MOMENT_PREFIX)}
+        super()._set_fitted_state({key: value for key, value in state.items() if not key.startswith(_MOMENT_PREFIX)})
+        if moments:
+            self._moments = MomentAccumulator.from_state_dict(moments)
+
+
+# Saved keys of the calibrator's MomentAccumulator state (fitted attributes end in "_", never in "__").
+_MOMENT_PREFIX = "moments__"
 
 
 def default_abtt_components(dim: int) -> int:

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -65,7 +66,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (ValueError, FileNotFoundError, ImportError, OSError, IndexError) as error:
-        console.print(f"[bold red]error:[/] {error}")
+        console.print(f"[bold red]error:[/] {escape(str(error))}")
         raise typer.Exit(code=2) from None
 
 

@@ -64,6 +64,11 @@ def sts(directory: str | os.PathLike | None = None) -> Corpus:
 
 
 BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts}
+# No square brackets: the CLI prints errors with rich, which would read "[/CONFIG]" as markup.
+ACCEPTED_SPECS = (
+    "lee; brown or brown:DIR (NLTK Brown corpus folder); sts or sts:DIR (folder of STS1*-en-test/STS.input.*.txt); "
+    "hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN; a .jsonl file; or a text file with one sentence per line"
+)
 
 
 def load_corpus(
@@ -79,26 +84,38 @@ def load_corpus(
     return corpus.head(limit) if limit else corpus
 
 
+def _spec_error(spec: str, problem: str) -> str:
+    return f"corpus {spec!r}: {problem}. Accepted corpora: {ACCEPTED_SPECS}"
+
+
 def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
+    if not spec.strip():
+        raise ValueError(_spec_error(spec, "empty corpus spec"))
     name, _, argument = spec.partition(":")
     if name in BUILTIN_CORPORA and not Path(spec).exists():
-        return BUILTIN_CORPORA[name](argument) if argument else BUILTIN_CORPORA[name]()
+        if name == "lee" and argument:
+            raise ValueError(_spec_error(spec, "the lee corpus takes no argument (it ships with gensim); write plain 'lee'"))
+        try:
+            if not argument:
+                return BUILTIN_CORPORA[name]()
+            return brown(argument) if name == "brown" else sts(argument)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(_spec_error(spec, str(error))) from None
     if name == "hf":
         parts = argument.split(":")
-        if len(parts) != 3:
-            raise ValueError("a Hugging Face corpus is hf:NAME[/CONFIG]:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text")
+        if len(parts) != 3 or not all(part.strip() for part in parts):
+            raise ValueError(_spec_error(spec, "a Hugging Face corpus is hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text"))
         dataset, _, config = parts[0].partition("/")
         return Corpus.from_hf_dataset(dataset, config=config or None, split=parts[1], column=parts[2])
     path = Path(spec)
     if not path.exists():
-        raise FileNotFoundError(
-            f"corpus {spec!r} is neither a built-in ({', '.join(BUILTIN_CORPORA)}) nor an existing file; "
-            "give a text file (one sentence per line), a .jsonl file, or hf:NAME:SPLIT:COLUMN"
-        )
+        raise FileNotFoundError(_spec_error(spec, "neither a built-in corpus nor an existing file"))
     if path.is_dir():
         if (path / "cats.txt").exists():
             return brown(path)
-        return sts(path)
+        if any(path.glob("STS1*-en-test/STS.input.*.txt")):
+            return sts(path)
+        raise ValueError(_spec_error(spec, "this folder is neither an NLTK Brown corpus (no cats.txt) nor STS data (no STS1*-en-test/STS.input.*.txt)"))
     if path.suffix == ".jsonl":
         return Corpus.from_jsonl(path, field=field)
     return Corpus.from_text_file(path, pretokenized=pretokenized)

@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,7 @@ class Corpus:
     def __len__(self) -> int:
         return len(self.sentences)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Sentence]:
         return iter(self.sentences)
 
     @property
@@ -170,8 +170,7 @@ class Vocabulary:
     @classmethod
     def from_words(cls, words: Sequence[str], sentence_ids: Sequence[int]) -> "Vocabulary":
         codes, uniques = pd.factorize(pd.Series(words, dtype=object))
-        sentence_ids = np.asarray(sentence_ids, dtype=np.int64)
-        distinct = pd.DataFrame({"code": codes, "sid": sentence_ids}).drop_duplicates()
+        distinct = pd.DataFrame({"code": codes, "sid": np.asarray(sentence_ids, dtype=np.int64)}).drop_duplicates()
         table = pd.DataFrame({
             "word_id": np.arange(len(uniques), dtype=np.int64),
             "word": np.asarray(uniques, dtype=object),

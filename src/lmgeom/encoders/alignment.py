@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ class TokenizedSentence:
 
 
 def tokenize_sentence(
-    tokenizer, sentence: Sentence, *, prepend_bos: bool, sentence_index: int, skip_unaligned: bool = False
+    tokenizer: Any, sentence: Sentence, *, prepend_bos: bool, sentence_index: int, skip_unaligned: bool = False
 ) -> TokenizedSentence:
     """Tokenize the natural text with the tokenizer's defaults and map pieces to words.
 

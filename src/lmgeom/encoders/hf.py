@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -13,6 +15,39 @@ from lmgeom.encoders.alignment import TokenizedSentence, choose_windows, plan_wi
 from lmgeom.encoders.base import EncodedSentence
 
 POOLINGS = ("mean", "first", "last")
+# Config entries that say where or how a model was loaded, not what it is (the compute dtype is
+# recorded in the store's settings on its own).
+_CONFIG_KEYS_NOT_FINGERPRINTED = ("transformers_version", "dtype", "torch_dtype")
+
+
+def _short_hash(*parts: bytes | str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def hash_state_dict(model: torch.nn.Module) -> str:
+    """Hash of every tensor of the state dict (name, dtype, shape, bytes): exact, one pass over the weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def hash_tokenizer(tokenizer: Any) -> str:
+    """Hash of the tokenizer's full definition (vocabulary, normalizer, pre-tokenizer,
+    post-processor, added tokens) and the special tokens transformers assigns."""
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
+    return _short_hash(tokenizer.backend_tokenizer.to_str(), special)
+
+
+def hash_config(config: Any) -> str:
+    """Hash of the model config, leaving out private entries and `_CONFIG_KEYS_NOT_FINGERPRINTED`."""
+    entries = {key: value for key, value in config.to_dict().items() if not key.startswith("_") and key not in _CONFIG_KEYS_NOT_FINGERPRINTED}
+    return _short_hash(json.dumps(entries, sort_keys=True, default=str))
 
 
 @dataclass
@@ -30,6 +65,9 @@ class HFEncoder:
     are pooled into the words their character spans overlap (`pooling`: mean, first or last piece).
     Inputs longer than `max_length` are split into overlapping windows, and each word takes its
     vector from the window where it has most context on both sides.
+    `weights_fingerprint` identifies the weights cheaply (e.g. a hash of the weight files); None
+    hashes every tensor of the state dict. The store records it with hashes of the tokenizer and
+    the config as `model_fingerprint`, so a resumed extraction refuses another model.
     """
 
     def __init__(
@@ -38,7 +76,7 @@ class HFEncoder:
         tokenizer: Any,
         *,
         model_id: str,
-        model_fingerprint: str = "",
+        weights_fingerprint: str | None = None,
         pooling: str = "mean",
         keep_special: bool = False,
         prepend_bos: bool = False,
@@ -57,7 +95,9 @@ class HFEncoder:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
-        self.model_fingerprint = model_fingerprint
+        weights = weights_fingerprint if weights_fingerprint is not None else hash_state_dict(model)
+        # What a resumed extraction must share with the interrupted one: weights, tokenizer and config.
+        self.model_fingerprint = f"weights:{weights} tokenizer:{hash_tokenizer(tokenizer)} config:{hash_config(model.config)}"
         self.pooling = pooling
         self.keep_special = keep_special
         self.prepend_bos = prepend_bos
@@ -66,7 +106,7 @@ class HFEncoder:
         self.max_length = max_length or model_max_length(model, tokenizer)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        config = model.config
+        config: Any = model.config
         self.n_layers = int(config.num_hidden_layers) + 1
         self.dim = int(config.hidden_size)
         self.pad_id = next(
@@ -96,7 +136,9 @@ class HFEncoder:
     # ---- public encoding API ------------------------------------------------------------------
     def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
         """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`)."""
-        windows, units, layout = [], [], []
+        windows: list[list[int]] = []
+        units: list[_Unit] = []
+        layout: list[tuple[int, int, list[str], np.ndarray, int, int]] = []
         for offset, sentence in enumerate(sentences):
             tokenized = tokenize_sentence(
                 self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset,
@@ -149,7 +191,9 @@ class HFEncoder:
         out = np.empty((self.n_layers, len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), batch_sentences):
             chunk = texts[start : start + batch_sentences]
-            windows, units, owners = [], [], []
+            windows: list[list[int]] = []
+            units: list[_Unit] = []
+            owners: list[int] = []
             for offset, text in enumerate(chunk):
                 tokenized = tokenize_sentence(
                     self.tokenizer, Sentence(text, ()), prepend_bos=self.prepend_bos, sentence_index=start + offset
@@ -186,7 +230,7 @@ class HFEncoder:
         windows.extend(tokenized.prefix + tokenized.content[a:b] + tokenized.suffix for a, b in spans)
         return first_window, spans
 
-    def _special_units(self, tokenized: TokenizedSentence, spans, first_window: int) -> tuple[list[_Unit], list[_Unit]]:
+    def _special_units(self, tokenized: TokenizedSentence, spans: list[tuple[int, int]], first_window: int) -> tuple[list[_Unit], list[_Unit]]:
         """Prefix specials from the first window, suffix specials from the last."""
         last_window = first_window + len(spans) - 1
         suffix_start = len(tokenized.prefix) + spans[-1][1] - spans[-1][0]
@@ -233,7 +277,7 @@ class HFEncoder:
         sums /= torch.as_tensor(counts, dtype=torch.float32, device=self.device)[None, :, None]
         return sums.cpu().numpy()
 
-    def _batches(self, order: list[int], windows: list[list[int]]):
+    def _batches(self, order: list[int], windows: list[list[int]]) -> Iterator[list[int]]:
         batch: list[int] = []
         for w in order:
             # order is longest first, so the first window of a batch sets its padded length
@@ -248,8 +292,8 @@ class HFEncoder:
 def model_max_length(model: torch.nn.Module, tokenizer: Any) -> int:
     """The longest input the model takes: its position limit, capped by the tokenizer's stated maximum."""
     config = model.config
-    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions")]
-    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
+    positions = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions")]
+    limits = [int(x) for x in positions if isinstance(x, int) and x > 0]
     declared = getattr(tokenizer, "model_max_length", None)
     if isinstance(declared, int) and 0 < declared < 1_000_000:
         limits.append(declared)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,13 +73,18 @@ def load_encoder(
     """
     resolved_device = resolve_device(device)
     compute_dtype = resolve_compute_dtype(resolved_device, dtype)
-    options = dict(pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
-                   device=resolved_device,
-                   max_length=max_length, max_batch_tokens=max_batch_tokens)
+
+    def encoder(model: torch.nn.Module, tokenizer: Any, model_id: str, weights_fingerprint: str | None) -> HFEncoder:
+        return HFEncoder(
+            model, tokenizer, model_id=model_id, weights_fingerprint=weights_fingerprint, pooling=pooling,
+            keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, device=resolved_device,
+            max_length=max_length, max_batch_tokens=max_batch_tokens,
+        )
+
     if name_or_path in TINY_MODELS:
         model, tokenizer = tiny_model(name_or_path)
-        model = model.to(resolved_device, compute_dtype)
-        return HFEncoder(model, tokenizer, model_id=name_or_path, model_fingerprint="seed0", **options)
+        return encoder(model.to(resolved_device, compute_dtype), tokenizer, name_or_path, None)  # None: hash of its tensors
+    source: Path | str
     if name_or_path == "minilm":
         source, model_id = minilm_path(), "minilm (sentence-transformers/all-MiniLM-L6-v2)"
     elif name_or_path == "smollm2":
@@ -92,17 +98,19 @@ def load_encoder(
             source = name_or_path  # a Hub id, resolved by transformers
     model, tokenizer = _load_transformers(source, gguf_file=gguf_file, revision=revision, dtype=compute_dtype)
     model = model.to(resolved_device)
-    fingerprint = _fingerprint(source, gguf_file, revision)
-    return HFEncoder(model, tokenizer, model_id=model_id, model_fingerprint=fingerprint, **options)
+    return encoder(model, tokenizer, model_id, _fingerprint(source, gguf_file, revision))
 
 
-def _load_transformers(source, *, gguf_file: str | None, revision: str | None, dtype: torch.dtype):
+def _load_transformers(
+    source: Path | str, *, gguf_file: str | None, revision: str | None, dtype: torch.dtype
+) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModel, AutoTokenizer
 
     kwargs = {"revision": revision} if revision else {}
     if gguf_file:
-        if importlib.util.find_spec("gguf") is None:
-            raise ImportError("loading a GGUF model needs the gguf package: pip install gguf")
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ImportError(f"transformers loads GGUF weights only with {' and '.join(missing)} installed: pip install {' '.join(missing)}")
         kwargs["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
@@ -117,7 +125,7 @@ def _load_transformers(source, *, gguf_file: str | None, revision: str | None, d
     return model, tokenizer
 
 
-def _fingerprint(source, gguf_file: str | None, revision: str | None) -> str:
+def _fingerprint(source: Path | str, gguf_file: str | None, revision: str | None) -> str:
     if isinstance(source, Path) and source.is_dir():
         names = [gguf_file] if gguf_file else ["config.json", "model.safetensors", "pytorch_model.bin"]
         return fingerprint_files([source / n for n in names if (source / n).exists()])

@@ -46,12 +46,7 @@ class StoreWriter:
         if meta_path.exists():
             existing = layout.read_json(meta_path)
             if existing.get("settings") != self.settings:
-                changed = sorted(k for k in set(existing.get("settings", {})) | set(self.settings)
-                                 if existing.get("settings", {}).get(k) != self.settings.get(k))
-                raise StoreExistsError(
-                    f"{self.path} holds another run (different {', '.join(changed)}); "
-                    "pass --overwrite to replace it, or choose another --out"
-                )
+                raise StoreExistsError(_settings_mismatch(self.path, existing.get("settings", {}), self.settings, complete=bool(existing.get("complete"))))
             self.complete = bool(existing.get("complete"))
             self.created = existing.get("created")
         elif self.path.exists() and any(self.path.iterdir()):
@@ -173,6 +168,34 @@ class StoreWriter:
             **counts,
         }
         atomic_write_text(self.path / layout.META, json.dumps(meta, indent=2) + "\n")
+
+
+# Settings that identify the model itself: when one differs, the stored vectors came from another model.
+_MODEL_SETTINGS = ("model_id", "model_class", "model_fingerprint", "n_layers", "dim")
+
+
+def _settings_mismatch(path: Path, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
+    changed = sorted(k for k in set(stored) | set(requested) if stored.get(k) != requested.get(k))
+    run = "finished" if complete else "interrupted"
+    if not any(key in _MODEL_SETTINGS for key in changed):
+        return f"{path} holds another run (different {', '.join(changed)}); pass --overwrite to replace it, or choose another --out"
+    parts = _fingerprint_parts(stored.get("model_fingerprint")), _fingerprint_parts(requested.get("model_fingerprint"))
+    differing = [name for name in parts[0] if name in parts[1] and parts[0][name] != parts[1][name]]
+    detail = f" (its {' and '.join(differing)} differ)" if differing else ""
+    return (
+        f"{path} holds an {run} run made with another model (different {', '.join(changed)}): the model "
+        f"(weights, tokenizer or config) differs from the one the {run} run used{detail}, so its vectors cannot "
+        f"be continued or mixed with this model's. Re-run with the model the {run} run used to resume it, "
+        "pass --overwrite (overwrite=True) to discard it and start again, or choose another --out"
+    )
+
+
+def _fingerprint_parts(fingerprint: Any) -> dict[str, str]:
+    """{"weights": ..., "tokenizer": ..., "config": ...} from "weights:W tokenizer:T config:C"; {} for other forms."""
+    if not isinstance(fingerprint, str):
+        return {}
+    parts = dict(item.partition(":")[::2] for item in fingerprint.split())
+    return parts if set(parts) == {"weights", "tokenizer", "config"} else {}
 
 
 def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str) -> None:
