@@ -20,15 +20,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from lmgeom.calibrate import calibrate_store
 from lmgeom.cli.report import register
-from lmgeom.metrics import analyze_store
-from lmgeom.metrics.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
-from lmgeom.pipeline import layer_summary
-from lmgeom.results import write_json
+from lmgeom.runs import analyze_store, calibrate_store, layer_summary, render_report
+from lmgeom.runs.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
+from lmgeom.runs.results import write_json
 from lmgeom.report import build_report, load_run
 from lmgeom.report.compare import COMPARED
-from lmgeom.report.explorer import EXPLORER_FILE, explorer_data
+from lmgeom.report.explorer import EXPLORER_FILE
+from lmgeom.runs.explorer import explorer_data
 from lmgeom.report.figures import run_charts
 from lmgeom.store import write_store_from_arrays
 
@@ -89,7 +88,7 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "aggregation": "all", "spearman": 60.0 + layer + 0.125, "n_pairs": 10, "n_subsets": 1, "n_sentences": 20,
             "log_partition_isotropy": -1.0, "isoscore": 0.5, "average_cosine": 0.25} for layer in range(4)]
     write_json(run / "sts.json", "sts", {"settings": {}, "records": sts}, store_meta={"model_id": "synthetic-4"})
-    build_report(run, explorer_neighbours=N_NEIGHBOURS)
+    render_report(run, explorer_neighbours=N_NEIGHBOURS)
     return run
 
 
@@ -186,8 +185,8 @@ def test_experiment_results_are_grouped_with_mean_and_std_over_seeds(full_run: P
     extra = tmp_path / "more" / "other"
     extra.mkdir(parents=True)
     (extra / "results.json").write_text(json.dumps([{**EXPERIMENT_RECORDS[0], "experiment": "extra", "value": 0.5}]))
-    page = build_report(full_run, include=[tmp_path / "more"], out=tmp_path / "with_extra.html",
-                        explorer_neighbours=N_NEIGHBOURS).read_text()
+    page = render_report(full_run, include=[tmp_path / "more"], out=tmp_path / "with_extra.html",
+                         explorer_neighbours=N_NEIGHBOURS).read_text()
     assert "<h3>extra</h3>" in page and "0.5000 ± 0.0000" in page
 
 
@@ -231,7 +230,7 @@ def test_explorer_data_is_cached_with_provenance_and_recomputed_for_other_settin
     assert cached["kind"] == "word_explorer" and cached["model_id"] == "synthetic-4"
     assert cached["settings"]["neighbours"] == N_NEIGHBOURS and cached["corpus_fingerprint"]
 
-    import lmgeom.report.explorer as explorer
+    import lmgeom.runs.explorer as explorer
 
     calls: list[int] = []
     original = explorer.static_embeddings
@@ -412,6 +411,6 @@ def test_nan_values_become_gaps_not_errors(tmp_path: Path, full_run: Path) -> No
             record["raw"] = None
     (run / "contextuality.json").write_text(json.dumps(document))
     (run / EXPLORER_FILE).unlink()  # no store layers here: the explorer says neighbours need them
-    figures = page_figures(build_report(run).read_text())
+    figures = page_figures(render_report(run).read_text())
     centred = next(t for t in figures["chart-mev"]["data"] if t["name"].startswith("centred"))
     assert centred["y"][1] is None and not any(isinstance(v, float) and math.isnan(v) for v in centred["y"])

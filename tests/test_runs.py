@@ -278,8 +278,9 @@ ALLOWED = {
     "metrics": set(),
     "calibrate": {"metrics"},
     "evaluate": {"metrics"},
-    "runs": {"corpus", "encoders", "store", "metrics", "calibrate", "evaluate"},
-    "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs"},
+    "report": {"metrics"},
+    "runs": {"corpus", "encoders", "store", "metrics", "calibrate", "evaluate", "report"},
+    "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs", "report"},
 }
 SHARED = {"_version", "atomic", "device", "progress"}
 
@@ -302,7 +303,10 @@ def test_packages_import_only_down_the_pipeline():
             assert used <= allowed, f"{path.relative_to(SRC)} imports {sorted(used - allowed)}"
     for package in LOWER:
         for path in (SRC / package).glob("*.py"):
-            assert not _imports(path) & {"store", "runs", "encoders", "corpus", "cli"}, path
+            assert not _imports(path) & {"store", "runs", "encoders", "corpus", "cli", "report"}, path
+    packages = {path.name for path in SRC.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    packages |= {path.stem for path in SRC.glob("*.py") if path.stem != "__init__"}
+    assert packages - set(ALLOWED) - SHARED == set(), "a new package needs its place in the layering"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +328,7 @@ def test_run_from_python_equals_the_cli(tmp_path):
         assert_same_numbers(api.get("records", api.get("layers")), cli.get("records", cli.get("layers")), atol=0)
     assert [path.name for path in result.paths] == ["summary.json", "contextuality.json", "contextuality_layers.csv",
                                                     "contextuality_words.csv", "isotropy.json", "calibration.json",
-                                                    "0.benchmarks.json", "1.benchmarks.json", "3.benchmarks.json"]
+                                                    "0.benchmarks.json", "1.benchmarks.json", "3.benchmarks.json", "report.html"]
     assert all(path.exists() for path in result.paths)
     assert "sentences/s" in outcome.output and "words/s" in outcome.output and "tok/s" not in outcome.output
 
@@ -363,18 +367,22 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
 
     options = dict(limit=80, device="cpu", min_contexts=3, layers="all")
     whole = run("tiny-bert", "lee", out=tmp_path / "whole", **options)
-    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings"]
+    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "report"]
     with pytest.raises(KeyboardInterrupt):
         run("tiny-bert", "lee", out=tmp_path / "cut", progress=StopAt("calibrate"), **options)
     assert not (tmp_path / "cut" / "calibration.json").exists()
     resumed = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
     assert resumed.steps_skipped == ["extract", "contextuality", "isotropy"]
-    assert resumed.steps_run == ["calibration", "static_embeddings"]
+    assert resumed.steps_run == ["calibration", "static_embeddings", "report"]
     again = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
-    assert again.steps_run == [] and len(again.steps_skipped) == 5
+    assert again.steps_run == ["report"] and len(again.steps_skipped) == 5
     for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/2.benchmarks.json"):
         first, second = (json.loads((tmp_path / side / name).read_text()) for side in ("whole", "cut"))
         assert_same_numbers(first["records"], second["records"], atol=1e-12)
+    # the report data: the explorer's words, metrics and neighbours, and the page itself
+    first, second = (json.loads((tmp_path / side / "explorer.json").read_text())["data"] for side in ("whole", "cut"))
+    assert first == second and first["neighbours"]
+    assert (tmp_path / "cut" / "report.html").stat().st_size > 100_000
     assert_same_numbers(again.contextuality.records, whole.contextuality.records, atol=0)
     changed = run("tiny-bert", "lee", out=tmp_path / "cut", **{**options, "layers": "0,1"})
-    assert changed.steps_run == ["calibration", "static_embeddings"]
+    assert changed.steps_run == ["calibration", "static_embeddings", "report"]

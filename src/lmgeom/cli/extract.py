@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -75,15 +75,18 @@ def register(app: typer.Typer) -> None:
         layers: str = typer.Option("default", help="layers to calibrate and distil static embeddings from: 'default' (0, middle, last), 'all', or e.g. 0,3,6"),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
         seed: int = typer.Option(0, help="seed for sampled statistics"),
+        include: List[Path] = typer.Option([], help="another folder of experiment results to show in the report (repeatable)"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
         """The main job: extract every layer of MODEL on CORPUS, measure how contextual and how isotropic
-        each layer is, calibrate and distil static embeddings; finished steps are skipped when re-run."""
+        each layer is, calibrate, distil static embeddings, and write report.html; finished steps are
+        skipped when re-run."""
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:
             result = run(model, corpus, out=out, limit=limit, device=device, min_contexts=min_contexts, seed=seed,
-                         layers=layers, methods=split_list(methods), overwrite=overwrite, progress=progress)
+                         layers=layers, methods=split_list(methods), include=include, overwrite=overwrite,
+                         progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")

@@ -16,9 +16,11 @@ from lmgeom.cli import analyze  # noqa: E402
 from lmgeom.cli import sts  # noqa: E402
 from lmgeom.cli import calibrate  # noqa: E402
 from lmgeom.cli import elmo  # noqa: E402
+from lmgeom.cli import report  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
 sts.register(app)
 calibrate.register(app)
 elmo.register(app)
+report.register(app)

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import console, user_errors
+from lmgeom.cli.common import RichProgress, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -21,14 +21,13 @@ def register(app: typer.Typer) -> None:
         neighbours: int = typer.Option(10, help="nearest neighbours per word and layer in the word explorer"),
     ) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
-        from lmgeom.report import build_report, load_run
+        from lmgeom.report import load_run
+        from lmgeom.runs import render_report
 
         with user_errors():
-            if explorer_words < 1 or neighbours < 1:
-                raise ValueError("--explorer-words and --neighbours must be at least 1")
-            with console.status("building the report (the word explorer's neighbours are computed once per run)"):
-                path = build_report(run_dir, include=include, out=out, explorer_words=explorer_words,
-                                    explorer_neighbours=neighbours)
+            with RichProgress() as progress:
+                path = render_report(run_dir, include=include, out=out, explorer_words=explorer_words,
+                                     explorer_neighbours=neighbours, progress=progress)
             run = load_run(run_dir)
             if run.layers is not None:
                 table = Table(title=f"{run.label} (layer 0 = embedding output)")

@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from lmgeom.corpus.segment import Word, is_punctuation, join_pretokenized, segment_words, split_sentences
+from lmgeom.corpus.segment import Word, is_punctuation, join_pretokenized, segment_words
 
 
 @dataclass(frozen=True, slots=True)

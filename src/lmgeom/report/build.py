@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -12,15 +12,15 @@ from lmgeom.report.data import (
     PRODUCERS,
     RunData,
     context_specific_words,
-    elapsed_seconds,
+    step_seconds,
     layer_label,
     load_run,
     summarise_experiments,
 )
-from lmgeom.report.explorer import DEFAULT_NEIGHBOURS, DEFAULT_TOP_WORDS, explorer_data
+from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
-from lmgeom.results import atomic_write_text
+from lmgeom.atomic import atomic_write_text
 
 FIGURES_DIR = "figures"
 REPORT_FILE = "report.html"
@@ -50,9 +50,10 @@ def _metadata(run: RunData) -> list[tuple[str, Any]]:
         ("lmgeom version", contextuality.get("lmgeom_version") or meta.get("lmgeom_version", "—")),
         ("extracted", meta.get("created", "—")),
     ]
-    seconds = elapsed_seconds(meta, contextuality)
-    if seconds is not None:
-        items.append(("time taken", f"{seconds:,.1f} s"))
+    seconds = step_seconds(run.path)
+    if seconds:
+        steps = ", ".join(f"{name} {value:,.1f} s" for name, value in seconds.items())
+        items.append(("time taken (lmgeom run steps, last time each ran)", f"{steps}; total {sum(seconds.values()):,.1f} s"))
     return items
 
 
@@ -129,15 +130,12 @@ def build_report(
     run_dir: str | os.PathLike,
     *,
     include: Sequence[str | os.PathLike] = (),
-    out: str | os.PathLike | None = None,
-    explorer_words: int = DEFAULT_TOP_WORDS,
-    explorer_neighbours: int = DEFAULT_NEIGHBOURS,
-    on_layer: Callable[[int], None] | None = None,
+    out: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files; no model is needed.
 
-    `include` adds folders of experiment results (results.json, or */results.json). The word explorer's
-    neighbours are computed from the store once and cached in RUN/explorer.json.
+    `include` adds folders of experiment results (results.json, or */results.json). The word explorer
+    shows RUN/explorer.json, which `lmgeom.runs.render_report` computes from the store.
     """
     run = load_run(run_dir, include=include)
     out_path = Path(out) if out is not None else run.path / REPORT_FILE
@@ -175,13 +173,15 @@ def build_report(
         page.section("layers", "All measures by layer", table(_layer_table(run)))
     page.section("words", "Least and most context-specific words", _words_section(run))
 
-    if run.words is not None and not run.words.empty:
-        data = explorer_data(run, top_n=explorer_words, k=explorer_neighbours, on_layer=on_layer)
-        body, script = explorer_section(data, run_subtitle(run))
+    explorer = read_explorer(run.path)
+    if run.words is None or run.words.empty:
+        page.section("explorer", "Word explorer", missing(run.notes["words"]))
+    elif explorer is None:
+        page.section("explorer", "Word explorer", missing(f"no word explorer data yet; `lmgeom report {run.path}` computes it from the store"))
+    else:
+        body, script = explorer_section(explorer, run_subtitle(run))
         page.section("explorer", "Word explorer", body)
         page.scripts.append(script)
-    else:
-        page.section("explorer", "Word explorer", missing(run.notes["words"]))
 
     if run.static is None:
         page.section("static", "Static embeddings on word benchmarks", missing(run.notes["static"]))

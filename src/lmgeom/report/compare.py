@@ -12,7 +12,7 @@ from lmgeom.metrics.contextuality import MEV_VARIANTS
 from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
 from lmgeom.report.html import Page, missing, table
-from lmgeom.results import atomic_write_text
+from lmgeom.atomic import atomic_write_text
 
 # (name, contextuality metric, raw or adjusted, title)
 COMPARED = [

@@ -262,10 +262,9 @@ def context_specific_words(words: pd.DataFrame, layer: int, *, n: int = 10) -> t
     return most.reset_index(drop=True), least.reset_index(drop=True)
 
 
-def elapsed_seconds(*documents: Mapping[str, Any]) -> float | None:
-    """A recorded run time, if any document carries one (keys like elapsed_s, seconds, duration_s)."""
-    for document in documents:
-        for key, value in document.items():
-            if any(part in key for part in ("elapsed", "duration", "seconds", "wall_time")) and isinstance(value, (int, float)):
-                return float(value)
-    return None
+def step_seconds(run_dir: Path) -> dict[str, float]:
+    """Seconds each step of `lmgeom run` took, as RUN/run.json records them (empty without it)."""
+    document = read_result_json(run_dir / "run.json", kind="run")
+    if document is None:
+        return {}
+    return {name: float(step["seconds"]) for name, step in document.get("steps", {}).items()}

@@ -1,123 +1,21 @@
-"""Word-explorer data: per-word metrics across layers and precomputed nearest neighbours.
-
-Neighbours are the top-k cosine neighbours among the first-principal-component static vectors of
-each layer (Ethayarajh 2019, section 5), for the N most frequent analysed words. Only the ranks
-and cosines go into the page, never vectors, so the report stays small for deep models. The data
-is cached in RUN/explorer.json with its provenance; a cache made with other settings or from another
-analysis is recomputed.
-"""
+"""The word explorer's data file, as the report reads it (the driver computes it: `lmgeom.runs.explorer`)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
-import pandas as pd
+from typing import Any
 
 from lmgeom.metrics.contextuality import MEV_VARIANTS
-from lmgeom.metrics.static import static_embeddings
-from lmgeom.report.data import RunData
-from lmgeom.results import atomic_write_text, provenance
-from lmgeom.store import RepresentationStore
+from lmgeom.report.data import read_result_json
 
-DEFAULT_TOP_WORDS = 2000
-DEFAULT_NEIGHBOURS = 10
 EXPLORER_FILE = "explorer.json"
 EXPLORER_KIND = "word_explorer"
-EXPLORER_FORMAT = 2  # bumped when the payload's layout changes, so an old cache is recomputed
+# the per-word metrics the explorer shows across layers (columns of contextuality_words.csv)
 WORD_COLUMNS = ("self_similarity", "self_similarity_adjusted",
                 *(f"mev_{v}{suffix}" for v in MEV_VARIANTS for suffix in ("", "_adjusted")))
 
 
-def top_words(words: pd.DataFrame, n: int) -> list[str]:
-    """The n most frequent analysed words (ties by word), from contextuality_words.csv."""
-    first_layer = words.loc[words["layer"] == words["layer"].min()]
-    ranked = first_layer.sort_values(["count", "word"], ascending=[False, True], kind="stable")
-    return ranked["word"].astype(str).head(n).tolist()
-
-
-def nearest_neighbours(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(indexes, cosines) of each row's k most cosine-similar other rows, best first (ties by index)."""
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.where(norms > 0, norms, 1.0)
-    similarity = unit @ unit.T
-    np.fill_diagonal(similarity, -np.inf)
-    k = min(k, len(vectors) - 1)
-    # a stable sort on the negated similarity breaks ties by the lower index, reproducibly
-    order = np.argsort(-similarity, axis=1, kind="stable")[:, :k]
-    return order, np.take_along_axis(similarity, order, axis=1)
-
-
-def _analysis_fingerprint(run: RunData) -> str:
-    """Changes whenever the analysis that chose the words is re-run with other results."""
-    path = run.path / "contextuality_words.csv"
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
-
-
-def _word_metrics(words: pd.DataFrame, chosen: list[str]) -> dict[str, Any]:
-    """word -> {metric: [value per layer]} (null where undefined), rounded for size."""
-    layers = sorted(int(layer) for layer in words["layer"].unique())
-    table = words.loc[words["word"].isin(set(chosen))]
-    metrics: dict[str, Any] = {}
-    for word, rows in table.groupby("word", sort=False):
-        rows = rows.set_index("layer").reindex(layers)
-        entry: dict[str, Any] = {"count": int(rows["count"].dropna().iloc[0]), "contexts": int(rows["contexts"].dropna().iloc[0])}
-        for column in WORD_COLUMNS:
-            if column in rows:
-                entry[column] = [None if pd.isna(v) else round(float(v), 4) for v in rows[column]]
-        metrics[str(word)] = entry
-    return {"layers": layers, "metrics": metrics}
-
-
-def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFAULT_NEIGHBOURS,
-                     on_layer: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Explorer payload: the chosen words, their metrics by layer, and per layer a list aligned with the
-    words of [neighbour word indexes, cosines (3 decimals)], best first (null for a word without a vector)."""
-    if run.words is None or run.words.empty:
-        raise ValueError(f"no contextuality_words.csv in {run.path}; run `lmgeom analyze {run.path}` first")
-    chosen = top_words(run.words, top_n)
-    payload: dict[str, Any] = {"words": chosen, **_word_metrics(run.words, chosen), "neighbours": {}}
-    if not (run.path / "meta.json").exists() or not (run.path / "layers").is_dir():
-        payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need its extracted layers"
-        return payload
-    store = RepresentationStore.open(run.path)
-    settings = (run.contextuality or {}).get("settings", {})
-    index = {word: i for i, word in enumerate(chosen)}
-    for layer in payload["layers"]:
-        embeddings = static_embeddings(store, layer=layer, min_contexts=int(settings.get("min_contexts", 1)),
-                                       exclude_punct=bool(settings.get("exclude_punct", True)))
-        rows = [i for i, word in enumerate(embeddings.words) if word in index]
-        names = [embeddings.words[i] for i in rows]
-        if len(rows) < 2:
-            continue
-        order, cosines = nearest_neighbours(embeddings.vectors["first_pc"][rows], k)
-        # per chosen word (by index; null without a vector): [neighbour indexes], [cosines]
-        entries: list[list[list[Any]] | None] = [None] * len(chosen)
-        for i, name in enumerate(names):
-            entries[index[name]] = [[index[names[j]] for j in order[i]], [round(float(c), 3) for c in cosines[i]]]
-        payload["neighbours"][str(layer)] = entries
-        if on_layer is not None:
-            on_layer(layer)
-    return payload
-
-
-def explorer_data(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFAULT_NEIGHBOURS,
-                  refresh: bool = False, on_layer: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """The cached RUN/explorer.json when it was made with these settings from this analysis, else computed and cached."""
-    path = run.path / EXPLORER_FILE
-    settings = {"format": EXPLORER_FORMAT, "top_words": top_n, "neighbours": k, "analysis_sha256": _analysis_fingerprint(run),
-                "vectors": "first principal component of each word's occurrences (lmgeom.metrics.static)"}
-    if path.exists() and not refresh:
-        try:
-            cached = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            cached = {}
-        if cached.get("kind") == EXPLORER_KIND and cached.get("settings") == settings:
-            return dict(cached["data"])
-    data = compute_explorer(run, top_n=top_n, k=k, on_layer=on_layer)
-    document = {"kind": EXPLORER_KIND, **provenance(run.meta), "settings": settings, "data": data}
-    atomic_write_text(path, json.dumps(document, separators=(",", ":")) + "\n")  # compact: it can hold 600k neighbours
-    return data
+def read_explorer(run_dir: Path) -> dict[str, Any] | None:
+    """The explorer payload cached in RUN/explorer.json, or None when there is none."""
+    document = read_result_json(run_dir / EXPLORER_FILE, kind=EXPLORER_KIND)
+    return None if document is None else dict(document["data"])

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from lmgeom.report.explorer import WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
 
 STYLE = """
@@ -167,8 +168,6 @@ EXPLORER_SCRIPT = """
 
 def explorer_section(data: dict[str, Any], caption: str) -> tuple[str, str]:
     """(section body, script) of the word explorer."""
-    from lmgeom.report.explorer import WORD_COLUMNS
-
     columns = [[c, c.replace("_", " ").replace("mev", "MEV")] for c in WORD_COLUMNS]
     payload = {**data, "caption": caption}
     layers = data["layers"]

@@ -20,6 +20,7 @@ from lmgeom.runs.analysis import (
 )
 from lmgeom.runs.calibration import calibrate_store, fit_store
 from lmgeom.runs.extraction import extract
+from lmgeom.runs.reporting import render_report
 from lmgeom.runs.job import RunResult, default_run_dir, extract_model, layer_summary, open_or_extract, run
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
@@ -52,6 +53,7 @@ __all__ = [
     "layer_summary",
     "open_or_extract",
     "plan_analysis",
+    "render_report",
     "run",
     "run_sts",
     "select_rows",

@@ -174,16 +174,19 @@ def run(
     seed: int = 0,
     layers: str | Sequence[int] = "default",
     methods: Sequence[str] = DEFAULT_CALIBRATION_METHODS,
+    include: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
     (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
     (isotropy.json), calibrate `layers` with `methods` (calibration.json), and distil and score static
-    embeddings of `layers` (static/). Each step is recorded in run.json and skipped when repeated
-    with the same settings; an interrupted extraction resumes."""
+    embeddings of `layers` (static/), then render report.html with its figures (experiment results
+    under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
+    and skipped when repeated with the same settings; an interrupted extraction resumes."""
     from lmgeom.runs.calibration import calibrate_store
     from lmgeom.runs.isotropy import measure_isotropy
+    from lmgeom.runs.reporting import render_report
     from lmgeom.runs.static import export_static_embeddings
 
     progress = progress or NoProgress()
@@ -227,4 +230,10 @@ def run(
                    for path in export_static_embeddings(store, layer=layer, progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written)
     paths += [store.path / "static" / f"{layer}.benchmarks.json" for layer in per_layer]
+
+    # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
+    started = time.perf_counter()
+    report = render_report(store.path, include=include, progress=progress)
+    steps.record("report", {"include": [str(path) for path in include]}, started, [report])
+    paths.append(report)
     return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped)

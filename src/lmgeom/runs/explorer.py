@@ -1,0 +1,124 @@
+"""Word-explorer data: per-word metrics across layers and precomputed nearest neighbours.
+
+Neighbours are the top-k cosine neighbours among the first-principal-component static vectors of
+each layer (Ethayarajh 2019, section 5), for the N most frequent analysed words. Only the ranks
+and cosines go into the page, never vectors, so the report stays small for deep models. The data
+is cached in RUN/explorer.json with its provenance; a cache made with other settings or from another
+analysis is recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lmgeom.atomic import atomic_write_text
+from lmgeom.progress import NoProgress, Progress
+from lmgeom.report.data import RunData
+from lmgeom.report.explorer import EXPLORER_FILE, EXPLORER_KIND, WORD_COLUMNS
+from lmgeom.runs.results import provenance
+from lmgeom.runs.static import static_embeddings
+from lmgeom.store import RepresentationStore
+
+DEFAULT_TOP_WORDS = 2000
+DEFAULT_NEIGHBOURS = 10
+EXPLORER_FORMAT = 2  # bumped when the payload's layout changes, so an old cache is recomputed
+
+
+def top_words(words: pd.DataFrame, n: int) -> list[str]:
+    """The n most frequent analysed words (ties by word), from contextuality_words.csv."""
+    first_layer = words.loc[words["layer"] == words["layer"].min()]
+    ranked = first_layer.sort_values(["count", "word"], ascending=[False, True], kind="stable")
+    return ranked["word"].astype(str).head(n).tolist()
+
+
+def nearest_neighbours(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indexes, cosines) of each row's k most cosine-similar other rows, best first (ties by index)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = vectors / np.where(norms > 0, norms, 1.0)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    k = min(k, len(vectors) - 1)
+    # a stable sort on the negated similarity breaks ties by the lower index, reproducibly
+    order = np.argsort(-similarity, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(similarity, order, axis=1)
+
+
+def _analysis_fingerprint(run: RunData) -> str:
+    """Changes whenever the analysis that chose the words is re-run with other results."""
+    path = run.path / "contextuality_words.csv"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+
+
+def _word_metrics(words: pd.DataFrame, chosen: list[str]) -> dict[str, Any]:
+    """word -> {metric: [value per layer]} (null where undefined), rounded for size."""
+    layers = sorted(int(layer) for layer in words["layer"].unique())
+    table = words.loc[words["word"].isin(set(chosen))]
+    metrics: dict[str, Any] = {}
+    for word, rows in table.groupby("word", sort=False):
+        rows = rows.set_index("layer").reindex(layers)
+        entry: dict[str, Any] = {"count": int(rows["count"].dropna().iloc[0]), "contexts": int(rows["contexts"].dropna().iloc[0])}
+        for column in WORD_COLUMNS:
+            if column in rows:
+                entry[column] = [None if pd.isna(v) else round(float(v), 4) for v in rows[column]]
+        metrics[str(word)] = entry
+    return {"layers": layers, "metrics": metrics}
+
+
+def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFAULT_NEIGHBOURS,
+                     progress: Progress | None = None) -> dict[str, Any]:
+    """Explorer payload: the chosen words, their metrics by layer, and per layer a list aligned with the
+    words of [neighbour word indexes, cosines (3 decimals)], best first (null for a word without a vector)."""
+    if run.words is None or run.words.empty:
+        raise ValueError(f"no contextuality_words.csv in {run.path}; run `lmgeom analyze {run.path}` first")
+    chosen = top_words(run.words, top_n)
+    payload: dict[str, Any] = {"words": chosen, **_word_metrics(run.words, chosen), "neighbours": {}}
+    if not (run.path / "meta.json").exists() or not (run.path / "layers").is_dir():
+        payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need its extracted layers"
+        return payload
+    store = RepresentationStore.open(run.path)
+    settings = (run.contextuality or {}).get("settings", {})
+    index = {word: i for i, word in enumerate(chosen)}
+    progress = progress or NoProgress()
+    progress.start("word explorer", len(payload["layers"]), unit="layers")
+    for layer in payload["layers"]:
+        # the vectors of the analysed rows: the analysis's own row selection
+        embeddings = static_embeddings(store, layer=layer, min_contexts=int(settings.get("min_contexts", 1)),
+                                       include_punct=not bool(settings.get("exclude_punct", True)),
+                                       include_special=bool(settings.get("include_special", False)),
+                                       exclude_first_word=bool(settings.get("exclude_first_word", False)))
+        rows = [i for i, word in enumerate(embeddings.words) if word in index]
+        names = [embeddings.words[i] for i in rows]
+        if len(rows) < 2:
+            continue
+        order, cosines = nearest_neighbours(embeddings.vectors["first_pc"][rows], k)
+        # per chosen word (by index; null without a vector): [neighbour indexes], [cosines]
+        entries: list[list[list[Any]] | None] = [None] * len(chosen)
+        for i, name in enumerate(names):
+            entries[index[name]] = [[index[names[j]] for j in order[i]], [round(float(c), 3) for c in cosines[i]]]
+        payload["neighbours"][str(layer)] = entries
+        progress.advance("word explorer", note=f"layer {layer}")
+    return payload
+
+
+def explorer_data(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFAULT_NEIGHBOURS,
+                  refresh: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+    """The cached RUN/explorer.json when it was made with these settings from this analysis, else computed and cached."""
+    path = run.path / EXPLORER_FILE
+    settings = {"format": EXPLORER_FORMAT, "top_words": top_n, "neighbours": k, "analysis_sha256": _analysis_fingerprint(run),
+                "vectors": "first principal component of each word's occurrences (lmgeom.runs.static)"}
+    if path.exists() and not refresh:
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            cached = {}
+        if cached.get("kind") == EXPLORER_KIND and cached.get("settings") == settings:
+            return dict(cached["data"])
+    data = compute_explorer(run, top_n=top_n, k=k, progress=progress)
+    document = {"kind": EXPLORER_KIND, **provenance(run.meta), "settings": settings, "data": data}
+    atomic_write_text(path, json.dumps(document, separators=(",", ":")) + "\n")  # compact: it can hold 600k neighbours
+    return data
