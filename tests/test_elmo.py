@@ -17,10 +17,11 @@ from lmgeom.cli.elmo import register
 from lmgeom.corpus import Corpus
 from lmgeom.corpus.splits import brown_heldout_files, brown_split
 from lmgeom.elmo import (
-    ElmoBiLM, ElmoConfig, ElmoEncoder, TrainConfig, batch_to_ids, load_elmo, load_elmo_encoder, perplexity, save_elmo,
+    ElmoBiLM, ElmoConfig, TrainConfig, batch_to_ids, load_elmo, perplexity, save_elmo,
     train, word_ids,
 )
 from lmgeom.elmo.model import Highway, run_lstm
+from lmgeom.encoders.elmo import ElmoEncoder, load_elmo_encoder
 from lmgeom.runs import extract
 
 SENTENCES = [
@@ -452,6 +453,33 @@ def test_load_elmo_encoder_from_folder_or_files(published, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="must hold options.json and weights.hdf5"):
         load_elmo_encoder(tmp_path / "empty")
+
+
+def test_an_elmo_folder_is_a_model_for_extract_and_run(tmp_path):
+    """`lmgeom extract FOLDER` and `lmgeom run --model FOLDER` take an ELMo options + weights folder."""
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+    from lmgeom.encoders import load_encoder
+    from lmgeom.store import RepresentationStore
+
+    model = small_model()
+    save_elmo(model, tmp_path / "elmo" / "options.json", tmp_path / "elmo" / "weights.hdf5")
+    encoder = load_encoder(str(tmp_path / "elmo"), device="cpu")
+    assert isinstance(encoder, ElmoEncoder) and encoder.model_fingerprint == ElmoEncoder(model).model_fingerprint
+    with pytest.raises(ValueError, match="do not apply to an ELMo model"):
+        load_encoder(str(tmp_path / "elmo"), device="cpu", keep_special=True)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(" ".join(s) for s in SENTENCES * 3) + "\n")
+    extracted = CliRunner().invoke(app, ["extract", str(tmp_path / "elmo"), "--corpus", str(corpus), "--out", str(tmp_path / "s")])
+    assert extracted.exit_code == 0, extracted.output
+    store = RepresentationStore.open(tmp_path / "s")
+    expected = model.embed_sentences([list(s) for s in SENTENCES * 3])
+    np.testing.assert_allclose(np.asarray(store.layer(2)[:]), np.concatenate([e[2] for e in expected]), atol=1e-6)
+    ran = CliRunner().invoke(app, ["run", "--model", str(tmp_path / "elmo"), "--corpus", str(corpus), "--out",
+                                   str(tmp_path / "run"), "--min-contexts", "2"])
+    assert ran.exit_code == 0, ran.output
+    assert (tmp_path / "run" / "contextuality.json").exists() and (tmp_path / "run" / "report.html").exists()
 
 
 # ---- Brown split ---------------------------------------------------------------------------------

@@ -272,7 +272,7 @@ LOWER = {"metrics", "calibrate", "evaluate"}
 ALLOWED = {
     "corpus": set(),
     "encoders": {"corpus", "elmo"},
-    "elmo": {"corpus", "encoders"},
+    "elmo": {"corpus"},
     "mix": set(),
     "store": {"corpus", "encoders"},
     "metrics": set(),

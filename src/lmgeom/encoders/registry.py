@@ -1,15 +1,17 @@
-"""`load_encoder`: named offline models, any Hugging Face id or local path, GGUF files."""
+"""`load_encoder`: named offline models, any Hugging Face id or local path, GGUF files, ELMo folders."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lmgeom.device import resolve_compute_dtype, resolve_device
+from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.hf import HFEncoder
 from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
 
@@ -19,7 +21,34 @@ NAMED_MODELS = {
     "tiny-bert": "random 3-layer BERT with a WordPiece tokenizer trained on the Lee corpus",
     "tiny-gpt2": "random 3-layer GPT-2 with a byte-level BPE tokenizer trained on the Lee corpus",
     "tiny-llama": "random 3-layer Llama with a SentencePiece-style Unigram tokenizer trained on the Lee corpus",
+    "elmo-brown": "a small ELMo biLM (char CNN, 2 projected biLSTM layers) trained here on the Brown corpus (ships with lmgeom)",
 }
+
+
+def elmo_brown_path() -> Path:
+    """The folder of the shipped `elmo-brown` model (options.json + weights.hdf5)."""
+    import lmgeom.elmo
+
+    folder = Path(lmgeom.elmo.__file__).parent / "models" / "elmo-brown"
+    if not (folder / "weights.hdf5").is_file():
+        raise FileNotFoundError(
+            f"the elmo-brown weights are missing from {folder}; reinstall lmgeom, or train one with "
+            "`lmgeom elmo train --corpus brown --out DIR` and give DIR as the model"
+        )
+    return folder
+
+
+def is_elmo_folder(path: Path) -> bool:
+    """A folder holding an ELMo options JSON (it has a `char_cnn` section) and an HDF5 weights file."""
+    if not path.is_dir() or not [*path.glob("*.hdf5"), *path.glob("*.h5")]:
+        return False
+    for options in path.glob("*.json"):
+        try:
+            if "char_cnn" in json.loads(options.read_text(encoding="utf-8")):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def minilm_path() -> Path:
@@ -66,13 +95,23 @@ def load_encoder(
     gguf_file: str | None = None,
     revision: str | None = None,
     max_batch_tokens: int = 8192,
-) -> HFEncoder:
-    """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder.
+) -> Encoder:
+    """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder (a transformers
+    model, or an ELMo options JSON + HDF5 weights).
 
     `dtype` is the compute dtype: float32 on CPU by default, float16 on CUDA (bfloat16 on request).
+    ELMo reads the corpus words themselves, so piece pooling, special tokens and windows do not apply.
     """
     resolved_device = resolve_device(device)
     compute_dtype = resolve_compute_dtype(resolved_device, dtype)
+    if name_or_path == "elmo-brown" or is_elmo_folder(Path(name_or_path)):
+        from lmgeom.encoders.elmo import load_elmo_encoder
+
+        if keep_special or prepend_bos or gguf_file or revision or dtype not in (None, "float32"):
+            raise ValueError("--keep-special, --prepend-bos, --gguf-file, --revision and --compute-dtype do not apply "
+                             "to an ELMo model (it runs in float32 on the corpus words)")
+        folder = elmo_brown_path() if name_or_path == "elmo-brown" else Path(name_or_path)
+        return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 
     def encoder(model: torch.nn.Module, tokenizer: Any, model_id: str, weights_fingerprint: str | None) -> HFEncoder:
         return HFEncoder(

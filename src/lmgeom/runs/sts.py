@@ -252,6 +252,7 @@ def run_sts(
 ) -> STSRun:
     """`lmgeom sts`: read every STS set found under `data`, load `model`, evaluate, and write the
     records (`out`: JSON + a CSV beside it) and the summary table (`markdown`) when asked."""
+    from lmgeom.encoders.hf import HFEncoder
     from lmgeom.encoders.registry import load_encoder
 
     methods = resolve_methods(methods)
@@ -261,6 +262,8 @@ def run_sts(
     if limit_pairs is not None:
         datasets = [d.sample(limit_pairs, seed=seed) for d in datasets]
     encoder = load_encoder(model, device=device)
+    if not isinstance(encoder, HFEncoder):
+        raise ValueError(f"{model} is not a transformers model; the STS evaluation pools tokenizer pieces, which ELMo has not")
     selections = resolve_layers(layers, encoder.n_layers)
     records = evaluate_sts(encoder, datasets, layers=selections, methods=methods, fit_on=sources or TRANSDUCTIVE,
                            include_special=include_special, seed=seed, progress=progress)
