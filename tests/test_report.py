@@ -401,6 +401,53 @@ def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[P
             browser.close()
 
 
+def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """`lmgeom run` on tiny-bert: its report.html has every chart drawn, and the explorer answers."""
+    executable = _browser()
+    from playwright.sync_api import sync_playwright
+
+    from lmgeom.runs import run
+
+    result = run("tiny-bert", "lee", out=tmp_path / "run", limit=120, device="cpu", min_contexts=3)
+    report = result.store.path / "report.html"
+    data = json.loads((result.store.path / EXPLORER_FILE).read_text())["data"]
+    word, last = data["words"][0], str(data["layers"][-1])
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            errors: list[str] = []
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(report.as_uri())
+            figures = page_figures(report.read_text())
+            n_figures = len(figures)
+            assert n_figures >= 8  # anisotropy, self-similarity, intra-sentence, MEV x2, isotropy x2, calibration
+            isotropy = json.loads((result.store.path / "isotropy.json").read_text())["records"]
+            isoscore = next(t for t in figures["chart-isotropy_scores"]["data"] if t["name"] == "IsoScore")
+            assert isoscore["y"] == pytest.approx([r["value"] for r in isotropy if r["measure"] == "isoscore"], abs=1e-12)
+            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
+            points = page.evaluate(
+                "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => gd.data.map(t => "
+                "t.y.filter(v => v !== null).length))"
+            )
+            assert all(traces and all(n > 0 for n in traces) for traces in points), points
+            page.fill("#explorer-word", word)
+            page.wait_for_selector("#explorer-neighbours")
+            page.select_option("#explorer-layer", last)
+            expected = data["words"][data["neighbours"][last][0][0][0]]
+            assert page.locator("#explorer-neighbours tbody tr").nth(0).locator("td").nth(1).inner_text() == expected
+            shot = tmp_path / "tiny-bert-report.png"
+            page.screenshot(path=str(shot), full_page=True)
+            artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
+            if artifacts:
+                Path(artifacts).mkdir(parents=True, exist_ok=True)
+                shutil.copy(shot, Path(artifacts) / shot.name)
+            assert errors == [], errors
+        finally:
+            browser.close()
+
+
 def test_nan_values_become_gaps_not_errors(tmp_path: Path, full_run: Path) -> None:
     """A layer whose metric is undefined (all null in the JSON) still renders; the gap is null in the figure."""
     run = tmp_path / "run"

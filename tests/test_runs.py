@@ -386,3 +386,23 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
     assert_same_numbers(again.contextuality.records, whole.contextuality.records, atol=0)
     changed = run("tiny-bert", "lee", out=tmp_path / "cut", **{**options, "layers": "0,1"})
     assert changed.steps_run == ["calibration", "static_embeddings", "report"]
+
+
+def test_every_command_prints_tables_readable_at_80_columns(fixed_store, tmp_path):
+    """No table cell is cut short (rich marks a cut with an ellipsis) and no line is wider than 80."""
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    commands = [
+        ["analyze", str(fixed_store.path), "--min-contexts", "3", "--out", str(tmp_path / "a")],
+        ["calibrate", str(fixed_store.path), "--method", "whitening,abtt,standardize,cie"],
+        ["static-embeddings", str(fixed_store.path), "--layer", "2"],
+        ["run", "--model", "tiny-gpt2", "--limit", "60", "--out", str(tmp_path / "r"), "--device", "cpu", "--min-contexts", "3"],
+        ["report", str(tmp_path / "r")],
+    ]
+    for arguments in commands:
+        outcome = CliRunner().invoke(app, arguments, env={"COLUMNS": "80"})
+        assert outcome.exit_code == 0, (arguments[0], outcome.output)
+        assert "…" not in outcome.output, (arguments[0], outcome.output)
+        assert max(map(len, outcome.output.splitlines())) <= 80, arguments[0]

@@ -15,7 +15,6 @@ from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = {
     "log_partition_isotropy": "log I(W)",
-    "log_partition_isotropy_centered": "log I(W) centred",
     "isoscore": "IsoScore",
     "average_cosine": "avg cos",
     "effective_rank": "eff. rank",
@@ -23,17 +22,20 @@ TABLE_MEASURES = {
 
 
 def print_records(records: list[dict[str, Any]]) -> None:
-    table = Table(title="Isotropy before → after calibration", caption=LAYER_NOTE)
+    """Per layer, the isotropy before calibration ("none") and after each method: a table that fits
+    80 columns; every measure is in calibration.csv."""
+    table = Table(title=f"Isotropy before (none) and after calibration ({LAYER_NOTE})")
     table.add_column("layer", justify="right")
     table.add_column("method")
     for label in TABLE_MEASURES.values():
         table.add_column(label, justify="right")
-    cells: dict[tuple[int, str], dict[str, str]] = {}
+    rows: dict[tuple[int, str], dict[str, float]] = {}
     for record in records:
         if record["measure"] in TABLE_MEASURES:
-            cells.setdefault((record["layer"], record["method"]), {})[record["measure"]] = f"{record['before']:.4g} → {record['after']:.4g}"
-    for (layer, method), row in cells.items():
-        table.add_row(str(layer), method, *(row.get(measure, "") for measure in TABLE_MEASURES))
+            rows.setdefault((record["layer"], "none"), {})[record["measure"]] = record["before"]
+            rows.setdefault((record["layer"], record["method"]), {})[record["measure"]] = record["after"]
+    for (layer, method), values in rows.items():
+        table.add_row(str(layer), method, *(f"{values[m]:.4g}" if m in values else "" for m in TABLE_MEASURES))
     console.print(table)
 
 

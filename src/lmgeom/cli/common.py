@@ -10,12 +10,12 @@ from typing import Iterator
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Column
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
     TaskID,
-    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -29,15 +29,15 @@ class RichProgress:
     satisfying `lmgeom.progress.Progress`. Use as a context manager."""
 
     def __init__(self) -> None:
+        # the note (a rate, a layer) comes last and is cropped, never the counts or times, on a narrow terminal
         self._bars = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=16),
             MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[note]}"),
-            TimeElapsedColumn(),
+            TimeElapsedColumn(table_column=Column(no_wrap=True, min_width=7)),
             TextColumn("ETA"),
-            TimeRemainingColumn(),
+            TimeRemainingColumn(table_column=Column(no_wrap=True, min_width=7)),
+            TextColumn("{task.fields[note]}", table_column=Column(no_wrap=True, overflow="crop")),
             console=console,
             transient=False,
         )

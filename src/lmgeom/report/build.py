@@ -92,9 +92,12 @@ def _words_section(run: RunData) -> str:
 
 
 def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], page: Page) -> str:
+    isotropy = "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("isotropy_"))
+    if run.isotropy is None:
+        isotropy = missing(run.notes["isotropy"])
     if run.calibration is None:
-        return missing(run.notes["calibration"])
-    body = "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("calibration_"))
+        return isotropy + missing(run.notes["calibration"])
+    body = isotropy + "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("calibration_"))
     table_frame = calibration_table(run.calibration)
     settings = run.calibration_settings
     note = (f"<p class=\"note\">Methods {', '.join(map(str, settings.get('methods', [])))}; fitted and measured on "

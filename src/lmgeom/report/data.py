@@ -25,11 +25,13 @@ PRODUCERS = {
     "static": "lmgeom static-embeddings RUN --layer L",
     "sts": "lmgeom sts MODEL --data DIR --out RUN/sts.json",
     "experiments": "an experiment that writes RUN/experiments/NAME/results.json",
-    "explorer": "lmgeom analyze RUN on a run whose store is present",
+    "explorer": "lmgeom report RUN on a run whose store is present",
+    "isotropy": "lmgeom run (writes isotropy.json: global and local isotropy of every layer)",
 }
 
 # result files of other kinds at the top of a run directory (the explorer cache can be tens of MB)
-OTHER_RESULT_FILES = {"meta.json", "progress.json", "summary.json", "contextuality.json", "calibration.json", "explorer.json"}
+OTHER_RESULT_FILES = {"meta.json", "progress.json", "summary.json", "contextuality.json", "calibration.json", "explorer.json",
+                      "isotropy.json", "run.json"}
 EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "metric")
 
 
@@ -62,6 +64,7 @@ class RunData:
     words: pd.DataFrame | None  # contextuality_words.csv: word x layer
     calibration: pd.DataFrame | None  # layer x method x measure: before, after
     calibration_settings: dict[str, Any]
+    isotropy: pd.DataFrame | None  # layer x measure: value (isotropy.json)
     static: pd.DataFrame | None  # static-embedding benchmark records of every distilled layer
     sts: pd.DataFrame | None  # STS records of every STS results JSON in the run directory
     experiments: pd.DataFrame | None  # tidy experiment records
@@ -227,6 +230,11 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
     if calibration is None:
         notes["calibration"] = f"no calibration.json in {run_dir}; run `{PRODUCERS['calibration']}`"
 
+    isotropy_doc = read_result_json(run_dir / "isotropy.json", kind="isotropy")
+    isotropy = _frame(isotropy_doc["records"]) if isotropy_doc else None
+    if isotropy is None:
+        notes["isotropy"] = f"no isotropy.json in {run_dir}; run `{PRODUCERS['isotropy']}`"
+
     static = _read_static(run_dir)
     if static is None:
         notes["static"] = f"no static/<layer>.benchmarks.json in {run_dir}; run `{PRODUCERS['static']}`"
@@ -246,6 +254,7 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
         words=words,
         calibration=calibration,
         calibration_settings=dict((calibration_doc or {}).get("settings", {})),
+        isotropy=isotropy,
         static=static,
         sts=sts,
         experiments=experiments,

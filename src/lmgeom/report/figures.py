@@ -96,8 +96,44 @@ def run_charts(run: RunData) -> list[Chart]:
               LAYER_AXIS, "mean adjusted MEV",
               [layer_series(MEV_NAMES[v], f"mev_{v}", "adjusted") for v in MEV_VARIANTS]),
     ]
+    charts.extend(isotropy_charts(run))
     charts.extend(calibration_charts(run))
     return [chart for chart in charts if chart.has_data]
+
+
+ISOTROPY_MEASURES = {
+    "log_partition_isotropy": "log I(W), raw",
+    "log_partition_isotropy_centered": "log I(W), centred",
+}
+ISOTROPY_SHARES = {
+    "isoscore": "IsoScore",
+    "average_cosine": "average cosine",
+    "local_isoscore": "IsoScore inside k-means clusters (local)",
+    "local_average_cosine_centered": "centred average cosine inside clusters (local)",
+}
+
+
+def isotropy_charts(run: RunData) -> list[Chart]:
+    """Global and local isotropy of every layer (isotropy.json): I(W) in log space, and the [0, 1] measures."""
+    if run.isotropy is None or run.isotropy.empty:
+        return []
+    table = run.isotropy
+
+    def series(measures: dict[str, str]) -> list[Series]:
+        out = []
+        for measure, label in measures.items():
+            rows = table.loc[table["measure"] == measure].sort_values("layer")
+            if not rows.empty:
+                out.append(Series(label, [float(x) for x in rows["layer"]], _values(rows["value"].to_list()), "local" in measure))
+        return out
+
+    subtitle = run_subtitle(run)
+    return [
+        Chart("isotropy_log_partition", "Isotropy by layer: log I(W) (Mu & Viswanath; 0 = isotropic)", subtitle, LAYER_AXIS,
+              "log I(W)", series(ISOTROPY_MEASURES)),
+        Chart("isotropy_scores", "Isotropy by layer: IsoScore and average cosine, global and within clusters", subtitle,
+              LAYER_AXIS, "value", series(ISOTROPY_SHARES)),
+    ]
 
 
 CALIBRATION_MEASURES = {

@@ -32,7 +32,7 @@ def extract(
     `chunk_sentences` defaults to `default_chunk_sentences` for the model.
     """
     progress = progress or NoProgress()
-    chunk_sentences = chunk_sentences or default_chunk_sentences(encoder.n_layers, encoder.dim)
+    chunk_sentences = chunk_sentences or default_chunk_sentences(encoder.n_layers, encoder.dim, len(corpus))
     settings = {
         **encoder.settings(),
         "dtype": dtype,
@@ -90,9 +90,12 @@ def _finish(pending: tuple[Future[None], int, int], progress: Progress, stage: s
     progress.advance(stage, n_sentences, note=rate.add(n_sentences, n_words))
 
 
-def default_chunk_sentences(n_layers: int, dim: int, *, budget_mb: int = 512) -> int:
+def default_chunk_sentences(n_layers: int, dim: int, n_sentences: int, *, budget_mb: int = 512) -> int:
     """Sentences per chunk so that a chunk's float32 vectors (about 32 words a sentence) take about
     `budget_mb`, as a power of two in [64, 4096]: bigger chunks sort more sentences by length and
-    pad less (256 sentences cost MiniLM 15 % against one length-sorted pass), smaller ones bound memory."""
-    sentences = budget_mb * 2**20 / (n_layers * dim * 4 * 32)
-    return int(min(4096, max(64, 2 ** int(np.log2(sentences)))))
+    pad less (256 sentences cost MiniLM 15 % against one length-sorted pass), smaller ones bound memory.
+    A small corpus still gets about 4 chunks (the smallest power of two >= n_sentences / 4), so
+    writing one chunk overlaps encoding the next instead of following the whole encoding."""
+    by_memory = min(4096, max(64, 2 ** int(np.log2(budget_mb * 2**20 / (n_layers * dim * 4 * 32)))))
+    four_chunks = max(64, 2 ** int(np.ceil(np.log2(max(1, -(-n_sentences // 4))))))
+    return int(min(by_memory, four_chunks))
