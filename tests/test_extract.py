@@ -168,7 +168,7 @@ class ChunkProgress:
         pass
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-        if note == "resumed":
+        if note in ("resumed", "already extracted"):  # sentences done before this call
             return
         self.chunks.append(n)
         if len(self.chunks) == self.stop_after:
