@@ -408,3 +408,43 @@ def test_every_command_prints_tables_readable_at_80_columns(fixed_store, tmp_pat
         assert outcome.exit_code == 0, (arguments[0], outcome.output)
         assert "…" not in outcome.output, (arguments[0], outcome.output)
         assert max(map(len, outcome.output.splitlines())) <= 80, arguments[0]
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The lmgeom modules a module imports when it runs (imports under `if TYPE_CHECKING:` left out)."""
+    tree = ast.parse(path.read_text())
+    type_only = {id(node) for guard in ast.walk(tree) if isinstance(guard, ast.If) and "TYPE_CHECKING" in ast.unparse(guard.test)
+                 for node in ast.walk(guard)}
+    modules = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom"):
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names if alias.name.startswith("lmgeom"))
+    return modules
+
+
+def test_no_module_imports_itself_through_others():
+    names = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: {m for m in _runtime_imports(path) if m in names and m != name and not name.startswith(m + ".")}
+             for name, path in names.items()}
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for imported in sorted(graph[name]):
+            assert state.get(imported) != 1, "import cycle: " + " -> ".join(trail[trail.index(imported):] + [imported]) \
+                if imported in trail else f"import cycle through {imported}"
+            if imported not in state:
+                visit(imported, trail + [imported])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

@@ -19,9 +19,9 @@ from lmgeom.runs.analysis import (
     plan_analysis,
 )
 from lmgeom.runs.calibration import calibrate_store, fit_store
-from lmgeom.runs.extraction import extract
+from lmgeom.runs.extraction import default_run_dir, extract, extract_model, open_or_extract
 from lmgeom.runs.reporting import render_report
-from lmgeom.runs.job import RunResult, default_run_dir, extract_model, layer_summary, open_or_extract, run
+from lmgeom.runs.job import RunResult, layer_summary, run
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.static import StaticEmbeddings, benchmark_static_embeddings, export_static_embeddings, static_embeddings

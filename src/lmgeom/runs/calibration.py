@@ -11,7 +11,7 @@ from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, MomentAccumulator, isotropy_report
-from lmgeom.runs.job import open_or_extract
+from lmgeom.runs.extraction import open_or_extract
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv
 from lmgeom.runs.selection import RowSelection, select_rows

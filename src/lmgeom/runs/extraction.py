@@ -1,18 +1,20 @@
-"""Extraction: corpus -> encoder -> store, chunk by chunk, resumable."""
+"""Extraction: corpus -> encoder -> store, chunk by chunk, resumable; and "a store, or a model to extract first"."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
-from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
+from lmgeom.corpus import load_corpus
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.store import RepresentationStore, StoreWriter
+from lmgeom.store import RepresentationStore, StoreWriter, layout
 
 
 def extract(
@@ -99,3 +101,59 @@ def default_chunk_sentences(n_layers: int, dim: int, n_sentences: int, *, budget
     by_memory = min(4096, max(64, 2 ** int(np.log2(budget_mb * 2**20 / (n_layers * dim * 4 * 32)))))
     four_chunks = max(64, 2 ** int(np.ceil(np.log2(max(1, -(-n_sentences // 4))))))
     return int(min(by_memory, four_chunks))
+
+
+def default_run_dir(model: str, corpus: str) -> Path:
+    """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}").strip("-")
+    return Path("runs") / slug
+
+
+def extract_model(
+    model: str,
+    corpus: str = "lee",
+    *,
+    out: str | os.PathLike[str] | None = None,
+    field: str = "text",
+    pretokenized: bool = False,
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    pooling: str = "mean",
+    keep_special: bool = False,
+    prepend_bos: bool = False,
+    skip_unaligned: bool = False,
+    dtype: str = "float32",
+    compute_dtype: str | None = None,
+    device: str = "auto",
+    max_length: int | None = None,
+    max_batch_tokens: int = 8192,
+    chunk_sentences: int | None = None,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> RepresentationStore:
+    """`lmgeom extract`: load the corpus spec `corpus` and `model`, and extract every layer into `out`
+    (default runs/<model>-<corpus>), resuming an interrupted run. Options as for `load_corpus`,
+    `load_encoder` and `extract`."""
+    from lmgeom.encoders.registry import load_encoder
+
+    # a bad corpus spec fails before the model loads
+    sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
+    encoder = load_encoder(
+        model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
+        skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
+        max_batch_tokens=max_batch_tokens,
+    )
+    return extract(encoder, sentences, out or default_run_dir(model, corpus), dtype=dtype, chunk_sentences=chunk_sentences,
+                   overwrite=overwrite, progress=progress)
+
+
+def open_or_extract(store_or_model: str, *, corpus: str = "lee", device: str = "auto",
+                    progress: Progress | None = None) -> RepresentationStore:
+    """Open the store at `store_or_model`; anything else names a model, extracted on `corpus` into
+    runs/<model>-<corpus> first (or resumed from there)."""
+    if layout.is_store(store_or_model):
+        return RepresentationStore.open(store_or_model)
+    return extract_model(store_or_model, corpus, device=device, progress=progress)

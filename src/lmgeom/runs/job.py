@@ -1,77 +1,23 @@
-"""The main job behind `lmgeom run`, and resolving "a store, or a model to extract first"."""
+"""The main job behind `lmgeom run`: its steps, recorded in run.json, and the per-layer summary."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from lmgeom.corpus import load_corpus
-from lmgeom.runs.analysis import ContextualityResult, analyze_store
-from lmgeom.runs.extraction import extract
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs.analysis import ContextualityResult, analyze_store
+from lmgeom.runs.calibration import calibrate_store
+from lmgeom.runs.extraction import extract_model
+from lmgeom.runs.isotropy import measure_isotropy
+from lmgeom.runs.reporting import render_report
+from lmgeom.runs.static import export_static_embeddings
 from lmgeom.runs.results import write_json
 from lmgeom.store import RepresentationStore, layout
-
-
-def default_run_dir(model: str, corpus: str) -> Path:
-    """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}").strip("-")
-    return Path("runs") / slug
-
-
-def extract_model(
-    model: str,
-    corpus: str = "lee",
-    *,
-    out: str | os.PathLike[str] | None = None,
-    field: str = "text",
-    pretokenized: bool = False,
-    limit: int | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    pooling: str = "mean",
-    keep_special: bool = False,
-    prepend_bos: bool = False,
-    skip_unaligned: bool = False,
-    dtype: str = "float32",
-    compute_dtype: str | None = None,
-    device: str = "auto",
-    max_length: int | None = None,
-    max_batch_tokens: int = 8192,
-    chunk_sentences: int | None = None,
-    gguf_file: str | None = None,
-    revision: str | None = None,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-) -> RepresentationStore:
-    """`lmgeom extract`: load the corpus spec `corpus` and `model`, and extract every layer into `out`
-    (default runs/<model>-<corpus>), resuming an interrupted run. Options as for `load_corpus`,
-    `load_encoder` and `extract`."""
-    from lmgeom.encoders.registry import load_encoder
-
-    # a bad corpus spec fails before the model loads
-    sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-    encoder = load_encoder(
-        model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
-        skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
-        max_batch_tokens=max_batch_tokens,
-    )
-    return extract(encoder, sentences, out or default_run_dir(model, corpus), dtype=dtype, chunk_sentences=chunk_sentences,
-                   overwrite=overwrite, progress=progress)
-
-
-def open_or_extract(store_or_model: str, *, corpus: str = "lee", device: str = "auto",
-                    progress: Progress | None = None) -> RepresentationStore:
-    """Open the store at `store_or_model`; anything else names a model, extracted on `corpus` into
-    runs/<model>-<corpus> first (or resumed from there)."""
-    if layout.is_store(store_or_model):
-        return RepresentationStore.open(store_or_model)
-    return extract_model(store_or_model, corpus, device=device, progress=progress)
 
 
 def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
@@ -184,11 +130,6 @@ def run(
     embeddings of `layers` (static/), then render report.html with its figures (experiment results
     under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
     and skipped when repeated with the same settings; an interrupted extraction resumes."""
-    from lmgeom.runs.calibration import calibrate_store
-    from lmgeom.runs.isotropy import measure_isotropy
-    from lmgeom.runs.reporting import render_report
-    from lmgeom.runs.static import export_static_embeddings
-
     progress = progress or NoProgress()
     started = time.perf_counter()
     store = extract_model(model, corpus, out=out, limit=limit, device=device, overwrite=overwrite, progress=progress)
