@@ -83,7 +83,9 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     embeddings = static_embeddings(store, layer=2)
     write_benchmarks(benchmark_static_embeddings(embeddings), embeddings, run / "static")
     (run / "experiments" / "probe").mkdir(parents=True)
-    (run / "experiments" / "probe" / "results.json").write_text(json.dumps({"records": EXPERIMENT_RECORDS}))
+    summaries = [{"experiment": "probe", "task": "pos", "model": "synthetic-4", "regime": "frozen", "features": "layer 2",
+                  "method": "whitening", "metric": "accuracy", "p_value": 0.004, "p_holm": 0.008, "significant": True}]
+    (run / "experiments" / "probe" / "results.json").write_text(json.dumps({"records": EXPERIMENT_RECORDS, "summaries": summaries}))
     sts = [{"dataset": "STS-B", "split": "test", "layer": str(layer), "method": "none", "fit_on": "none",
             "aggregation": "all", "spearman": 60.0 + layer + 0.125, "n_pairs": 10, "n_subsets": 1, "n_sentences": 20,
             "log_partition_isotropy": -1.0, "isoscore": 0.5, "average_cosine": 0.25} for layer in range(4)]
@@ -182,6 +184,7 @@ def test_experiment_results_are_grouped_with_mean_and_std_over_seeds(full_run: P
     html = (full_run / "report.html").read_text()
     for values_ in ([0.70, 0.74, 0.72], [0.80, 0.81, 0.86]):
         assert f"{np.mean(values_):.4f} ± {np.std(values_, ddof=1):.4f}" in html
+    assert ">0.008 *<" in html  # the Holm-adjusted p of whitening against none, marked significant
     extra = tmp_path / "more" / "other"
     extra.mkdir(parents=True)
     (extra / "results.json").write_text(json.dumps([{**EXPERIMENT_RECORDS[0], "experiment": "extra", "value": 0.5}]))

@@ -120,10 +120,17 @@ def calibration_table(records: pd.DataFrame) -> pd.DataFrame:
 def _experiments_section(run: RunData) -> str:
     if run.experiments is None:
         return missing(run.notes["experiments"])
-    summary = summarise_experiments(run.experiments)
+    summary = summarise_experiments(run.experiments, run.experiment_tests)
     summary["mean ± std"] = [f"{m:.4f} ± {s:.4f}" for m, s in zip(summary["mean"], summary["std"])]
+    note = "Mean ± standard deviation over seeds."
+    if "p" in summary:
+        summary["p vs baseline"] = [f"{p:.3g}{' *' if significant is True else ''}" if pd.notna(p) else ""
+                                    for p, significant in zip(summary["p"], summary["significant"])]
+        summary = summary.drop(columns=["p", "significant"])
+        note += (" p: the experiment's paired test of the configuration against its baseline (Holm-adjusted "
+                 "where the results give it); * marks a difference significant at 0.05.")
     shown = summary.drop(columns=["mean", "std"]).rename(columns={"n": "seeds"})
-    return "<p class=\"note\">Mean ± standard deviation over seeds.</p>" + "".join(
+    return f"<p class=\"note\">{note}</p>" + "".join(
         f"<h3>{esc(name)}</h3>{table(group.drop(columns=['experiment']))}"
         for name, group in shown.groupby("experiment", sort=True)
     )

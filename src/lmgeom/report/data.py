@@ -68,6 +68,7 @@ class RunData:
     static: pd.DataFrame | None  # static-embedding benchmark records of every distilled layer
     sts: pd.DataFrame | None  # STS records of every STS results JSON in the run directory
     experiments: pd.DataFrame | None  # tidy experiment records
+    experiment_tests: pd.DataFrame | None  # per-configuration tests against the baseline (p-values)
     notes: dict[str, str] = field(default_factory=dict)  # section -> why it is empty
 
     @property
@@ -167,13 +168,24 @@ def experiment_result_files(run_dir: Path, include: Sequence[str | os.PathLike] 
     return list(dict.fromkeys(files))
 
 
-def read_experiments(files: Sequence[Path]) -> pd.DataFrame | None:
-    """Tidy experiment records (a list, or a document with `records`); unreadable files are skipped."""
+def read_experiments(files: Sequence[Path], *, part: str = "records") -> pd.DataFrame | None:
+    """Tidy experiment records (a list, or a document with `records`); unreadable files are skipped.
+
+    `part="summaries"` reads a document's per-configuration summaries instead: the records whose
+    `p_value` (and `p_holm`, `significant`) test a configuration against its baseline."""
     frames = []
     for path in files:
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if part == "summaries":
+            records = document.get("summaries", []) if isinstance(document, dict) else []
+            frame = pd.DataFrame([r for r in records if isinstance(r, dict) and "p_value" in r])
+            if not frame.empty:
+                if "experiment" not in frame:
+                    frame["experiment"] = path.parent.name
+                frames.append(frame)
             continue
         records = document.get("records", []) if isinstance(document, dict) else document
         if not isinstance(records, list):
@@ -188,8 +200,10 @@ def read_experiments(files: Sequence[Path]) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def summarise_experiments(records: pd.DataFrame) -> pd.DataFrame:
-    """Mean, standard deviation (ddof 1; 0 for one seed) and seed count of `value` per configuration."""
+def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Mean, standard deviation (ddof 1; 0 for one seed) and seed count of `value` per configuration,
+    with the configuration's test against its baseline where `tests` (the experiments' summaries)
+    give one: `p` (Holm-adjusted when `p_holm` is given) and `significant`."""
     keys = [key for key in EXPERIMENT_KEYS if key in records]
     frame = records.copy()
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
@@ -198,6 +212,15 @@ def summarise_experiments(records: pd.DataFrame) -> pd.DataFrame:
     grouped = frame.groupby(keys, sort=True, dropna=False)["value"]
     table = grouped.agg(mean="mean", std="std", n="count").reset_index()
     table["std"] = table["std"].fillna(0.0)
+    if tests is not None and not tests.empty:
+        on = [key for key in keys if key in tests]
+        tested = tests.copy()
+        for key in on:
+            tested[key] = tested[key].astype(str)
+        tested["p"] = pd.to_numeric(tested["p_holm"] if "p_holm" in tested else tested["p_value"], errors="coerce")
+        if "significant" not in tested:
+            tested["significant"] = tested["p"] < 0.05
+        table = table.merge(tested[[*on, "p", "significant"]], on=on, how="left")
     return table
 
 
@@ -241,7 +264,9 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
     sts = _read_sts(run_dir)
     if sts is None:
         notes["sts"] = f"no STS results JSON in {run_dir}; run `{PRODUCERS['sts']}`"
-    experiments = read_experiments(experiment_result_files(run_dir, include))
+    experiment_files = experiment_result_files(run_dir, include)
+    experiments = read_experiments(experiment_files)
+    experiment_tests = read_experiments(experiment_files, part="summaries")
     if experiments is None:
         notes["experiments"] = f"no readable experiments/*/results.json in {run_dir} (nor in --include folders)"
 
@@ -258,6 +283,7 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
         static=static,
         sts=sts,
         experiments=experiments,
+        experiment_tests=experiment_tests,
         notes=notes,
     )
 
