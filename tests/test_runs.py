@@ -31,7 +31,7 @@ from lmgeom.metrics import (
     partition_directions,
     save_states,
 )
-from lmgeom.runs import AnalysisState, Feed, analyze_shard, analyze_store, finish_analysis, select_rows, select_words, tally
+from lmgeom.runs import AnalysisOptions, AnalysisState, Feed, analyze_shard, analyze_store, finish_analysis, select_rows, select_words, tally
 from lmgeom.store import write_store_from_arrays
 
 DATA = Path(__file__).parent / "data"
@@ -99,7 +99,8 @@ def test_three_shards_merged_equal_one_pass(fixed_store, case, tmp_path):
     one_pass = analyze_store(fixed_store, **options)
     # uneven ranges that split sentences (and a word group's rows) between shards
     bounds = [(0, 97), (97, 180), (180, fixed_store.n_tokens)]
-    paths = [analyze_shard(fixed_store, rows, **options).save(tmp_path / f"shard{i}.npz") for i, rows in enumerate(bounds)]
+    paths = [analyze_shard(fixed_store, rows, AnalysisOptions(**options)).save(tmp_path / f"shard{i}.npz")
+             for i, rows in enumerate(bounds)]
     merged = AnalysisState.load(paths[2]).merge(AnalysisState.load(paths[0])).merge(AnalysisState.load(paths[1]))
     assert_same_numbers(_result_numbers(finish_analysis(fixed_store, merged)), _result_numbers(one_pass))
 
@@ -107,7 +108,7 @@ def test_three_shards_merged_equal_one_pass(fixed_store, case, tmp_path):
 def test_shard_states_load_and_merge_in_another_process(fixed_store, tmp_path):
     options = _options(EXPECTED["first_word_punct_groups"])
     for index, rows in enumerate([(0, 50), (50, 211), (211, fixed_store.n_tokens)]):
-        analyze_shard(fixed_store, rows, **options).save(tmp_path / f"shard{index}.npz")
+        analyze_shard(fixed_store, rows, AnalysisOptions(**options)).save(tmp_path / f"shard{index}.npz")
     script = (
         "import json, sys\n"
         "from lmgeom.runs import AnalysisState, finish_analysis\n"
@@ -123,15 +124,15 @@ def test_shard_states_load_and_merge_in_another_process(fixed_store, tmp_path):
 
 
 def test_incomplete_or_overlapping_shards_are_refused(fixed_store):
-    first = analyze_shard(fixed_store, (0, 100), min_contexts=3)
+    first = analyze_shard(fixed_store, (0, 100), AnalysisOptions(min_contexts=3))
     with pytest.raises(ValueError, match="not every row"):
         finish_analysis(fixed_store, first)
     with pytest.raises(ValueError, match="overlap"):
-        first.merge(analyze_shard(fixed_store, (50, 150), min_contexts=3))
+        first.merge(analyze_shard(fixed_store, (50, 150), AnalysisOptions(min_contexts=3)))
     with pytest.raises(ValueError, match="different stores or settings"):
-        first.merge(analyze_shard(fixed_store, (100, 150), min_contexts=4))
+        first.merge(analyze_shard(fixed_store, (100, 150), AnalysisOptions(min_contexts=4)))
     with pytest.raises(ValueError, match="outside the store's rows"):
-        analyze_shard(fixed_store, (0, fixed_store.n_tokens + 1), min_contexts=3)
+        analyze_shard(fixed_store, (0, fixed_store.n_tokens + 1), AnalysisOptions(min_contexts=3))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ selection (`selection.py`) and streams a store layer through accumulators with t
 from __future__ import annotations
 
 from lmgeom.runs.analysis import (
+    AnalysisOptions,
     AnalysisState,
     ContextualityResult,
     analyze_shard,
@@ -29,6 +30,7 @@ from lmgeom.runs.sts import STSRun, evaluate_sts, run_sts
 from lmgeom.runs.tally import Feed, tally
 
 __all__ = [
+    "AnalysisOptions",
     "AnalysisState",
     "ContextualityResult",
     "Feed",

@@ -78,11 +78,28 @@ def layer_name(layer: int) -> str:
 
 
 @dataclass(frozen=True)
+class AnalysisOptions:
+    """What a contextuality analysis is asked for; every shard of one analysis uses the same options.
+    Rows follow `lmgeom.runs.selection`; `n_samples` occurrences (seeded) make the sampled baselines;
+    `mev_memory_mb` bounds the per-word occurrence matrices held at once."""
+
+    min_contexts: int = 5
+    include_special: bool = False
+    include_punct: bool = False
+    exclude_first_word: bool = False
+    seed: int = 0
+    n_samples: int = 1000
+    layers: tuple[int, ...] | None = None
+    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB
+
+
+@dataclass(frozen=True)
 class AnalysisPlan:
     """What a whole analysis (or each of its shards) agrees on: settings, rows, words, the seeded
     sample of occurrences and the word groups of the MEV passes."""
 
-    settings: dict[str, Any]
+    options: AnalysisOptions
+    settings: dict[str, Any]  # the options as contextuality.json records them
     layers: list[int]
     selection: RowSelection
     words: WordSelection
@@ -95,44 +112,34 @@ class AnalysisPlan:
         return int(self.groups.max(initial=-1)) + 1
 
 
-def plan_analysis(
-    store: RepresentationStore,
-    *,
-    min_contexts: int = 5,
-    include_special: bool = False,
-    include_punct: bool = False,
-    exclude_first_word: bool = False,
-    seed: int = 0,
-    n_samples: int = 1000,
-    layers: Sequence[int] | None = None,
-    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
-) -> AnalysisPlan:
+def plan_analysis(store: RepresentationStore, options: AnalysisOptions = AnalysisOptions()) -> AnalysisPlan:
     """Select rows and words, draw the sampled occurrences and plan the MEV word groups."""
-    if min_contexts < 1:
-        raise ValueError(f"--min-contexts must be at least 1; got {min_contexts}")
-    layers = list(store.layers if layers is None else layers)
+    if options.min_contexts < 1:
+        raise ValueError(f"--min-contexts must be at least 1; got {options.min_contexts}")
+    layers = list(store.layers if options.layers is None else options.layers)
     for layer in layers:
         store.layer(layer)  # an unknown layer is an IndexError naming the range
     tokens = store.tokens
-    selection = select_rows(tokens, include_special=include_special, include_punct=include_punct,
-                            exclude_first_word=exclude_first_word)
-    words = select_words(tokens, selection, min_contexts=min_contexts)
+    selection = select_rows(tokens, include_special=options.include_special, include_punct=options.include_punct,
+                            exclude_first_word=options.exclude_first_word)
+    words = select_words(tokens, selection, min_contexts=options.min_contexts)
     settings = {
-        "min_contexts": min_contexts, "exclude_punct": not include_punct, "exclude_first_word": exclude_first_word,
-        "include_special": include_special, "seed": seed, "n_samples": n_samples, "layers": layers,
-        "mev_memory_mb": mev_memory_mb,
+        "min_contexts": options.min_contexts, "exclude_punct": not options.include_punct,
+        "exclude_first_word": options.exclude_first_word, "include_special": options.include_special,
+        "seed": options.seed, "n_samples": options.n_samples, "layers": layers, "mev_memory_mb": options.mev_memory_mb,
         "sampling": "occurrences drawn uniformly without replacement from the analysed rows; the same rows at every layer",
         "adjusted_baselines": "SelfSim and IntraSim: anisotropy_exact of the layer; MEV: the same MEV variant "
                               "computed on the sampled occurrences of the layer",
         "anisotropy_threshold": ANISOTROPY_THRESHOLD, "static_variance_threshold": STATIC_VARIANCE_THRESHOLD,
     }
     return AnalysisPlan(
+        options=options,
         settings=settings,
         layers=layers,
         selection=selection,
         words=words,
-        sampled_rows=sample_indexes(selection.rows, n_samples, seed),
-        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=mev_memory_mb),
+        sampled_rows=sample_indexes(selection.rows, options.n_samples, options.seed),
+        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=options.mev_memory_mb),
         store_identity=_store_identity(store),
     )
 
@@ -524,9 +531,10 @@ def analyze_store(
     store = _open(store)
     progress = progress or NoProgress()
     _require_two_contexts(min_contexts)
-    plan = plan_analysis(store, min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
-                         exclude_first_word=exclude_first_word, seed=seed, n_samples=n_samples, layers=layers,
-                         mev_memory_mb=mev_memory_mb)
+    plan = plan_analysis(store, AnalysisOptions(
+        min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
+        exclude_first_word=exclude_first_word, seed=seed, n_samples=n_samples,
+        layers=None if layers is None else tuple(layers), mev_memory_mb=mev_memory_mb))
     progress.start("analyze layers", len(plan.layers), unit="layers")
     stats = []
     for layer in plan.layers:
@@ -588,16 +596,9 @@ class AnalysisState:
 def analyze_shard(
     store: RepresentationStore | str | os.PathLike[str],
     rows: range | tuple[int, int],
+    options: AnalysisOptions = AnalysisOptions(),
     *,
-    min_contexts: int = 5,
-    include_special: bool = False,
-    include_punct: bool = False,
-    exclude_first_word: bool = False,
-    seed: int = 0,
-    n_samples: int = 1000,
-    layers: Sequence[int] | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
 ) -> AnalysisState:
     """The accumulator states of the analysis over store rows [start, stop), every word group at once.
 
@@ -605,10 +606,8 @@ def analyze_shard(
     (`finish_analysis`), give the result of `analyze_store` with the same settings. A shard holds the
     MEV state of its own rows (at most its rows x dim per word group)."""
     store = _open(store)
-    _require_two_contexts(min_contexts)
-    plan = plan_analysis(store, min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
-                         exclude_first_word=exclude_first_word, seed=seed, n_samples=n_samples, layers=layers,
-                         mev_memory_mb=mev_memory_mb)
+    _require_two_contexts(options.min_contexts)
+    plan = plan_analysis(store, options)
     span = row_range(store, rows)
     state = AnalysisState(plan.settings, plan.store_identity, [(span.start, span.stop)])
     for layer in plan.layers:
@@ -629,10 +628,11 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
         raise ValueError(f"the merged shards cover rows {covered}, not every row of the store [0, {store.n_tokens}) once; "
                          "analyse the missing ranges and merge them in")
     settings = state.settings
-    plan = plan_analysis(store, min_contexts=settings["min_contexts"], include_special=settings["include_special"],
-                         include_punct=not settings["exclude_punct"], exclude_first_word=settings["exclude_first_word"],
-                         seed=settings["seed"], n_samples=settings["n_samples"], layers=settings["layers"],
-                         mev_memory_mb=settings["mev_memory_mb"])
+    plan = plan_analysis(store, AnalysisOptions(
+        min_contexts=settings["min_contexts"], include_special=settings["include_special"],
+        include_punct=not settings["exclude_punct"], exclude_first_word=settings["exclude_first_word"],
+        seed=settings["seed"], n_samples=settings["n_samples"], layers=tuple(settings["layers"]),
+        mev_memory_mb=settings["mev_memory_mb"]))
     stats = []
     for layer in plan.layers:
         accumulators = state.layers[layer]

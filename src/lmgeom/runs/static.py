@@ -24,7 +24,7 @@ from gensim.models import KeyedVectors
 
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
 from lmgeom.metrics.contextuality import WordMeanAccumulator
-from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, plan_analysis, word_spectra
+from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, plan_analysis, word_spectra
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
@@ -81,8 +81,9 @@ def static_embeddings(
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
-    plan = plan_analysis(store, min_contexts=min_contexts, include_special=include_special, include_punct=include_punct,
-                         exclude_first_word=exclude_first_word, layers=[layer], mev_memory_mb=mev_memory_mb)
+    plan = plan_analysis(store, AnalysisOptions(min_contexts=min_contexts, include_special=include_special,
+                                                include_punct=include_punct, exclude_first_word=exclude_first_word,
+                                                layers=(layer,), mev_memory_mb=mev_memory_mb))
     words = plan.words.words
     spectra = word_spectra(store, layer, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
     present = np.array(sorted(spectra))  # words whose occurrences are all zero vectors have no direction
