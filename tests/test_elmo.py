@@ -482,6 +482,24 @@ def test_an_elmo_folder_is_a_model_for_extract_and_run(tmp_path):
     assert (tmp_path / "run" / "contextuality.json").exists() and (tmp_path / "run" / "report.html").exists()
 
 
+def test_the_shipped_elmo_brown_loads_and_embeds():
+    """The built-in model: its options and weights load through `load_encoder`, its recorded training
+    matches, and its vectors are those of `embed_sentences` of the loaded biLM."""
+    from lmgeom.encoders import load_encoder
+    from lmgeom.encoders.registry import elmo_brown_path
+
+    encoder = load_encoder("elmo-brown", device="cpu")
+    assert isinstance(encoder, ElmoEncoder) and (encoder.n_layers, encoder.dim) == (3, 256)
+    training = json.loads((elmo_brown_path() / "training.json").read_text())
+    assert training["complete"] and training["n_parameters"] == sum(p.numel() for p in encoder.model.parameters()
+                                                                    if p.requires_grad)
+    assert 50 < training["heldout_perplexity"]["average"] < 1000
+    encoded = encoder.encode(Corpus.from_list([SENTENCES[0], SENTENCES[1]]).sentences)
+    expected = load_elmo(elmo_brown_path() / "options.json", elmo_brown_path() / "weights.hdf5").embed_sentences(SENTENCES[:2])
+    for got, want in zip(encoded, expected):
+        np.testing.assert_allclose(got.vectors, want, atol=1e-6)
+
+
 # ---- Brown split ---------------------------------------------------------------------------------
 
 def test_brown_split_is_every_tenth_file(shared_data):

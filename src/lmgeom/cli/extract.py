@@ -21,8 +21,9 @@ def print_store(store: RepresentationStore) -> None:
         f"[bold]{store.path}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
         f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
-        f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
-        f"{meta['n_unaligned_words']} words without tokenizer pieces left out"
+        + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
+           f"{meta['n_unaligned_words']} words without tokenizer pieces left out" if meta.get("max_length") else
+           "words are the model's own tokens")
     )
 
 

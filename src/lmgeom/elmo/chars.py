@@ -73,9 +73,12 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters: int = MAX_C
         raise TypeError("batch_to_ids takes a list of sentences, each a list of word strings")
     longest = max((len(s) for s in sentences), default=0)
     ids = np.zeros((len(sentences), longest + 2, max_characters), dtype=np.int64)
+    known: dict[str, np.ndarray] = {}  # a batch repeats its frequent words many times
     for row, sentence in enumerate(sentences):
         ids[row, 0] = bos_ids(max_characters)
         for position, word in enumerate(sentence, start=1):
-            ids[row, position] = word_ids(word, max_characters)
+            if word not in known:
+                known[word] = word_ids(word, max_characters)
+            ids[row, position] = known[word]
         ids[row, len(sentence) + 1] = eos_ids(max_characters)
     return torch.from_numpy(ids)

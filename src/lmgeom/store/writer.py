@@ -14,7 +14,6 @@ import zarr
 
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
-from lmgeom.corpus.segment import is_punctuation
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.store import layout
 
@@ -142,7 +141,9 @@ class StoreWriter:
         vocab = Vocabulary.from_words(words, tokens["sentence_id"].to_numpy()).table
         word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
         tokens.insert(3, "word_id", word_ids.loc[words].to_numpy())
-        tokens.insert(4, "is_punct", np.fromiter((is_punctuation(w) for w in words), dtype=bool, count=len(words)) & ~tokens["is_special"].to_numpy())
+        # the vocabulary flags each distinct word once; a token takes its word's flag
+        is_punct = vocab["is_punct"].to_numpy(dtype=bool)[tokens["word_id"].to_numpy()]
+        tokens.insert(4, "is_punct", is_punct & ~tokens["is_special"].to_numpy())
         _write_parquet_atomic(tokens, self.path / layout.TOKENS)
         _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
         _write_parquet_atomic(vocab, self.path / layout.VOCAB)
