@@ -236,13 +236,13 @@ def test_explorer_data_is_cached_with_provenance_and_recomputed_for_other_settin
     import lmgeom.runs.explorer as explorer
 
     calls: list[int] = []
-    original = explorer.static_embeddings
+    original = explorer.first_pc_vectors
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs["layer"])
-        return original(*args, **kwargs)
+    def counted(store: Any, layer: int, *args: Any, **kwargs: Any) -> Any:
+        calls.append(layer)
+        return original(store, layer, *args, **kwargs)
 
-    monkeypatch.setattr(explorer, "static_embeddings", counted)
+    monkeypatch.setattr(explorer, "first_pc_vectors", counted)
     assert explorer_data(load_run(run), k=N_NEIGHBOURS) == cached["data"]
     assert calls == []  # served from the cache
     explorer_data(load_run(run), k=N_NEIGHBOURS + 1)

@@ -21,7 +21,8 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.report.data import RunData
 from lmgeom.report.explorer import EXPLORER_FILE, EXPLORER_KIND, WORD_COLUMNS
 from lmgeom.runs.results import provenance
-from lmgeom.runs.static import static_embeddings
+from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
+from lmgeom.runs.static import first_pc_vectors
 from lmgeom.store import RepresentationStore
 
 DEFAULT_TOP_WORDS = 2000
@@ -82,20 +83,22 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
         return payload
     store = RepresentationStore.open(run.path)
     settings = (run.contextuality or {}).get("settings", {})
+    # the analysis's own rows and words, planned once for every layer
+    plan = plan_analysis(store, AnalysisOptions(
+        min_contexts=int(settings.get("min_contexts", 1)), include_punct=not bool(settings.get("exclude_punct", True)),
+        include_special=bool(settings.get("include_special", False)),
+        exclude_first_word=bool(settings.get("exclude_first_word", False)), layers=tuple(payload["layers"])))
+    word_names = plan.words.words["word"].to_numpy()
     index = {word: i for i, word in enumerate(chosen)}
     progress = progress or NoProgress()
     progress.start("word explorer", len(payload["layers"]), unit="layers")
     for layer in payload["layers"]:
-        # the vectors of the analysed rows: the analysis's own row selection
-        embeddings = static_embeddings(store, layer=layer, min_contexts=int(settings.get("min_contexts", 1)),
-                                       include_punct=not bool(settings.get("exclude_punct", True)),
-                                       include_special=bool(settings.get("include_special", False)),
-                                       exclude_first_word=bool(settings.get("exclude_first_word", False)))
-        rows = [i for i, word in enumerate(embeddings.words) if word in index]
-        names = [embeddings.words[i] for i in rows]
+        ordered, spectra = first_pc_vectors(store, layer, plan)
+        rows = [w for w in ordered if word_names[w] in index]
+        names = [str(word_names[w]) for w in rows]
         if len(rows) < 2:
             continue
-        order, cosines = nearest_neighbours(embeddings.vectors["first_pc"][rows], k)
+        order, cosines = nearest_neighbours(np.stack([spectra[w].direction for w in rows]), k)
         # per chosen word (by index; null without a vector): [neighbour indexes], [cosines]
         entries: list[list[list[Any]] | None] = [None] * len(chosen)
         for i, name in enumerate(names):

@@ -24,7 +24,8 @@ from gensim.models import KeyedVectors
 
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
 from lmgeom.metrics.contextuality import WordMeanAccumulator
-from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, plan_analysis, word_spectra
+from lmgeom.metrics.contextuality import OccurrenceSpectrum
+from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
@@ -65,6 +66,16 @@ class StaticEmbeddings:
         return {"kv": kv_path, "word2vec_text": text_path}
 
 
+def first_pc_vectors(store: RepresentationStore, layer: int, plan: AnalysisPlan, *,
+                     chunk_rows: int = DEFAULT_CHUNK_ROWS) -> tuple[np.ndarray, dict[int, OccurrenceSpectrum]]:
+    """(analysed word indexes ordered by frequency, most frequent first, and their spectra at `layer`);
+    a word whose occurrences are all zero vectors has no direction and is left out."""
+    spectra = word_spectra(store, layer, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
+    present = np.array(sorted(spectra))
+    order = np.argsort(-plan.words.words["count"].to_numpy()[present], kind="stable")
+    return present[order], spectra
+
+
 def static_embeddings(
     store: RepresentationStore | str | os.PathLike[str],
     *,
@@ -85,23 +96,19 @@ def static_embeddings(
                                                 include_punct=include_punct, exclude_first_word=exclude_first_word,
                                                 layers=(layer,), mev_memory_mb=mev_memory_mb))
     words = plan.words.words
-    spectra = word_spectra(store, layer, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
-    present = np.array(sorted(spectra))  # words whose occurrences are all zero vectors have no direction
-    first_pc = np.stack([spectra[w].direction for w in present])
-    mean = np.stack([spectra[w].mean for w in present])
+    ordered, spectra = first_pc_vectors(store, layer, plan, chunk_rows=chunk_rows)
+    mean = np.stack([spectra[w].mean for w in ordered])
     if layer == 0:
         layer0_mean = mean
     else:
         means = WordMeanAccumulator(len(words))
         tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows)
-        layer0_mean = means.result()[present]
-    counts = words["count"].to_numpy()[present]
-    order = np.argsort(-counts, kind="stable")
+        layer0_mean = means.result()[ordered]
     return StaticEmbeddings(
         layer=layer,
-        words=words["word"].to_numpy()[present][order].tolist(),
-        counts=counts[order],
-        vectors={"first_pc": first_pc[order], "mean": mean[order], "layer0_mean": layer0_mean[order]},
+        words=words["word"].to_numpy()[ordered].tolist(),
+        counts=words["count"].to_numpy()[ordered],
+        vectors={"first_pc": np.stack([spectra[w].direction for w in ordered]), "mean": mean, "layer0_mean": layer0_mean},
         store_meta=dict(store.meta),
     )
 
