@@ -224,6 +224,17 @@ def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = No
     return table
 
 
+def _read_records(run_dir: Path, name: str, kind: str, notes: dict[str, str], *, section: str,
+                  part: str = "records") -> tuple[dict[str, Any] | None, pd.DataFrame | None]:
+    """(document, its `part` as a frame) of an optional result file; a missing one is noted with the
+    command that writes it."""
+    document = read_result_json(run_dir / name, kind=kind)
+    if document is None:
+        notes[section] = f"no {name} in {run_dir}; run `{PRODUCERS[section]}`"
+        return None, None
+    return document, _frame(document[part])
+
+
 def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
     """Read every result file of a run directory; missing ones are noted with the command that writes them."""
     run_dir = Path(run_dir)
@@ -231,10 +242,7 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
         raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory written by `lmgeom run`")
     notes: dict[str, str] = {}
 
-    summary_doc = read_result_json(run_dir / "summary.json", kind="layer_summary")
-    summary = _frame(summary_doc["layers"]) if summary_doc else None
-    if summary is None:
-        notes["summary"] = f"no summary.json in {run_dir}; {PRODUCERS['summary']} writes it"
+    _, summary = _read_records(run_dir, "summary.json", "layer_summary", notes, section="summary", part="layers")
 
     contextuality = read_result_json(run_dir / "contextuality.json", kind="contextuality")
     layers = _frame(contextuality["records"]) if contextuality else None
@@ -248,15 +256,9 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
     elif len(words):
         words["word"] = words["word"].astype(str)
 
-    calibration_doc = read_result_json(run_dir / "calibration.json", kind="calibration")
-    calibration = _frame(calibration_doc["records"]) if calibration_doc else None
-    if calibration is None:
-        notes["calibration"] = f"no calibration.json in {run_dir}; run `{PRODUCERS['calibration']}`"
+    calibration_doc, calibration = _read_records(run_dir, "calibration.json", "calibration", notes, section="calibration")
 
-    isotropy_doc = read_result_json(run_dir / "isotropy.json", kind="isotropy")
-    isotropy = _frame(isotropy_doc["records"]) if isotropy_doc else None
-    if isotropy is None:
-        notes["isotropy"] = f"no isotropy.json in {run_dir}; run `{PRODUCERS['isotropy']}`"
+    _, isotropy = _read_records(run_dir, "isotropy.json", "isotropy", notes, section="isotropy")
 
     static = _read_static(run_dir)
     if static is None:
