@@ -15,22 +15,16 @@ Every statistic is an accumulator following `lmgeom.metrics.base` (`add(X, /, **
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 import scipy.sparse
-from scipy.linalg import eigh
 from threadpoolctl import threadpool_limits
 
 from lmgeom.metrics.base import StatefulAccumulator, as_float64_rows, register_accumulator, row_ids
-
-MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
-
-# Centred variance this small relative to the raw second moment means the occurrences are one
-# vector repeated (to float64 precision): there is no spread for a centred MEV to explain.
-_NO_SPREAD_RELATIVE = 1e-10
+# MEV_VARIANTS and OccurrenceSpectrum are re-exported here, where MEV is computed
+from lmgeom.metrics.spectrum import MEV_VARIANTS, OccurrenceSpectrum, moment_spectrum, rows_spectra
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,87 +440,10 @@ def intra_sentence_similarity(X: Any, sentence_ids: np.ndarray) -> pd.Series:
 # MEV and the static embedding: the spectrum of one word's occurrence matrix
 
 
-@dataclass(frozen=True)
-class OccurrenceSpectrum:
-    """What MEV and the static embedding need from an occurrence matrix X (n non-zero rows x d).
-
-    `direction` is v1, the top right singular vector of the *uncentred* X, with its sign chosen so
-    that v1 . mean >= 0: the static embedding. With C = the scatter matrix of X about its mean:
-      uncentred MEV = sigma_1^2 / ||X||_F^2             (the paper's printed formula)
-      centred MEV   = top eigenvalue of C / trace(C)    (PCA; a later version of the original code)
-      svd_ratio MEV = v1' C v1 / trace(C)               (= var(X v1) / sum_j var(X[:, j]): TruncatedSVD's
-                                                         explained_variance_ratio_[0], used for the released figures)
-    """
-
-    n: int
-    top_eigenvalue: float
-    frobenius_sq: float
-    centred_top_eigenvalue: float
-    centred_total: float
-    centred_along_direction: float
-    direction: np.ndarray
-    mean: np.ndarray
-
-    def mev(self, variant: str) -> float:
-        if variant == "uncentred":
-            return self.top_eigenvalue / self.frobenius_sq
-        if variant not in MEV_VARIANTS:
-            raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
-        if self.centred_total <= _NO_SPREAD_RELATIVE * self.frobenius_sq:
-            return float("nan")
-        if variant == "centred":
-            return self.centred_top_eigenvalue / self.centred_total
-        return self.centred_along_direction / self.centred_total
-
-
 def _one_blas_thread() -> threadpool_limits:
     """Eigenproblems of a few hundred dimensions gain nothing from BLAS threads, and on a busy
     machine lose up to 100x to thread contention: run them on one thread."""
     return threadpool_limits(limits=1, user_api="blas")
-
-
-def _top_eigenpair(S: np.ndarray) -> tuple[float, np.ndarray]:
-    k = S.shape[0]
-    values, vectors = eigh(S, subset_by_index=[k - 1, k - 1])
-    return float(values[0]), vectors[:, 0]
-
-
-def _spectrum(n: int, row_sum: np.ndarray, *, rows: np.ndarray | None = None, second_moment: np.ndarray | None = None) -> OccurrenceSpectrum:
-    """From the rows themselves when n <= d (via n x n Gram matrices), else from X^T X (d x d)."""
-    mean = row_sum / n
-    if rows is not None:
-        gram = rows @ rows.T
-        top, left = _top_eigenpair(gram)
-        direction = rows.T @ left
-        direction /= np.linalg.norm(direction)
-        # centring the rows themselves is more accurate than subtracting s s^T / n
-        centred = rows - mean
-        centred_top, _ = _top_eigenpair(centred @ centred.T)
-        frobenius_sq = float(np.trace(gram))
-        centred_total = float(np.sum(centred * centred))
-        projections = centred @ direction
-        centred_along = float(projections @ projections)
-    else:
-        if second_moment is None:
-            raise ValueError("_spectrum needs the rows or their second moment")
-        top, direction = _top_eigenpair(second_moment)
-        scatter = second_moment - np.outer(row_sum, row_sum) / n
-        centred_top, _ = _top_eigenpair(scatter)
-        frobenius_sq = float(np.trace(second_moment))
-        centred_total = float(np.trace(scatter))
-        centred_along = float(direction @ scatter @ direction)
-    if row_sum @ direction < 0:
-        direction = -direction
-    return OccurrenceSpectrum(
-        n=n,
-        top_eigenvalue=top,
-        frobenius_sq=frobenius_sq,
-        centred_top_eigenvalue=max(centred_top, 0.0),
-        centred_total=max(centred_total, 0.0),
-        centred_along_direction=max(centred_along, 0.0),
-        direction=direction,
-        mean=mean,
-    )
 
 
 def occurrence_spectrum(X: Any) -> OccurrenceSpectrum:
@@ -536,9 +453,7 @@ def occurrence_spectrum(X: Any) -> OccurrenceSpectrum:
     if len(X) == 0:
         raise ValueError("an occurrence matrix needs at least one non-zero row")
     with _one_blas_thread():
-        if len(X) <= X.shape[1]:
-            return _spectrum(len(X), X.sum(axis=0), rows=X)
-        return _spectrum(len(X), X.sum(axis=0), second_moment=X.T @ X)
+        return rows_spectra([X])[0]
 
 
 def first_principal_direction(X: Any) -> np.ndarray:
@@ -550,8 +465,8 @@ def first_principal_direction(X: Any) -> np.ndarray:
 class MEVAccumulator(StatefulAccumulator):
     """Per-word occurrence matrices, kept as rows while a word has at most d of them, then as X^T X.
 
-    So a word costs min(n, d) x d float64 of state, and `result()` needs one small symmetric
-    eigenproblem per word (n x n or d x d, whichever is smaller), never a full SVD.
+    So a word costs min(n, d) x d float64 of state. `result()` solves the words with few rows in
+    batches of small Gram matrices and the others matrix-free (`lmgeom.metrics.spectrum`).
     `add(X, word_ids=...)`: words are integer ids in [0, n_words).
     """
 
@@ -649,12 +564,11 @@ class MEVAccumulator(StatefulAccumulator):
 
     def result(self) -> dict[int, OccurrenceSpectrum]:
         """Word id -> spectrum, for every word with at least one non-zero occurrence."""
-        spectra = {}
         with _one_blas_thread():
-            for word, blocks in self.rows.items():
-                spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], rows=np.concatenate(blocks))
+            row_words = list(self.rows)
+            spectra = dict(zip(row_words, rows_spectra([np.concatenate(self.rows[word]) for word in row_words])))
             for word, moment in self.second_moments.items():
-                spectra[word] = _spectrum(int(self.counts[word]), self.row_sums[word], second_moment=moment)
+                spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], moment)
         return dict(sorted(spectra.items()))
 
 
