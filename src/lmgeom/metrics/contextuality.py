@@ -537,7 +537,8 @@ class MEVAccumulator(StatefulAccumulator):
         word_ids = _word_index(word_ids, self.n_words)
         nonzero = row_norms(X) > 0
         self.n_zero += int((~nonzero).sum())
-        X, word_ids = X[nonzero], word_ids[nonzero]
+        if not nonzero.all():  # a boolean index copies X even when it keeps every row
+            X, word_ids = X[nonzero], word_ids[nonzero]
         order = np.argsort(word_ids, kind="stable")
         words, starts = np.unique(word_ids[order], return_index=True)
         with _one_blas_thread():
@@ -566,7 +567,8 @@ class MEVAccumulator(StatefulAccumulator):
         """Word id -> spectrum, for every word with at least one non-zero occurrence."""
         with _one_blas_thread():
             row_words = list(self.rows)
-            spectra = dict(zip(row_words, rows_spectra([np.concatenate(self.rows[word]) for word in row_words])))
+            words_rows = [blocks[0] if len(blocks) == 1 else np.concatenate(blocks) for blocks in self.rows.values()]
+            spectra = dict(zip(row_words, rows_spectra(words_rows)))
             for word, moment in self.second_moments.items():
                 spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], moment)
         return dict(sorted(spectra.items()))

@@ -19,6 +19,7 @@ vector of the top eigenspace, as with dense `eigh`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -40,7 +41,8 @@ RESIDUAL_FLOOR = 1e-13
 # Krylov block width and the basis size that triggers a thick restart (half of it is kept)
 BLOCK_SIZE = 8
 MAX_BASIS = 160
-MAX_MULTIPLICATIONS = 400
+# a safety stop far beyond what flat (Gaussian) spectra need at d = 4,096 (about 450); reaching it warns
+MAX_MULTIPLICATIONS = 5000
 # words with at most this many occurrences (or d at most this) are solved densely: below it
 # one Gram matrix and one eigh cost less than a few Krylov multiplications
 DENSE_LIMIT = 256
@@ -88,8 +90,9 @@ class _RitzProblem:
         values, coefficients = eigh(projected)
         self.values, self.coefficients = values[::-1], coefficients[:, ::-1]
 
-    def residuals(self, basis: np.ndarray, multiplications: int) -> np.ndarray:
-        """Residuals of the leading Ritz pairs; records the solution when the top pair has converged."""
+    def residuals(self, basis: np.ndarray, multiplications: int, *, exhausted: bool = False) -> np.ndarray:
+        """Residuals of the leading Ritz pairs; records the solution when the top pair has converged
+        or the basis is `exhausted` (it holds an invariant subspace: the Ritz pairs are exact)."""
         wanted = self.coefficients[:, :BLOCK_SIZE]
         ritz = basis @ wanted
         residuals = self.images @ wanted - ritz * self.values[: wanted.shape[1]]
@@ -99,7 +102,11 @@ class _RitzProblem:
         value_error = residual if gap <= 0 else min(residual, residual**2 / gap)
         floor = residual <= RESIDUAL_FLOOR * top
         vector_done = not self.need_vector or floor or (gap > 0 and residual <= DIRECTION_TOL * gap)
-        if top == 0 or (value_error <= VALUE_RTOL * top and vector_done) or multiplications >= MAX_MULTIPLICATIONS:
+        converged = exhausted or top == 0 or (value_error <= VALUE_RTOL * top and vector_done)
+        if not converged and multiplications >= MAX_MULTIPLICATIONS:
+            warnings.warn(f"block Lanczos stopped after {multiplications} products with a relative residual of "
+                          f"{residual / top:.1e} (eigenvalue error bound {value_error / top:.1e})", RuntimeWarning, stacklevel=2)
+        if converged or multiplications >= MAX_MULTIPLICATIONS:
             self.solution = TopEigenpair(top, ritz[:, 0], residual, gap, multiplications)
         return residuals
 
@@ -143,9 +150,9 @@ def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequ
         scale = max(float(problem.values[0]) for problem in active)
         block = _orthonormal_complement(np.concatenate(residuals, axis=1), basis, width=BLOCK_SIZE,
                                         drop_below=RESIDUAL_FLOOR * scale)
-        if block.shape[1] == 0:  # the basis holds an invariant subspace: the Ritz pairs are exact
+        if block.shape[1] == 0:
             for problem in active:
-                problem.residuals(basis, MAX_MULTIPLICATIONS)
+                problem.residuals(basis, multiplications, exhausted=True)
 
 
 def _orthonormal_complement(block: np.ndarray, basis: np.ndarray, *, width: int, drop_below: float) -> np.ndarray:

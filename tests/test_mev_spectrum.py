@@ -1,0 +1,220 @@
+"""The MEV spectrum (lmgeom.metrics.spectrum) against dense `eigh` of the d x d matrices.
+
+Values (top eigenvalues, MEV of every variant) must agree to 1e-9 relative, directions (static vector,
+svd_ratio) to 1e-6 where the spectral gap allows. The matrix-free path only runs at LLM width, so the
+tests shrink its dense limit (and block size, basis) to run it on small matrices as well.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.linalg import eigh
+
+from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, first_principal_direction, mev, occurrence_spectrum
+from lmgeom.metrics import spectrum as spectrum_module
+from lmgeom.metrics.spectrum import OccurrenceSpectrum, moment_spectrum, rows_spectra
+
+VALUE_RTOL = 1e-9
+DIRECTION_TOL = 1e-6
+
+
+# ---- the dense reference: full eigh of X^T X and of the scatter matrix of explicitly centred rows
+
+def dense_reference(X: np.ndarray) -> dict[str, object]:
+    centred = X - X.mean(axis=0)
+    values, vectors = eigh(X.T @ X)
+    centred_values = eigh(centred.T @ centred, eigvals_only=True)
+    direction = vectors[:, -1] * (1 if vectors[:, -1] @ X.sum(axis=0) >= 0 else -1)
+    total = float(np.sum(centred**2))
+    along = float(np.sum((centred @ direction) ** 2))
+    frobenius = float(np.sum(X**2))
+    return {
+        "top": values[-1], "gap": values[-1] - values[-2], "centred_top": centred_values[-1], "direction": direction,
+        "top_space": vectors[:, values >= values[-1] * (1 - 1e-9)],
+        "mev": {"uncentred": values[-1] / frobenius, "centred": centred_values[-1] / total, "svd_ratio": along / total},
+    }
+
+
+def assert_matches(spectrum: OccurrenceSpectrum, X: np.ndarray, *, direction_defined: bool = True) -> None:
+    reference = dense_reference(X)
+    assert spectrum.n == len(X)
+    assert spectrum.top_eigenvalue == pytest.approx(reference["top"], rel=VALUE_RTOL)
+    assert spectrum.centred_top_eigenvalue == pytest.approx(reference["centred_top"], rel=VALUE_RTOL, abs=1e-12 * reference["top"])
+    assert spectrum.mev("uncentred") == pytest.approx(reference["mev"]["uncentred"], rel=VALUE_RTOL)
+    assert spectrum.mev("centred") == pytest.approx(reference["mev"]["centred"], rel=VALUE_RTOL)
+    assert np.linalg.norm(spectrum.direction) == pytest.approx(1.0, abs=1e-12)
+    if direction_defined:
+        assert np.linalg.norm(spectrum.direction - reference["direction"]) < DIRECTION_TOL
+        assert spectrum.mev("svd_ratio") == pytest.approx(reference["mev"]["svd_ratio"], rel=DIRECTION_TOL)
+    else:  # a (near-)degenerate top: any unit vector of the top eigenspace
+        inside = np.linalg.norm(reference["top_space"].T @ spectrum.direction)
+        assert inside == pytest.approx(1.0, abs=DIRECTION_TOL)
+
+
+@pytest.fixture
+def matrix_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every word through block Lanczos, with small blocks and a small basis so restarts happen."""
+    monkeypatch.setattr(spectrum_module, "DENSE_LIMIT", 1)
+    monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
+    monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
+
+
+# ---- occurrence matrices with known spectral shapes (all seeded)
+
+def anisotropic(n: int, d: int, seed: int) -> np.ndarray:
+    """One dominant common direction, a decaying low-rank spread and isotropic noise: like a real layer."""
+    rng = np.random.default_rng(seed)
+    common = rng.standard_normal(d)
+    basis = np.linalg.qr(rng.standard_normal((d, 10)))[0]
+    spread = rng.standard_normal((n, 10)) * 3.0 * 0.7 ** np.arange(10) @ basis.T
+    return 4 * common / np.linalg.norm(common) + spread + 0.2 * rng.standard_normal((n, d))
+
+
+def flat(n: int, d: int, seed: int) -> np.ndarray:
+    """Gaussian rows: a Marchenko-Pastur spectrum, small relative gaps at the top."""
+    return np.random.default_rng(seed).standard_normal((n, d))
+
+
+def with_singular_values(n: int, d: int, singular: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    left = np.linalg.qr(rng.standard_normal((n, len(singular))))[0]
+    right = np.linalg.qr(rng.standard_normal((d, len(singular))))[0]
+    return (left * singular) @ right.T
+
+
+SHAPES = [(40, 90), (90, 40), (150, 150)]  # n < d, n > d, n = d
+
+
+@pytest.mark.parametrize("n,d", SHAPES)
+@pytest.mark.parametrize("make", [anisotropic, flat])
+def test_matrix_free_matches_dense_eigh(matrix_free: None, make, n: int, d: int) -> None:
+    X = make(n, d, seed=n + d)
+    assert_matches(occurrence_spectrum(X), X)
+
+
+@pytest.mark.parametrize("n,d", SHAPES)
+@pytest.mark.parametrize("make", [anisotropic, flat])
+def test_dense_paths_match_dense_eigh(make, n: int, d: int) -> None:
+    X = make(n, d, seed=n * d)
+    assert_matches(occurrence_spectrum(X), X)
+
+
+def test_matrix_free_at_width_beyond_the_dense_limit() -> None:
+    """The production settings (no monkeypatching): n and d above DENSE_LIMIT go matrix-free."""
+    n, d = spectrum_module.DENSE_LIMIT + 44, spectrum_module.DENSE_LIMIT + 100
+    for X in (anisotropic(n, d, seed=1), flat(n, d, seed=2)):
+        assert_matches(occurrence_spectrum(X), X)
+
+
+@pytest.mark.parametrize("relative_split", [0.0, 1e-13, 1e-10])
+def test_near_degenerate_top_value_exact_direction_in_the_top_space(matrix_free: None, relative_split: float) -> None:
+    singular = np.sqrt(np.array([10.0 * (1 + relative_split), 10.0, 4.0, 3.0, 2.5, 1.0, 0.5]))
+    X = with_singular_values(60, 80, singular, seed=3) + 0.5  # the shift gives the scatter matrix its own spectrum
+    assert_matches(occurrence_spectrum(X), X, direction_defined=False)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 5])
+def test_rank_deficient(matrix_free: None, rank: int) -> None:
+    X = with_singular_values(50, 70, np.linspace(3.0, 1.0, rank), seed=rank)
+    assert_matches(occurrence_spectrum(X), X)
+
+
+def test_one_vector_repeated_has_no_spread(matrix_free: None) -> None:
+    row = np.random.default_rng(4).standard_normal(30)
+    spectrum = occurrence_spectrum(np.tile(row, (12, 1)))
+    assert spectrum.mev("uncentred") == pytest.approx(1.0, rel=1e-12)
+    assert np.isnan(spectrum.mev("centred")) and np.isnan(spectrum.mev("svd_ratio"))
+    assert np.allclose(spectrum.direction, row / np.linalg.norm(row), atol=1e-12)
+
+
+def test_two_occurrences_closed_form() -> None:
+    """Two rows a, b: eigenvalues of the Gram matrix [[aa, ab], [ab, bb]] in closed form; the centred
+    matrix has one non-zero eigenvalue |a - b|^2 / 2, so the centred MEV is 1."""
+    a, b = np.array([3.0, 1.0, 0.0, 2.0]), np.array([1.0, 2.0, 2.0, 0.0])
+    aa, bb, ab = a @ a, b @ b, a @ b
+    top = (aa + bb) / 2 + np.sqrt(((aa - bb) / 2) ** 2 + ab**2)
+    spectrum = occurrence_spectrum(np.stack([a, b]))
+    assert spectrum.top_eigenvalue == pytest.approx(top, rel=1e-13)
+    assert spectrum.mev("uncentred") == pytest.approx(top / (aa + bb), rel=1e-13)
+    assert spectrum.centred_top_eigenvalue == pytest.approx(np.sum((a - b) ** 2) / 2, rel=1e-13)
+    assert spectrum.mev("centred") == pytest.approx(1.0, rel=1e-13)
+
+
+def test_batched_gram_words_equal_each_word_alone() -> None:
+    """Words of different counts padded into one batch give what each gives alone, and what eigh gives."""
+    rng = np.random.default_rng(5)
+    words = [rng.standard_normal((n, 50)) + rng.standard_normal(50) for n in (1, 2, 3, 5, 8, 9, 16, 17, 40)]
+    together = rows_spectra(words)
+    for X, spectrum in zip(words, together):
+        alone = rows_spectra([X])[0]
+        assert spectrum.top_eigenvalue == pytest.approx(alone.top_eigenvalue, rel=1e-12)
+        assert np.allclose(spectrum.direction, alone.direction, atol=1e-10)
+        if len(X) >= 2:
+            assert_matches(spectrum, X)
+
+
+def test_moment_path_matrix_free(matrix_free: None) -> None:
+    """Words kept as X^T X (n > d) go matrix-free on the d x d moment too."""
+    for X in (anisotropic(200, 60, seed=6), flat(200, 60, seed=7)):
+        assert_matches(moment_spectrum(len(X), X.sum(axis=0), X.T @ X), X)
+
+
+@pytest.mark.parametrize("variant", MEV_VARIANTS)
+def test_accumulator_one_pass_and_shards_agree_with_dense(matrix_free: None, variant: str) -> None:
+    """Words on both sides of d (rows and moments), fed in one pass and as merged shards."""
+    rng = np.random.default_rng(8)
+    d = 30
+    counts = {0: 2, 1: 7, 2: 25, 3: 60, 4: 1}
+    X = np.concatenate([anisotropic(n, d, seed=word) for word, n in counts.items()])
+    word_ids = np.repeat(list(counts), list(counts.values()))
+    order = rng.permutation(len(X))
+    X, word_ids = X[order], word_ids[order]
+    one_pass = MEVAccumulator(len(counts)).add(X, word_ids=word_ids).result()
+    shards = [MEVAccumulator(len(counts)).add(X[part], word_ids=word_ids[part]) for part in np.array_split(np.arange(len(X)), 4)]
+    merged = shards[0]
+    for shard in shards[1:]:
+        merged.merge(shard)
+    sharded = merged.result()
+    assert sorted(one_pass) == sorted(sharded) == sorted(counts)
+    for word, n in counts.items():
+        rows = X[word_ids == word]
+        reference = dense_reference(rows)["mev"][variant] if n >= 2 else None
+        for spectra in (one_pass, sharded):
+            value = spectra[word].mev(variant)
+            if reference is None:  # one occurrence: it explains all of itself and has no spread
+                assert value == pytest.approx(1.0, rel=1e-12) if variant == "uncentred" else np.isnan(value)
+            else:
+                rtol = DIRECTION_TOL if variant == "svd_ratio" else VALUE_RTOL
+                assert value == pytest.approx(reference, rel=rtol)
+
+
+def test_mev_series_matches_dense(matrix_free: None) -> None:
+    X = np.concatenate([anisotropic(40, 50, seed=9), flat(12, 50, seed=10), anisotropic(3, 50, seed=11)])
+    labels = np.array(["a"] * 40 + ["b"] * 12 + ["c"] * 3)
+    for variant in MEV_VARIANTS:
+        series = mev(X, labels, variant=variant)
+        for word in "abc":
+            expected = dense_reference(X[labels == word])["mev"][variant]
+            assert series[word] == pytest.approx(expected, rel=DIRECTION_TOL if variant == "svd_ratio" else VALUE_RTOL)
+
+
+def test_first_principal_direction_is_eighs_with_the_mean_sign(matrix_free: None) -> None:
+    X = -anisotropic(70, 40, seed=12)
+    direction = first_principal_direction(X)
+    reference = dense_reference(X)["direction"]
+    assert np.linalg.norm(direction - reference) < DIRECTION_TOL
+    assert direction @ X.mean(axis=0) > 0
+
+
+def test_seeded_start_gives_identical_results(matrix_free: None) -> None:
+    X = flat(60, 45, seed=13)
+    first, second = occurrence_spectrum(X), occurrence_spectrum(X)
+    assert first.top_eigenvalue == second.top_eigenvalue
+    assert np.array_equal(first.direction, second.direction)
+
+
+def test_stopping_short_of_convergence_warns(matrix_free: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spectrum_module, "MAX_MULTIPLICATIONS", 6)
+    with pytest.warns(RuntimeWarning, match="block Lanczos stopped after"):
+        occurrence_spectrum(flat(80, 90, seed=14))
