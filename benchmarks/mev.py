@@ -22,6 +22,7 @@ import argparse
 import os
 import platform
 import time
+from typing import Any
 
 import numpy as np
 from scipy.linalg import eigh
@@ -54,7 +55,7 @@ def make_occurrences(dim: int, *, frequent: int, frequent_n: int, rare: int, rar
     return X[order], word_ids[order]
 
 
-def dense_before(rows: np.ndarray) -> dict[str, float | np.ndarray]:
+def dense_before(rows: np.ndarray) -> dict[str, Any]:
     """The previous algorithm: eigh of the n x n Gram matrices of the rows and the centred rows
     (n <= d), or of the d x d second moment and scatter matrix (n > d)."""
     n, dim = rows.shape
@@ -77,9 +78,9 @@ def dense_before(rows: np.ndarray) -> dict[str, float | np.ndarray]:
             "centred": centred_top / total, "svd_ratio": along / total}
 
 
-def errors(spectrum: OccurrenceSpectrum, reference: dict[str, float | np.ndarray]) -> tuple[float, float]:
+def errors(spectrum: OccurrenceSpectrum, reference: dict[str, Any]) -> tuple[float, float]:
     """(max relative error of the values, max error of the direction quantities)."""
-    values = [abs(spectrum.top_eigenvalue / reference["top"] - 1), abs(spectrum.mev("uncentred") / reference["uncentred"] - 1)]
+    values: list[float] = [abs(spectrum.top_eigenvalue / reference["top"] - 1), abs(spectrum.mev("uncentred") / reference["uncentred"] - 1)]
     if reference["centred_top"] > 0:
         values += [abs(spectrum.centred_top_eigenvalue / reference["centred_top"] - 1),
                    abs(spectrum.mev("centred") / reference["centred"] - 1)]
