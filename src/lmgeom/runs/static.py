@@ -24,7 +24,7 @@ from gensim.models import KeyedVectors
 
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
 from lmgeom.metrics.contextuality import WordMeanAccumulator
-from lmgeom.metrics.contextuality import OccurrenceSpectrum
+from lmgeom.metrics.spectrum import OccurrenceSpectrum
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import write_json, write_records_csv
