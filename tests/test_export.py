@@ -23,7 +23,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 
 from lmgeom.calibrate import METHODS, Whitening, make_calibrator  # noqa: E402
 from lmgeom.cli.main import app  # noqa: E402
-from lmgeom.corpus import load_corpus  # noqa: E402
+from lmgeom.corpus import Corpus, load_corpus  # noqa: E402
 from lmgeom.encoders.registry import minilm_path  # noqa: E402
 from lmgeom.encoders.tiny import tiny_model  # noqa: E402
 from lmgeom.runs.export import EXPORT_RECORD, export_sentence_transformer  # noqa: E402
@@ -33,10 +33,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 BATCH = 16
 runner = CliRunner()
 
-# Lee sentences: the first ones to fit on, later ones (never fitted on) to encode.
-LEE = [sentence.text for sentence in load_corpus("lee", limit=400)]
-MINILM_FIT, MINILM_EVAL = LEE[:40], LEE[360:376]
-TINY_FIT, TINY_EVAL = LEE[:300], LEE[360:392]
+# The shortest Lee sentences (quick to encode): some to fit on, others (never fitted on) to encode.
+LEE = sorted((sentence.text for sentence in load_corpus("lee")), key=len)
+MINILM_FIT, MINILM_EVAL = LEE[:40:2], LEE[1:40:2]  # interleaved, so both cover the same lengths
+TINY_FIT, TINY_EVAL = LEE[200:320], LEE[320:352]
 
 # A fresh interpreter loads each exported folder with plain sentence-transformers and encodes texts.
 _ENCODE_IN_NEW_PROCESS = """
@@ -64,7 +64,7 @@ def encode_in_new_process(jobs: dict[str, dict], out: Path) -> tuple[dict[str, n
 
 
 def pooled_by_sentence_transformers(model: SentenceTransformer, texts: list[str]) -> np.ndarray:
-    """The reference side: sentence-transformers' own Transformer + Pooling output, batched as encode batches."""
+    """The reference side: sentence-transformers' own Transformer + Pooling output, in the batches encode makes."""
     upto_pooling = SentenceTransformer(modules=[model[0], model[1]], device="cpu")
     assert isinstance(model[1], Pooling)
     return upto_pooling.encode(texts, batch_size=BATCH, convert_to_numpy=True)
@@ -76,13 +76,15 @@ def unit_rows(X: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_st(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A sentence-transformers folder without Normalize: lmgeom's seeded random tiny BERT + mean pooling."""
+    """A sentence-transformers folder without Normalize: lmgeom's seeded random tiny BERT + max pooling
+    (BERT's last LayerNorm centres every token vector, so a mean of them would span only 31 of the
+    32 directions; the max spans all)."""
     root = tmp_path_factory.mktemp("tiny-st")
     model, tokenizer = tiny_model("tiny-bert")
     model.save_pretrained(root / "hf")
     tokenizer.save_pretrained(root / "hf")
     transformer = Transformer(str(root / "hf"), max_seq_length=64)
-    SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")], device="cpu").save(str(root / "st"))
+    SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "max")], device="cpu").save(str(root / "st"))
     return root
 
 
@@ -96,9 +98,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tiny_st: Path) -> dict:
     results = {
         "minilm-white": export_sentence_transformer("minilm", method="whitening", fit_on=str(fit_file), out=root / "minilm-white",
                                                     device="cpu", batch_size=BATCH),
-        "tiny-white": export_sentence_transformer(str(tiny_st / "st"), method="whitening", fit_on="lee", limit=len(TINY_FIT),
+        "tiny-white": export_sentence_transformer(str(tiny_st / "st"), method="whitening", fit_on=Corpus.from_list(TINY_FIT),
                                                   out=root / "tiny-white", device="cpu", batch_size=BATCH),
-        "tiny-flow": export_sentence_transformer(str(tiny_st / "st"), method="flow", fit_on="lee", limit=len(TINY_FIT),
+        "tiny-flow": export_sentence_transformer(str(tiny_st / "st"), method="flow", fit_on=Corpus.from_list(TINY_FIT),
                                                  out=root / "tiny-flow", device="cpu", batch_size=BATCH, seed=3),
     }
     jobs = {
@@ -125,7 +127,8 @@ def test_minilm_export_encodes_as_lmgeom_transforms_the_pooled_vectors(exported:
     np.testing.assert_allclose(result.calibrator.mean_, fit_pooled.mean(axis=0), atol=1e-6)
     np.testing.assert_allclose(result.calibrator.explained_variance_[:10], np.linalg.eigvalsh(np.cov(fit_pooled.T))[::-1][:10], rtol=1e-4)
     record = json.loads((result.out / EXPORT_RECORD).read_text())
-    assert record["fit_on"]["n_sentences"] == len(MINILM_FIT) and record["method"] == "whitening"
+    assert record["fit_on"]["n_sentences"] == len(MINILM_FIT) and record["method"] == "whitening" and record["model_id"] == "minilm"
+    assert record["corpus_fingerprint"] == load_corpus(str(exported["root"] / "minilm-fit.txt")).fingerprint
     assert record["isotropy_of_fit_vectors"]["after"]["isoscore"] > record["isotropy_of_fit_vectors"]["before"]["isoscore"]
 
 
@@ -135,12 +138,10 @@ def test_without_normalize_the_export_whitens_the_fit_corpus(exported: dict, tin
     original = SentenceTransformer(str(tiny_st / "st"), device="cpu")
     np.testing.assert_allclose(exported["encoded"]["tiny-white"],
                                result.calibrator.transform(pooled_by_sentence_transformers(original, TINY_EVAL)), rtol=0, atol=1e-5)
-    # closed form: the fit sentences come out with zero mean and identity covariance on the 31
-    # directions they span (BERT's last LayerNorm centres every token vector, so the pooled vectors
-    # sum to zero; whitening's floor keeps that last principal direction near zero)
+    # closed form: the fit sentences come out with zero mean and identity covariance
     whitened = exported["encoded"]["tiny-white-fit"].astype(np.float64)
     np.testing.assert_allclose(whitened.mean(axis=0), 0, atol=1e-4)
-    np.testing.assert_allclose(np.cov(whitened.T, bias=False), np.diag([1.0] * 31 + [0.0]), atol=1e-3)
+    np.testing.assert_allclose(np.cov(whitened.T), np.eye(32), atol=1e-3)
     # and a whitening fitted here on sentence-transformers' own pooled vectors agrees
     refit = Whitening().fit(pooled_by_sentence_transformers(original, TINY_FIT))
     np.testing.assert_allclose(exported["encoded"]["tiny-white"], refit.transform(pooled_by_sentence_transformers(original, TINY_EVAL)),

@@ -40,10 +40,10 @@ def register(app: typer.Typer) -> None:
                     model, method=method, fit_on=fit_on, out=out, seed=seed, limit=limit, sample=sample, field=field,
                     batch_size=batch_size, device=device, overwrite=overwrite, progress=progress,
                 )
-        table = Table(title=f"Fit corpus ({result.n_fit_sentences:,} sentences): pooled vectors before and after {method}")
+        table = Table(title=f"{result.n_fit_sentences:,} pooled fit-corpus vectors")
         table.add_column("measure")
-        table.add_column("before", justify="right")
-        table.add_column("after", justify="right")
+        table.add_column("raw", justify="right")
+        table.add_column(method, justify="right")
         for measure, before in result.isotropy["before"].items():
             table.add_row(measure, f"{before:.4f}", f"{result.isotropy['after'][measure]:.4f}")
         console.print(table)

@@ -153,17 +153,17 @@ def export_sentence_transformer(
     shutil.rmtree(staging, ignore_errors=True)
     st_model.save(str(staging), create_model_card=False)
     settings: dict[str, Any] = {
-        "model": model,
         "method": method,
         "params": calibrator.get_params(),
         "seed": seed,
-        "fit_on": {"name": corpus.name, "source": corpus.source, "fingerprint": corpus.fingerprint, "n_sentences": len(corpus)},
+        "fit_on": {"name": corpus.name, "source": corpus.source, "n_sentences": len(corpus)},
         "fitted_on": "the output of the model's Pooling module",
         "modules": [type(module).__name__ for module in st_model],
         "isotropy_of_fit_vectors": isotropy,
         "load_with": f"SentenceTransformer({str(out)!r}, trust_remote_code=True)",
     }
-    write_json(staging / EXPORT_RECORD, "sentence_transformers_export", settings)
+    write_json(staging / EXPORT_RECORD, "sentence_transformers_export", settings,
+               store_meta={"model_id": model, "corpus_fingerprint": corpus.fingerprint})
     if out.exists():
         shutil.rmtree(out)
     os.replace(staging, out)
