@@ -209,6 +209,13 @@ def test_a_transformers_folder_is_not_a_sentence_transformers_model(tiny_st: Pat
         export_sentence_transformer(str(tiny_st / "hf"), method="whitening", fit_on="lee", out=tmp_path / "m")
 
 
+def test_a_model_without_pooling_is_refused(tiny_st: Path, tmp_path: Path) -> None:
+    SentenceTransformer(modules=[Transformer(str(tiny_st / "hf"), max_seq_length=64)], device="cpu").save(str(tmp_path / "tokens"))
+    with pytest.raises(ValueError, match="has 0 top-level Pooling modules"):
+        export_sentence_transformer(str(tmp_path / "tokens"), method="whitening", fit_on="lee", limit=5, out=tmp_path / "m", device="cpu")
+    assert not (tmp_path / "m").exists()
+
+
 def test_unknown_method_is_named_before_anything_loads(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown calibration method 'pca'; choose from"):
         export_sentence_transformer("minilm", method="pca", fit_on="lee", out=tmp_path / "m")

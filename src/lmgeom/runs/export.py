@@ -91,9 +91,8 @@ def pooled_sentence_vectors(
     from sentence_transformers import SentenceTransformer
 
     upto_pooling = list(model)[: pooling_index(model) + 1]
-    pooled = SentenceTransformer(
-        modules=upto_pooling, device=str(model.device), prompts={name: text or "" for name, text in model.prompts.items()}, default_prompt_name=model.default_prompt_name
-    )
+    prompts = {name: text or "" for name, text in model.prompts.items()}
+    pooled = SentenceTransformer(modules=upto_pooling, device=str(model.device), prompts=prompts, default_prompt_name=model.default_prompt_name)
     reporter = progress or NoProgress()
     reporter.start("encode fit corpus", len(texts), unit="sentences")
     chunks = []
@@ -133,16 +132,20 @@ def export_sentence_transformer(
 ) -> ExportResult:
     """Fit `method` (any name of `lmgeom.calibrate.METHODS`) on the pooled sentence vectors of
     `fit_on` (a corpus spec as `load_corpus` takes, or a `Corpus`; `limit`/`sample` as there) and
-    write the model with the calibrator after its Pooling module to `out`."""
+    write the model with the calibrator after its Pooling module to `out` (refused when it holds
+    anything, unless `overwrite` and it is a sentence-transformers model folder)."""
     out = Path(out)
     calibrator = make_calibrator(method, seed=seed)  # an unknown method fails before any model loads
     # Imported here: sentence-transformers is the optional `st` extra, and this import's error names it.
     from lmgeom.runs.st_calibration import CalibrationModule
 
     _prepare_out(out, overwrite=overwrite)
+    if isinstance(fit_on, Corpus):  # the same selection load_corpus makes for a spec
+        corpus = fit_on.sample(sample, seed=seed) if sample else fit_on
+        corpus = corpus.head(limit) if limit else corpus
+    else:
+        corpus = load_corpus(fit_on, field=field, limit=limit, sample=sample, seed=seed)
     st_model = load_sentence_transformer(model, device=device)
-
-    corpus = fit_on if isinstance(fit_on, Corpus) else load_corpus(fit_on, field=field, limit=limit, sample=sample, seed=seed)
     pooled = pooled_sentence_vectors(st_model, [sentence.text for sentence in corpus], batch_size=batch_size, progress=progress)
     calibrator.fit(pooled)
     st_model.insert(pooling_index(st_model) + 1, CalibrationModule(calibrator))
