@@ -323,6 +323,8 @@ def test_bad_input_is_named():
         run(method="pca")
     with pytest.raises(ValueError, match=r"does not take \['alpha'\]"):
         run(method="whitening", options=quick(method_params={"alpha": 2}))
+    with pytest.raises(ValueError, match="would change the width"):
+        run(method="whitening", options=quick(method_params={"n_components": 4}))
     with pytest.raises(ValueError, match="istar_direction must be one of"):
         run(method="istar", options=quick(method_params={"istar_direction": "up"}))
     with pytest.raises(ValueError, match="integers in 0..2"):

@@ -181,6 +181,9 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
         raise ValueError(f"istar_direction must be one of {ISTAR_DIRECTIONS}, got {settings['istar_direction']!r}")
     if method not in CALIBRATION_METHODS:
         return settings, None
+    if settings.get("n_components") is not None and method == "whitening":
+        raise ValueError("whitening with n_components would change the width of the vector the head reads, which "
+                         "fine-tuning keeps fixed; leave n_components unset (whitening keeps every direction)")
     if int(settings["recalibration_inputs"]) < 2:
         raise ValueError(f"recalibration_inputs must be >= 2, got {settings['recalibration_inputs']}")
     estimator_params = {key: value for key, value in settings.items() if key != "recalibration_inputs"}
@@ -269,7 +272,8 @@ def finetune(
     config: Any = encoder.config
     dim = int(config.hidden_size)
     notes = [f"sentence vector: {'mean' if options.pooling == 'mean' else 'last'} of the top layer's pieces, special tokens and padding excluded"]
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    cuda_devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(options.seed)
         head = nn.Linear(dim, n_outputs).to(device)
         layer: nn.Module | None = None
