@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def plain_finetune(texts: list, labels: np.ndarray, eval_texts: list, n_outputs:
     from lmgeom.encoders import load_encoder
 
     encoder = load_encoder("tiny-bert", device="cpu", dtype="float32")
-    model, tokenizer = encoder.model, encoder.tokenizer
+    model, tokenizer = encoder.model, copy.deepcopy(encoder.tokenizer)  # padding and truncation change its state
 
     def pooled(items: list) -> torch.Tensor:
         batch = tokenizer(items, padding=True, truncation=True, max_length=options.max_length,
@@ -172,6 +173,17 @@ def test_same_results_for_a_fixed_seed_in_two_processes():
     first, second = (json.loads(output) for output, _ in outputs)
     assert first == second  # bit for bit: predictions and vectors of every method
     assert first["none"][1] != first["istar"][1]
+
+
+def test_the_shared_tokenizer_is_left_as_it_was():
+    from lmgeom.encoders import load_encoder
+    from lmgeom.encoders.hf import hash_tokenizer
+
+    tokenizer = load_encoder("tiny-bert", device="cpu").tokenizer  # the process-wide cached one
+    before = hash_tokenizer(tokenizer)
+    finetune("tiny-bert", train_inputs=TEXTS[:4], train_labels=LABELS[:4], eval_inputs={"dev": TEXTS[:2]}, n_outputs=3,
+             options=quick(epochs=1, max_length=8))
+    assert hash_tokenizer(tokenizer) == before
 
 
 # ---------------------------------------------------------------------------------------------

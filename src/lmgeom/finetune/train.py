@@ -18,6 +18,7 @@ Predictions and sentence vectors are computed in eval mode (no dropout) without 
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -232,7 +233,9 @@ def _load(model: str, device: torch.device) -> tuple[nn.Module, Any, int]:
     encoder = load_encoder(model, device=str(device), dtype="float32")
     if not isinstance(encoder, HFEncoder):
         raise ValueError(f"fine-tuning needs a transformers model; {model!r} loads as {type(encoder).__name__}")
-    return encoder.model, encoder.tokenizer, encoder.pad_id
+    # A copy: tokenizing with truncation changes a fast tokenizer's state, and the tiny models share
+    # one cached tokenizer per process (whose definition is part of the store's model fingerprint).
+    return encoder.model, copy.deepcopy(encoder.tokenizer), encoder.pad_id
 
 
 def finetune(
