@@ -17,6 +17,7 @@ from lmgeom.cli import sts  # noqa: E402
 from lmgeom.cli import calibrate  # noqa: E402
 from lmgeom.cli import elmo  # noqa: E402
 from lmgeom.cli import report  # noqa: E402
+from lmgeom.cli import experiment  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -24,3 +25,4 @@ sts.register(app)
 calibrate.register(app)
 elmo.register(app)
 report.register(app)
+experiment.register(app)

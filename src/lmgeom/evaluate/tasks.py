@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Sequence, TypeVar, Union
+from typing import Callable, Collection, Literal, Sequence, TypeVar, Union
 
 import numpy as np
 from scipy import stats
@@ -120,7 +120,7 @@ def _need(directory: Path, names: Sequence[str], task: str) -> list[Path]:
     return paths
 
 
-def _tsv_rows(path: Path, *, header: bool, quoting: int = csv.QUOTE_NONE) -> list[list[str]]:
+def _tsv_rows(path: Path, *, header: bool, quoting: Literal[0, 1, 2, 3] = csv.QUOTE_NONE) -> list[list[str]]:
     with path.open(encoding="utf-8-sig", newline="") as handle:
         rows = [row for row in csv.reader(handle, delimiter="\t", quoting=quoting) if row]
     return rows[1:] if header else rows
