@@ -197,3 +197,16 @@ def test_cli_runs_the_experiment_with_the_alias_spellings(cola: Path, tmp_path: 
     for command in ("calibrate", "sts"):
         help_text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
         assert "--methods" in help_text and "--method" in help_text
+
+
+def test_the_report_reads_the_experiment_per_head_and_split(calibration: Path) -> None:
+    from lmgeom.report.data import read_experiments, summarise_experiments
+
+    files = [calibration / "results.json"]
+    table = summarise_experiments(read_experiments(files), read_experiments(files, part="summaries"))  # type: ignore[arg-type]
+    assert len(table) == 4 and set(table["n"]) == {2}  # (none, whitening) x (dev, dev_out_of_domain), 2 seeds each
+    summaries = json.loads((calibration / "results.json").read_text())["summaries"]
+    for s in summaries:
+        row = table[(table["method"] == s["method"]) & (table["split"] == s["split"])].iloc[0]
+        assert row["mean"] == pytest.approx(s["mean"])
+        assert (np.isnan(row["p"]) if s.get("p_holm") is None else row["p"] == pytest.approx(s["p_holm"]))

@@ -218,7 +218,10 @@ def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str
             summary.update(_test(row, reference, predictions, data, n_resamples))
         summaries.append(summary)
     _holm(summaries, family_key)
-    return summaries
+    # table order: per split and metric, the configurations in the order they were run
+    first_seen = {value: i for i, value in reversed(list(enumerate(records[family_key].astype(str))))}
+    return sorted(summaries, key=lambda s: (str(s["split"]), str(s["metric"]), str(s.get("head", "")),
+                                            first_seen.get(str(s[family_key]), 0)))
 
 
 def _config_id(config: dict[str, Any], split: str) -> tuple[str, ...]:
