@@ -55,6 +55,9 @@ def calibration_command(
     pooling: str = typer.Option("mean", "--pooling", help="sentence vector: mean of pieces, or last piece"),
     max_train: Optional[int] = typer.Option(None, "--max-train", help="seeded subsample of N training examples (per seed)"),
     max_eval: Optional[int] = typer.Option(None, "--max-eval", help="seeded subsample of N evaluation examples (the same for every seed)"),
+    epochs: int = typer.Option(3, "--epochs", help="fine-tuning regime: epochs"),
+    batch_size: int = typer.Option(32, "--batch-size", help="fine-tuning regime: sentences per step"),
+    learning_rate: float = typer.Option(2e-5, "--learning-rate", help="fine-tuning regime: AdamW learning rate"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
@@ -63,7 +66,8 @@ def calibration_command(
     with user_errors(), RichProgress() as progress:
         result = run_calibration(model, task, data, out=out, methods=split_list(methods), seeds=parse_seed_option(seeds),
                                  regime=regime, features=features, heads=split_list(heads), pooling=pooling,
-                                 max_train=max_train, max_eval=max_eval, device=device, progress=progress)
+                                 max_train=max_train, max_eval=max_eval, device=device, progress=progress,
+                                 finetune_options={"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate})
     print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})")
     for note in result.notes:
         console.print(f"note: {note}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from lmgeom.calibrate import METHODS, make_calibrator
 from lmgeom.encoders.base import Encoder
-from lmgeom.evaluate.tasks import METRICS, score
+from lmgeom.evaluate.tasks import METRICS, SentenceTask, score
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.experiments.core import (
     Cell,
@@ -144,7 +144,8 @@ def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, m
         pending = [(m, h) for m in methods for h in heads]
         base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "frozen", "features": features,
                 "pooling": pooling}
-        done = {(m, h): store.load({**base, "method": m, "head": h}, seed) for m, h in pending}
+        identity = {**base, **data.sizes}
+        done = {(m, h): store.load({**identity, "method": m, "head": h}, seed) for m, h in pending}
         cells += [cell for cell in done.values() if cell is not None]
         progress.advance(stage, sum(cell is not None for cell in done.values()), note="resumed")
         todo = [key for key, cell in done.items() if cell is None]
@@ -179,7 +180,7 @@ def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, m
                 settings = head_settings(head, data.regression)
                 predicted = fit_predict_sklearn(head, data.regression, combine(calibrated_train), y_train,
                                                 {s: combine(x) for s, x in calibrated_eval.items()}, seed=seed)
-                config = {**base, "method": method, "head": head}
+                config = {**identity, "method": method, "head": head}
                 cell = Cell(config, seed, extra={"method_params": params, **mix_note})
                 for split, prediction in predicted.items():
                     for metric, value in score(task, truth[split], prediction).items():
@@ -230,4 +231,57 @@ def _frozen_mix(train: np.ndarray, y_train: np.ndarray, evaluation: dict[str, np
 
 def _finetuned(model: str, data: TaskData, store: CellStore, methods: list[str], seeds: list[int], pooling: str,
                device: str, options: dict[str, Any], progress: Progress, notes: list[str]) -> list[Cell]:
-    raise ImportError("the fine-tuning regime needs lmgeom.finetune; run --regime frozen")
+    """One fine-tuning run per (method, seed): `lmgeom.finetune.finetune` with the method inside the
+    forward pass; geometry of the first evaluation split before and after fine-tuning (and of what
+    the head reads, after the calibration layer)."""
+    from lmgeom.finetune import FineTuneOptions, finetune
+
+    task = data.task
+    if not isinstance(task, SentenceTask):
+        notes.append(f"fine-tuning regime skipped: it fine-tunes a sentence head, and {task.name} is a tagging task")
+        return []
+    stage = "cells (fine-tuning)"
+    progress.start(stage, len(methods) * len(seeds), unit="runs")
+    base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "finetune", "features": "top",
+            "head": "linear (fine-tuned with the model)", "pooling": pooling}
+    cells: list[Cell] = []
+    for seed in seeds:
+        for method in methods:
+            config = {**base, **data.sizes, "method": method, "options": options}
+            cell = store.load(config, seed)
+            if cell is None:
+                cell = _finetune_cell(finetune, FineTuneOptions(**{"pooling": pooling, "device": device, **options, "seed": seed}),
+                                      model, data, config, base, method, seed)
+                store.save(cell)
+            cells.append(cell)
+            progress.advance(stage, 1, note=f"{method} seed {seed}")
+    return cells
+
+
+def _finetune_cell(finetune: Any, options: Any, model: str, data: TaskData, config: dict[str, Any], base: dict[str, Any],
+                   method: str, seed: int) -> Cell:
+    task = data.task
+    assert isinstance(task, SentenceTask)
+    train_rows = data.train_rows[seed]
+    train_inputs = [task.splits[task.train_split].inputs[r] for r in train_rows]
+    eval_inputs = {split: [task.splits[split].inputs[r] for r in rows] for split, rows in data.eval_rows.items()}
+    started = time.perf_counter()
+    result = finetune(model, train_inputs=train_inputs, train_labels=data.labels(task.train_split, train_rows),
+                      eval_inputs=eval_inputs, n_outputs=data.n_classes, method=method, options=options)
+    seconds = time.perf_counter() - started
+    first_split = next(iter(eval_inputs))
+    measured: dict[str, float] = {}
+    for state, suffix in (("before", "before"), ("after", "finetuned"), ("calibrated", "after")):
+        if state in result.sentence_vectors:
+            measured.update(prefixed(geometry(result.sentence_vectors[state][first_split], seed=seed), suffix))
+    cell = Cell(config, seed, extra={"method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch,
+                                     "finetune_notes": result.notes})
+    for split, prediction in result.predictions.items():
+        truth = data.labels(split, data.eval_rows[split])
+        for metric, value in score(task, truth, prediction).items():
+            cell.records.append({**base, "method": method, "head_regularisation": f"AdamW weight decay 0.01, {options.epochs} epochs, "
+                                 f"lr {options.learning_rate}, batch {options.batch_size}", "seed": seed, "split": split,
+                                 "metric": metric, "value": value, "n_train": int(len(train_rows)), "n_eval": int(len(truth)),
+                                 "seconds": seconds, "seconds_per_epoch": result.seconds_per_epoch, **measured})
+        cell.predictions[split] = np.asarray(prediction).tolist()
+    return cell

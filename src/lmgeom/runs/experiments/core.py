@@ -42,6 +42,7 @@ class TaskData:
     task: Task
     train_rows: dict[int, np.ndarray]  # per seed
     eval_rows: dict[str, np.ndarray]
+    sizes: dict[str, int | None]  # max_train and max_eval: part of every cell's identity
 
     @property
     def regression(self) -> bool:
@@ -97,6 +98,7 @@ def task_data(task: Task, seeds: Sequence[int], *, max_train: int | None, max_ev
         task,
         {seed: subsample(n_train, max_train, seed) for seed in seeds},
         {split: subsample(split_size(task, split), max_eval, EVAL_SUBSAMPLE_SEED) for split in task.eval_splits},
+        {"max_train": max_train, "max_eval": max_eval},
     )
 
 

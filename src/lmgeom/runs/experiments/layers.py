@@ -84,7 +84,7 @@ def run_layers(
     for seed in seed_list:
         todo = []
         for spec in chosen:
-            cell = store.load({**base, "features": spec}, seed)
+            cell = store.load({**base, **data_.sizes, "features": spec}, seed)
             if cell is None:
                 todo.append(spec)
             else:
@@ -109,7 +109,7 @@ def run_layers(
             extra: dict[str, Any] = {"epochs_run": result.epochs_run}
             if result.mix_weights:
                 extra.update(mix_weights=result.mix_weights, mix_gamma=result.mix_gamma)
-            cell = Cell({**base, "features": spec}, seed, extra=extra)
+            cell = Cell({**base, **data_.sizes, "features": spec}, seed, extra=extra)
             for split, prediction in result.predictions.items():
                 for name, value in score(the_task, truth[split], prediction).items():
                     cell.records.append({**base, "features": spec, "layers": layers,
