@@ -165,7 +165,7 @@ def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, m
         else:
             train, evaluation = train[0], {s: x[0] for s, x in evaluation.items()}
         first_split = next(iter(evaluation))
-        before = prefixed(geometry(evaluation[first_split].reshape(-1, train.shape[-1]), seed=seed), "before")
+        before = prefixed(geometry(evaluation[first_split].reshape(-1, train.shape[-1])), "before")
         for method in dict.fromkeys(m for m, _ in todo):
             started = time.perf_counter()
             if method == "none":
@@ -175,7 +175,7 @@ def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, m
                 calibrated_train = _apply(calibrator, train)
                 calibrated_eval = {s: _apply(calibrator, x) for s, x in evaluation.items()}
                 params = {k: v for k, v in calibrator.get_params().items() if isinstance(v, (int, float, str, bool, type(None)))}
-            after = prefixed(geometry(calibrated_eval[first_split].reshape(-1, train.shape[-1]), seed=seed), "after")
+            after = prefixed(geometry(calibrated_eval[first_split].reshape(-1, train.shape[-1])), "after")
             for head in [h for m, h in todo if m == method]:
                 settings = head_settings(head, data.regression)
                 predicted = fit_predict_sklearn(head, data.regression, combine(calibrated_train), y_train,
@@ -273,7 +273,7 @@ def _finetune_cell(finetune: Any, options: Any, model: str, data: TaskData, conf
     measured: dict[str, float] = {}
     for state, suffix in (("before", "before"), ("after", "finetuned"), ("calibrated", "after")):
         if state in result.sentence_vectors:
-            measured.update(prefixed(geometry(result.sentence_vectors[state][first_split], seed=seed), suffix))
+            measured.update(prefixed(geometry(result.sentence_vectors[state][first_split]), suffix))
     cell = Cell(config, seed, extra={"method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch,
                                      "finetune_notes": result.notes})
     for split, prediction in result.predictions.items():
