@@ -281,6 +281,7 @@ ALLOWED = {
     "evaluate": {"metrics"},
     "report": {"metrics"},
     "runs": {"corpus", "encoders", "finetune", "mix", "store", "metrics", "calibrate", "evaluate", "report"},
+    "finetune": {"encoders", "calibrate", "metrics"},
     "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs", "report"},
 }
 SHARED = {"_version", "atomic", "device", "progress"}

@@ -1,0 +1,389 @@
+"""`finetune`: a transformers encoder plus a linear head on its pooled sentence vector, trained with
+AdamW, optionally with isotropy calibration in the forward pass or an isotropy regulariser.
+
+The recipe (also what `method="none"` is, step for step; tests/test_finetune.py replays it):
+1. the model loads through `lmgeom.encoders.load_encoder` in float32; inputs are tokenized once
+   (pairs as the tokenizer joins them), truncated to `max_length`;
+2. inside a forked torch RNG seeded with `seed`: the head `nn.Linear(dim, n_outputs)` is created
+   (torch's default init), then every dropout mask of training draws from that RNG;
+3. epoch e visits the training inputs in `numpy.random.default_rng(seed)`'s e-th permutation, in
+   batches of `batch_size` padded to the longest input of the batch;
+4. the sentence vector is the mean of the top layer's pieces with special tokens and padding
+   masked out (`pooling="last"`: the last such piece, for decoders);
+5. loss: cross-entropy (n_outputs >= 2) or mean squared error (n_outputs = 1); AdamW (torch's
+   defaults but the learning rate, weight decay 0.01) over the encoder and the head; gradients
+   clipped at norm 1.0; the learning rate decays linearly to 0 over all steps.
+Predictions and sentence vectors are computed in eval mode (no dropout) without gradients.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from lmgeom.calibrate import METHODS as CALIBRATORS
+from lmgeom.calibrate import Calibrator
+from lmgeom.device import resolve_device
+from lmgeom.finetune.calibration import CalibrationLayer
+from lmgeom.finetune.isobn import ISOBN_BETA, ISOBN_EPS, ISOBN_MOMENTUM, IsoBN
+from lmgeom.finetune.istar import IStar
+from lmgeom.metrics.isotropy import ISOSCORE_STAR_C0_POINTS, ISOSCORE_STAR_ZETA
+from lmgeom.progress import NoProgress, Progress
+
+Inputs = Sequence[str] | Sequence[tuple[str, str]]
+
+# Calibrators whose transform runs inside the forward pass (each has a differentiable torch form).
+CALIBRATION_METHODS = ("abtt", "cie", "conceptor", "whitening", "standardize", "flow")
+METHODS = ("none", *CALIBRATION_METHODS, "isobn", "istar")
+POOLINGS = ("mean", "last")
+WEIGHT_DECAY = 0.01
+MAX_GRADIENT_NORM = 1.0
+# Training inputs whose vectors each re-estimation of a calibrator is fitted on (a fixed seeded subset).
+RECALIBRATION_INPUTS = 2048
+# I-STAR's defaults: the paper's released script fine-tunes with zeta 0.2 and lambda -5 (lowering
+# isotropy), C0 from up to 250,000 token states of the training data at the start of each epoch.
+ISTAR_LAMBDA = 5.0
+ISTAR_DIRECTIONS = ("lower", "raise")
+
+
+@dataclass(frozen=True)
+class FineTuneOptions:
+    """How to fine-tune. `recalibrate_every`: steps between re-estimations of a calibrator's
+    statistics (step 0 included). `method_params`: the method's own settings (see `finetune`)."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    learning_rate: float = 2e-5
+    max_length: int = 128
+    recalibrate_every: int = 100
+    pooling: str = "mean"
+    seed: int = 0
+    device: str = "auto"
+    method_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FineTuneResult:
+    """predictions: per evaluation split, class ids (int64) or regression scores (float32).
+    sentence_vectors: {"before" | "after": {split: (n, dim) float32}} pooled vectors of the model
+    before and after fine-tuning, plus "calibrated" (what the head reads) for methods with a layer
+    between the pooled vector and the head (the calibrators and isobn).
+    method_params: the method's hyper-parameters as used, defaults included."""
+
+    predictions: dict[str, np.ndarray]
+    sentence_vectors: dict[str, dict[str, np.ndarray]]
+    seconds_per_epoch: list[float]
+    method_params: dict[str, Any]
+    notes: list[str]
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    content_mask: torch.Tensor  # attention and not a special token
+
+
+class _Tokenized:
+    """Token ids and special-token masks of every input, padded per batch."""
+
+    def __init__(self, tokenizer: Any, inputs: Inputs, *, max_length: int, pad_id: int, name: str) -> None:
+        if len(inputs) == 0:
+            raise ValueError(f"{name} is empty; give at least one input")
+        pairs = [isinstance(item, (tuple, list)) for item in inputs]
+        if any(pairs) and not all(pairs):
+            raise ValueError(f"{name} mixes single texts and (text, text) pairs; give one kind")
+        self.ids: list[list[int]] = []
+        self.special: list[list[int]] = []
+        for index, item in enumerate(inputs):
+            texts = tuple(item) if pairs[0] else (item,)
+            if len(texts) != (2 if pairs[0] else 1) or not all(isinstance(text, str) for text in texts):
+                raise ValueError(f"{name}[{index}] must be a string or a (string, string) pair, got {item!r}")
+            encoded = tokenizer(*texts, truncation=True, max_length=max_length, return_special_tokens_mask=True)
+            if sum(1 - flag for flag in encoded["special_tokens_mask"]) == 0:
+                raise ValueError(f"{name}[{index}] ({item!r}) has no tokens besides special tokens; remove empty inputs")
+            self.ids.append(list(encoded["input_ids"]))
+            self.special.append(list(encoded["special_tokens_mask"]))
+        self.pad_id = pad_id
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rows: Sequence[int], device: torch.device) -> _Batch:
+        length = max(len(self.ids[row]) for row in rows)
+        input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), length), dtype=torch.long)
+        content = torch.zeros((len(rows), length), dtype=torch.bool)
+        for position, row in enumerate(rows):
+            size = len(self.ids[row])
+            input_ids[position, :size] = torch.tensor(self.ids[row])
+            attention[position, :size] = 1
+            content[position, :size] = torch.tensor(self.special[row]) == 0
+        return _Batch(input_ids.to(device), attention.to(device), content.to(device))
+
+
+def pool(hidden: torch.Tensor, content_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """Sentence vectors from (batch, length, dim) states: mean of the content pieces, or the last one."""
+    if pooling == "last":
+        positions = torch.arange(content_mask.shape[1], device=content_mask.device)
+        last = torch.where(content_mask, positions, -1).amax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    weights = content_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class _Classifier(nn.Module):
+    """Encoder -> pooled vector -> optional layer (calibration or IsoBN) -> linear head."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Linear, layer: nn.Module | None, pooling: str) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+        self.layer = layer
+        self.pooling = pooling
+
+    def forward(self, batch: _Batch, *, hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """(logits, pooled vector, vector the head reads, all hidden states or None)."""
+        outputs = self.encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               output_hidden_states=hidden_states, use_cache=False)
+        pooled = pool(outputs.last_hidden_state, batch.content_mask, self.pooling)
+        features = pooled if self.layer is None else self.layer(pooled)
+        return self.head(features), pooled, features, outputs.hidden_states if hidden_states else None
+
+
+def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: torch.device) -> tuple[dict[str, Any], Callable[[], Calibrator] | None]:
+    """Checked method parameters with defaults filled in, and the calibrator factory (calibration methods)."""
+    params = dict(params)
+    if method == "none":
+        allowed: dict[str, Any] = {}
+    elif method in CALIBRATION_METHODS:
+        defaults = CALIBRATORS[method]().get_params()
+        if "random_state" in defaults:
+            defaults["random_state"] = seed
+        if "device" in defaults:
+            defaults["device"] = str(device)
+        allowed = {**defaults, "recalibration_inputs": RECALIBRATION_INPUTS}
+    elif method == "isobn":
+        allowed = {"momentum": ISOBN_MOMENTUM, "beta": ISOBN_BETA, "eps": ISOBN_EPS}
+    else:
+        allowed = {"istar_lambda": ISTAR_LAMBDA, "istar_direction": "lower", "istar_zeta": ISOSCORE_STAR_ZETA,
+                   "istar_c0_points": ISOSCORE_STAR_C0_POINTS}
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"method {method!r} does not take {unknown}; it takes {sorted(allowed) or 'no parameters'}")
+    settings = {**allowed, **params}
+    if method == "istar" and settings["istar_direction"] not in ISTAR_DIRECTIONS:
+        raise ValueError(f"istar_direction must be one of {ISTAR_DIRECTIONS}, got {settings['istar_direction']!r}")
+    if method not in CALIBRATION_METHODS:
+        return settings, None
+    if settings.get("n_components") is not None and method == "whitening":
+        raise ValueError("whitening with n_components would change the width of the vector the head reads, which "
+                         "fine-tuning keeps fixed; leave n_components unset (whitening keeps every direction)")
+    if int(settings["recalibration_inputs"]) < 2:
+        raise ValueError(f"recalibration_inputs must be >= 2, got {settings['recalibration_inputs']}")
+    estimator_params = {key: value for key, value in settings.items() if key != "recalibration_inputs"}
+
+    def make() -> Calibrator:
+        return CALIBRATORS[method](**estimator_params)
+
+    return settings, make
+
+
+def _check_options(options: FineTuneOptions, method: str, n_outputs: int) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown fine-tuning method {method!r}; choose from {', '.join(METHODS)}")
+    if options.pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {options.pooling!r}; choose one of {POOLINGS}")
+    for name in ("epochs", "batch_size", "recalibrate_every"):
+        if getattr(options, name) < 1:
+            raise ValueError(f"FineTuneOptions.{name} must be >= 1, got {getattr(options, name)}")
+    if options.max_length < 2:
+        raise ValueError(f"FineTuneOptions.max_length must be >= 2, got {options.max_length}")
+    if not options.learning_rate > 0:
+        raise ValueError(f"FineTuneOptions.learning_rate must be > 0, got {options.learning_rate}")
+    if n_outputs < 1:
+        raise ValueError(f"n_outputs must be 1 (regression) or the number of classes (>= 2), got {n_outputs}")
+    if method in ("isobn", "istar") and options.batch_size < 2:
+        raise ValueError(f"{method} estimates statistics from each batch, so it needs batch_size >= 2")
+
+
+def _targets(labels: np.ndarray, n_inputs: int, n_outputs: int) -> torch.Tensor:
+    labels = np.asarray(labels)
+    if labels.shape != (n_inputs,):
+        raise ValueError(f"train_labels must have one label per training input ({n_inputs}), got shape {labels.shape}")
+    if n_outputs == 1:
+        if not np.issubdtype(labels.dtype, np.number) or not np.isfinite(labels).all():
+            raise ValueError("regression (n_outputs=1) needs finite numeric train_labels")
+        return torch.as_tensor(labels, dtype=torch.float32)
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= n_outputs:
+        raise ValueError(f"classification labels must be integers in 0..{n_outputs - 1} (n_outputs={n_outputs}); "
+                         f"got {labels.dtype} values from {labels.min()} to {labels.max()}")
+    return torch.as_tensor(labels, dtype=torch.long)
+
+
+def _load(model: str, device: torch.device) -> tuple[nn.Module, Any, int]:
+    from lmgeom.encoders import HFEncoder, load_encoder
+
+    encoder = load_encoder(model, device=str(device), dtype="float32")
+    if not isinstance(encoder, HFEncoder):
+        raise ValueError(f"fine-tuning needs a transformers model; {model!r} loads as {type(encoder).__name__}")
+    return encoder.model, encoder.tokenizer, encoder.pad_id
+
+
+def finetune(
+    model: str,
+    *,
+    train_inputs: Inputs,
+    train_labels: np.ndarray,
+    eval_inputs: dict[str, Inputs],
+    n_outputs: int,
+    method: str = "none",
+    options: FineTuneOptions = FineTuneOptions(),
+    progress: Progress | None = None,
+) -> FineTuneResult:
+    """Fine-tune `model` (a registry name such as `minilm`, `tiny-bert`, or a transformers path) with a
+    linear head on its pooled sentence vector, and predict every split of `eval_inputs`.
+
+    Methods: `none` (plain fine-tuning); `abtt`, `cie`, `conceptor`, `whitening`, `standardize`, `flow`
+    (the calibrator applied to the pooled vector inside the forward pass, its statistics re-fitted on
+    the vectors of a fixed seeded subset of `recalibration_inputs` training inputs every
+    `recalibrate_every` steps, without gradients; gradients flow through the transform;
+    `method_params` take the calibrator's constructor parameters); `isobn` (IsoBN on the pooled
+    vector; `momentum`, `beta`, `eps`); `istar` (I-STAR: the loss gains s * lambda * (1 - IsoScore*)
+    of the token states of every layer, s = +1 to raise isotropy, -1 to lower it; `istar_lambda`,
+    `istar_direction`, `istar_zeta`, `istar_c0_points`). Deterministic for a fixed seed on one
+    machine. See docs/finetune.md."""
+    _check_options(options, method, n_outputs)
+    progress = progress or NoProgress()
+    device = resolve_device(options.device)
+    settings, make_calibrator = _method_settings(method, options.method_params, seed=options.seed, device=device)
+    if not eval_inputs:
+        raise ValueError("eval_inputs is empty; give at least one evaluation split")
+    encoder, tokenizer, pad_id = _load(model, device)
+    train = _Tokenized(tokenizer, train_inputs, max_length=options.max_length, pad_id=pad_id, name="train_inputs")
+    targets = _targets(train_labels, len(train), n_outputs).to(device)
+    evaluation = {split: _Tokenized(tokenizer, inputs, max_length=options.max_length, pad_id=pad_id, name=f"eval_inputs[{split!r}]")
+                  for split, inputs in eval_inputs.items()}
+    config: Any = encoder.config
+    dim = int(config.hidden_size)
+    notes = [f"sentence vector: {'mean' if options.pooling == 'mean' else 'last'} of the top layer's pieces, special tokens and padding excluded"]
+    cuda_devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(options.seed)
+        head = nn.Linear(dim, n_outputs).to(device)
+        layer: nn.Module | None = None
+        if make_calibrator is not None:
+            layer = CalibrationLayer(make_calibrator, device=device)
+        elif method == "isobn":
+            layer = IsoBN(dim, momentum=settings["momentum"], beta=settings["beta"], eps=settings["eps"]).to(device)
+        classifier = _Classifier(encoder, head, layer, options.pooling)
+        batch_size = options.batch_size
+        sentence_vectors: dict[str, dict[str, np.ndarray]] = {
+            "before": {split: _pooled(classifier, data, range(len(data)), batch_size, device) for split, data in evaluation.items()}}
+        istar = None
+        if method == "istar":
+            sign = 1.0 if settings["istar_direction"] == "raise" else -1.0
+            istar = IStar(weight=sign * float(settings["istar_lambda"]), zeta=float(settings["istar_zeta"]),
+                          c0_points=int(settings["istar_c0_points"]))
+        seconds_per_epoch = _train(classifier, train, targets, n_outputs, options, device, progress, istar=istar,
+                                   recalibration_inputs=int(settings.get("recalibration_inputs", 0)), notes=notes)
+    after = {split: _evaluate(classifier, data, batch_size, device) for split, data in evaluation.items()}
+    sentence_vectors["after"] = {split: pooled for split, (pooled, _, _) in after.items()}
+    if layer is not None:
+        sentence_vectors["calibrated"] = {split: features for split, (_, features, _) in after.items()}
+    predictions = {split: logits[:, 0] if n_outputs == 1 else logits.argmax(axis=1) for split, (_, _, logits) in after.items()}
+    method_params = {"method": method, **settings}
+    if istar is not None:
+        method_params.update(istar_points="token states of layers 1..L, padding excluded",
+                             istar_c0_refresh="start of every epoch, model in eval mode",
+                             istar_loss=f"task loss {'+' if istar.weight > 0 else '-'} {abs(istar.weight)} * (1 - IsoScore*)")
+    if make_calibrator is not None:
+        method_params["recalibrate_every"] = options.recalibrate_every
+    return FineTuneResult(predictions, sentence_vectors, seconds_per_epoch, method_params, notes)
+
+
+@torch.no_grad()
+def _pooled(classifier: _Classifier, data: _Tokenized, rows: Sequence[int], batch_size: int, device: torch.device) -> np.ndarray:
+    """Pooled vectors of the encoder alone, in eval mode (the classifier's mode is restored)."""
+    was_training = classifier.training
+    classifier.eval()
+    vectors = []
+    for start in range(0, len(rows), batch_size):
+        batch = data.batch(rows[start : start + batch_size], device)
+        hidden = classifier.encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        vectors.append(pool(hidden, batch.content_mask, classifier.pooling).float().cpu().numpy())
+    classifier.train(was_training)
+    return np.concatenate(vectors)
+
+
+@torch.no_grad()
+def _evaluate(classifier: _Classifier, data: _Tokenized, batch_size: int, device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pooled vectors, vectors the head reads, head outputs) of every input, in eval mode."""
+    classifier.eval()
+    pooled, features, logits = [], [], []
+    for start in range(0, len(data), batch_size):
+        batch = data.batch(range(start, min(start + batch_size, len(data))), device)
+        outputs, vector, feature, _ = classifier(batch)
+        pooled.append(vector.float().cpu().numpy())
+        features.append(feature.float().cpu().numpy())
+        logits.append(outputs.float().cpu().numpy())
+    return np.concatenate(pooled), np.concatenate(features), np.concatenate(logits)
+
+
+def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_outputs: int, options: FineTuneOptions,
+           device: torch.device, progress: Progress, *, istar: IStar | None, recalibration_inputs: int,
+           notes: list[str]) -> list[float]:
+    """The training loop of the module docstring; returns seconds per epoch."""
+    n_inputs, batch_size = len(train), options.batch_size
+    total_steps = -(-n_inputs // batch_size) * options.epochs
+    parameters = [*classifier.encoder.parameters(), *classifier.head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=options.learning_rate, weight_decay=WEIGHT_DECAY)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total_steps)
+    loss_function: nn.Module = nn.MSELoss() if n_outputs == 1 else nn.CrossEntropyLoss()
+    order_rng = np.random.default_rng(options.seed)
+    calibration = classifier.layer if isinstance(classifier.layer, CalibrationLayer) else None
+    fit_rows: list[int] = []
+    if calibration is not None:
+        # Its own stream, so the data order is the same as without calibration.
+        subset = np.random.default_rng([options.seed, 1]).choice(n_inputs, size=min(n_inputs, recalibration_inputs), replace=False)
+        fit_rows = sorted(int(row) for row in subset)
+        progress.start("recalibration", -(-total_steps // options.recalibrate_every), unit="fits")
+    progress.start("fine-tuning", total_steps, unit="steps")
+    classifier.train()
+    seconds_per_epoch: list[float] = []
+    refit_steps: list[int] = []
+    step = 0
+    for _ in range(options.epochs):
+        started = time.perf_counter()
+        order = order_rng.permutation(n_inputs).tolist()
+        if istar is not None:
+            n_points = istar.refresh(classifier, train, order, batch_size, device)
+            notes.append(f"I-STAR C0 estimated from {n_points} token states (epoch {len(seconds_per_epoch) + 1})")
+        for start in range(0, n_inputs, batch_size):
+            if calibration is not None and step % options.recalibrate_every == 0:
+                calibration.refit(_pooled(classifier, train, fit_rows, batch_size, device))
+                refit_steps.append(step)
+                progress.advance("recalibration", 1, note=f"step {step}")
+            rows = order[start : start + batch_size]
+            batch = train.batch(rows, device)
+            logits, _, _, hidden = classifier(batch, hidden_states=istar is not None)
+            loss = loss_function(logits[:, 0] if n_outputs == 1 else logits, targets[torch.as_tensor(rows, device=device)])
+            if istar is not None:
+                loss = loss + istar.penalty(hidden, batch.attention_mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, MAX_GRADIENT_NORM)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            progress.advance("fine-tuning", 1, note=f"loss {loss.item():.4f}")
+        seconds_per_epoch.append(time.perf_counter() - started)
+    if calibration is not None:
+        notes.append(f"calibration statistics re-estimated {len(refit_steps)} times (before steps {refit_steps}) "
+                     f"on the pooled vectors of {len(fit_rows)} training inputs, eval mode, no gradient")
+    return seconds_per_epoch
