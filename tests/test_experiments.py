@@ -90,7 +90,7 @@ def test_summaries_hold_the_paired_test_and_holm(calibration: Path, cola: Path) 
     assert (calibration / "dev_matthews.png").exists() and (calibration / "dev_matthews.svg").exists()
 
 
-def test_a_rerun_skips_finished_cells_and_a_bad_regime_loses_nothing(calibration: Path, cola: Path,
+def test_a_rerun_skips_finished_cells_and_bad_input_loses_nothing(calibration: Path, cola: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     before = json.loads((calibration / "results.json").read_text())["records"]
     from lmgeom.runs.experiments import calibration as module
@@ -103,8 +103,8 @@ def test_a_rerun_skips_finished_cells_and_a_bad_regime_loses_nothing(calibration
                             device="cpu", **SMALL)
     assert again.records == before
     n_cells = len(list((calibration / "cells").glob("*.json")))
-    with pytest.raises(ImportError, match="needs lmgeom.finetune"):
-        run_calibration(MODEL, "cola", cola, out=calibration, methods=["none"], seeds=2, regime="both", device="cpu", **SMALL)
+    with pytest.raises(ValueError, match=r"unknown calibration methods \['bogus'\]"):
+        run_calibration(MODEL, "cola", cola, out=calibration, methods=["none", "bogus"], seeds=2, regime="both", device="cpu", **SMALL)
     assert len(list((calibration / "cells").glob("*.json"))) == n_cells
 
 
@@ -210,3 +210,32 @@ def test_the_report_reads_the_experiment_per_head_and_split(calibration: Path) -
         row = table[(table["method"] == s["method"]) & (table["split"] == s["split"])].iloc[0]
         assert row["mean"] == pytest.approx(s["mean"])
         assert (np.isnan(row["p"]) if s.get("p_holm") is None else row["p"] == pytest.approx(s["p_holm"]))
+
+
+def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Path, tmp_path: Path) -> None:
+    from lmgeom.finetune import FineTuneOptions, finetune
+
+    options = {"epochs": 1, "batch_size": 16, "max_length": 32}
+    result = run_calibration(MODEL, "cola", cola, out=tmp_path, methods=["none", "whitening", "isobn"], seeds=1,
+                             regime="finetune", max_train=40, max_eval=20, device="cpu", finetune_options=options)
+    assert {r["method"] for r in result.records} == {"none", "whitening", "isobn"}
+    assert {r["regime"] for r in result.records} == {"finetune"}
+    task = load_task("cola", cola)
+    data = task_data(task, [0], max_train=40, max_eval=20)
+    rows = data.train_rows[0]
+    direct = finetune(MODEL, train_inputs=[task.splits["train"].inputs[r] for r in rows],
+                      train_labels=task.splits["train"].labels[rows],
+                      eval_inputs={s: [task.splits[s].inputs[r] for r in data.eval_rows[s]] for s in data.eval_rows},
+                      n_outputs=2, method="none", options=FineTuneOptions(seed=0, device="cpu", **options))
+    (none_dev,) = [r for r in result.records if r["method"] == "none" and r["split"] == "dev"]
+    truth = task.splits["dev"].labels[data.eval_rows["dev"]]
+    assert none_dev["value"] == pytest.approx(matthews(truth, direct.predictions["dev"]), abs=1e-12)
+    assert none_dev["isoscore_before"] == pytest.approx(isoscore(direct.sentence_vectors["before"]["dev"].astype(np.float64)), abs=1e-9)
+    assert "isoscore_finetuned" in none_dev and "isoscore_after" not in none_dev
+    (white_dev,) = [r for r in result.records if r["method"] == "whitening" and r["split"] == "dev"]
+    assert "isoscore_after" in white_dev and len(white_dev["seconds_per_epoch"]) == 1
+    tested = {s["method"]: s for s in result.summaries if s["split"] == "dev"}
+    assert tested["whitening"]["p_holm"] >= tested["whitening"]["p_value"]
+    notes = run_calibration(MODEL, "pos", cola.parents[1] / "UD_English-EWT", out=tmp_path / "pos", methods=["none"],
+                            seeds=1, regime="finetune", max_train=5, max_eval=5, device="cpu").notes
+    assert any("tagging task" in note for note in notes)

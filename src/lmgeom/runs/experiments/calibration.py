@@ -98,8 +98,6 @@ def run_calibration(
     for head in heads:
         head_settings(head, False)
     pooling_note(pooling)
-    if regime in ("finetune", "both"):
-        _require_finetune()
     seed_list = parse_seeds(seeds)
     the_task = resolve_task(task, data)
     data_ = task_data(the_task, seed_list, max_train=max_train, max_eval=max_eval)
@@ -123,14 +121,6 @@ def run_calibration(
                 "max_train": max_train, "max_eval": max_eval, "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}}
     return write_results(out, "experiment-calibration", cells=cells, summaries=summaries, notes=notes, settings=settings,
                          varying="method", title=f"Calibration experiment: {model} on {the_task.name}")
-
-
-def _require_finetune() -> None:
-    try:
-        import lmgeom.finetune  # noqa: F401
-    except ImportError:
-        raise ImportError("the fine-tuning regime needs lmgeom.finetune, which this lmgeom build does not have; "
-                          "run --regime frozen") from None
 
 
 def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, methods: list[str], seeds: list[int],
@@ -165,7 +155,8 @@ def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, m
         else:
             train, evaluation = train[0], {s: x[0] for s, x in evaluation.items()}
         first_split = next(iter(evaluation))
-        before = prefixed(geometry(evaluation[first_split].reshape(-1, train.shape[-1])), "before")
+        before = prefixed(geometry(evaluation[first_split].reshape(-1, train.shape[-1]),
+                                   reference=train.reshape(-1, train.shape[-1])), "before")
         for method in dict.fromkeys(m for m, _ in todo):
             started = time.perf_counter()
             if method == "none":
@@ -175,7 +166,8 @@ def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, m
                 calibrated_train = _apply(calibrator, train)
                 calibrated_eval = {s: _apply(calibrator, x) for s, x in evaluation.items()}
                 params = {k: v for k, v in calibrator.get_params().items() if isinstance(v, (int, float, str, bool, type(None)))}
-            after = prefixed(geometry(calibrated_eval[first_split].reshape(-1, train.shape[-1])), "after")
+            after = prefixed(geometry(calibrated_eval[first_split].reshape(-1, calibrated_train.shape[-1]),
+                                      reference=calibrated_train.reshape(-1, calibrated_train.shape[-1])), "after")
             for head in [h for m, h in todo if m == method]:
                 settings = head_settings(head, data.regression)
                 predicted = fit_predict_sklearn(head, data.regression, combine(calibrated_train), y_train,

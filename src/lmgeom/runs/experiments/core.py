@@ -16,7 +16,7 @@ import pandas as pd
 from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
-from lmgeom.metrics.isotropy import isoscore, local_isotropy, log_partition_isotropy
+from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
 from lmgeom.runs.experiments.features import FeatureCache
 from lmgeom.runs.results import write_json
 
@@ -117,18 +117,16 @@ def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
 # ---- geometry ----------------------------------------------------------------------------------
 
 
-def geometry(vectors: np.ndarray, *, seed: int = 0) -> dict[str, float]:
-    """Global isotropy (log I(W), IsoScore, IsoScore* where lmgeom.metrics has it) and local
+def geometry(vectors: np.ndarray, *, reference: np.ndarray | None = None, seed: int = 0) -> dict[str, float]:
+    """Global isotropy (log I(W), IsoScore; IsoScore* when `reference` rows are given: its
+    shrinkage target C0 is their covariance, the training vectors in the same space) and local
     isotropy (size-weighted IsoScore inside k-means clusters) of rows, on a seeded sample. The
     experiments use seed 0 throughout, so the same vectors get the same measures in every cell."""
     X = np.asarray(vectors, dtype=np.float64)
     X = X[subsample(len(X), GEOMETRY_MAX_ROWS, seed)]
     measures = {"log_iw": log_partition_isotropy(X), "isoscore": isoscore(X)}
-    from lmgeom.metrics import isotropy
-
-    star = getattr(isotropy, "isoscore_star", None)
-    if star is not None:
-        measures["isoscore_star"] = float(star(X))
+    if reference is not None:
+        measures["isoscore_star"] = isoscore_star(X, covariance_of(reference))
     clusters = min(LOCAL_CLUSTERS, max(1, len(X) // 20))
     measures["local_isoscore"] = local_isotropy(X, n_clusters=clusters, seed=seed).weighted_mean["isoscore"]
     return measures

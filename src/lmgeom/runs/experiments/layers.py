@@ -105,7 +105,8 @@ def run_layers(
             result = fit_probe(train, y_train, evaluation, regression=data_.regression, n_classes=data_.n_classes,
                                seed=seed, metric=metric, options=probe)
             measured = {} if label == "mix" else prefixed(
-                geometry(eval_all[first_split][layers[0]].reshape(-1, train.shape[-1])), "before")
+                geometry(eval_all[first_split][layers[0]].reshape(-1, train.shape[-1]),
+                         reference=train_all[layers[0]].reshape(-1, train.shape[-1])), "before")
             extra: dict[str, Any] = {"epochs_run": result.epochs_run}
             if result.mix_weights:
                 extra.update(mix_weights=result.mix_weights, mix_gamma=result.mix_gamma)
