@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         store: str = typer.Argument(..., metavar="STORE-OR-MODEL", help="a store written by `lmgeom extract`, or a model (then --corpus is extracted into runs/<model>-<corpus> first)"),
         corpus: str = typer.Option("lee", help="corpus to extract when a model is given instead of a store"),
         device: str = typer.Option("auto", help="device for that extraction: auto, cpu, cuda"),
-        method: str = typer.Option(",".join(METHODS), "--method", "-m", help=f"comma-separated methods: {', '.join(METHODS)}"),
+        method: str = typer.Option(",".join(METHODS), "--methods", "--method", "-m", help=f"comma-separated methods: {', '.join(METHODS)}"),
         layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", help="layer to calibrate, repeatable (default: all; 0 = embedding output)"),
         include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
         include_special: bool = typer.Option(False, help="also fit and measure on special tokens (CLS/SEP/BOS), when stored"),

@@ -18,6 +18,7 @@ from lmgeom.cli import calibrate  # noqa: E402
 from lmgeom.cli import elmo  # noqa: E402
 from lmgeom.cli import report  # noqa: E402
 from lmgeom.cli import export  # noqa: E402
+from lmgeom.cli import experiment  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -26,3 +27,4 @@ calibrate.register(app)
 elmo.register(app)
 report.register(app)
 export.register(app)
+experiment.register(app)

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="results JSON (tidy records; a .csv of the records is written next to it)"),
         layers: str = typer.Option("all,first-last-avg", help="comma list of layer numbers, 'all' and 'first-last-avg' (layers 1 and L); layer 0 = embedding output"),
         combine: list[str] = typer.Option([], "--combine", help="also evaluate the average of these layers, e.g. 0,6 (repeatable)"),
-        method: str = typer.Option("none", "--method", help=f"comma list of none, {CALIBRATORS}, or 'all'; 'none' is always included"),
+        method: str = typer.Option("none", "--methods", "--method", help=f"comma list of none, {CALIBRATORS}, or 'all'; 'none' is always included"),
         fit_on: str = typer.Option("transductive", "--fit-on", help="fit calibrators on the evaluated sentences ('transductive') or on a corpus (lee, brown, a file, ...); comma list for several"),
         split: str = typer.Option("test", help="test, dev or train (SemEval STS12-16 exist only as test; SICK dev = TRIAL)"),
         limit_pairs: Optional[int] = typer.Option(None, help="evaluate a seeded random subset of N pairs per dataset"),

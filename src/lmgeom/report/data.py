@@ -32,7 +32,7 @@ PRODUCERS = {
 # result files of other kinds at the top of a run directory (the explorer cache can be tens of MB)
 OTHER_RESULT_FILES = {"meta.json", "progress.json", "summary.json", "contextuality.json", "calibration.json", "explorer.json",
                       "isotropy.json", "run.json"}
-EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "metric")
+EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
 
 
 def layer_label(layer: int) -> str:

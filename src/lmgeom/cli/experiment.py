@@ -1,0 +1,101 @@
+"""`lmgeom experiment calibration|layers`: downstream experiments with seeds and paired tests.
+
+Option names follow the CLI's convention: plural for lists (`--methods`, `--seeds`, `--features`),
+with the singular spellings accepted as aliases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+
+experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022) and layers (Peters et al. 2018).",
+                             no_args_is_help=True)
+
+
+def parse_seed_option(text: str) -> int | list[int]:
+    """`3` means seeds 0, 1, 2; `0,4,7` names them."""
+    items = split_list(text)
+    try:
+        values = [int(item) for item in items]
+    except ValueError:
+        raise ValueError(f"--seeds takes a count (3) or a comma list of seeds (0,4,7), got {text!r}") from None
+    if len(values) == 1 and "," not in text:
+        return values[0]
+    return values
+
+
+def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str) -> None:
+    """Mean ± std over seeds per configuration and its Holm-corrected p against the baseline (80 columns)."""
+    table = Table(title=title)
+    for column in ("split", "head", varying, "metric", "mean ± std", "p (Holm)"):
+        table.add_column(column, justify="right" if column in ("mean ± std", "p (Holm)") else "left")
+    for s in summaries:
+        p = "" if s.get("p_holm") is None else f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}"
+        table.add_row(str(s["split"]), str(s.get("head", "")), str(s[varying]), str(s["metric"]),
+                      f"{s['mean']:.4f} ± {s['std']:.4f}", p)
+    console.print(table)
+
+
+@experiment_app.command("calibration")
+def calibration_command(
+    model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),
+    task: str = typer.Option(..., "--task", help="cola, sst2, mrpc, rte, stsb, pos or brown"),
+    data: Path = typer.Option(..., "--data", help="the task's folder, e.g. ../shared/data/GLUE/CoLA"),
+    out: Path = typer.Option(..., "--out", "-o", help="experiment folder: results.json, results.md, figures, feature cache, finished cells"),
+    methods: str = typer.Option("none,abtt,cie,whitening,flow", "--methods", "--method", help="comma list: none and calibrators; isobn/istar run only in fine-tuning"),
+    seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
+    regime: str = typer.Option("frozen", "--regime", help="frozen, finetune or both"),
+    features: str = typer.Option("top", "--features", help="frozen features: top, static (layer 0), layer:N or mix"),
+    heads: str = typer.Option("logreg,mlp", "--heads", "--head", help="frozen heads: logreg (ridge for regression), mlp"),
+    pooling: str = typer.Option("mean", "--pooling", help="sentence vector: mean of pieces, or last piece"),
+    max_train: Optional[int] = typer.Option(None, "--max-train", help="seeded subsample of N training examples (per seed)"),
+    max_eval: Optional[int] = typer.Option(None, "--max-eval", help="seeded subsample of N evaluation examples (the same for every seed)"),
+    epochs: int = typer.Option(3, "--epochs", help="fine-tuning regime: epochs"),
+    batch_size: int = typer.Option(32, "--batch-size", help="fine-tuning regime: sentences per step"),
+    learning_rate: float = typer.Option(2e-5, "--learning-rate", help="fine-tuning regime: AdamW learning rate"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
+) -> None:
+    """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
+    from lmgeom.runs.experiments import run_calibration
+
+    with user_errors(), RichProgress() as progress:
+        result = run_calibration(model, task, data, out=out, methods=split_list(methods), seeds=parse_seed_option(seeds),
+                                 regime=regime, features=features, heads=split_list(heads), pooling=pooling,
+                                 max_train=max_train, max_eval=max_eval, device=device, progress=progress,
+                                 finetune_options={"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate})
+    print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
+
+
+@experiment_app.command("layers")
+def layers_command(
+    model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),
+    task: str = typer.Option(..., "--task", help="pos, brown, cola, sst2, mrpc, rte or stsb"),
+    data: Path = typer.Option(..., "--data", help="the task's folder, e.g. ../shared/data/UD_English-EWT"),
+    out: Path = typer.Option(..., "--out", "-o", help="experiment folder"),
+    features: str = typer.Option("layer:all,top,mix,static", "--features", help="comma list: layer:all, layer:N, top, mix, static"),
+    seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
+    pooling: str = typer.Option("mean", "--pooling", help="sentence vector for sentence tasks: mean of pieces, or last piece"),
+    max_train: Optional[int] = typer.Option(None, "--max-train", help="seeded subsample of N training sentences (per seed)"),
+    max_eval: Optional[int] = typer.Option(None, "--max-eval", help="seeded subsample of N evaluation sentences"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
+) -> None:
+    """Which layer, or learned mix of layers, serves the task? A linear probe per feature set."""
+    from lmgeom.runs.experiments import run_layers
+
+    with user_errors(), RichProgress() as progress:
+        result = run_layers(model, task, data, out=out, features=split_list(features), seeds=parse_seed_option(seeds),
+                            pooling=pooling, max_train=max_train, max_eval=max_eval, device=device, progress=progress)
+    print_summaries(result.summaries, "features", f"{model} on {task}: layers (linear probe)")
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(experiment_app, name="experiment")

@@ -1,0 +1,118 @@
+"""Paired tests of a metric over evaluation examples, Holm's correction, and mean ± std over seeds.
+
+With 3-5 seeds a test over seeds cannot reach significance, so a configuration is compared with its
+baseline on the same evaluation examples: the unit is an example, and a metric that is not a mean
+over examples (Matthews, F1, Pearson) is recomputed on every resample.
+
+Several seeds are pooled: predictions are (n_seeds, n_examples) for the same examples, the statistic
+is the metric of all seeds' predictions concatenated, and a resample swaps or redraws an example in
+every seed at once (the seeds of one example are not independent units).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+Metric = Callable[[np.ndarray, np.ndarray], float]
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    difference: float  # metric(b) - metric(a) on the given predictions
+    p_value: float  # two-sided
+    n_examples: int
+    n_resamples: int  # the number of permutations or bootstrap draws (2**n when exact)
+    method: str
+
+
+def _as_seed_rows(y_true: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    predictions = np.asarray(predictions)
+    if predictions.ndim == 1:
+        predictions = predictions[None, :]
+    if predictions.ndim != 2 or predictions.shape[1] != len(y_true):
+        raise ValueError(f"predictions must be (n_examples,) or (n_seeds, n_examples) for {len(y_true)} examples, "
+                         f"got shape {predictions.shape}")
+    return predictions
+
+
+def _pooled_difference(metric: Metric, y_true: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    truth = np.tile(y_true, a.shape[0])
+    return metric(truth, b.reshape(-1)) - metric(truth, a.reshape(-1))
+
+
+def paired_permutation_test(
+    y_true: np.ndarray, predictions_a: np.ndarray, predictions_b: np.ndarray, metric: Metric, *,
+    n_resamples: int = 2000, seed: int = 0,
+) -> PairedTest:
+    """Two-sided paired permutation (sign-flip) test of metric(b) - metric(a): each example's a and b
+    predictions are swapped with probability 1/2. Exact (all 2**n swaps) when 2**n <= n_resamples;
+    otherwise Monte Carlo with p = (1 + #{|d*| >= |d|}) / (1 + n_resamples)."""
+    y_true = np.asarray(y_true)
+    a = _as_seed_rows(y_true, predictions_a)
+    b = _as_seed_rows(y_true, predictions_b)
+    if a.shape != b.shape:
+        raise ValueError(f"the two prediction arrays differ in shape: {a.shape} and {b.shape}")
+    n = len(y_true)
+    if n == 0:
+        raise ValueError("a paired test needs at least one evaluation example")
+    observed = _pooled_difference(metric, y_true, a, b)
+    exact = n < 63 and 2**n <= n_resamples
+    if exact:
+        swaps = ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1).astype(bool)
+    else:
+        swaps = np.random.default_rng(seed).random((n_resamples, n)) < 0.5
+    null = np.empty(len(swaps))
+    for i, swap in enumerate(swaps):
+        null[i] = _pooled_difference(metric, y_true, np.where(swap, b, a), np.where(swap, a, b))
+    # A tolerance so that resamples equal to the observation up to float rounding count as "as extreme".
+    tolerance = 1e-12 * max(1.0, abs(observed))
+    extreme = int(np.sum(np.abs(null) >= abs(observed) - tolerance))
+    p_value = extreme / len(swaps) if exact else (1 + extreme) / (1 + len(swaps))
+    return PairedTest(observed, min(1.0, p_value), n, len(swaps), "exact permutation" if exact else "permutation")
+
+
+def paired_bootstrap_test(
+    y_true: np.ndarray, predictions_a: np.ndarray, predictions_b: np.ndarray, metric: Metric, *,
+    n_resamples: int = 2000, seed: int = 0,
+) -> PairedTest:
+    """Two-sided paired bootstrap test (Berg-Kirkpatrick et al. 2012's shifted form): examples are
+    drawn with replacement, the same draw for a and b; p = (1 + #{|d* - d| >= |d|}) / (1 + B)."""
+    y_true = np.asarray(y_true)
+    a = _as_seed_rows(y_true, predictions_a)
+    b = _as_seed_rows(y_true, predictions_b)
+    n = len(y_true)
+    if n == 0:
+        raise ValueError("a paired test needs at least one evaluation example")
+    observed = _pooled_difference(metric, y_true, a, b)
+    draws = np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+    null = np.array([_pooled_difference(metric, y_true[d], a[:, d], b[:, d]) for d in draws])
+    finite = np.isfinite(null)
+    extreme = int(np.sum(np.abs(null[finite] - observed) >= abs(observed)))
+    return PairedTest(observed, min(1.0, (1 + extreme) / (1 + int(finite.sum()))), n, n_resamples, "paired bootstrap")
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (statsmodels' `multipletests(method="holm")`): sorted
+    ascending, p_(i) * (m - i) for i = 0.., made non-decreasing, capped at 1; NaN stays NaN and does
+    not count in m."""
+    p = np.asarray(p_values, dtype=np.float64)
+    adjusted = np.full_like(p, np.nan)
+    valid = np.flatnonzero(np.isfinite(p))
+    m = len(valid)
+    order = valid[np.argsort(p[valid], kind="stable")]
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1; 0 for a single value) over seeds."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.size == 0:
+        raise ValueError("mean and std need at least one value")
+    return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0

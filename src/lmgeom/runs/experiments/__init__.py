@@ -1,0 +1,13 @@
+"""Downstream experiments with seeds and paired tests: `run_calibration` (does isotropy calibration
+help a task? Ding et al. 2022) and `run_layers` (which layer or learned layer mix serves a task?
+Peters et al. 2018). Both write results.json (records + summaries), results.md and figures to their
+folder, cache frozen features there, and skip finished (configuration, seed) cells when re-run.
+See docs/experiments.md."""
+
+from __future__ import annotations
+
+from lmgeom.runs.experiments.calibration import run_calibration
+from lmgeom.runs.experiments.core import ExperimentResult
+from lmgeom.runs.experiments.layers import run_layers
+
+__all__ = ["ExperimentResult", "run_calibration", "run_layers"]

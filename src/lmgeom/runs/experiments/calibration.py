@@ -1,0 +1,279 @@
+"""The calibration experiment (Ding et al. 2022): does isotropy calibration help a downstream task?
+
+Frozen regime: the features of one layer (or a ScalarMix learned by the linear probe on the training
+slice, then frozen), the calibrator fitted on the training features only, then a head (logistic
+regression / ridge, or a small MLP). Fine-tuning regime: `lmgeom.finetune.finetune` with the method
+applied inside the forward pass.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from lmgeom.calibrate import METHODS, make_calibrator
+from lmgeom.encoders.base import Encoder
+from lmgeom.evaluate.tasks import METRICS, SentenceTask, score
+from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs.experiments.core import (
+    Cell,
+    CellStore,
+    ExperimentResult,
+    TaskData,
+    geometry,
+    parse_seeds,
+    prefixed,
+    resolve_task,
+    summarise,
+    task_data,
+    write_results,
+)
+from lmgeom.runs.experiments.features import FeatureCache, pooling_note
+from lmgeom.runs.experiments.heads import HEADS, combine, fit_predict_sklearn, fit_probe, head_settings
+
+FINETUNE_ONLY_METHODS = ("isobn", "istar")  # they act on the representation during fine-tuning only
+REGIMES = ("frozen", "finetune", "both")
+
+
+def parse_feature(spec: str, n_layers: int) -> tuple[str, list[int]]:
+    """(label, layers): `top`, `static` (layer 0), `layer:N`, or `mix` (all layers)."""
+    if spec == "top":
+        return "top", [n_layers - 1]
+    if spec == "static":
+        return "static", [0]
+    if spec == "mix":
+        return "mix", list(range(n_layers))
+    if spec.startswith("layer:") and spec[6:].isdigit():
+        layer = int(spec[6:])
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"--features {spec}: the model has layers 0-{n_layers - 1} (0 = its input layer)")
+        return f"layer {layer}", [layer]
+    raise ValueError(f"unknown --features {spec!r}; give top, static, mix or layer:N")
+
+
+def encoder_loader(model: str, device: str) -> Any:
+    def load(pooling: str) -> Encoder:
+        from lmgeom.encoders.registry import load_encoder
+
+        return load_encoder(model, device=device, pooling="last" if pooling == "last" else "mean")
+
+    return load
+
+
+def run_calibration(
+    model: str,
+    task: str,
+    data: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str],
+    methods: Sequence[str] = ("none", "whitening"),
+    seeds: int | Sequence[int] = 3,
+    regime: str = "frozen",
+    features: str = "top",
+    heads: Sequence[str] = HEADS,
+    pooling: str = "mean",
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    device: str = "auto",
+    finetune_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> ExperimentResult:
+    """Every (method, head, seed) cell of the calibration experiment; finished cells are skipped.
+
+    Returns the tidy records, the per-configuration summaries (mean ± std over seeds, paired
+    permutation test against `none` on the evaluation examples, Holm across methods) and writes
+    results.json, results.md and figures to `out`."""
+    progress = progress or NoProgress()
+    out = Path(out)
+    if regime not in REGIMES:
+        raise ValueError(f"unknown --regime {regime!r}; choose one of {', '.join(REGIMES)}")
+    methods = list(dict.fromkeys(["none", *methods]))
+    unknown = [m for m in methods if m != "none" and m not in METHODS and m not in FINETUNE_ONLY_METHODS]
+    if unknown:
+        raise ValueError(f"unknown calibration methods {unknown}; choose from none, {', '.join([*METHODS, *FINETUNE_ONLY_METHODS])}")
+    for head in heads:
+        head_settings(head, False)
+    pooling_note(pooling)
+    seed_list = parse_seeds(seeds)
+    the_task = resolve_task(task, data)
+    data_ = task_data(the_task, seed_list, max_train=max_train, max_eval=max_eval)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = FeatureCache(out / "features", encoder_loader(model, device), model=model, progress=progress)
+    store = CellStore(out)
+    notes = []
+    cells: list[Cell] = []
+    if regime in ("frozen", "both"):
+        skipped = [m for m in methods if m in FINETUNE_ONLY_METHODS]
+        if skipped:
+            notes.append(f"frozen regime: {', '.join(skipped)} skipped (they act on the representation during fine-tuning only)")
+        frozen_methods = [m for m in methods if m not in FINETUNE_ONLY_METHODS]
+        cells += _frozen(model, data_, cache, store, frozen_methods, seed_list, features, list(heads), pooling, progress)
+    if regime in ("finetune", "both"):
+        cells += _finetuned(model, data_, store, methods, seed_list, pooling, device, finetune_options or {}, progress, notes)
+    summaries = summarise(cells, data_, baseline=lambda row: None if row["method"] == "none" else {"method": "none"},
+                          family_key="method")
+    settings = {"model": model, "task": the_task.name, "data": str(data), "methods": methods, "seeds": seed_list,
+                "regime": regime, "features": features, "heads": list(heads), "pooling": pooling_note(pooling),
+                "max_train": max_train, "max_eval": max_eval, "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}}
+    return write_results(out, "experiment-calibration", cells=cells, summaries=summaries, notes=notes, settings=settings,
+                         varying="method", title=f"Calibration experiment: {model} on {the_task.name}")
+
+
+def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, methods: list[str], seeds: list[int],
+            features: str, heads: list[str], pooling: str, progress: Progress) -> list[Cell]:
+    task = data.task
+    stage = "cells (frozen)"
+    progress.start(stage, len(methods) * len(heads) * len(seeds), unit="cells")
+    n_layers: int | None = None
+    cells: list[Cell] = []
+    for seed in seeds:
+        pending = [(m, h) for m in methods for h in heads]
+        base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "frozen", "features": features,
+                "pooling": pooling}
+        identity = {**base, **data.sizes}
+        done = {(m, h): store.load({**identity, "method": m, "head": h}, seed) for m, h in pending}
+        cells += [cell for cell in done.values() if cell is not None]
+        progress.advance(stage, sum(cell is not None for cell in done.values()), note="resumed")
+        todo = [key for key, cell in done.items() if cell is None]
+        if not todo:
+            continue
+        if n_layers is None:
+            n_layers = _n_layers(cache, data, pooling)
+        label, layers = parse_feature(features, n_layers)
+        train_rows = data.train_rows[seed]
+        train = data.units(cache, task.train_split, train_rows, pooling=pooling, layers=layers)
+        y_train = data.labels(task.train_split, train_rows)
+        evaluation = {s: data.units(cache, s, rows, pooling=pooling, layers=layers) for s, rows in data.eval_rows.items()}
+        truth = {s: data.labels(s, rows) for s, rows in data.eval_rows.items()}
+        mix_note: dict[str, Any] = {}
+        if label == "mix":
+            train, evaluation, mix_note = _frozen_mix(train, y_train, evaluation, data, seed)
+        else:
+            train, evaluation = train[0], {s: x[0] for s, x in evaluation.items()}
+        first_split = next(iter(evaluation))
+        before = prefixed(geometry(evaluation[first_split].reshape(-1, train.shape[-1]),
+                                   reference=train.reshape(-1, train.shape[-1])), "before")
+        for method in dict.fromkeys(m for m, _ in todo):
+            started = time.perf_counter()
+            if method == "none":
+                calibrated_train, calibrated_eval, params = train, evaluation, {}
+            else:
+                calibrator = make_calibrator(method, seed=seed).fit(train.reshape(-1, train.shape[-1]).astype(np.float64))
+                calibrated_train = _apply(calibrator, train)
+                calibrated_eval = {s: _apply(calibrator, x) for s, x in evaluation.items()}
+                params = {k: v for k, v in calibrator.get_params().items() if isinstance(v, (int, float, str, bool, type(None)))}
+            after = prefixed(geometry(calibrated_eval[first_split].reshape(-1, calibrated_train.shape[-1]),
+                                      reference=calibrated_train.reshape(-1, calibrated_train.shape[-1])), "after")
+            for head in [h for m, h in todo if m == method]:
+                settings = head_settings(head, data.regression)
+                predicted = fit_predict_sklearn(head, data.regression, combine(calibrated_train), y_train,
+                                                {s: combine(x) for s, x in calibrated_eval.items()}, seed=seed)
+                config = {**identity, "method": method, "head": head}
+                cell = Cell(config, seed, extra={"method_params": params, **mix_note})
+                for split, prediction in predicted.items():
+                    for metric, value in score(task, truth[split], prediction).items():
+                        cell.records.append({**base, "method": method,
+                                             "head": settings["head"], "head_regularisation": settings["regularisation"],
+                                             "seed": seed, "split": split, "metric": metric, "value": value,
+                                             "n_train": int(len(y_train)), "n_eval": int(len(truth[split])),
+                                             "seconds": time.perf_counter() - started, **before, **after})
+                    cell.predictions[split] = prediction.tolist()
+                store.save(cell)
+                cells.append(cell)
+                progress.advance(stage, 1, note=f"{method}/{head} seed {seed}")
+    return cells
+
+
+def _apply(calibrator: Any, units: np.ndarray) -> np.ndarray:
+    n, k, dim = units.shape
+    transformed = calibrator.transform(units.reshape(-1, dim).astype(np.float64))
+    return np.asarray(transformed).reshape(n, k, -1)
+
+
+def _n_layers(cache: FeatureCache, data: TaskData, pooling: str) -> int:
+    """The model's layer count, from the cache or by encoding one training example."""
+    rows = data.train_rows[next(iter(data.train_rows))][:1]
+    return data.units(cache, data.task.train_split, rows, pooling=pooling, layers=None).shape[0]
+
+
+def _frozen_mix(train: np.ndarray, y_train: np.ndarray, evaluation: dict[str, np.ndarray], data: TaskData,
+                seed: int) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
+    """Learn ScalarMix weights with the linear probe on the training slice, then mix every split with
+    them (frozen) so the calibrator and head see one vector per unit."""
+    metric = METRICS[data.task.metrics[0]]
+    mean = train.mean(axis=(1, 2), keepdims=True)
+    std = train.std(axis=(1, 2), keepdims=True)
+    std[std == 0] = 1.0
+    train = (train - mean) / std
+    evaluation = {s: (x - mean) / std for s, x in evaluation.items()}
+    probe = fit_probe(np.moveaxis(train, 0, 1), y_train, {}, regression=data.regression, n_classes=data.n_classes,
+                      seed=seed, metric=metric)
+    weights = np.asarray(probe.mix_weights, dtype=np.float64)
+
+    def mix(units: np.ndarray) -> np.ndarray:  # standardised (n_layers, n, k, dim) -> (n, k, dim)
+        return np.tensordot(weights, units.astype(np.float64), axes=1)
+
+    return mix(train), {s: mix(x) for s, x in evaluation.items()}, {"mix_weights": probe.mix_weights,
+                                                                     "mix_note": "layers standardised with training statistics, then mixed"}
+
+
+def _finetuned(model: str, data: TaskData, store: CellStore, methods: list[str], seeds: list[int], pooling: str,
+               device: str, options: dict[str, Any], progress: Progress, notes: list[str]) -> list[Cell]:
+    """One fine-tuning run per (method, seed): `lmgeom.finetune.finetune` with the method inside the
+    forward pass; geometry of the first evaluation split before and after fine-tuning (and of what
+    the head reads, after the calibration layer)."""
+    from lmgeom.finetune import FineTuneOptions, finetune
+
+    task = data.task
+    if not isinstance(task, SentenceTask):
+        notes.append(f"fine-tuning regime skipped: it fine-tunes a sentence head, and {task.name} is a tagging task")
+        return []
+    stage = "cells (fine-tuning)"
+    progress.start(stage, len(methods) * len(seeds), unit="runs")
+    base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "finetune", "features": "top",
+            "head": "linear (fine-tuned with the model)", "pooling": pooling}
+    cells: list[Cell] = []
+    for seed in seeds:
+        for method in methods:
+            config = {**base, **data.sizes, "method": method, "options": options}
+            cell = store.load(config, seed)
+            if cell is None:
+                cell = _finetune_cell(finetune, FineTuneOptions(**{"pooling": pooling, "device": device, **options, "seed": seed}),
+                                      model, data, config, base, method, seed)
+                store.save(cell)
+            cells.append(cell)
+            progress.advance(stage, 1, note=f"{method} seed {seed}")
+    return cells
+
+
+def _finetune_cell(finetune: Any, options: Any, model: str, data: TaskData, config: dict[str, Any], base: dict[str, Any],
+                   method: str, seed: int) -> Cell:
+    task = data.task
+    assert isinstance(task, SentenceTask)
+    train_rows = data.train_rows[seed]
+    train_inputs = [task.splits[task.train_split].inputs[r] for r in train_rows]
+    eval_inputs = {split: [task.splits[split].inputs[r] for r in rows] for split, rows in data.eval_rows.items()}
+    started = time.perf_counter()
+    result = finetune(model, train_inputs=train_inputs, train_labels=data.labels(task.train_split, train_rows),
+                      eval_inputs=eval_inputs, n_outputs=data.n_classes, method=method, options=options)
+    seconds = time.perf_counter() - started
+    first_split = next(iter(eval_inputs))
+    measured: dict[str, float] = {}
+    for state, suffix in (("before", "before"), ("after", "finetuned"), ("calibrated", "after")):
+        if state in result.sentence_vectors:
+            measured.update(prefixed(geometry(result.sentence_vectors[state][first_split]), suffix))
+    cell = Cell(config, seed, extra={"method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch,
+                                     "finetune_notes": result.notes})
+    for split, prediction in result.predictions.items():
+        truth = data.labels(split, data.eval_rows[split])
+        for metric, value in score(task, truth, prediction).items():
+            cell.records.append({**base, "method": method, "head_regularisation": f"AdamW weight decay 0.01, {options.epochs} epochs, "
+                                 f"lr {options.learning_rate}, batch {options.batch_size}", "seed": seed, "split": split,
+                                 "metric": metric, "value": value, "n_train": int(len(train_rows)), "n_eval": int(len(truth)),
+                                 "seconds": seconds, "seconds_per_epoch": result.seconds_per_epoch, **measured})
+        cell.predictions[split] = np.asarray(prediction).tolist()
+    return cell

@@ -1,0 +1,339 @@
+"""What both experiments share: the task's data as units of vectors, seeded subsamples, resumable
+cells, the summaries with their paired tests, and the files written to the experiment folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmgeom.atomic import atomic_write_text
+from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
+from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
+from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
+from lmgeom.runs.experiments.features import FeatureCache
+from lmgeom.runs.results import write_json
+
+EVAL_SUBSAMPLE_SEED = 0  # the evaluation subsample is the same for every seed, so tests can pair them
+N_RESAMPLES = 2000
+GEOMETRY_MAX_ROWS = 2000
+LOCAL_CLUSTERS = 8
+
+
+def resolve_task(task: str, data: str | os.PathLike[str]) -> Task:
+    """Read a task from its folder; `brown` takes the held-out files of lmgeom's ELMo split as test."""
+    if task.lower() == "brown":
+        from lmgeom.corpus.splits import brown_heldout_files
+
+        return load_task(task, data, brown_test_files=brown_heldout_files(data))
+    return load_task(task, data)
+
+
+@dataclass
+class TaskData:
+    """A task's chosen examples: per split, the indexes into its split (sentences for tagging)."""
+
+    task: Task
+    train_rows: dict[int, np.ndarray]  # per seed
+    eval_rows: dict[str, np.ndarray]
+    sizes: dict[str, int | None]  # max_train and max_eval: part of every cell's identity
+
+    @property
+    def regression(self) -> bool:
+        return isinstance(self.task, SentenceTask) and self.task.kind == "regression"
+
+    @property
+    def n_classes(self) -> int:
+        if isinstance(self.task, TaggingTask):
+            return len(self.task.tagset)
+        return 1 if self.regression else int(self.task.splits[self.task.train_split].labels.max()) + 1
+
+    def labels(self, split: str, rows: np.ndarray) -> np.ndarray:
+        """Labels of the chosen rows (every word of the chosen sentences for tagging)."""
+        task = self.task
+        if isinstance(task, TaggingTask):
+            index = {tag: i for i, tag in enumerate(task.tagset)}
+            tags = task.splits[split].tags
+            return np.array([index[t] for r in rows for t in tags[r]], dtype=np.int64)
+        return task.splits[split].labels[rows]
+
+    def units(self, cache: FeatureCache, split: str, rows: np.ndarray, *, pooling: str,
+              layers: Sequence[int] | None) -> np.ndarray:
+        """(n_layers, n_units, k, dim): per sentence (k=1), pair (k=2) or word (k=1)."""
+        task = self.task
+        if isinstance(task, TaggingTask):
+            sentences = task.splits[split].sentences
+            return cache.word_vectors([sentences[r] for r in rows], layers=layers)[:, :, None]
+        inputs = [task.splits[split].inputs[r] for r in rows]
+        if isinstance(task, SentenceTask) and task.pairs:
+            left = cache.sentence_vectors([p[0] for p in inputs], pooling=pooling, layers=layers)
+            right = cache.sentence_vectors([p[1] for p in inputs], pooling=pooling, layers=layers)
+            return np.stack([left, right], axis=2)
+        return cache.sentence_vectors([str(t) for t in inputs], pooling=pooling, layers=layers)[:, :, None]
+
+
+def split_size(task: Task, split: str) -> int:
+    part = task.splits[split]
+    return len(part.sentences) if isinstance(task, TaggingTask) else len(part.inputs)  # type: ignore[union-attr]
+
+
+def subsample(n: int, limit: int | None, seed: int) -> np.ndarray:
+    """All rows, or a seeded sample of `limit` rows kept in their order."""
+    if limit is None or limit >= n:
+        return np.arange(n)
+    if limit < 1:
+        raise ValueError(f"a subsample needs at least one row, got {limit}")
+    return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
+
+
+def task_data(task: Task, seeds: Sequence[int], *, max_train: int | None, max_eval: int | None) -> TaskData:
+    n_train = split_size(task, task.train_split)
+    return TaskData(
+        task,
+        {seed: subsample(n_train, max_train, seed) for seed in seeds},
+        {split: subsample(split_size(task, split), max_eval, EVAL_SUBSAMPLE_SEED) for split in task.eval_splits},
+        {"max_train": max_train, "max_eval": max_eval},
+    )
+
+
+def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
+    """An int N means seeds 0..N-1; a sequence is taken as is."""
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ValueError(f"--seeds must be at least 1, got {seeds}")
+        return list(range(seeds))
+    chosen = [int(s) for s in seeds]
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise ValueError(f"--seeds needs distinct seeds, got {chosen}")
+    return chosen
+
+
+# ---- geometry ----------------------------------------------------------------------------------
+
+
+def geometry(vectors: np.ndarray, *, reference: np.ndarray | None = None, seed: int = 0) -> dict[str, float]:
+    """Global isotropy (log I(W), IsoScore; IsoScore* when `reference` rows are given: its
+    shrinkage target C0 is their covariance, the training vectors in the same space) and local
+    isotropy (size-weighted IsoScore inside k-means clusters) of rows, on a seeded sample. The
+    experiments use seed 0 throughout, so the same vectors get the same measures in every cell."""
+    X = np.asarray(vectors, dtype=np.float64)
+    X = X[subsample(len(X), GEOMETRY_MAX_ROWS, seed)]
+    measures = {"log_iw": log_partition_isotropy(X), "isoscore": isoscore(X)}
+    if reference is not None:
+        measures["isoscore_star"] = isoscore_star(X, covariance_of(reference))
+    clusters = min(LOCAL_CLUSTERS, max(1, len(X) // 20))
+    measures["local_isoscore"] = local_isotropy(X, n_clusters=clusters, seed=seed).weighted_mean["isoscore"]
+    return measures
+
+
+def prefixed(measures: dict[str, float], suffix: str) -> dict[str, float]:
+    return {f"{name}_{suffix}": value for name, value in measures.items()}
+
+
+# ---- cells -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One (configuration, seed): its records and its predictions per evaluation split."""
+
+    config: dict[str, Any]
+    seed: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    predictions: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CellStore:
+    """`cells/<hash>.json` per finished (configuration, seed): a re-run skips them."""
+
+    def __init__(self, out: Path) -> None:
+        self.folder = out / "cells"
+
+    def path(self, config: dict[str, Any], seed: int) -> Path:
+        key = json.dumps({**config, "seed": seed}, sort_keys=True)
+        return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+    def load(self, config: dict[str, Any], seed: int) -> Cell | None:
+        path = self.path(config, seed)
+        if not path.exists():
+            return None
+        document = json.loads(path.read_text(encoding="utf-8"))
+        return Cell(document["config"], document["seed"], document["records"], document["predictions"], document.get("extra", {}))
+
+    def save(self, cell: Cell) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        document = {"config": cell.config, "seed": cell.seed, "records": cell.records,
+                    "predictions": cell.predictions, "extra": cell.extra}
+        atomic_write_text(self.path(cell.config, cell.seed), json.dumps(_finite(document)))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return _finite(value.item())
+    return value
+
+
+# ---- summaries and tests -----------------------------------------------------------------------
+
+CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
+
+
+def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str, Any]], dict[str, Any] | None],
+              family_key: str, n_resamples: int = N_RESAMPLES) -> list[dict[str, Any]]:
+    """Per configuration and metric: mean ± std over seeds, and the paired permutation test against
+    `baseline(record)` (the baseline configuration's key fields, or None for the baseline itself)
+    on the same evaluation examples, predictions of the seeds both ran pooled (an example is swapped
+    in every seed at once); Holm across the configurations that differ only in `family_key`."""
+    records = pd.DataFrame([r for cell in cells for r in cell.records])
+    if records.empty:
+        return []
+    keys = [k for k in CONFIG_KEYS if k in records]
+    predictions: dict[tuple[str, ...], dict[int, np.ndarray]] = {}
+    for cell in cells:
+        for split, values in cell.predictions.items():
+            if not cell.records:
+                continue
+            config = {k: str(cell.records[0][k]) for k in keys if k not in ("split", "metric")}
+            predictions.setdefault(_config_id(config, split), {})[cell.seed] = np.asarray(values)
+    summaries = []
+    for group_keys, group in records.groupby(keys, sort=True, dropna=False):
+        row = dict(zip(keys, group_keys))
+        values = pd.to_numeric(group["value"], errors="coerce").dropna()
+        mean, std = mean_std(values.tolist()) if len(values) else (float("nan"), float("nan"))
+        summary: dict[str, Any] = {**row, "mean": mean, "std": std, "n_seeds": int(len(values))}
+        reference = baseline(row)
+        if reference is not None:
+            summary.update(_test(row, reference, predictions, data, n_resamples))
+        summaries.append(summary)
+    _holm(summaries, family_key)
+    # table order: per split and metric, the configurations in the order they were run
+    first_seen = {value: i for i, value in reversed(list(enumerate(records[family_key].astype(str))))}
+    return sorted(summaries, key=lambda s: (str(s["split"]), str(s["metric"]), str(s.get("head", "")),
+                                            first_seen.get(str(s[family_key]), 0)))
+
+
+def _config_id(config: dict[str, Any], split: str) -> tuple[str, ...]:
+    return tuple(f"{k}={config[k]}" for k in sorted(config)) + (f"split={split}",)
+
+
+def _test(row: dict[str, Any], reference: dict[str, Any], predictions: dict[tuple[str, ...], dict[int, np.ndarray]],
+          data: TaskData, n_resamples: int) -> dict[str, Any]:
+    config = {k: str(v) for k, v in row.items() if k not in ("split", "metric")}
+    base_config = {**config, **{k: str(v) for k, v in reference.items()}}
+    ours = predictions.get(_config_id(config, row["split"]), {})
+    base = predictions.get(_config_id(base_config, row["split"]), {})
+    seeds = sorted(set(ours) & set(base))
+    baseline_label = ", ".join(f"{k}={v}" for k, v in reference.items())
+    if not seeds:
+        return {"baseline": baseline_label, "p_value": None, "test": "no baseline predictions"}
+    truth = data.labels(row["split"], data.eval_rows[row["split"]]) if row["split"] in data.eval_rows else None
+    if truth is None:
+        return {"baseline": baseline_label, "p_value": None, "test": "unknown split"}
+    result = paired_permutation_test(truth, np.stack([base[s] for s in seeds]), np.stack([ours[s] for s in seeds]),
+                                     METRICS[row["metric"]], n_resamples=n_resamples, seed=0)
+    return {"baseline": baseline_label, "difference": result.difference, "p_value": result.p_value,
+            "test": f"paired {result.method} over {result.n_examples} evaluation examples, seeds {seeds} pooled "
+                    f"({result.n_resamples} resamples), two-sided"}
+
+
+def _holm(summaries: list[dict[str, Any]], family_key: str) -> None:
+    families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for summary in summaries:
+        if summary.get("p_value") is not None:
+            family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+            families.setdefault(family, []).append(summary)
+    for members in families.values():
+        for summary, adjusted in zip(members, holm([m["p_value"] for m in members])):
+            summary["p_holm"] = float(adjusted)
+            summary["significant"] = bool(adjusted < 0.05)
+
+
+# ---- output files -------------------------------------------------------------------------------
+
+
+def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
+    """One row per configuration and metric: mean ± std over seeds, difference to the baseline, p, Holm p."""
+    header = ["task", "split", "features", "head", varying if varying != "features" else "method", "metric",
+              "mean ± std", "seeds", "Δ vs baseline", "p", "p (Holm)"]
+    header = list(dict.fromkeys(header))
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in summaries:
+        def cell(name: str) -> str:
+            if name == "mean ± std":
+                return f"{s['mean']:.4f} ± {s['std']:.4f}"
+            if name == "seeds":
+                return str(s["n_seeds"])
+            if name == "Δ vs baseline":
+                return f"{s['difference']:+.4f}" if s.get("difference") is not None else "baseline"
+            if name == "p":
+                return f"{s['p_value']:.3g}" if s.get("p_value") is not None else ""
+            if name == "p (Holm)":
+                return f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}" if s.get("p_holm") is not None else ""
+            return str(s.get(name, ""))
+        lines.append("| " + " | ".join(cell(name) for name in header) + " |")
+    return "\n".join(lines) + "\n\n* significant at 0.05 after Holm's correction.\n"
+
+
+def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, title: str) -> list[Path]:
+    """A bar chart of mean ± std per (split, metric), one bar per configuration, as PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frame = pd.DataFrame(summaries)
+    if frame.empty:
+        return []
+    paths = []
+    for (split, metric), group in frame.groupby(["split", "metric"], sort=True):
+        labels = [f"{row[varying]}" + (f" ({row['head']})" if "head" in row and frame["head"].nunique() > 1 else "")
+                  for _, row in group.iterrows()]
+        figure, axis = plt.subplots(figsize=(max(4.0, 0.6 * len(group) + 2), 3.2))
+        colours = ["tab:red" if row.get("significant") is True else "tab:blue" for _, row in group.iterrows()]
+        axis.bar(range(len(group)), group["mean"], yerr=group["std"], color=colours, capsize=3)
+        axis.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=8)
+        axis.set_ylabel(metric)
+        axis.set_title(f"{title}: {split} (red: significant vs baseline, Holm)", fontsize=9)
+        figure.tight_layout()
+        for suffix in ("png", "svg"):
+            path = out / f"{split}_{metric}.{suffix}"
+            figure.savefig(path, dpi=120)
+            paths.append(path)
+        plt.close(figure)
+    return paths
+
+
+@dataclass
+class ExperimentResult:
+    records: list[dict[str, Any]]
+    summaries: list[dict[str, Any]]
+    notes: list[str]
+    out: Path
+    paths: list[Path]
+
+
+def write_results(out: Path, kind: str, *, cells: list[Cell], summaries: list[dict[str, Any]], notes: list[str],
+                  settings: dict[str, Any], varying: str, title: str) -> ExperimentResult:
+    records = [r for cell in cells for r in cell.records]
+    extras = [{"config": cell.config, "seed": cell.seed, **cell.extra} for cell in cells if cell.extra]
+    paths = [write_json(out / "results.json", kind, {"settings": settings, "notes": notes, "records": records,
+                                                      "summaries": summaries, "cells": extras})]
+    table = markdown_table(summaries, varying)
+    note_lines = "".join(f"- {note}\n" for note in notes)
+    paths.append(Path(out / "results.md"))
+    atomic_write_text(out / "results.md", f"# {title}\n\n{table}\n{note_lines}")
+    paths.extend(write_figures(summaries, out, varying=varying, title=title))
+    return ExperimentResult(records, summaries, notes, out, paths)

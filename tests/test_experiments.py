@@ -1,0 +1,241 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from typer.testing import CliRunner
+
+from lmgeom.calibrate import make_calibrator
+from lmgeom.evaluate.stats import holm, paired_permutation_test
+from lmgeom.evaluate.tasks import load_task, matthews
+from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
+from lmgeom.runs.experiments import run_calibration, run_layers
+from lmgeom.runs.experiments.core import task_data
+from lmgeom.runs.experiments.features import FeatureCache
+from lmgeom.runs.experiments.heads import ProbeOptions, fit_probe
+
+MODEL = "tiny-bert"
+SMALL = {"max_train": 60, "max_eval": 40}
+
+
+@pytest.fixture(scope="module")
+def cola(shared_data: Path) -> Path:
+    return shared_data / "GLUE" / "CoLA"
+
+
+@pytest.fixture(scope="module")
+def calibration(cola: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("calibration") / "quick"
+    run_calibration(MODEL, "cola", cola, out=out, methods=["none", "whitening", "isobn"], seeds=2, heads=["logreg"],
+                    device="cpu", **SMALL)
+    return out
+
+
+def tiny_loader(pooling: str):  # type: ignore[no-untyped-def]
+    from lmgeom.encoders.registry import load_encoder
+
+    return load_encoder(MODEL, device="cpu", pooling=pooling)
+
+
+def test_frozen_cells_equal_a_hand_made_pipeline(calibration: Path, cola: Path) -> None:
+    document = json.loads((calibration / "results.json").read_text())
+    records = document["records"]
+    assert len(records) == 2 * 2 * 2  # methods (isobn skipped) x seeds x splits
+    assert any("isobn skipped" in note for note in document["notes"])
+    assert {r["head_regularisation"] for r in records} == {"L2, C=1.0 (lbfgs)"}
+    task = load_task("cola", cola)
+    data = task_data(task, [0, 1], **SMALL)
+    cache = FeatureCache(calibration / "features", tiny_loader, model=MODEL)
+    for seed in (0, 1):
+        rows = data.train_rows[seed]
+        X = data.units(cache, "train", rows, pooling="mean", layers=None)[-1][:, 0]
+        y = task.splits["train"].labels[rows]
+        X_dev = data.units(cache, "dev", data.eval_rows["dev"], pooling="mean", layers=None)[-1][:, 0]
+        whitening = make_calibrator("whitening", seed=seed).fit(X.astype(np.float64))
+        head = LogisticRegression(C=1.0, max_iter=2000).fit(whitening.transform(X.astype(np.float64)), y)
+        expected = matthews(task.splits["dev"].labels[data.eval_rows["dev"]],
+                            head.predict(whitening.transform(X_dev.astype(np.float64))))
+        (record,) = [r for r in records if r["seed"] == seed and r["method"] == "whitening" and r["split"] == "dev"]
+        assert record["value"] == pytest.approx(expected, abs=1e-12)
+        assert record["n_train"] == 60 and record["n_eval"] == 40
+        # geometry of the evaluated sentence vectors before and after the calibration
+        assert record["isoscore_before"] == pytest.approx(isoscore(X_dev.astype(np.float64)), abs=1e-9)
+        assert record["isoscore_after"] == pytest.approx(isoscore(whitening.transform(X_dev.astype(np.float64))), abs=1e-9)
+        assert record["log_iw_after"] == pytest.approx(log_partition_isotropy(whitening.transform(X_dev.astype(np.float64))), abs=1e-9)
+
+
+def test_summaries_hold_the_paired_test_and_holm(calibration: Path, cola: Path) -> None:
+    document = json.loads((calibration / "results.json").read_text())
+    task = load_task("cola", cola)
+    rows = task_data(task, [0], **SMALL).eval_rows["dev"]
+    truth = task.splits["dev"].labels[rows]
+    cells = [json.loads(p.read_text()) for p in (calibration / "cells").glob("*.json")]
+
+    def predictions(method: str) -> np.ndarray:
+        chosen = sorted((c for c in cells if c["config"]["method"] == method), key=lambda c: c["seed"])
+        return np.array([c["predictions"]["dev"] for c in chosen])
+
+    expected = paired_permutation_test(truth, predictions("none"), predictions("whitening"), matthews, n_resamples=2000)
+    (summary,) = [s for s in document["summaries"] if s["method"] == "whitening" and s["split"] == "dev"]
+    assert summary["p_value"] == pytest.approx(expected.p_value) and summary["difference"] == pytest.approx(expected.difference)
+    assert summary["p_holm"] == pytest.approx(holm([expected.p_value])[0])  # one method against none
+    dev = [r["value"] for r in document["records"] if r["method"] == "whitening" and r["split"] == "dev"]
+    assert summary["mean"] == pytest.approx(np.mean(dev)) and summary["std"] == pytest.approx(np.std(dev, ddof=1))
+    assert (calibration / "results.md").read_text().count("| cola |") == 4
+    assert (calibration / "dev_matthews.png").exists() and (calibration / "dev_matthews.svg").exists()
+
+
+def test_a_rerun_skips_finished_cells_and_bad_input_loses_nothing(calibration: Path, cola: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    before = json.loads((calibration / "results.json").read_text())["records"]
+    from lmgeom.runs.experiments import calibration as module
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a finished cell was recomputed")
+
+    monkeypatch.setattr(module, "fit_predict_sklearn", refuse)
+    again = run_calibration(MODEL, "cola", cola, out=calibration, methods=["none", "whitening"], seeds=2, heads=["logreg"],
+                            device="cpu", **SMALL)
+    assert again.records == before
+    n_cells = len(list((calibration / "cells").glob("*.json")))
+    with pytest.raises(ValueError, match=r"unknown calibration methods \['bogus'\]"):
+        run_calibration(MODEL, "cola", cola, out=calibration, methods=["none", "bogus"], seeds=2, regime="both", device="cpu", **SMALL)
+    assert len(list((calibration / "cells").glob("*.json"))) == n_cells
+
+
+def test_the_feature_cache_encodes_each_text_once(tmp_path: Path) -> None:
+    encoder = tiny_loader("mean")
+    texts = ["A cat sat.", "Dogs bark loudly at night.", "Rain."]
+    loads: list[str] = []
+
+    def counting(pooling: str):  # type: ignore[no-untyped-def]
+        loads.append(pooling)
+        return encoder
+
+    cache = FeatureCache(tmp_path, counting, model=MODEL)
+    first = cache.sentence_vectors(texts[:2])
+    np.testing.assert_array_equal(first, encoder.sentence_embeddings(texts[:2], include_special=False))
+    both = FeatureCache(tmp_path, counting, model=MODEL).sentence_vectors(texts[::-1], layers=[0, 2])
+    np.testing.assert_array_equal(both[:, 1:], first[[0, 2]][:, [1, 0]])  # old rows unchanged, order followed
+    assert loads == ["mean", "mean"]  # the second cache loaded the model for "Rain." only
+    never = FeatureCache(tmp_path, lambda pooling: pytest.fail("nothing is missing"), model=MODEL)  # type: ignore[arg-type,return-value]
+    np.testing.assert_array_equal(never.sentence_vectors(texts)[:, :2], first)
+    words = [["The", "cat", "sat", "."], ["Rain", "."]]
+    encoded = encoder.encode([__import__("lmgeom.corpus.corpus", fromlist=["Sentence"]).Sentence.from_words(w) for w in words])
+    np.testing.assert_array_equal(cache.word_vectors(words), np.concatenate([e.vectors for e in encoded], axis=1))
+
+
+FAST = ProbeOptions(batch_size=500, learning_rate=0.05, epochs=30)  # few steps: the test runs on a loaded machine
+
+
+def synthetic_layers(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three layers of 4 dims; only layer 1 carries the (linearly separable) label."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, 3000)
+    layers = rng.normal(size=(3000, 3, 1, 4))
+    layers[:, 1, 0, :3] += 4.0 * np.eye(3)[labels]
+    return layers.astype(np.float32), labels
+
+
+def test_the_probe_learns_the_informative_layer_and_repeats_in_a_new_process() -> None:
+    X, y = synthetic_layers(0)
+    mixed = fit_probe(X[:2500], y[:2500], {"test": X[2500:]}, regression=False, n_classes=3, seed=0, metric=matthews,
+                      options=FAST)
+    assert np.argmax(mixed.mix_weights) == 1 and sum(mixed.mix_weights) == pytest.approx(1.0)
+    assert np.mean(mixed.predictions["test"] == y[2500:]) > 0.95
+    noise = fit_probe(X[:2500, [0]], y[:2500], {"test": X[2500:, [0]]}, regression=False, n_classes=3, seed=0,
+                      metric=matthews, options=FAST)
+    assert np.mean(noise.predictions["test"] == y[2500:]) < 0.6
+    code = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from test_experiments import synthetic_layers; "
+            "from test_experiments import FAST; from lmgeom.runs.experiments.heads import fit_probe; "
+            "from lmgeom.evaluate.tasks import matthews; "
+            "X, y = synthetic_layers(0); r = fit_probe(X[:2500], y[:2500], {'t': X[2500:]}, regression=False, n_classes=3, "
+            "seed=0, metric=matthews, options=FAST); print(r.mix_weights)")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[1])
+    assert json.loads(other.stdout) == mixed.mix_weights
+
+
+def test_layers_on_pos_report_mix_weights_and_test_against_top(shared_data: Path, tmp_path: Path) -> None:
+    result = run_layers(MODEL, "pos", shared_data / "UD_English-EWT", out=tmp_path, features=["layer:all", "top", "mix", "static"],
+                        seeds=1, max_train=40, max_eval=20, device="cpu")
+    features = {r["features"] for r in result.records}
+    assert features == {"layer:0", "layer:1", "layer:2", "layer:3", "top", "mix", "static"}  # tiny-bert: layers 0-3
+    (mix,) = [r for r in result.records if r["features"] == "mix"]
+    assert len(mix["mix_weights"]) == 4 and sum(mix["mix_weights"]) == pytest.approx(1.0)
+    value = {r["features"]: r["value"] for r in result.records}
+    assert value["top"] == value["layer:3"] and value["static"] == value["layer:0"]  # same layer, seed and probe
+    tested = {s["features"]: s for s in result.summaries}
+    assert tested["layer:3"]["p_value"] == 1.0 and "p_value" not in tested["top"]
+    assert all(0.0 < v <= 1.0 for v in value.values())
+    assert "trained on en_ewt-ud-dev" in result.notes[0]
+
+
+def test_cli_runs_the_experiment_with_the_alias_spellings(cola: Path, tmp_path: Path) -> None:
+    from lmgeom.cli.main import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    result = runner.invoke(app, ["experiment", "calibration", "--model", MODEL, "--task", "cola", "--data", str(cola),
+                                 "--method", "none,standardize", "--seed", "0,3", "--head", "logreg", "--max-train", "50",
+                                 "--max-eval", "30", "--out", str(out), "--device", "cpu"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "results.json").read_text())
+    assert document["settings"]["seeds"] == [0, 3] and document["settings"]["methods"] == ["none", "standardize"]
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    bad = runner.invoke(app, ["experiment", "calibration", "--model", MODEL, "--task", "cola", "--data", str(tmp_path),
+                              "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "missing in_domain_train.tsv" in bad.output
+    unknown = runner.invoke(app, ["experiment", "layers", "--model", MODEL, "--task", "cola", "--data", str(cola),
+                                  "--features", "layer:9", "--out", str(tmp_path / "l"), "--max-train", "5", "--max-eval", "5"])
+    assert unknown.exit_code == 2 and "layer:9" in unknown.output
+    for command in ("calibrate", "sts"):
+        help_text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+        assert "--methods" in help_text and "--method" in help_text
+
+
+def test_the_report_reads_the_experiment_per_head_and_split(calibration: Path) -> None:
+    from lmgeom.report.data import read_experiments, summarise_experiments
+
+    files = [calibration / "results.json"]
+    table = summarise_experiments(read_experiments(files), read_experiments(files, part="summaries"))  # type: ignore[arg-type]
+    assert len(table) == 4 and set(table["n"]) == {2}  # (none, whitening) x (dev, dev_out_of_domain), 2 seeds each
+    summaries = json.loads((calibration / "results.json").read_text())["summaries"]
+    for s in summaries:
+        row = table[(table["method"] == s["method"]) & (table["split"] == s["split"])].iloc[0]
+        assert row["mean"] == pytest.approx(s["mean"])
+        assert (np.isnan(row["p"]) if s.get("p_holm") is None else row["p"] == pytest.approx(s["p_holm"]))
+
+
+def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Path, tmp_path: Path) -> None:
+    from lmgeom.finetune import FineTuneOptions, finetune
+
+    options = {"epochs": 1, "batch_size": 16, "max_length": 32}
+    result = run_calibration(MODEL, "cola", cola, out=tmp_path, methods=["none", "whitening", "isobn"], seeds=1,
+                             regime="finetune", max_train=40, max_eval=20, device="cpu", finetune_options=options)
+    assert {r["method"] for r in result.records} == {"none", "whitening", "isobn"}
+    assert {r["regime"] for r in result.records} == {"finetune"}
+    task = load_task("cola", cola)
+    data = task_data(task, [0], max_train=40, max_eval=20)
+    rows = data.train_rows[0]
+    direct = finetune(MODEL, train_inputs=[task.splits["train"].inputs[r] for r in rows],
+                      train_labels=task.splits["train"].labels[rows],
+                      eval_inputs={s: [task.splits[s].inputs[r] for r in data.eval_rows[s]] for s in data.eval_rows},
+                      n_outputs=2, method="none", options=FineTuneOptions(seed=0, device="cpu", **options))
+    (none_dev,) = [r for r in result.records if r["method"] == "none" and r["split"] == "dev"]
+    truth = task.splits["dev"].labels[data.eval_rows["dev"]]
+    assert none_dev["value"] == pytest.approx(matthews(truth, direct.predictions["dev"]), abs=1e-12)
+    assert none_dev["isoscore_before"] == pytest.approx(isoscore(direct.sentence_vectors["before"]["dev"].astype(np.float64)), abs=1e-9)
+    assert "isoscore_finetuned" in none_dev and "isoscore_after" not in none_dev
+    (white_dev,) = [r for r in result.records if r["method"] == "whitening" and r["split"] == "dev"]
+    assert "isoscore_after" in white_dev and len(white_dev["seconds_per_epoch"]) == 1
+    tested = {s["method"]: s for s in result.summaries if s["split"] == "dev"}
+    assert tested["whitening"]["p_holm"] >= tested["whitening"]["p_value"]
+    notes = run_calibration(MODEL, "pos", cola.parents[1] / "UD_English-EWT", out=tmp_path / "pos", methods=["none"],
+                            seeds=1, regime="finetune", max_train=5, max_eval=5, device="cpu").notes
+    assert any("tagging task" in note for note in notes)

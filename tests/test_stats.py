@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lmgeom.evaluate.stats import holm, mean_std, paired_bootstrap_test, paired_permutation_test
+from lmgeom.evaluate.tasks import accuracy, matthews
+
+
+def holm_by_definition(p: list[float]) -> list[float]:
+    """statsmodels' multipletests(method="holm") written plainly: step down, then running maximum."""
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    adjusted = [0.0] * m
+    previous = 0.0
+    for rank, i in enumerate(order):
+        previous = max(previous, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = previous
+    return adjusted
+
+
+def test_holm_matches_its_definition() -> None:
+    p = [0.01, 0.04, 0.03, 0.005, 0.5]
+    assert holm(p).tolist() == pytest.approx(holm_by_definition(p))
+    # by hand: sorted 0.005*5=0.025, 0.01*4=0.04, 0.03*3=0.09, 0.04*2=0.08 -> 0.09, 0.5*1=0.5
+    assert holm(p).tolist() == pytest.approx([0.04, 0.09, 0.09, 0.025, 0.5])
+    with_nan = holm([0.01, float("nan"), 0.02])
+    assert np.isnan(with_nan[1]) and with_nan[[0, 2]].tolist() == pytest.approx([0.02, 0.02])
+
+
+def test_exact_permutation_test_equals_scipy_for_matthews() -> None:
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 2, 10)
+    a = np.where(rng.random(10) < 0.55, truth, 1 - truth)
+    b = np.where(rng.random(10) < 0.9, truth, 1 - truth)
+    ours = paired_permutation_test(truth, a, b, matthews, n_resamples=1024)
+    assert ours.method == "exact permutation" and ours.n_resamples == 2**10
+    reference = stats.permutation_test(
+        (a, b), lambda x, y: matthews(truth, y) - matthews(truth, x), permutation_type="samples",
+        vectorized=False, n_resamples=np.inf, alternative="two-sided")
+    assert ours.difference == pytest.approx(reference.statistic)
+    assert ours.p_value == pytest.approx(reference.pvalue)
+
+
+def test_pooled_seeds_swap_an_example_in_every_seed() -> None:
+    rng = np.random.default_rng(4)
+    truth = rng.integers(0, 2, 8)
+    a = np.where(rng.random((3, 8)) < 0.6, truth, 1 - truth)
+    b = np.where(rng.random((3, 8)) < 0.8, truth, 1 - truth)
+    ours = paired_permutation_test(truth, a, b, accuracy, n_resamples=256)
+
+    def pooled(x: np.ndarray, y: np.ndarray) -> float:
+        return accuracy(np.tile(truth, 3), y.ravel()) - accuracy(np.tile(truth, 3), x.ravel())
+
+    observed = pooled(a, b)
+    null = [pooled(np.where(s, b, a), np.where(s, a, b)) for s in itertools.product([False, True], repeat=8)]
+    expected = np.mean([abs(d) >= abs(observed) - 1e-12 for d in null])
+    assert ours.difference == pytest.approx(observed) and ours.p_value == pytest.approx(expected)
+
+
+def test_monte_carlo_permutation_and_bootstrap_agree_on_clear_and_null_cases() -> None:
+    rng = np.random.default_rng(5)
+    truth = rng.integers(0, 2, 400)
+    weak = np.where(rng.random(400) < 0.6, truth, 1 - truth)
+    strong = np.where(rng.random(400) < 0.9, truth, 1 - truth)
+    for test in (paired_permutation_test, paired_bootstrap_test):
+        clear = test(truth, weak, strong, matthews, n_resamples=500, seed=1)
+        assert clear.p_value == pytest.approx(1 / 501)  # no resample as extreme
+        same = test(truth, weak, weak, matthews, n_resamples=200, seed=1)
+        assert same.difference == 0.0 and same.p_value == 1.0
+    again = paired_permutation_test(truth, weak, strong, matthews, n_resamples=500, seed=1)
+    assert again == paired_permutation_test(truth, weak, strong, matthews, n_resamples=500, seed=1)
+
+
+def test_bad_shapes_and_mean_std() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        paired_permutation_test(np.zeros(3), np.zeros(4), np.zeros(4), accuracy)
+    assert mean_std([0.70, 0.74, 0.72]) == pytest.approx((0.72, np.std([0.70, 0.74, 0.72], ddof=1)))
+    assert mean_std([0.5]) == (0.5, 0.0)
