@@ -270,6 +270,14 @@ class RowBlock:
         """A host array (indexes, weights) in the block's library and device."""
         return self.xp.asarray(array, device=array_api_compat.device(self.X))
 
+    def unit_weights(self, keep: np.ndarray | None) -> Any:
+        """1 / ||x|| on the kept rows, 0 elsewhere: weighted sums over the block then read only kept rows."""
+        return self.inverse_norms if keep is None else self.xp.where(self.on_device(keep), self.inverse_norms, 0.0)
+
+    def rows(self, keep: np.ndarray | None) -> Any:
+        """The kept rows themselves (a copy unless every row is kept)."""
+        return self.X if keep is None else self.X[self.on_device(keep)]
+
     def zeros(self, shape: tuple[int, ...]) -> Any:
         return self.xp.zeros(shape, dtype=self.xp.float64, device=array_api_compat.device(self.X))
 

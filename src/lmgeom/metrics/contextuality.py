@@ -107,11 +107,6 @@ def _n_kept(block: RowBlock, keep: np.ndarray | None) -> int:
     return len(block) if keep is None else int(np.count_nonzero(keep))
 
 
-def _kept_weights(block: RowBlock, keep: np.ndarray | None) -> Any:
-    """1 / ||x|| on the kept rows and 0 elsewhere: weighted sums over the block read only kept rows."""
-    return block.inverse_norms if keep is None else block.xp.where(block.on_device(keep), block.inverse_norms, 0.0)
-
-
 def _grouped(labels: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct labels, block rows ordered by label, group number of each ordered row)."""
     order = np.argsort(labels, kind="stable")
@@ -153,7 +148,7 @@ class AverageCosineAccumulator(StatefulAccumulator):
     def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> AverageCosineAccumulator:
         _no_ids(ids, _n_kept(block, keep), type(self).__name__)
         _check_dim(self.unit_sum, block.X, type(self).__name__)
-        unit_sum = to_numpy(_kept_weights(block, keep) @ block.X)
+        unit_sum = to_numpy(block.unit_weights(keep) @ block.X)
         self.unit_sum = unit_sum if not self.unit_sum.size else self.unit_sum + unit_sum
         nonzero = block.nonzero_on_host if keep is None else block.nonzero_on_host[keep]
         self.n_points += int(nonzero.sum())

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import Accumulator, BlockAccumulator, RowBlock, as_float64_rows, to_numpy
+from lmgeom.metrics.base import Accumulator, BlockAccumulator, RowBlock, as_float64_rows
 from lmgeom.store import RepresentationStore
 
 # rows per chunk read from the store: 16k x 768 float64 is 100 MB, held once (the block) plus each
 # non-block accumulator's masked copy
 DEFAULT_CHUNK_ROWS = 16384
-DEVICE_HELP = ("where the analysis arithmetic runs: cpu (numpy), cuda or cuda:N (torch, float64 on the GPU), "
-               "auto (cuda when present, else cpu), torch:cpu (the torch code path on the CPU)")
 
 
 @dataclass
@@ -111,17 +109,23 @@ class _Float64Rows:
 
 def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows: range | tuple[int, int] | None = None,
           chunk_rows: int = DEFAULT_CHUNK_ROWS, device: str = "cpu") -> None:
-    """Stream `layer` (over `rows`, default all) once through every feed's accumulator; `device`: see DEVICE_HELP."""
+    """Stream `layer` (over `rows`, default all) once through every feed's accumulator.
+
+    `device`: where block-reading accumulators compute: `cpu` (numpy), `cuda`/`cuda:N` (torch,
+    float64 on that GPU), `auto` (CUDA when present, else numpy), `torch:cpu` (the GPU's code path
+    on the CPU). Other accumulators always get numpy rows."""
     to_float64 = _Float64Rows(device)
     name = f"layer {layer} of {store.path}"
     # BLAS threads gain nothing on these memory-bound products and lose much to contention on a busy machine
     with threadpool_limits(limits=1, user_api="blas"):
         for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
             block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
-            _feed_block(block, feeds, start)
+            _feed_block(block, feeds, start, host=lambda: block.X if to_float64.target is None else chunk.astype(np.float64))
 
 
-def _feed_block(block: RowBlock, feeds: Sequence[Feed], start: int) -> None:
+def _feed_block(block: RowBlock, feeds: Sequence[Feed], start: int, *, host: Callable[[], np.ndarray]) -> None:
+    """Every feed's rows of one block; `host` gives the block's rows as float64 numpy for accumulators
+    that do not read blocks."""
     stop = start + len(block)
     keeps: dict[int, np.ndarray | None] = {}  # feeds sharing a mask share its chunk slice
     host_rows: dict[int, np.ndarray] = {}
@@ -142,6 +146,6 @@ def _feed_block(block: RowBlock, feeds: Sequence[Feed], start: int) -> None:
             continue
         key = id(feed.mask)
         if key not in host_rows:
-            X = to_numpy(block.X)
+            X = host()
             host_rows[key] = X if keep is None else X[keep]
         feed.accumulator.add(host_rows[key], **ids)
