@@ -8,6 +8,13 @@ Cases, on n x 768 synthetic anisotropic Gaussian points (default n = 100k, float
 - Whitening: lmgeom `Whitening` fit+transform (batch, and streamed with partial_fit over 10k-row
   chunks) vs Su et al.'s np.cov + np.linalg.svd.
 - Flow: lmgeom `FlowCalibrator` default fit on 10k x 384 (the "well under a minute" claim).
+- Self-similarity of one word with --selfsim-n occurrences: lmgeom's closed form vs the original
+  pairwise code (kawine/contextual; `benchmarks/contextuality.py`).
+
+Peers and limits: each case also times the limit of what it computes, so the table gives ours
+against the peer a user would otherwise pick and against the least work the measure needs:
+IsoScore and whitening need a covariance, so one pass computing X^T X; CIE needs its k-means
+(same k, seed and n_init); self-similarity needs one pass computing the row norms.
 
 Each run is a fresh process with every library already imported: time is wall time, memory is the
 peak RSS growth over the RSS after the data was generated. A reference estimated (from a probe on --probe-rows rows) to take longer
@@ -36,6 +43,7 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 
 from lmgeom.calibrate import ClusterIsotropy, FlowCalibrator, Whitening
+from lmgeom.metrics.contextuality import self_similarity
 from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 
 DIM = 768
@@ -92,6 +100,28 @@ def reference_cie(X, n_cluster=27, n_pc=12, seed=0):
     return post_rep
 
 
+def reference_self_similarity(X):
+    from contextuality import original_self_similarity
+
+    embeddings = {str(i): X[i][None, None, :] for i in range(len(X))}
+    return original_self_similarity([(i, 0) for i in range(len(X))], embeddings, 0)
+
+
+def limit_xtx(X):
+    """One pass computing X^T X: the least work of any covariance-based measure."""
+    return X.T @ X
+
+
+def limit_kmeans(X):
+    """The k-means CIE needs (k = 27, as ClusterIsotropy's default and the reference)."""
+    return KMeans(n_clusters=27, random_state=0, n_init="auto").fit(X).inertia_
+
+
+def limit_norms(X):
+    """One pass computing the row norms: the least work of a cosine statistic."""
+    return np.sqrt(np.einsum("ij,ij->i", X, X))
+
+
 def reference_whitening(X):
     """Su et al. (2021) compute_kernel_bias + transform_and_normalize without the normalisation."""
     mu = X.mean(axis=0, keepdims=True)
@@ -115,6 +145,10 @@ def lmgeom_log_isotropy(X):
 
 def lmgeom_cie(X):
     return ClusterIsotropy(random_state=0).fit(X).transform(X)
+
+
+def lmgeom_self_similarity(X):
+    return float(self_similarity(X, np.zeros(len(X), dtype=np.int64)).iloc[0])
 
 
 def lmgeom_whitening(X):
@@ -144,6 +178,11 @@ IMPLEMENTATIONS = {
     "lmgeom_whitening": lmgeom_whitening,
     "lmgeom_whitening_streamed": lmgeom_whitening_streamed,
     "lmgeom_flow": lmgeom_flow,
+    "reference_self_similarity": reference_self_similarity,
+    "lmgeom_self_similarity": lmgeom_self_similarity,
+    "limit_xtx": limit_xtx,
+    "limit_kmeans": limit_kmeans,
+    "limit_norms": limit_norms,
 }
 
 
@@ -154,7 +193,9 @@ def _child(name: str, n: int, dim: int, queue) -> None:
     result = IMPLEMENTATIONS[name](X)
     seconds = time.perf_counter() - started
     peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    if isinstance(result, np.ndarray):
+    if name.startswith("limit_"):
+        result = float("nan")  # a limit computes part of the measure: nothing to compare
+    elif isinstance(result, np.ndarray):
         result = np.asarray(result[:AGREEMENT_ROWS], dtype=np.float64)
     queue.put({"seconds": seconds, "peak_mb": peak_mb, "result": result})
 
@@ -188,11 +229,12 @@ def agreement(a, b, *, align_signs: bool = False) -> float:
 
 
 CASES = [
-    # (label, lmgeom implementations, reference, align eigenvector signs)
-    ("IsoScore", ["lmgeom_isoscore"], "reference_isoscore", False),
-    ("log I(W), one sign", ["lmgeom_log_isotropy"], "reference_log_isotropy", False),
-    ("CIE fit+transform", ["lmgeom_cie"], "reference_cie", False),
-    ("Whitening fit+transform", ["lmgeom_whitening", "lmgeom_whitening_streamed"], "reference_whitening", True),
+    # (label, lmgeom implementations, reference, limit, align eigenvector signs, rows: None = --n)
+    ("IsoScore", ["lmgeom_isoscore"], "reference_isoscore", "limit_xtx", False, None),
+    ("log I(W), one sign", ["lmgeom_log_isotropy"], "reference_log_isotropy", "limit_xtx", False, None),
+    ("CIE fit+transform", ["lmgeom_cie"], "reference_cie", "limit_kmeans", False, None),
+    ("Whitening fit+transform", ["lmgeom_whitening", "lmgeom_whitening_streamed"], "reference_whitening", "limit_xtx", True, None),
+    ("Self-similarity of one word", ["lmgeom_self_similarity"], "reference_self_similarity", "limit_norms", False, "selfsim"),
 ]
 
 
@@ -202,33 +244,48 @@ def main() -> None:
     parser.add_argument("--probe-rows", type=int, default=5_000, help="rows of the timing probe for references")
     parser.add_argument("--max-seconds", type=float, default=300.0, help="references estimated slower run on the probe rows only")
     parser.add_argument("--skip-flow", action="store_true")
+    parser.add_argument("--selfsim-n", type=int, default=3000, help="occurrences of the word in the self-similarity case")
+    parser.add_argument("--cases", default=None, help="comma-separated case labels to run (default: all)")
     parser.add_argument("--append-docs", action="store_true", help="append the table to docs/performance.md")
     args = parser.parse_args()
 
     rows = []
-    for label, ours, reference, align in CASES:
+    cases = [case for case in CASES if args.cases is None or case[0] in args.cases.split(",")]
+    for label, ours, reference, limit, align, size in cases:
+        n = args.selfsim_n if size == "selfsim" else args.n
         print(f"running {label} ...", flush=True)
-        lmgeom_runs = [run(name, args.n) for name in ours]
-        probe = run(reference, args.probe_rows)
-        estimate = probe["seconds"] * args.n / args.probe_rows
+        # ours, the limit and the peer alternate, so load from other jobs falls on all of them alike
+        lmgeom_runs = [run(name, n) for name in ours]
+        limit_run = run(limit, n)
+        probe = run(reference, min(args.probe_rows, n))
+        estimate = probe["seconds"] * n / probe["rows"]
         extrapolated = estimate > args.max_seconds
-        ref = probe if extrapolated else run(reference, args.n)
+        ref = probe if extrapolated else run(reference, n)
+        peer_seconds = estimate if extrapolated else ref["seconds"]
         for result in lmgeom_runs:
             compared = run(result["name"], args.probe_rows) if extrapolated else result
             diff = agreement(compared["result"], ref["result"], align_signs=align)
-            rows.append((label, result["name"], result["rows"], result["seconds"], result["seconds"], False, result["peak_mb"], diff))
-        rows.append((label, reference, ref["rows"], ref["seconds"], estimate if extrapolated else ref["seconds"], extrapolated, ref["peak_mb"], float("nan")))
+            rows.append((label, result["name"], result["rows"], result["seconds"], result["seconds"], False, result["peak_mb"], diff,
+                         result["seconds"] / peer_seconds, result["seconds"] / limit_run["seconds"]))
+        rows.append((label, reference, ref["rows"], ref["seconds"], peer_seconds, extrapolated, ref["peak_mb"], float("nan"),
+                     1.0, peer_seconds / limit_run["seconds"]))
+        rows.append((label, limit, limit_run["rows"], limit_run["seconds"], limit_run["seconds"], False, limit_run["peak_mb"], float("nan"),
+                     limit_run["seconds"] / peer_seconds, 1.0))
     if not args.skip_flow:
         flow = run("lmgeom_flow", 10_000, 384)
-        rows.append(("Flow fit, defaults, 10k x 384", "lmgeom_flow", 10_000, flow["seconds"], flow["seconds"], False, flow["peak_mb"], float("nan")))
+        rows.append(("Flow fit, defaults, 10k x 384", "lmgeom_flow", 10_000, flow["seconds"], flow["seconds"], False, flow["peak_mb"],
+                     float("nan"), float("nan"), float("nan")))
 
-    header = f"| case | implementation | rows run | time (s) | time at n={args.n:,} (s) | peak extra RSS (MB) | max abs diff vs lmgeom |"
-    lines = [header, "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for label, name, n_rows, seconds, full, extrapolated, peak, diff in rows:
-        full_text = f"{full:,.1f}" + (" (extrapolated)" if extrapolated else "")
+    header = (f"| case | implementation | rows run | time (s) | time at the case's n (s) | x peer | x limit | peak extra RSS (MB) | "
+              "max abs diff vs lmgeom |")
+    lines = [header, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, name, n_rows, seconds, full, extrapolated, peak, diff, to_peer, to_limit in rows:
+        full_text = f"{full:,.2f}" + (" (extrapolated)" if extrapolated else "")
         if label.startswith("Flow"):
             full_text = "n/a"
-        lines.append(f"| {label} | {name} | {n_rows:,} | {seconds:,.2f} | {full_text} | {peak:,.0f} | {'' if math.isnan(diff) else f'{diff:.2e}'} |")
+        ratios = " | ".join("" if math.isnan(r) else f"{r:.2f}" for r in (to_peer, to_limit))
+        lines.append(f"| {label} | {name} | {n_rows:,} | {seconds:,.2f} | {full_text} | {ratios} | {peak:,.0f} | "
+                     f"{'' if math.isnan(diff) else f'{diff:.2e}'} |")
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
     table = "\n".join(lines)
     print(table)
@@ -237,7 +294,7 @@ def main() -> None:
         docs = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
         with open(docs, "a", encoding="utf-8") as handle:
             handle.write(
-                f"\n## Isotropy measures and calibrators\n\n`python benchmarks/isotropy.py --n {args.n}`: "
+                f"\n## Peers\n\n`python benchmarks/isotropy.py --n {args.n}`: "
                 f"{args.n:,} x {DIM} float64 synthetic anisotropic Gaussian points; {machine}. Each run is a fresh "
                 "process; memory is peak RSS growth after the data was generated. References whose probe on "
                 f"{args.probe_rows:,} rows predicted more than {args.max_seconds:.0f} s ran on the probe rows only "

@@ -1,4 +1,4 @@
-"""Device and dtype selection shared by every stage that runs a model."""
+"""Device and dtype selection shared by every stage that runs a model or analyses a store."""
 
 from __future__ import annotations
 
@@ -24,3 +24,18 @@ def resolve_compute_dtype(device: torch.device, dtype: str | None) -> torch.dtyp
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     return DTYPES[dtype]
+
+
+def resolve_analysis_device(device: str = "cpu") -> torch.device | None:
+    """Where the analysis accumulators compute: None for numpy on the CPU (`cpu`, and `auto` without
+    CUDA), a CUDA device for `cuda`/`cuda:N` (`auto` with CUDA), and torch on the CPU for
+    `torch:cpu` (the GPU's code path, for tests and comparisons)."""
+    if device == "torch:cpu":
+        return torch.device("cpu")
+    try:
+        resolved = resolve_device(device)
+    except RuntimeError as error:  # torch's own message for a malformed device string
+        raise ValueError(f"unknown --device {device!r} ({error}); use cpu, cuda, cuda:N, auto or torch:cpu") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"the analysis runs on cpu or cuda, not {resolved.type}; use cpu, cuda, cuda:N, auto or torch:cpu")
+    return None if resolved.type == "cpu" else resolved

@@ -10,6 +10,9 @@ from rich.table import Table
 
 from lmgeom.cli.common import RichProgress, console, number, user_errors
 
+DEVICE_HELP = ("where the closed-form statistics compute: cpu (numpy), cuda or cuda:N (torch, float64 on the GPU), "
+               "auto (cuda when present), torch:cpu (the GPU code path on the CPU); MEV runs on the CPU")
+
 if TYPE_CHECKING:
     from lmgeom.runs import ContextualityResult
 
@@ -63,6 +66,7 @@ def register(app: typer.Typer) -> None:
         samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
         out: Optional[Path] = typer.Option(None, help="directory for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices; more means fewer passes"),
+        device: str = typer.Option("auto", help=DEVICE_HELP),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs import analyze_store
@@ -71,7 +75,7 @@ def register(app: typer.Typer) -> None:
             result = analyze_store(
                 store_path, min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
                 exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
-                progress=progress, write_to=out if out is not None else True,
+                progress=progress, write_to=out if out is not None else True, device=device,
             )
         print_contextuality(result)
         console.print("wrote " + ", ".join(str(p) for p in result.written.values()))

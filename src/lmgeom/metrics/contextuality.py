@@ -10,19 +10,32 @@ Zero rows have no direction: they are left out of every cosine and every MEV, an
 
 Every statistic is an accumulator following `lmgeom.metrics.base` (`add(X, /, **ids)` chunks,
 `merge` shards, `result`, `state_dict`); the array-level functions (`average_cosine`,
-`self_similarity`, ...) are `Accumulator().add(X, ...).result()`.
+`self_similarity`, ...) are `Accumulator().add(X, ...).result()`. The closed-form accumulators are
+written against the array API (numpy, or torch on any device; see `lmgeom.metrics.base`) and also
+read shared `RowBlock`s (`add_block`); labels and counts are kept on the host as numpy, sums in the
+rows' own library (a word's unit sums stay on the GPU that computed them).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import array_api_compat
 import numpy as np
 import pandas as pd
 import scipy.sparse
 from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import StatefulAccumulator, as_float64_rows, register_accumulator, row_ids
+from lmgeom.metrics.base import (
+    RowBlock,
+    StatefulAccumulator,
+    as_float64_rows,
+    group_sums,
+    in_namespace_of,
+    register_accumulator,
+    row_ids,
+    to_numpy,
+)
 # MEV_VARIANTS and OccurrenceSpectrum are re-exported here, where MEV is computed
 from lmgeom.metrics.spectrum import MEV_VARIANTS, OccurrenceSpectrum, moment_spectrum, rows_spectra
 
@@ -76,12 +89,28 @@ def _no_ids(ids: dict[str, np.ndarray], n_rows: int, owner: str) -> None:
     row_ids(ids, (), n_rows, owner)
 
 
-def _check_dim(state: np.ndarray, X: np.ndarray, owner: str) -> None:
-    if state.size and state.shape[-1] != X.shape[1]:
+def _check_dim(state: Any, X: Any, owner: str) -> None:
+    if state.shape[-1] and state.shape[-1] != X.shape[1]:
         raise ValueError(
             f"{owner} holds vectors of {state.shape[-1]} dimensions but got rows of {X.shape[1]}; "
             "feed rows of one layer of one model only"
         )
+
+
+def _n_kept(block: RowBlock, keep: np.ndarray | None) -> int:
+    return len(block) if keep is None else int(np.count_nonzero(keep))
+
+
+def _grouped(labels: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct labels, block rows ordered by label, group number of each ordered row)."""
+    order = np.argsort(labels, kind="stable")
+    distinct, groups = np.unique(labels[order], return_inverse=True)
+    return distinct, rows[order], groups
+
+
+def _state_rows(state: Any, block: RowBlock, n_rows: int) -> Any:
+    """Per-word state (n_rows, dim) in the block's library and device, created on the first rows."""
+    return block.zeros((n_rows, block.dim)) if state.shape[-1] == 0 else state
 
 
 def sample_indexes(pool: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -108,12 +137,14 @@ class AverageCosineAccumulator(StatefulAccumulator):
         self.n_zero = 0
 
     def add(self, X: Any, /, **ids: np.ndarray) -> AverageCosineAccumulator:
-        X = as_float64_rows(X)
-        _no_ids(ids, len(X), type(self).__name__)
-        _check_dim(self.unit_sum, X, type(self).__name__)
-        weights, nonzero = inverse_norms(X)
-        unit_sum = weights @ X
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> AverageCosineAccumulator:
+        _no_ids(ids, _n_kept(block, keep), type(self).__name__)
+        _check_dim(self.unit_sum, block.X, type(self).__name__)
+        unit_sum = to_numpy(block.unit_weights(keep) @ block.X)
         self.unit_sum = unit_sum if not self.unit_sum.size else self.unit_sum + unit_sum
+        nonzero = block.nonzero_on_host if keep is None else block.nonzero_on_host[keep]
         self.n_points += int(nonzero.sum())
         self.n_zero += int((~nonzero).sum())
         return self
@@ -162,10 +193,14 @@ class MeanNormAccumulator(StatefulAccumulator):
         self.n_rows = 0
 
     def add(self, X: Any, /, **ids: np.ndarray) -> MeanNormAccumulator:
-        X = as_float64_rows(X)
-        _no_ids(ids, len(X), type(self).__name__)
-        self.norm_sum += float(row_norms(X).sum())
-        self.n_rows += len(X)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> MeanNormAccumulator:
+        n_kept = _n_kept(block, keep)
+        _no_ids(ids, n_kept, type(self).__name__)
+        norms = block.norms if keep is None else block.xp.where(block.on_device(keep), block.norms, 0.0)
+        self.norm_sum += float(block.xp.sum(norms))
+        self.n_rows += n_kept
         return self
 
     def merge(self, other: MeanNormAccumulator) -> MeanNormAccumulator:
@@ -192,11 +227,13 @@ class RowSampleAccumulator(StatefulAccumulator):
         self.seen = np.zeros((0, 0))
 
     def add(self, X: Any, /, **ids: np.ndarray) -> RowSampleAccumulator:
-        X = as_float64_rows(X)
-        (rows,) = row_ids(ids, ("rows",), len(X), type(self).__name__)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> RowSampleAccumulator:
+        (rows,) = row_ids(ids, ("rows",), _n_kept(block, keep), type(self).__name__)
         wanted = np.isin(rows, self.sample_rows)
         if wanted.any():
-            self._append(rows[wanted].astype(np.int64), X[wanted])
+            self._append(rows[wanted].astype(np.int64), to_numpy(block.X[block.on_device(block.kept(keep)[wanted])]))
         return self
 
     def _append(self, rows: np.ndarray, X: np.ndarray) -> None:
@@ -241,35 +278,42 @@ class SelfSimilarityAccumulator(StatefulAccumulator):
         self.n_zero = 0
 
     def add(self, X: Any, /, **ids: np.ndarray) -> SelfSimilarityAccumulator:
-        X = as_float64_rows(X)
-        (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> SelfSimilarityAccumulator:
+        (word_ids,) = row_ids(ids, ("word_ids",), _n_kept(block, keep), type(self).__name__)
         word_ids = _word_index(word_ids, self.n_words)
-        _check_dim(self.unit_sums, X, type(self).__name__)
-        weights, nonzero = inverse_norms(X)
-        if not self.unit_sums.size:
-            self.unit_sums = np.zeros((self.n_words, X.shape[1]))
-        if not nonzero.all():
-            X, word_ids, weights = X[nonzero], word_ids[nonzero], weights[nonzero]
-        labels, sums, sizes = sum_by_group(X, word_ids, weights)
-        self.unit_sums[labels] += sums
-        self.counts[labels] += sizes
+        _check_dim(self.unit_sums, block.X, type(self).__name__)
+        rows = block.kept(keep)
+        nonzero = block.nonzero_on_host[rows]
+        rows, word_ids = rows[nonzero], word_ids[nonzero]
         self.n_zero += int((~nonzero).sum())
+        if not len(rows):
+            return self
+        self.unit_sums = _state_rows(self.unit_sums, block, self.n_words)
+        labels, ordered, groups = _grouped(word_ids, rows)
+        sums = group_sums(block.xp, block.X, block.on_device(ordered), block.on_device(groups), len(labels),
+                           block.inverse_norms[block.on_device(ordered)])
+        index = in_namespace_of(self.unit_sums, labels)
+        self.unit_sums[index] = self.unit_sums[index] + in_namespace_of(self.unit_sums, sums)
+        self.counts += np.bincount(word_ids, minlength=self.n_words)
         return self
 
     def merge(self, other: SelfSimilarityAccumulator) -> SelfSimilarityAccumulator:
         if other.n_words != self.n_words:
             raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
-        if other.unit_sums.size:
+        if other.unit_sums.shape[-1]:
             _check_dim(self.unit_sums, other.unit_sums, type(self).__name__)
-            self.unit_sums = other.unit_sums.copy() if not self.unit_sums.size else self.unit_sums + other.unit_sums
+            self.unit_sums = (other.unit_sums.copy() if not self.unit_sums.shape[-1]
+                              else self.unit_sums + in_namespace_of(self.unit_sums, other.unit_sums))
         self.counts = self.counts + other.counts
         self.n_zero += other.n_zero
         return self
 
     def result(self) -> np.ndarray:
-        if not self.unit_sums.size:
+        if not self.unit_sums.shape[-1]:
             return np.full(self.n_words, np.nan)
-        values = _mean_pairwise_cosine(self.unit_sums, self.counts)
+        values = _mean_pairwise_cosine(to_numpy(self.unit_sums), self.counts)
         return np.where(self.counts >= self.min_count, values, np.nan)
 
 
@@ -297,29 +341,34 @@ class WordMeanAccumulator(StatefulAccumulator):
         self.counts = np.zeros(self.n_words, dtype=np.int64)
 
     def add(self, X: Any, /, **ids: np.ndarray) -> WordMeanAccumulator:
-        X = as_float64_rows(X)
-        (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> WordMeanAccumulator:
+        (word_ids,) = row_ids(ids, ("word_ids",), _n_kept(block, keep), type(self).__name__)
         word_ids = _word_index(word_ids, self.n_words)
-        _check_dim(self.sums, X, type(self).__name__)
-        if not self.sums.size:
-            self.sums = np.zeros((self.n_words, X.shape[1]))
-        labels, sums, sizes = sum_by_group(X, word_ids)
-        self.sums[labels] += sums
-        self.counts[labels] += sizes
+        _check_dim(self.sums, block.X, type(self).__name__)
+        if not len(word_ids):
+            return self
+        self.sums = _state_rows(self.sums, block, self.n_words)
+        labels, ordered, groups = _grouped(word_ids, block.kept(keep))
+        sums = group_sums(block.xp, block.X, block.on_device(ordered), block.on_device(groups), len(labels))
+        index = in_namespace_of(self.sums, labels)
+        self.sums[index] = self.sums[index] + in_namespace_of(self.sums, sums)
+        self.counts += np.bincount(word_ids, minlength=self.n_words)
         return self
 
     def merge(self, other: WordMeanAccumulator) -> WordMeanAccumulator:
         if other.n_words != self.n_words:
             raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
-        if other.sums.size:
+        if other.sums.shape[-1]:
             _check_dim(self.sums, other.sums, type(self).__name__)
-            self.sums = other.sums.copy() if not self.sums.size else self.sums + other.sums
+            self.sums = other.sums.copy() if not self.sums.shape[-1] else self.sums + in_namespace_of(self.sums, other.sums)
         self.counts = self.counts + other.counts
         return self
 
     def result(self) -> np.ndarray:
         """(n_words, dim) means; a word without rows gets zeros."""
-        means: np.ndarray = self.sums / np.maximum(self.counts, 1)[:, None]
+        means: np.ndarray = to_numpy(self.sums) / np.maximum(self.counts, 1)[:, None]
         return means
 
 
@@ -361,12 +410,31 @@ class IntraSentenceAccumulator(StatefulAccumulator):
         self.n_zero = 0
 
     @staticmethod
-    def _values(raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        raw_norms = np.linalg.norm(raw, axis=1)
+    def _sentence_sums(block: RowBlock, rows: np.ndarray, sentence_ids: np.ndarray) -> tuple[np.ndarray, Any, Any, np.ndarray]:
+        """(sentence ids, raw sums, unit sums (in the block's library), non-zero rows) of contiguous
+        sentences. One grouped sum
+        computes both sums, each sentence's raw sum next to its unit sum, so its rows are read from
+        memory once and then from cache."""
+        starts = np.flatnonzero(np.concatenate([[True], sentence_ids[1:] != sentence_ids[:-1]]))
+        sentence = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(rows))))
+        n_rows = len(rows)
+        # entries grouped as sentence 0 raw, sentence 0 unit, sentence 1 raw, ...: rows in order within each
+        order = np.argsort(np.concatenate([2 * sentence, 2 * sentence + 1]), kind="stable")
+        entries = np.concatenate([rows, rows])[order]
+        groups = np.concatenate([2 * sentence, 2 * sentence + 1])[order]
+        unit_entry = block.on_device(order >= n_rows)
+        weights = block.xp.where(unit_entry, block.inverse_norms[block.on_device(entries)], 1.0)
+        sums = group_sums(block.xp, block.X, block.on_device(entries), block.on_device(groups), 2 * len(starts), weights)
+        return sentence_ids[starts], sums[0::2, :], sums[1::2, :], np.diff(np.append(starts, n_rows))
+
+    @staticmethod
+    def _values(raw: Any, unit: Any, counts: np.ndarray) -> np.ndarray:
+        """Per-sentence IntraSim from its sums, computed in their own library; returned as numpy."""
+        xp = array_api_compat.array_namespace(raw)
         with np.errstate(divide="ignore", invalid="ignore"):
             # a sentence whose vectors sum to zero has no mean direction: NaN, left out of layer means
-            values: np.ndarray = np.einsum("ij,ij->i", raw, unit) / (counts * raw_norms)
-        return values
+            values = xp.linalg.vecdot(raw, unit) / (in_namespace_of(raw, counts) * xp.linalg.vector_norm(raw, axis=1))
+        return to_numpy(values)
 
     def _merge_pending(self, ids: np.ndarray, raw: np.ndarray, unit: np.ndarray, counts: np.ndarray) -> None:
         if not self.pending_ids.size:
@@ -379,22 +447,26 @@ class IntraSentenceAccumulator(StatefulAccumulator):
         self.pending_counts = summed_counts[:, 0].astype(np.int64)
 
     def add(self, X: Any, /, **ids: np.ndarray) -> IntraSentenceAccumulator:
-        X = as_float64_rows(X)
-        (sentence_ids,) = row_ids(ids, ("sentence_ids",), len(X), type(self).__name__)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> IntraSentenceAccumulator:
+        (sentence_ids,) = row_ids(ids, ("sentence_ids",), _n_kept(block, keep), type(self).__name__)
         sentence_ids = sentence_ids.astype(np.int64, copy=False)
-        if len(X) == 0:
+        if len(sentence_ids) == 0:
             return self
-        runs = 1 + int(np.count_nonzero(sentence_ids[1:] != sentence_ids[:-1]))
-        if runs != len(np.unique(sentence_ids)):
+        starts = np.flatnonzero(np.concatenate([[True], sentence_ids[1:] != sentence_ids[:-1]]))
+        if len(starts) != len(np.unique(sentence_ids)):
             raise ValueError("the rows of each sentence must be contiguous within a chunk (keep rows in sentence order)")
-        _reject_completed(sentence_ids, self.done_ids, "in a later chunk")
-        weights, nonzero = inverse_norms(X)
+        _reject_completed(sentence_ids[starts], self.done_ids, "in a later chunk")
+        edges = [sentence_ids[0], sentence_ids[-1]]
+        rows = block.kept(keep)
+        nonzero = block.nonzero_on_host[rows]
         self.n_zero += int((~nonzero).sum())
-        if not nonzero.all():
-            X, weights = X[nonzero], weights[nonzero]
-        ids_kept, raw, counts = sum_by_group(X, sentence_ids[nonzero])
-        _, unit, _ = sum_by_group(X, sentence_ids[nonzero], weights)
-        at_edge = np.isin(ids_kept, [sentence_ids[0], sentence_ids[-1]])
+        rows, sentence_ids = rows[nonzero], sentence_ids[nonzero]
+        if not len(rows):
+            return self
+        ids_kept, raw, unit, counts = self._sentence_sums(block, rows, sentence_ids)
+        at_edge = np.isin(ids_kept, edges)
         inside = ~at_edge
         continued = np.isin(ids_kept[inside], self.pending_ids)
         if continued.any():
@@ -403,9 +475,11 @@ class IntraSentenceAccumulator(StatefulAccumulator):
                 "sentence must be contiguous (keep rows in sentence order)"
             )
         self.done_ids = np.concatenate([self.done_ids, ids_kept[inside]])
-        self.done_values = np.concatenate([self.done_values, self._values(raw[inside], unit[inside], counts[inside])])
+        on_device = block.on_device(inside)
+        self.done_values = np.concatenate([self.done_values, self._values(raw[on_device], unit[on_device], counts[inside])])
         if at_edge.any():
-            self._merge_pending(ids_kept[at_edge], raw[at_edge], unit[at_edge], counts[at_edge])
+            edge = block.on_device(at_edge)
+            self._merge_pending(ids_kept[at_edge], to_numpy(raw[edge]), to_numpy(unit[edge]), counts[at_edge])
         return self
 
     def merge(self, other: IntraSentenceAccumulator) -> IntraSentenceAccumulator:

@@ -3,7 +3,9 @@
 Every function takes an array of shape (n_points, dim) (numpy or torch, any float dtype) and works in
 float64. The measures that need only the covariance (IsoScore, effective rank, participation ratio,
 variance shares) also have a covariance form, `covariance_isotropy`, which pairs with the streaming
-`MomentAccumulator`.
+`MomentAccumulator`. The accumulators (moments, partition function, cosine contributions) are
+written against the array API: they take numpy arrays or torch tensors on any device and compute
+there in float64, and read shared `RowBlock`s (`add_block`, see `lmgeom.metrics.base`).
 
 Choices worth knowing (see docs/calibration.md):
 - I(W) (Mu & Viswanath 2018) is evaluated over the eigenvectors c of W^T W *and their negatives* by
@@ -23,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy.special import logsumexp
 from sklearn.cluster import KMeans
 
-from lmgeom.metrics.base import StatefulAccumulator, as_float64_rows, register_accumulator, row_ids, unit_rows
+from lmgeom.metrics.base import RowBlock, StatefulAccumulator, as_float64_rows, in_namespace_of, register_accumulator, row_ids, to_numpy
 from lmgeom.metrics.contextuality import average_cosine, sample_indexes
 
 # Rows per block when centring or projecting points: extra memory stays at block x dim, never a
@@ -89,14 +90,17 @@ class MomentAccumulator(StatefulAccumulator):
         self.scatter = np.zeros(0)  # (dim, dim), or (dim,) without full_covariance
 
     def add(self, X: Any, /, **ids: np.ndarray) -> MomentAccumulator:
-        X = as_float64_rows(X)
-        row_ids(ids, (), len(X), type(self).__name__)
-        for start in range(0, len(X), _BLOCK_ROWS):
-            block = X[start : start + _BLOCK_ROWS]
-            block_mean = block.mean(axis=0)
-            centred = block - block_mean
-            block_scatter = centred.T @ centred if self.full_covariance else np.einsum("ij,ij->j", centred, centred)
-            self._combine(len(block), block_mean, block_scatter)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> MomentAccumulator:
+        X, xp = block.rows(keep), block.xp
+        row_ids(ids, (), int(X.shape[0]), type(self).__name__)
+        for start in range(0, int(X.shape[0]), _BLOCK_ROWS):
+            rows = X[start : start + _BLOCK_ROWS, :]
+            rows_mean = xp.mean(rows, axis=0)
+            centred = rows - rows_mean
+            rows_scatter = centred.T @ centred if self.full_covariance else xp.sum(centred * centred, axis=0)
+            self._combine(int(rows.shape[0]), rows_mean, rows_scatter)
         return self
 
     def merge(self, other: MomentAccumulator) -> MomentAccumulator:
@@ -104,14 +108,16 @@ class MomentAccumulator(StatefulAccumulator):
             raise ValueError("cannot merge a full-covariance MomentAccumulator with a diagonal-only one")
         if other.count == 0:
             return self
-        return self._combine(other.count, other.mean, other.scatter)
+        if self.count == 0:
+            return self._combine(other.count, other.mean, other.scatter)
+        return self._combine(other.count, in_namespace_of(self.mean, other.mean), in_namespace_of(self.mean, other.scatter))
 
     def copy(self) -> MomentAccumulator:
         return MomentAccumulator.from_state_dict(self.state_dict())
 
-    def _combine(self, n_new: int, mean_new: np.ndarray, scatter_new: np.ndarray) -> MomentAccumulator:
+    def _combine(self, n_new: int, mean_new: Any, scatter_new: Any) -> MomentAccumulator:
         if self.count == 0:
-            self.count, self.mean, self.scatter = n_new, mean_new.copy(), scatter_new.copy()
+            self.count, self.mean, self.scatter = n_new, mean_new * 1.0, scatter_new * 1.0  # copies, in their own library
             return self
         if mean_new.shape != self.mean.shape:
             raise ValueError(
@@ -119,9 +125,10 @@ class MomentAccumulator(StatefulAccumulator):
                 "feed rows of one layer / one model only"
             )
         total = self.count + n_new
-        delta = mean_new - self.mean
+        delta = in_namespace_of(self.mean, mean_new) - self.mean
         weight = self.count * n_new / total
-        self.scatter = self.scatter + scatter_new + (np.outer(delta, delta) if self.full_covariance else delta**2) * weight
+        spread = delta[:, None] * delta[None, :] if self.full_covariance else delta**2
+        self.scatter = self.scatter + in_namespace_of(self.mean, scatter_new) + spread * weight
         self.mean = self.mean + delta * (n_new / total)
         self.count = total
         return self
@@ -129,7 +136,7 @@ class MomentAccumulator(StatefulAccumulator):
     def result(self) -> Moments:
         if self.count == 0:
             raise ValueError("MomentAccumulator has seen no rows; call add() with data first")
-        return Moments(count=self.count, mean=self.mean.copy(), scatter=self.scatter.copy())
+        return Moments(count=self.count, mean=to_numpy(self.mean).copy(), scatter=to_numpy(self.scatter).copy())
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,16 +286,20 @@ class PartitionFunctionAccumulator(StatefulAccumulator):
         self.log_z_minus = np.full(self.directions.shape[1], -np.inf)
 
     def add(self, X: Any, /, **ids: np.ndarray) -> PartitionFunctionAccumulator:
-        W = as_float64_rows(X)
-        row_ids(ids, (), len(W), type(self).__name__)
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> PartitionFunctionAccumulator:
+        W, xp = block.rows(keep), block.xp
+        row_ids(ids, (), int(W.shape[0]), type(self).__name__)
         if W.shape[1] != self.directions.shape[0]:
             raise ValueError(f"rows have {W.shape[1]} dimensions but the directions have {self.directions.shape[0]}")
-        for start in range(0, len(W), _BLOCK_ROWS):
-            block = W[start : start + _BLOCK_ROWS]
-            projections = (block - self.shift if self.shift.size else block) @ self.directions
-            self.log_z_plus = np.logaddexp(self.log_z_plus, logsumexp(projections, axis=0))
+        directions, shift = in_namespace_of(W, self.directions), in_namespace_of(W, self.shift)
+        for start in range(0, int(W.shape[0]), _BLOCK_ROWS):
+            rows = W[start : start + _BLOCK_ROWS, :]
+            projections = (rows - shift if self.shift.size else rows) @ directions
+            self.log_z_plus = np.logaddexp(self.log_z_plus, _log_sum_exp_columns(xp, projections))
             if self.both_signs:
-                self.log_z_minus = np.logaddexp(self.log_z_minus, logsumexp(-projections, axis=0))
+                self.log_z_minus = np.logaddexp(self.log_z_minus, _log_sum_exp_columns(xp, -projections))
         return self
 
     def merge(self, other: PartitionFunctionAccumulator) -> PartitionFunctionAccumulator:
@@ -304,6 +315,12 @@ class PartitionFunctionAccumulator(StatefulAccumulator):
             raise ValueError("I(W) needs at least one row; call add() with data first")
         log_z = np.concatenate([self.log_z_plus, self.log_z_minus]) if self.both_signs else self.log_z_plus
         return float(log_z.min() - log_z.max())
+
+
+def _log_sum_exp_columns(xp: Any, values: Any) -> np.ndarray:
+    """log sum_i exp(values[i, j]) per column, shifted by the column maximum (finite rows only)."""
+    top = xp.max(values, axis=0)
+    return to_numpy(top + xp.log(xp.sum(xp.exp(values - top), axis=0)))
 
 
 def partition_directions(moments: Moments, *, centered: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -364,16 +381,19 @@ class CosineContributionAccumulator(StatefulAccumulator):
         self.n_points = 0
 
     def add(self, X: Any, /, **ids: np.ndarray) -> CosineContributionAccumulator:
-        units, nonzero = unit_rows(as_float64_rows(X))
-        row_ids(ids, (), len(units), type(self).__name__)
-        units = units[nonzero]
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> CosineContributionAccumulator:
+        row_ids(ids, (), len(block) if keep is None else int(np.count_nonzero(keep)), type(self).__name__)
         if not self.unit_sum.size:
-            self.unit_sum, self.unit_square_sum = np.zeros(units.shape[1]), np.zeros(units.shape[1])
-        elif units.shape[1] != self.unit_sum.shape[0]:
-            raise ValueError(f"rows have {units.shape[1]} dimensions but this accumulator holds {self.unit_sum.shape[0]}")
-        self.unit_sum = self.unit_sum + units.sum(axis=0)
-        self.unit_square_sum = self.unit_square_sum + np.einsum("ij,ij->j", units, units)
-        self.n_points += len(units)
+            self.unit_sum, self.unit_square_sum = np.zeros(block.dim), np.zeros(block.dim)
+        elif block.dim != self.unit_sum.shape[0]:
+            raise ValueError(f"rows have {block.dim} dimensions but this accumulator holds {self.unit_sum.shape[0]}")
+        weights = block.unit_weights(keep)  # zero rows weigh 0: they have no direction
+        self.unit_sum = self.unit_sum + to_numpy(weights @ block.X)
+        self.unit_square_sum = self.unit_square_sum + to_numpy((weights * weights) @ (block.X * block.X))
+        nonzero = block.nonzero_on_host if keep is None else block.nonzero_on_host[keep]
+        self.n_points += int(nonzero.sum())
         return self
 
     def merge(self, other: CosineContributionAccumulator) -> CosineContributionAccumulator:

@@ -230,7 +230,8 @@ def mev_feeds(plan: AnalysisPlan, accumulators: dict[int, MEVAccumulator]) -> li
 def word_spectra(store: RepresentationStore, layer: int, plan: AnalysisPlan, *, groups: Iterable[int],
                  rows: range | tuple[int, int] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict[int, OccurrenceSpectrum]:
     """Spectra of the analysed words' occurrence matrices at `layer`, one pass per word group, each
-    group reduced before the next is read (so memory holds one group's matrices at a time)."""
+    group reduced before the next is read (so memory holds one group's matrices at a time). MEV
+    runs on the CPU, so these passes never move rows to a GPU."""
     spectra: dict[int, OccurrenceSpectrum] = {}
     for group in groups:
         accumulator = MEVAccumulator(len(plan.words))
@@ -523,11 +524,14 @@ def analyze_store(
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
     progress: Progress | None = None,
     write_to: str | os.PathLike[str] | bool = False,
+    device: str = "auto",
 ) -> ContextualityResult:
     """Anisotropy baselines, self-similarity, intra-sentence similarity and MEV for every layer.
 
     `write_to`: True writes the result files next to the store, a path writes them there
-    (`result.written` names them); rows are chosen as `lmgeom.runs.selection` documents."""
+    (`result.written` names them); rows are chosen as `lmgeom.runs.selection` documents.
+    `device`: where the closed-form statistics compute (see `lmgeom.runs.tally.tally`; MEV runs on
+    the CPU); the numbers agree to float64 rounding on every device."""
     store = _open(store)
     progress = progress or NoProgress()
     _require_two_contexts(min_contexts)
@@ -540,7 +544,7 @@ def analyze_store(
     for layer in plan.layers:
         # the first pass also fills the first word group's MEV state; later groups get a pass each
         accumulators = LayerAccumulators.empty(plan, groups=[0])
-        tally(store, layer, accumulators.feeds(plan), chunk_rows=chunk_rows)
+        tally(store, layer, accumulators.feeds(plan), chunk_rows=chunk_rows, device=device)
         spectra = accumulators.mev.pop(0).result()
         spectra.update(word_spectra(store, layer, plan, groups=range(1, plan.n_groups), chunk_rows=chunk_rows))
         stats.append(_layer_stats(layer, accumulators, spectra, len(plan.words)))
@@ -599,12 +603,13 @@ def analyze_shard(
     options: AnalysisOptions = AnalysisOptions(),
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    device: str = "auto",
 ) -> AnalysisState:
     """The accumulator states of the analysis over store rows [start, stop), every word group at once.
 
     Shards over disjoint row ranges that cover the store, merged (`AnalysisState.merge`) and finished
     (`finish_analysis`), give the result of `analyze_store` with the same settings. A shard holds the
-    MEV state of its own rows (at most its rows x dim per word group)."""
+    MEV state of its own rows (at most its rows x dim per word group). `device` as for `analyze_store`."""
     store = _open(store)
     _require_two_contexts(options.min_contexts)
     plan = plan_analysis(store, options)
@@ -612,7 +617,7 @@ def analyze_shard(
     state = AnalysisState(plan.settings, plan.store_identity, [(span.start, span.stop)])
     for layer in plan.layers:
         accumulators = LayerAccumulators.empty(plan, groups=range(plan.n_groups))
-        tally(store, layer, accumulators.feeds(plan), rows=span, chunk_rows=chunk_rows)
+        tally(store, layer, accumulators.feeds(plan), rows=span, chunk_rows=chunk_rows, device=device)
         state.layers[layer] = accumulators
     return state
 

@@ -2,20 +2,28 @@
 
 After baukit's `tally`: each `Feed` names an accumulator, the rows it takes (a boolean mask over the
 store's rows) and its per-row labels (arrays over the store's rows, e.g. `word_ids`); `tally` reads
-the layer once, chunk by chunk in float64, and hands every accumulator its rows of each chunk.
+the layer once, chunk by chunk, and hands every accumulator its rows of each chunk.
+
+Each chunk becomes one float64 `RowBlock` (norms computed and NaN/inf checked once) in a reused
+buffer, on the CPU with numpy or on a torch device (`device`). Accumulators that read blocks
+(`add_block`) take their rows of it by mask, without a copy; any other accumulator gets a float64
+numpy copy of its rows. Accumulators must not keep references to the rows they are handed.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import Accumulator, as_float64_rows
+from lmgeom.metrics.base import Accumulator, BlockAccumulator, RowBlock, as_float64_rows
 from lmgeom.store import RepresentationStore
 
-# rows per chunk read from the store: 16k x 768 float64 is 100 MB, and a few masked copies of it exist at once
+# rows per chunk read from the store: 16k x 768 float64 is 100 MB, held once (the block) plus each
+# non-block accumulator's masked copy
 DEFAULT_CHUNK_ROWS = 16384
 
 
@@ -38,31 +46,106 @@ def row_range(store: RepresentationStore, rows: range | tuple[int, int] | None) 
     return range(start, stop)
 
 
+def stored_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[int, int] | None = None,
+                  chunk_rows: int = DEFAULT_CHUNK_ROWS, read_ahead: bool = True) -> Iterator[tuple[int, np.ndarray]]:
+    """(start_row, rows as stored: float32 or float16) of a layer over `rows`: one streaming read.
+
+    Chunks end on the store's own chunk boundaries (`chunk_rows` rounded to a multiple of them), so
+    no stored chunk is read twice; with `read_ahead` the next chunk is read in a thread while the
+    caller works on this one."""
+    span = row_range(store, rows)
+    array = store.layer(layer)
+    stored_rows = int(array.chunks[0])
+    step = max(stored_rows, chunk_rows // stored_rows * stored_rows)
+    edges = [span.start, *range((span.start // step + 1) * step, span.stop, step), span.stop]
+    bounds = list(zip(edges[:-1], edges[1:])) if len(span) else []
+
+    def read(bound: tuple[int, int]) -> np.ndarray:
+        return np.asarray(array[bound[0] : bound[1]])
+
+    if not read_ahead:
+        for bound in bounds:
+            yield bound[0], read(bound)
+        return
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        pending = reader.submit(read, bounds[0]) if bounds else None
+        for index, bound in enumerate(bounds):
+            assert pending is not None
+            chunk = pending.result()
+            pending = reader.submit(read, bounds[index + 1]) if index + 1 < len(bounds) else None
+            yield bound[0], chunk
+
+
 def layer_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[int, int] | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray]]:
     """(start_row, float64 rows) of a layer over `rows`; NaN/inf is an error naming the layer and store row."""
-    span = row_range(store, rows)
-    array = store.layer(layer)
-    for start in range(span.start, span.stop, chunk_rows):
-        chunk = np.asarray(array[start : min(start + chunk_rows, span.stop)])
+    for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
         yield start, as_float64_rows(chunk, name=f"layer {layer} of {store.path}", layer=layer, row_offset=start)
 
 
+class _Float64Rows:
+    """Stored rows as float64 on the analysis device, in one buffer reused across chunks (a fresh
+    100 MB array per chunk costs more in page faults than the conversion itself)."""
+
+    def __init__(self, device: str) -> None:
+        self.target: Any = None
+        if device != "cpu":
+            from lmgeom.device import resolve_analysis_device
+
+            self.target = resolve_analysis_device(device)
+        self.buffer: Any = None
+
+    def __call__(self, chunk: np.ndarray) -> Any:
+        if self.target is None:
+            if self.buffer is None or self.buffer.shape[0] < len(chunk) or self.buffer.shape[1] != chunk.shape[1]:
+                self.buffer = np.empty(chunk.shape, dtype=np.float64)
+            rows = self.buffer[: len(chunk)]
+            np.copyto(rows, chunk)
+            return rows
+        import torch
+
+        return torch.from_numpy(chunk).to(self.target).to(torch.float64)
+
+
 def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows: range | tuple[int, int] | None = None,
-          chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
-    """Stream `layer` (over `rows`, default all) once through every feed's accumulator."""
-    for start, X in layer_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
-        stop = start + len(X)
-        selected: dict[int, tuple[np.ndarray | None, np.ndarray]] = {}  # feeds sharing a mask share its rows
-        for feed in feeds:
-            if feed.mask is None:
-                keep, X_kept = None, X
-            else:
-                if id(feed.mask) not in selected:
-                    chunk_mask = feed.mask[start:stop]
-                    selected[id(feed.mask)] = (chunk_mask, X if chunk_mask.all() else X[chunk_mask])
-                keep, X_kept = selected[id(feed.mask)]
-            if len(X_kept) == 0:
-                continue
-            ids = {name: (labels[start:stop] if keep is None else labels[start:stop][keep]) for name, labels in feed.ids.items()}
-            feed.accumulator.add(X_kept, **ids)
+          chunk_rows: int = DEFAULT_CHUNK_ROWS, device: str = "cpu") -> None:
+    """Stream `layer` (over `rows`, default all) once through every feed's accumulator.
+
+    `device`: where block-reading accumulators compute: `cpu` (numpy), `cuda`/`cuda:N` (torch,
+    float64 on that GPU), `auto` (CUDA when present, else numpy), `torch:cpu` (the GPU's code path
+    on the CPU). Other accumulators always get numpy rows."""
+    to_float64 = _Float64Rows(device)
+    name = f"layer {layer} of {store.path}"
+    # BLAS threads gain nothing on these memory-bound products and lose much to contention on a busy machine
+    with threadpool_limits(limits=1, user_api="blas"):
+        for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
+            block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
+            _feed_block(block, feeds, start, host=lambda: block.X if to_float64.target is None else chunk.astype(np.float64))
+
+
+def _feed_block(block: RowBlock, feeds: Sequence[Feed], start: int, *, host: Callable[[], np.ndarray]) -> None:
+    """Every feed's rows of one block; `host` gives the block's rows as float64 numpy for accumulators
+    that do not read blocks."""
+    stop = start + len(block)
+    keeps: dict[int, np.ndarray | None] = {}  # feeds sharing a mask share its chunk slice
+    host_rows: dict[int, np.ndarray] = {}
+    for feed in feeds:
+        if feed.mask is None:
+            keep = None
+        else:
+            if id(feed.mask) not in keeps:
+                chunk_mask = feed.mask[start:stop]
+                keeps[id(feed.mask)] = None if chunk_mask.all() else chunk_mask
+            keep = keeps[id(feed.mask)]
+        n_kept = len(block) if keep is None else int(np.count_nonzero(keep))
+        if n_kept == 0:
+            continue
+        ids = {name: (labels[start:stop] if keep is None else labels[start:stop][keep]) for name, labels in feed.ids.items()}
+        if isinstance(feed.accumulator, BlockAccumulator):
+            feed.accumulator.add_block(block, keep, **ids)
+            continue
+        key = id(feed.mask)
+        if key not in host_rows:
+            X = host()
+            host_rows[key] = X if keep is None else X[keep]
+        feed.accumulator.add(host_rows[key], **ids)

@@ -1,0 +1,219 @@
+"""Whole analysis against one streaming read of the store, as the corpus grows (issues 11 and 12).
+
+Each measured thing is a function in `MEASURES` that times one store in a fresh process (so its
+peak RSS, `ru_maxrss`, is its own) and returns a row:
+- `read`: one streaming read of every layer (every row, as stored, in the analysis's chunks): the limit.
+- `analysis-no-mev`: the streaming statistics of `analyze_store` (exact and sampled baselines,
+  mean norm, SelfSim, IntraSim) over every layer, without MEV.
+- `analysis`: `analyze_store` itself, MEV included (three variants, word groups of `--mev-memory-mb`).
+Other engines (Ray) add their own functions to `MEASURES`. The three kinds alternate (read,
+no-mev, mev, read, ...) `--repeat` times; the tables show the best time of each and its ratio
+to the best read.
+
+Stores are synthetic (`write_synthetic_store`): a built-in corpus's sentences repeated (Lee: 67k
+words; STS: 531k), float32 rows = a shared offset + the word's centre + noise growing with depth.
+Default sizes: the Lee corpus 1x, 10x, 30x at d = 768 and 1x, 10x at d = 4,096, one layer; and a
+MiniLM-size store (STS, 7 layers x 384). The writer commits chunk by chunk, as
+`write_store_from_arrays` does in one commit (which would hold the 6 GB of the 30x store in memory
+three times). Each store is deleted after it is measured.
+
+Run: python benchmarks/scale.py [--sizes lee:768:1,lee:768:10,...] [--kinds read,analysis-no-mev,analysis]
+Size: CORPUS:DIM:REPEAT[:LAYERS].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from lmgeom.corpus.corpus import Corpus
+from lmgeom.encoders.base import EncodedSentence
+from lmgeom.store import RepresentationStore
+from lmgeom.store.writer import StoreWriter
+
+SENTENCES_PER_COMMIT = 2048
+
+
+def corpus_words(name: str) -> list[list[str]]:
+    """The words of each sentence of a built-in corpus (`lee`, `sts`)."""
+    from lmgeom.corpus.builtin import load_corpus
+
+    return [[word.text for word in sentence.words] for sentence in load_corpus(name).sentences]
+
+
+def write_synthetic_store(path: str | Path, sentences: Sequence[Sequence[str]], *, dim: int, n_layers: int = 1,
+                          seed: int = 0) -> RepresentationStore:
+    """A store of `sentences` with seeded synthetic vectors: row = offset + centre[word] + noise,
+    the noise growing with depth (so self-similarity falls with depth, as in real models)."""
+    vocabulary = {word: index for index, word in enumerate(dict.fromkeys(w for words in sentences for w in words))}
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((len(vocabulary), dim), dtype=np.float32)
+    offsets = rng.standard_normal((n_layers, dim), dtype=np.float32) * 3
+    corpus = Corpus.from_list([list(words) for words in sentences], name="synthetic")
+    settings = {"model_id": "synthetic", "n_layers": n_layers, "dim": dim, "pooling": "given", "special_tokens": "excluded",
+                "dtype": "float32", "corpus_name": corpus.name, "corpus_fingerprint": corpus.fingerprint}
+    writer = StoreWriter(path, settings=settings, overwrite=True)
+    for first in range(0, len(sentences), SENTENCES_PER_COMMIT):
+        chunk = sentences[first : first + SENTENCES_PER_COMMIT]
+        ids = np.array([vocabulary[w] for words in chunk for w in words])
+        layers = np.stack([offsets[layer] + centres[ids] + (0.5 + 0.25 * layer) * rng.standard_normal((len(ids), dim), dtype=np.float32)
+                           for layer in range(n_layers)])
+        encoded, row = [], 0
+        for words in chunk:
+            encoded.append(EncodedSentence(layers[:, row : row + len(words)], list(words), np.zeros(len(words), dtype=bool),
+                                           np.ones(len(words), dtype=np.int16), 1))
+            row += len(words)
+        writer.commit(encoded, [s.text for s in corpus.sentences[first : first + SENTENCES_PER_COMMIT]])
+    writer.finalize()
+    return RepresentationStore.open(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# what is measured, each in its own process
+
+
+def _read(store: RepresentationStore) -> None:
+    from lmgeom.runs.tally import stored_chunks
+
+    for layer in store.layers:
+        for _ in stored_chunks(store, layer, read_ahead=False):
+            pass
+
+
+def _analysis_without_mev(store: RepresentationStore) -> None:
+    from lmgeom.runs.analysis import AnalysisOptions, LayerAccumulators, plan_analysis
+    from lmgeom.runs.tally import tally
+
+    plan = plan_analysis(store, AnalysisOptions())
+    for layer in store.layers:
+        accumulators = LayerAccumulators.empty(plan, groups=[])
+        tally(store, layer, accumulators.feeds(plan), device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"))
+        for accumulator in accumulators.named().values():
+            accumulator.result()
+
+
+def _analysis(store: RepresentationStore) -> None:
+    from lmgeom.runs import analyze_store
+
+    analyze_store(store, device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"))
+
+
+MEASURES: dict[str, Callable[[RepresentationStore], None]] = {
+    "read": _read,
+    "analysis-no-mev": _analysis_without_mev,
+    "analysis": _analysis,
+}
+
+
+def _child(kind: str, path: str) -> None:
+    import lmgeom.runs  # noqa: F401  (imported before the clock starts: every kind pays it alike)
+
+    store = RepresentationStore.open(path)
+    started = time.perf_counter()
+    MEASURES[kind](store)
+    seconds = time.perf_counter() - started
+    print(json.dumps({"kind": kind, "seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def measure(kind: str, path: str | Path) -> dict[str, Any]:
+    """One measurement in a fresh process: {"kind", "seconds", "peak_rss_mb"}."""
+    done = subprocess.run([sys.executable, __file__, "--child", kind, str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def store_rows(path: Path, *, kinds: Sequence[str], repeat: int) -> list[dict[str, Any]]:
+    """The best of `repeat` alternating runs of each kind on one store, with its ratio to the read."""
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for _ in range(repeat):
+        for kind in kinds:
+            runs[kind].append(measure(kind, path))
+            print(f"  {kind}: {runs[kind][-1]['seconds']:.2f} s, {runs[kind][-1]['peak_rss_mb']:.0f} MB", flush=True)
+    best = {kind: min(results, key=lambda r: r["seconds"]) for kind, results in runs.items()}
+    read = best.get("read")
+    return [{**best[kind], "all_seconds": [r["seconds"] for r in runs[kind]],
+             "ratio_to_read": best[kind]["seconds"] / read["seconds"] if read else None} for kind in kinds]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _size(spec: str) -> tuple[str, int, int, int]:
+    corpus, dim, repeat, *layers = spec.split(":")
+    return corpus, int(dim), int(repeat), int(layers[0]) if layers else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="lee:768:1,lee:768:10,lee:768:30,lee:4096:1,lee:4096:10,sts:384:1:7")
+    parser.add_argument("--kinds", default="read,analysis-no-mev,analysis", help=f"any of {', '.join(MEASURES)}")
+    parser.add_argument("--no-mev-above-dim", type=int, default=1024,
+                        help="leave the MEV row out above this d (its dense d x d eigenproblems take hours until MEV is matrix-free)")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--dir", type=Path, default=None, help="where the stores are written (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every row to this JSON file")
+    parser.add_argument("--store", type=Path, default=None, help="measure this existing store instead (kept)")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(*args.child)
+        return
+    if args.store:
+        store = RepresentationStore.open(args.store)
+        rows = [{"size": str(args.store), "corpus": store.path.name, "repeat": 1, "rows": store.n_tokens, "dim": store.dim,
+                 "layers": len(store.layers), "store_gb": store.n_tokens * store.dim * len(store.layers) * 4 / 1e9, **row}
+                for row in store_rows(args.store, kinds=args.kinds.split(","), repeat=args.repeat)]
+        print_table(rows)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return
+
+    words = {}
+    rows: list[dict[str, Any]] = []
+    base = Path(tempfile.mkdtemp(dir=args.dir, prefix="lmgeom-scale-"))
+    try:
+        for spec in args.sizes.split(","):
+            corpus, dim, repeat, n_layers = _size(spec)
+            if corpus not in words:
+                words[corpus] = corpus_words(corpus)
+            path = base / spec.replace(":", "-")
+            started = time.perf_counter()
+            store = write_synthetic_store(path, words[corpus] * repeat, dim=dim, n_layers=n_layers)
+            print(f"{spec}: {store.n_tokens:,} rows x {dim} x {n_layers} layers written in {time.perf_counter() - started:.0f} s", flush=True)
+            kinds = [k for k in args.kinds.split(",") if not (k == "analysis" and dim > args.no_mev_above_dim)]
+            for row in store_rows(path, kinds=kinds, repeat=args.repeat):
+                rows.append({"size": spec, "corpus": corpus, "repeat": repeat, "rows": store.n_tokens, "dim": dim,
+                             "layers": n_layers, "store_gb": store.n_tokens * dim * n_layers * 4 / 1e9, **row})
+            shutil.rmtree(path)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n")
+    print("| store | rows | d x layers | GB | measured | best s (all) | x read | peak RSS MB |")
+    print("|---|---:|---|---:|---|---:|---:|---:|")
+    for row in rows:
+        runs = ", ".join(f"{s:.1f}" for s in row["all_seconds"])
+        ratio = "" if row["ratio_to_read"] is None else f"{row['ratio_to_read']:.1f}"
+        print(f"| {row['corpus']} x{row['repeat']} | {row['rows']:,} | {row['dim']} x {row['layers']} | {row['store_gb']:.1f} | "
+              f"{row['kind']} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['peak_rss_mb']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
