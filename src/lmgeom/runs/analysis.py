@@ -347,7 +347,7 @@ class ContextualityResult:
             settings=document["settings"],
             counts=counts,
             store_meta=dict(store.meta),
-            store_path=store.path,
+            store_path=store.path if store.location.is_local else None,
         )
 
     def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
@@ -621,7 +621,7 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
     """The result of merged shard states that together cover every row of `store` once."""
     store = _open(store)
     if state.store_identity != _store_identity(store):
-        raise ValueError(f"these analysis states were computed on another store than {store.path}")
+        raise ValueError(f"these analysis states were computed on another store than {store.url}")
     covered = sorted(state.row_ranges)
     ends = [0] + [stop for _, stop in covered]
     if any(start != end for (start, _), end in zip(covered, ends)) or ends[-1] != store.n_tokens:
@@ -665,7 +665,7 @@ def _result(store: RepresentationStore, plan: AnalysisPlan, stats: list[_LayerSt
                 "zero_vectors_excluded_by_layer": {s.layer: s.n_zero for s in stats},
                 "mean_norm_by_layer": {s.layer: s.mean_norm for s in stats}},
         store_meta=dict(store.meta),
-        store_path=store.path,
+        store_path=store.path if store.location.is_local else None,
     )
     result.findings, result.statements = _findings(result.summary(), words)
     return result

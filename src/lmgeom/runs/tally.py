@@ -45,7 +45,7 @@ def layer_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[
     array = store.layer(layer)
     for start in range(span.start, span.stop, chunk_rows):
         chunk = np.asarray(array[start : min(start + chunk_rows, span.stop)])
-        yield start, as_float64_rows(chunk, name=f"layer {layer} of {store.path}", layer=layer, row_offset=start)
+        yield start, as_float64_rows(chunk, name=f"layer {layer} of {store.url}", layer=layer, row_offset=start)
 
 
 def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows: range | tuple[int, int] | None = None,
