@@ -259,7 +259,10 @@ class _LayerStats:
     mev: dict[str, np.ndarray]
 
 
-def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int) -> _LayerStats:
+def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int, *,
+                 self_similarity: tuple[np.ndarray, np.ndarray] | None = None) -> _LayerStats:
+    """`self_similarity`: (values, non-zero counts) per word when computed by word group elsewhere
+    (`lmgeom.runs.distributed`) instead of by `accumulators.self_similarity`."""
     sample = accumulators.sample.result()
     sample = sample[row_norms(sample) > 0]
     sample_spectrum = occurrence_spectrum(sample)
@@ -277,8 +280,8 @@ def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int,
         n_sampled=len(sample),
         mev_baseline={variant: sample_spectrum.mev(variant) for variant in MEV_VARIANTS},
         intra=accumulators.intra.result(),
-        self_similarity=accumulators.self_similarity.result(),
-        nonzero_counts=accumulators.self_similarity.counts,
+        self_similarity=accumulators.self_similarity.result() if self_similarity is None else self_similarity[0],
+        nonzero_counts=accumulators.self_similarity.counts if self_similarity is None else self_similarity[1],
         mev=mev,
     )
 

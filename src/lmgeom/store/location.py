@@ -138,4 +138,4 @@ class Location:
         return FsspecStore.from_url(self.child(*parts).url, read_only=read_only)
 
     def open_array(self, *parts: str, mode: str = "r") -> zarr.Array:
-        return zarr.open_array(self.zarr_store(*parts, read_only=mode == "r"), mode=mode)  # type: ignore[arg-type]
+        return zarr.open_array(self.zarr_store(*parts, read_only=mode == "r"), mode=mode)

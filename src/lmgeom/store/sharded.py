@@ -80,7 +80,7 @@ class ShardPartWriter:
         self.sentences: list[pd.DataFrame] = []
         part = location.child(SHARDS, self.part)
         self.arrays = [
-            zarr.create_array(part.zarr_store(layout.LAYERS, str(layer), read_only=False), shape=(0, dim),  # type: ignore[arg-type]
+            zarr.create_array(part.zarr_store(layout.LAYERS, str(layer), read_only=False), shape=(0, dim),
                               chunks=(chunk_rows(dim), dim), dtype=dtype, compressors=None, overwrite=True)
             for layer in range(n_layers)
         ]
@@ -148,7 +148,7 @@ class ShardedStoreWriter:
         if location.exists(layout.META):
             existing = location.read_json(layout.META)
             if existing.get("settings") != self.settings:
-                raise StoreExistsError(_settings_mismatch(location.url, existing.get("settings", {}), self.settings,  # type: ignore[arg-type]
+                raise StoreExistsError(_settings_mismatch(location.url, existing.get("settings", {}), self.settings,
                                                           complete=bool(existing.get("complete"))))
             self.complete = bool(existing.get("complete"))
             self.created = str(existing.get("created"))

@@ -175,7 +175,7 @@ class StoreWriter:
 _MODEL_SETTINGS = ("model_id", "model_class", "model_fingerprint", "n_layers", "dim")
 
 
-def _settings_mismatch(path: Path, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
+def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
     changed = sorted(k for k in set(stored) | set(requested) if stored.get(k) != requested.get(k))
     run = "finished" if complete else "interrupted"
     if not any(key in _MODEL_SETTINGS for key in changed):
