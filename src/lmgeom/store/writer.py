@@ -202,10 +202,7 @@ def _fingerprint_parts(fingerprint: Any) -> dict[str, str]:
 def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str) -> None:
     """An empty (0, dim) array chunked by rows. Activations barely compress (about 13 % with zstd)
     and compressing costs more time than the disk it saves, so layers are stored raw."""
-    if int(zarr.__version__.split(".")[0]) >= 3:
-        zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=None, overwrite=True)
-    else:  # zarr 2 (Python 3.10)
-        zarr.open_array(str(path), mode="w", shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressor=None)
+    zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=None, overwrite=True)
 
 
 def _write_parquet_atomic(table: pd.DataFrame, path: Path) -> None:
