@@ -64,10 +64,10 @@ EncoderFactory = Callable[[], Encoder]
 
 
 def default_shard_sentences(n_sentences: int, chunk_sentences: int, *, num_workers: int = 1) -> int:
-    """Sentences per shard: four shards a worker (so a killed shard costs little and the last ones
-    balance), at least one chunk, at most 16 chunks."""
-    per_shard = -(-n_sentences // max(1, 4 * num_workers))
-    return int(min(16 * chunk_sentences, max(chunk_sentences, per_shard)))
+    """Sentences per shard: about four shards a worker (so a killed shard costs little and the last
+    ones balance), in whole chunks (as a local run would chunk them), 1 to 16 chunks."""
+    chunks = -(-n_sentences // (max(1, 4 * num_workers) * chunk_sentences))
+    return int(min(16, max(1, chunks)) * chunk_sentences)
 
 
 def connect_ray(address: str | None = None) -> ModuleType:
