@@ -195,6 +195,8 @@ def _encode_on_ray(ray: ModuleType, workers: list[Any], url: str, settings: dict
         try:
             ray.get(ready)
         except ray.exceptions.RayError as error:
+            for other in workers:  # no worker keeps writing once the run has stopped
+                ray.kill(other)
             raise RuntimeError(f"shard {shard} (sentences {span.start}-{span.stop - 1}) failed on its worker after its "
                                f"retries: {str(error).splitlines()[0]}; re-run the same command to resume "
                                "(finished shards are kept)") from error
