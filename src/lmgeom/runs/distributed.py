@@ -54,6 +54,7 @@ from lmgeom.runs.analysis import (
     _result,
     plan_analysis,
 )
+from lmgeom.runs.extraction import default_chunk_sentences
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
 from lmgeom.store import RepresentationStore
 from lmgeom.store.location import Location
@@ -124,7 +125,7 @@ def extract_sharded(
     *,
     engine: str = "local",
     dtype: str = "float32",
-    chunk_sentences: int = 256,
+    chunk_sentences: int | None = None,
     shard_sentences: int | None = None,
     num_workers: int = 1,
     gpus_per_worker: float = 0.0,
@@ -136,7 +137,7 @@ def extract_sharded(
     """Encode `corpus` into a sharded store at `out` (a folder or an fsspec URL); re-running resumes.
 
     `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
-    also takes an encoder itself. With `engine="ray"`, `num_workers` actors with `gpus_per_worker`
+    also takes an encoder itself. `chunk_sentences` defaults as for `extract` (`default_chunk_sentences`). With `engine="ray"`, `num_workers` actors with `gpus_per_worker`
     GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
     times, after which the run stops and a re-run resumes it."""
     if engine not in ENGINES:
@@ -157,6 +158,8 @@ def extract_sharded(
     else:
         encoder = cast(Encoder, make_encoder) if hasattr(make_encoder, "encode") else cast(EncoderFactory, make_encoder)()
         encoder_settings = encoder.settings()
+    chunk_sentences = chunk_sentences or default_chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]),
+                                                                 len(corpus))
     shard_sentences = shard_sentences or default_shard_sentences(len(corpus), chunk_sentences, num_workers=num_workers)
     settings = store_settings(encoder_settings, corpus, dtype=dtype, chunk_sentences=chunk_sentences,
                               shard_sentences=shard_sentences)

@@ -166,9 +166,12 @@ def extract_model(
         from lmgeom.runs.distributed import extract_sharded
 
         return extract_sharded(make_encoder, sentences, out or str(default_run_dir(model, corpus)), engine=engine,
-                               dtype=dtype, chunk_sentences=chunk_sentences or 256, shard_sentences=shard_sentences,
+                               dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
                                num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
                                overwrite=overwrite, progress=progress)
+    if num_workers != 1 or gpus_per_worker or shard_sentences:
+        raise ValueError("--num-workers, --gpus-per-worker and --shard-sentences apply to --engine ray; "
+                         "add --engine ray or leave them out")
     encoder = make_encoder()
     return extract(encoder, sentences, out or default_run_dir(model, corpus), dtype=dtype, chunk_sentences=chunk_sentences,
                    overwrite=overwrite, progress=progress)
