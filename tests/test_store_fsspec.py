@@ -163,3 +163,14 @@ def test_writing_into_a_folder_holding_something_else_is_refused(encoder, corpus
     Location.of(url).write_bytes(b"x", "notes.txt")
     with pytest.raises(ValueError, match="not empty and holds no lmgeom store"):
         extract(encoder, corpus, url, chunk_sentences=CHUNK)
+
+
+def test_ray_options_without_the_ray_engine_are_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    outcome = CliRunner().invoke(app, ["extract", "tiny-bert", "--limit", "5", "--out", str(tmp_path / "x"), "--num-workers", "2"])
+    assert outcome.exit_code == 2 and "apply to --engine ray" in " ".join(outcome.output.split())
+    outcome = CliRunner().invoke(app, ["analyze", str(tmp_path / "x"), "--engine", "spark"])
+    assert outcome.exit_code == 2
