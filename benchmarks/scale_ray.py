@@ -90,8 +90,9 @@ def _alternate(sides: dict[str, Callable[[], object]], repeats: int) -> dict[str
     return runs
 
 
-def _rows(benchmark: str, runs: dict[str, list[tuple[float, float]]], load: str, **size: Any) -> list[dict[str, Any]]:
-    return [{"benchmark": benchmark, "engine": engine, "workers": 2 if engine == "ray" else 1, **size,
+def _rows(benchmark: str, runs: dict[str, list[tuple[float, float]]], load: str, *, ray_workers: int = 2,
+          **size: Any) -> list[dict[str, Any]]:
+    return [{"benchmark": benchmark, "engine": engine, "workers": ray_workers if engine == "ray" else 1, **size,
              "seconds": statistics.median(t for t, _ in measured), "seconds_all": [round(t, 3) for t, _ in measured],
              "peak_rss_mb": max(m for _, m in measured), "load": load} for engine, measured in runs.items()]
 
@@ -155,7 +156,7 @@ def ray_rows(*, rows: int = 20000, dim: int = 768, sentences: int = 192, repeats
             "local": lambda: encode_shard(synthetic, str(root / f"shard-{next(counter)}"), settings, 0, 0, shard),
             "ray": lambda: ray.get(worker.call.remote(str(root / f"shard-{next(counter)}"), settings, shard)),
         }, 5 * repeats)
-        shard_rows = _rows("one shard of 32 sentences, 13 x 768 synthetic vectors", in_process, load,
+        shard_rows = _rows("one shard of 32 sentences, 13 x 768 synthetic vectors", in_process, load, ray_workers=1,
                            sentences=len(shard), tokens=sum(len(s.words) for s in shard))
         local, remote = (row["seconds"] for row in shard_rows)
         table += shard_rows + [{"benchmark": "ray overhead per shard", "engine": "ray", "workers": 1,
