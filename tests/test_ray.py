@@ -134,8 +134,10 @@ def test_a_killed_worker_shard_is_redone(cluster, corpus, local_store, tmp_path)
     with pytest.raises(ValueError, match="unfinished extraction"):
         RepresentationStore.open(out)
     before = {name: location.read_json(SHARDS, name) for name in location.listdir(SHARDS) if name.endswith(".json")}
+    # with another number of workers: the run keeps its shards
     resumed = extract_sharded(partial(KillingEncoder, 20, str(marker)), corpus, out, engine="ray",
-                              chunk_sentences=CHUNK, shard_sentences=SHARD, num_workers=2, max_retries=0)
+                              chunk_sentences=CHUNK, num_workers=1, max_retries=0)
+    assert resumed.meta["shard_sentences"] == SHARD
     parts = {entry["part"][:6]: entry["part"] for entry in resumed.meta["shards"]}
     for name, manifest in before.items():  # finished shards were kept, not rewritten
         assert parts[name[:6]] == manifest["part"]

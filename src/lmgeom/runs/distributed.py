@@ -56,7 +56,7 @@ from lmgeom.runs.analysis import (
 )
 from lmgeom.runs.extraction import default_chunk_sentences
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
-from lmgeom.store import RepresentationStore
+from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
 
@@ -137,8 +137,9 @@ def extract_sharded(
     """Encode `corpus` into a sharded store at `out` (a folder or an fsspec URL); re-running resumes.
 
     `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
-    also takes an encoder itself. `chunk_sentences` defaults as for `extract` (`default_chunk_sentences`). With `engine="ray"`, `num_workers` actors with `gpus_per_worker`
-    GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
+    also takes an encoder itself. `chunk_sentences` defaults as for `extract`, `shard_sentences` to
+    `default_shard_sentences` (a resumed run keeps its own). With `engine="ray"`, `num_workers` actors
+    with `gpus_per_worker` GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
     times, after which the run stops and a re-run resumes it."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
@@ -160,6 +161,9 @@ def extract_sharded(
         encoder_settings = encoder.settings()
     chunk_sentences = chunk_sentences or default_chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]),
                                                                  len(corpus))
+    if shard_sentences is None and not overwrite and location.exists(layout.META):
+        # a resumed run keeps its shards, whatever the number of workers now
+        shard_sentences = location.read_json(layout.META).get("settings", {}).get("shard_sentences")
     shard_sentences = shard_sentences or default_shard_sentences(len(corpus), chunk_sentences, num_workers=num_workers)
     settings = store_settings(encoder_settings, corpus, dtype=dtype, chunk_sentences=chunk_sentences,
                               shard_sentences=shard_sentences)
