@@ -54,7 +54,6 @@ from lmgeom.runs.analysis import (
     _result,
     plan_analysis,
 )
-from lmgeom.runs.extraction import default_chunk_sentences
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
@@ -62,6 +61,7 @@ from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
 
 ENGINES = ("local", "ray")
 EncoderFactory = Callable[[], Encoder]
+ChunkRule = Callable[[int, int, int], int]  # (n_layers, dim, n_sentences) -> sentences per chunk
 
 
 def default_shard_sentences(n_sentences: int, chunk_sentences: int, *, num_workers: int = 1) -> int:
@@ -125,7 +125,7 @@ def extract_sharded(
     *,
     engine: str = "local",
     dtype: str = "float32",
-    chunk_sentences: int | None = None,
+    chunk_sentences: int | ChunkRule = 256,
     shard_sentences: int | None = None,
     num_workers: int = 1,
     gpus_per_worker: float = 0.0,
@@ -137,7 +137,8 @@ def extract_sharded(
     """Encode `corpus` into a sharded store at `out` (a folder or an fsspec URL); re-running resumes.
 
     `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
-    also takes an encoder itself. `chunk_sentences` defaults as for `extract`, `shard_sentences` to
+    also takes an encoder itself. `chunk_sentences` is a number, or a rule (n_layers, dim, n_sentences)
+    -> number for the workers' model (`extract_model` passes `default_chunk_sentences`); `shard_sentences` defaults to
     `default_shard_sentences` (a resumed run keeps its own). With `engine="ray"`, `num_workers` actors
     with `gpus_per_worker` GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
     times, after which the run stops and a re-run resumes it."""
@@ -159,8 +160,8 @@ def extract_sharded(
     else:
         encoder = cast(Encoder, make_encoder) if hasattr(make_encoder, "encode") else cast(EncoderFactory, make_encoder)()
         encoder_settings = encoder.settings()
-    chunk_sentences = chunk_sentences or default_chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]),
-                                                                 len(corpus))
+    if callable(chunk_sentences):
+        chunk_sentences = chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), len(corpus))
     if shard_sentences is None and not overwrite and location.exists(layout.META):
         # a resumed run keeps its shards, whatever the number of workers now
         shard_sentences = location.read_json(layout.META).get("settings", {}).get("shard_sentences")

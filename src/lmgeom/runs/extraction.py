@@ -166,7 +166,7 @@ def extract_model(
         from lmgeom.runs.distributed import extract_sharded
 
         return extract_sharded(make_encoder, sentences, out or str(default_run_dir(model, corpus)), engine=engine,
-                               dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
+                               dtype=dtype, chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences,
                                num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
                                overwrite=overwrite, progress=progress)
     if num_workers != 1 or gpus_per_worker or shard_sentences:
