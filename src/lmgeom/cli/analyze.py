@@ -57,28 +57,43 @@ def print_contextuality(result: ContextualityResult) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
-        store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
+        store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract` (a folder or an fsspec URL)"),
         min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out (as the paper did)"),
         exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word (decoders without BOS put outlier activations there)"),
         include_special: bool = typer.Option(False, help="also analyse special tokens (CLS/SEP/BOS), when the store kept them"),
         seed: int = typer.Option(0, help="seed for the sampled baselines"),
         samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
-        out: Optional[Path] = typer.Option(None, help="directory for the result files (default: the store)"),
+        out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices; more means fewer passes"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
+        engine: str = typer.Option("local", help="local (this process) or ray (tasks by row range and word group on a Ray cluster)"),
+        ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
+        num_workers: int = typer.Option(2, help="--engine ray: tasks running at once"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs import analyze_store
+        from lmgeom.runs.analysis import AnalysisOptions
+        from lmgeom.runs.distributed import ENGINES, analyze_ray, write_contextuality
+        from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
-            result = analyze_store(
-                store_path, min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
-                exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
-                progress=progress, write_to=out if out is not None else True, device=device,
-            )
+            if engine not in ENGINES:
+                raise ValueError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
+            store = RepresentationStore.open(store_path)
+            if engine == "ray":
+                result = analyze_ray(store, AnalysisOptions(
+                    min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
+                    exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb),
+                    num_workers=num_workers, ray_address=ray_address, progress=progress)
+            else:
+                result = analyze_store(
+                    store, min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
+                    exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
+                    progress=progress, device=device)
+            written = write_contextuality(result, store, out)
         print_contextuality(result)
-        console.print("wrote " + ", ".join(str(p) for p in result.written.values()))
+        console.print("wrote " + ", ".join(written))
 
     @app.command("static-embeddings")
     def static_embeddings_command(

@@ -18,7 +18,7 @@ CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one se
 def print_store(store: RepresentationStore) -> None:
     meta = store.meta
     console.print(
-        f"[bold]{store.path}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
+        f"[bold]{store.url}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
         f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
     def extract_command(
         model: str = typer.Argument(..., help=MODEL_HELP),
         corpus: str = typer.Option("lee", "--corpus", "-c", help=CORPUS_HELP),
-        out: Path = typer.Option(..., "--out", "-o", help="run directory to write the store into"),
+        out: str = typer.Option(..., "--out", "-o", help="run directory or fsspec URL (s3://bucket/run) to write the store into"),
         field: str = typer.Option("text", help="JSONL field holding the sentence"),
         pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
@@ -51,6 +51,11 @@ def register(app: typer.Typer) -> None:
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
         revision: Optional[str] = typer.Option(None, help="Hub revision"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
+        engine: str = typer.Option("local", help="local (this process) or ray (shards on a Ray cluster's actors)"),
+        ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
+        num_workers: int = typer.Option(1, help="--engine ray: actors, each holding one model"),
+        gpus_per_worker: float = typer.Option(0.0, help="--engine ray: GPUs per actor"),
+        shard_sentences: Optional[int] = typer.Option(None, help="--engine ray: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.runs import extract_model
@@ -61,7 +66,8 @@ def register(app: typer.Typer) -> None:
                 pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
                 dtype=dtype, compute_dtype=compute_dtype, device=device, max_length=max_length,
                 max_batch_tokens=max_batch_tokens, chunk_sentences=chunk_sentences, gguf_file=gguf_file,
-                revision=revision, overwrite=overwrite, progress=progress,
+                revision=revision, overwrite=overwrite, progress=progress, engine=engine, ray_address=ray_address,
+                num_workers=num_workers, gpus_per_worker=gpus_per_worker, shard_sentences=shard_sentences,
             )
         print_store(store)
 

@@ -260,7 +260,10 @@ class _LayerStats:
     mev: dict[str, np.ndarray]
 
 
-def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int) -> _LayerStats:
+def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int, *,
+                 self_similarity: tuple[np.ndarray, np.ndarray] | None = None) -> _LayerStats:
+    """`self_similarity`: (values, non-zero counts) per word when computed by word group elsewhere
+    (`lmgeom.runs.distributed`) instead of by `accumulators.self_similarity`."""
     sample = accumulators.sample.result()
     sample = sample[row_norms(sample) > 0]
     sample_spectrum = occurrence_spectrum(sample)
@@ -278,8 +281,8 @@ def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int,
         n_sampled=len(sample),
         mev_baseline={variant: sample_spectrum.mev(variant) for variant in MEV_VARIANTS},
         intra=accumulators.intra.result(),
-        self_similarity=accumulators.self_similarity.result(),
-        nonzero_counts=accumulators.self_similarity.counts,
+        self_similarity=accumulators.self_similarity.result() if self_similarity is None else self_similarity[0],
+        nonzero_counts=accumulators.self_similarity.counts if self_similarity is None else self_similarity[1],
         mev=mev,
     )
 
@@ -348,7 +351,7 @@ class ContextualityResult:
             settings=document["settings"],
             counts=counts,
             store_meta=dict(store.meta),
-            store_path=store.path,
+            store_path=store.path if store.location.is_local else None,
         )
 
     def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
@@ -626,7 +629,7 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
     """The result of merged shard states that together cover every row of `store` once."""
     store = _open(store)
     if state.store_identity != _store_identity(store):
-        raise ValueError(f"these analysis states were computed on another store than {store.path}")
+        raise ValueError(f"these analysis states were computed on another store than {store.url}")
     covered = sorted(state.row_ranges)
     ends = [0] + [stop for _, stop in covered]
     if any(start != end for (start, _), end in zip(covered, ends)) or ends[-1] != store.n_tokens:
@@ -670,7 +673,7 @@ def _result(store: RepresentationStore, plan: AnalysisPlan, stats: list[_LayerSt
                 "zero_vectors_excluded_by_layer": {s.layer: s.n_zero for s in stats},
                 "mean_norm_by_layer": {s.layer: s.mean_norm for s in stats}},
         store_meta=dict(store.meta),
-        store_path=store.path,
+        store_path=store.path if store.location.is_local else None,
     )
     result.findings, result.statements = _findings(result.summary(), words)
     return result

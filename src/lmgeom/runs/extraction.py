@@ -15,6 +15,7 @@ from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.store import RepresentationStore, StoreWriter, layout
+from lmgeom.store.location import Location
 
 
 def extract(
@@ -35,6 +36,13 @@ def extract(
     """
     progress = progress or NoProgress()
     chunk_sentences = chunk_sentences or default_chunk_sentences(encoder.n_layers, encoder.dim, len(corpus))
+    location = Location.of(out)
+    if not location.is_local:  # object stores have no atomic rename: shards committed by manifests
+        from lmgeom.runs.distributed import extract_sharded
+
+        return extract_sharded(encoder, corpus, location, dtype=dtype, chunk_sentences=chunk_sentences,
+                               overwrite=overwrite, progress=progress)
+    out = location.local_path
     settings = {
         **encoder.settings(),
         "dtype": dtype,
@@ -133,19 +141,38 @@ def extract_model(
     revision: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
+    num_workers: int = 1,
+    gpus_per_worker: float = 0.0,
+    shard_sentences: int | None = None,
 ) -> RepresentationStore:
     """`lmgeom extract`: load the corpus spec `corpus` and `model`, and extract every layer into `out`
-    (default runs/<model>-<corpus>), resuming an interrupted run. Options as for `load_corpus`,
-    `load_encoder` and `extract`."""
+    (default runs/<model>-<corpus>; a folder or an fsspec URL), resuming an interrupted run. Options as
+    for `load_corpus`, `load_encoder` and `extract`; `engine="ray"` encodes shards of the corpus on
+    `num_workers` Ray actors, each loading the model (`lmgeom.runs.distributed.extract_sharded`)."""
+    from functools import partial
+
     from lmgeom.encoders.registry import load_encoder
 
     # a bad corpus spec fails before the model loads
     sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-    encoder = load_encoder(
-        model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
-        skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
-        max_batch_tokens=max_batch_tokens,
+    make_encoder = partial(
+        load_encoder, model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
+        prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file,
+        revision=revision, max_batch_tokens=max_batch_tokens,
     )
+    if engine != "local":
+        from lmgeom.runs.distributed import extract_sharded
+
+        return extract_sharded(make_encoder, sentences, out or str(default_run_dir(model, corpus)), engine=engine,
+                               dtype=dtype, chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences,
+                               num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
+                               overwrite=overwrite, progress=progress)
+    if num_workers != 1 or gpus_per_worker or shard_sentences:
+        raise ValueError("--num-workers, --gpus-per-worker and --shard-sentences apply to --engine ray; "
+                         "add --engine ray or leave them out")
+    encoder = make_encoder()
     return extract(encoder, sentences, out or default_run_dir(model, corpus), dtype=dtype, chunk_sentences=chunk_sentences,
                    overwrite=overwrite, progress=progress)
 

@@ -80,7 +80,7 @@ def layer_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[
                  chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray]]:
     """(start_row, float64 rows) of a layer over `rows`; NaN/inf is an error naming the layer and store row."""
     for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
-        yield start, as_float64_rows(chunk, name=f"layer {layer} of {store.path}", layer=layer, row_offset=start)
+        yield start, as_float64_rows(chunk, name=f"layer {layer} of {store.url}", layer=layer, row_offset=start)
 
 
 class _Float64Rows:
@@ -115,7 +115,7 @@ def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows
     float64 on that GPU), `auto` (CUDA when present, else numpy), `torch:cpu` (the GPU's code path
     on the CPU). Other accumulators always get numpy rows."""
     to_float64 = _Float64Rows(device)
-    name = f"layer {layer} of {store.path}"
+    name = f"layer {layer} of {store.url}"
     # BLAS threads gain nothing on these memory-bound products and lose much to contention on a busy machine
     with threadpool_limits(limits=1, user_api="blas"):
         for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):

@@ -39,8 +39,10 @@ def part_path(root: Path, kind: str, chunk: int) -> Path:
 
 
 def is_store(path: str | Path) -> bool:
-    """Whether `path` is a store directory (complete or not): it holds the store's meta.json."""
-    return (Path(path) / META).is_file()
+    """Whether `path` (a folder or an fsspec URL) is a store (complete or not): it holds the store's meta.json."""
+    from lmgeom.store.location import Location
+
+    return Location.of(path).exists(META)
 
 
 def read_json(path: Path) -> dict[str, Any]:

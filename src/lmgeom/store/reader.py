@@ -12,50 +12,61 @@ import pandas as pd
 import zarr
 
 from lmgeom.store import layout
+from lmgeom.store.location import Location
+from lmgeom.store.sharded import ShardedArray, open_sharded_layer
 
 
 class RepresentationStore:
     """A complete store: per-layer lazy arrays plus token, sentence and vocabulary tables.
 
-    Row i of every layer is token i of `tokens`. Layer 0 is the embedding output.
+    Row i of every layer is token i of `tokens`. Layer 0 is the embedding output. The store is a
+    local folder or any fsspec URL (`url`); `path` is the local folder (object stores have none).
     """
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
-        self.path = path
+    def __init__(self, path: Path | Location, meta: dict[str, Any]) -> None:
+        self.location = Location.of(path)
         self.meta = meta
 
+    @property
+    def path(self) -> Path:
+        """The store's local folder; a store on an object store has none (see `url`)."""
+        return self.location.local_path
+
+    @property
+    def url(self) -> str:
+        """Where the store lives: a local path or an fsspec URL."""
+        return self.location.url
+
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "RepresentationStore":
-        path = Path(path)
-        meta_path = path / layout.META
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{path} is not an lmgeom store (no {layout.META}); create one with `lmgeom extract`")
-        meta = layout.read_json(meta_path)
+    def open(cls, path: str | os.PathLike[str] | Location) -> "RepresentationStore":
+        location = Location.of(path)
+        if not location.exists(layout.META):
+            raise FileNotFoundError(f"{location} is not an lmgeom store (no {layout.META}); create one with `lmgeom extract`")
+        meta = location.read_json(layout.META)
         if not meta.get("complete"):
-            progress = path / layout.PROGRESS
-            done = layout.read_json(progress)["n_sentences"] if progress.exists() else 0
+            done = location.read_json(layout.PROGRESS)["n_sentences"] if location.exists(layout.PROGRESS) else 0
             raise ValueError(
-                f"{path} is an unfinished extraction ({done} sentences committed); re-run the same "
+                f"{location} is an unfinished extraction ({done or 'some'} sentences committed); re-run the same "
                 "`lmgeom extract` command to resume it"
             )
-        store = cls(path, meta)
+        store = cls(location, meta)
         store._check()
         return store
 
     def _check(self) -> None:
         for name in (layout.TOKENS, layout.SENTENCES, layout.VOCAB):
-            if not (self.path / name).exists():
-                raise ValueError(f"corrupt store {self.path}: {name} is missing; re-run the extraction with --overwrite")
+            if not self.location.exists(name):
+                raise ValueError(f"corrupt store {self.url}: {name} is missing; re-run the extraction with --overwrite")
         for layer in self.layers:
             try:
                 shape = self.layer(layer).shape
             except Exception as error:  # zarr raises several types for a missing or broken array
                 raise ValueError(
-                    f"corrupt store {self.path}: layer {layer} cannot be opened ({error}); re-run the extraction with --overwrite"
+                    f"corrupt store {self.url}: layer {layer} cannot be opened ({error}); re-run the extraction with --overwrite"
                 ) from None
             if shape != (self.n_tokens, self.dim):
                 raise ValueError(
-                    f"corrupt store {self.path}: layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim}); "
+                    f"corrupt store {self.url}: layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim}); "
                     "re-run the extraction with --overwrite"
                 )
 
@@ -73,20 +84,23 @@ class RepresentationStore:
         return int(self.meta["dim"])
 
     def __repr__(self) -> str:
-        return (f"RepresentationStore({str(self.path)!r}, model={self.meta.get('model_id')!r}, "
+        return (f"RepresentationStore({self.url!r}, model={self.meta.get('model_id')!r}, "
                 f"layers=0..{len(self.layers) - 1} (0 = embeddings), tokens={self.n_tokens}, dim={self.dim})")
 
     # ---- arrays -----------------------------------------------------------------------------
-    def layer(self, layer: int) -> zarr.Array:
+    def layer(self, layer: int) -> zarr.Array | ShardedArray:
         """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches."""
         if layer not in self.layers:
             raise IndexError(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
         if layer not in self._arrays:
-            self._arrays[layer] = zarr.open_array(str(layout.layer_path(self.path, layer)), mode="r")
+            if "shards" in self.meta:  # written in shards: the parts the shard index names
+                self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer)
+            else:
+                self._arrays[layer] = self.location.open_array(layout.LAYERS, str(layer))
         return self._arrays[layer]
 
     @cached_property
-    def _arrays(self) -> dict[int, zarr.Array]:
+    def _arrays(self) -> dict[int, zarr.Array | ShardedArray]:
         return {}
 
     def iter_chunks(self, layer: int, *, chunk_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
@@ -109,15 +123,15 @@ class RepresentationStore:
     # ---- tables -----------------------------------------------------------------------------
     @cached_property
     def tokens(self) -> pd.DataFrame:
-        return pd.read_parquet(self.path / layout.TOKENS)
+        return self.location.read_parquet(layout.TOKENS)
 
     @cached_property
     def sentences(self) -> pd.DataFrame:
-        return pd.read_parquet(self.path / layout.SENTENCES)
+        return self.location.read_parquet(layout.SENTENCES)
 
     @cached_property
     def vocab(self) -> pd.DataFrame:
-        return pd.read_parquet(self.path / layout.VOCAB)
+        return self.location.read_parquet(layout.VOCAB)
 
     @cached_property
     def _rows_by_word_id(self) -> dict[int, np.ndarray]:
@@ -130,7 +144,7 @@ class RepresentationStore:
         """Row indexes where `word` occurs (exact match), in corpus order."""
         matches = self.vocab.index[self.vocab["word"] == word]
         if len(matches) == 0:
-            raise ValueError(f"word {word!r} does not occur in {self.path}")
+            raise ValueError(f"word {word!r} does not occur in {self.url}")
         return self._rows_by_word_id[int(self.vocab.at[matches[0], "word_id"])]
 
     def sentence_rows(self, sentence_id: int) -> np.ndarray:

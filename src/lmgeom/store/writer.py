@@ -175,7 +175,7 @@ class StoreWriter:
 _MODEL_SETTINGS = ("model_id", "model_class", "model_fingerprint", "n_layers", "dim")
 
 
-def _settings_mismatch(path: Path, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
+def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
     changed = sorted(k for k in set(stored) | set(requested) if stored.get(k) != requested.get(k))
     run = "finished" if complete else "interrupted"
     if not any(key in _MODEL_SETTINGS for key in changed):
@@ -202,10 +202,7 @@ def _fingerprint_parts(fingerprint: Any) -> dict[str, str]:
 def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str) -> None:
     """An empty (0, dim) array chunked by rows. Activations barely compress (about 13 % with zstd)
     and compressing costs more time than the disk it saves, so layers are stored raw."""
-    if int(zarr.__version__.split(".")[0]) >= 3:
-        zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=None, overwrite=True)
-    else:  # zarr 2 (Python 3.10)
-        zarr.open_array(str(path), mode="w", shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressor=None)
+    zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=None, overwrite=True)
 
 
 def _write_parquet_atomic(table: pd.DataFrame, path: Path) -> None:

@@ -1,0 +1,397 @@
+"""Extraction and analysis beyond one process: shards of a corpus and of a store, on Ray or locally.
+
+Extraction (`extract_sharded`): the corpus is cut into shards of whole sentences; each shard is
+encoded and written as its own store part (`lmgeom.store.sharded`), then one final step writes the
+global tables (word ids over all shards) and the shard index. Engines:
+- `local`: one process writes the shards in turn (what `extract` does for a store on an object store);
+- `ray`: a pool of Ray Core actors, each holding one model (`num_gpus` per actor). Actors rather than
+  Ray Data's `map_batches`: a shard is a write with its own commit and returns only its manifest, the
+  driver must skip finished shards and hand a killed actor's shard to a restarted one, and it feeds
+  shards as actors free up, so only the shards in flight leave the driver. Ray Data would add its
+  block executor to carry nothing but a list of shard numbers.
+A killed actor is restarted and its shard redone (`max_retries`); a failed run resumes: shards with a
+manifest are skipped, the others are written afresh.
+
+Analysis (`analyze_ray`): Ray tasks return accumulator states that the driver merges with `merge()`.
+Tasks are partitioned so that none holds per-word state for the whole vocabulary: per layer, a task
+per row range (cut at sentence starts) for the global statistics (baselines, norms, intra-sentence
+similarity, the sampled rows), and a task per row range and word group (`plan_word_groups`, the
+MEV memory budget) for the per-word ones (self-similarity and MEV of that group's words only). The
+merged result equals `analyze_store` of the same store (closed-form statistics to float64 rounding).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator, Sequence, cast
+
+import numpy as np
+
+from lmgeom.corpus.corpus import Corpus, Sentence
+from lmgeom.encoders.base import Encoder
+from lmgeom.metrics.base import StatefulAccumulator
+from lmgeom.metrics.contextuality import (
+    AverageCosineAccumulator,
+    IntraSentenceAccumulator,
+    MeanNormAccumulator,
+    MEVAccumulator,
+    OccurrenceSpectrum,
+    RowSampleAccumulator,
+    SelfSimilarityAccumulator,
+)
+from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs.analysis import (
+    AnalysisOptions,
+    ContextualityResult,
+    LayerAccumulators,
+    _layer_stats,
+    _require_two_contexts,
+    _result,
+    plan_analysis,
+)
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
+from lmgeom.store import RepresentationStore, layout
+from lmgeom.store.location import Location
+from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
+
+ENGINES = ("local", "ray")
+EncoderFactory = Callable[[], Encoder]
+ChunkRule = Callable[[int, int, int], int]  # (n_layers, dim, n_sentences) -> sentences per chunk
+
+
+def default_shard_sentences(n_sentences: int, chunk_sentences: int, *, num_workers: int = 1) -> int:
+    """Sentences per shard: about four shards a worker (so a killed shard costs little and the last
+    ones balance), in whole chunks (as a local run would chunk them), 1 to 16 chunks."""
+    chunks = -(-n_sentences // (max(1, 4 * num_workers) * chunk_sentences))
+    return int(min(16, max(1, chunks)) * chunk_sentences)
+
+
+def connect_ray(address: str | None = None) -> ModuleType:
+    """Ray, joined to the cluster at `address` (or RAY_ADDRESS), or a local one started here."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--engine ray needs Ray: pip install 'lmgeom[ray]' (or use --engine local)") from None
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS"), logging_level=logging.WARNING)
+    return ray
+
+
+def store_settings(encoder_settings: dict[str, Any], corpus: Corpus, *, dtype: str, chunk_sentences: int,
+                   shard_sentences: int) -> dict[str, Any]:
+    """What makes two sharded extractions the same run (as `extract` records, plus the shard size)."""
+    return {
+        **encoder_settings, "dtype": dtype, "corpus_name": corpus.name, "corpus_source": corpus.source,
+        "corpus_fingerprint": corpus.fingerprint, "n_corpus_sentences": len(corpus), "pretokenized": corpus.pretokenized,
+        "chunk_sentences": chunk_sentences, "shard_sentences": shard_sentences,
+    }
+
+
+def encode_shard(encoder: Encoder, url: str, settings: dict[str, Any], shard: int, first_sentence: int,
+                 sentences: Sequence[Sentence]) -> dict[str, Any]:
+    """Encode one shard chunk by chunk into a part of its own, then commit it; returns its manifest."""
+    writer = ShardPartWriter(Location.of(url), shard, first_sentence=first_sentence, n_layers=int(settings["n_layers"]),
+                             dim=int(settings["dim"]), dtype=str(settings["dtype"]))
+    step = int(settings["chunk_sentences"])
+    for start in range(0, len(sentences), step):
+        chunk = sentences[start : start + step]
+        writer.append(encoder.encode(chunk, first_index=first_sentence + start), [s.text for s in chunk])
+    return writer.commit()
+
+
+class ShardWorker:
+    """A Ray actor: one model, loaded once, encoding shard after shard."""
+
+    def __init__(self, make_encoder: EncoderFactory) -> None:
+        self.encoder = make_encoder()
+
+    def settings(self) -> dict[str, Any]:
+        return self.encoder.settings()
+
+    def encode_shard(self, url: str, settings: dict[str, Any], shard: int, first_sentence: int,
+                     sentences: Sequence[Sentence]) -> dict[str, Any]:
+        return encode_shard(self.encoder, url, settings, shard, first_sentence, sentences)
+
+
+def extract_sharded(
+    make_encoder: EncoderFactory | Encoder,
+    corpus: Corpus,
+    out: str | os.PathLike[str] | Location,
+    *,
+    engine: str = "local",
+    dtype: str = "float32",
+    chunk_sentences: int | ChunkRule = 256,
+    shard_sentences: int | None = None,
+    num_workers: int = 1,
+    gpus_per_worker: float = 0.0,
+    ray_address: str | None = None,
+    max_retries: int = 2,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> RepresentationStore:
+    """Encode `corpus` into a sharded store at `out` (a folder or an fsspec URL); re-running resumes.
+
+    `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
+    also takes an encoder itself. `chunk_sentences` is a number, or a rule (n_layers, dim, n_sentences)
+    -> number for the workers' model (`extract_model` passes `default_chunk_sentences`); `shard_sentences` defaults to
+    `default_shard_sentences` (a resumed run keeps its own). With `engine="ray"`, `num_workers` actors
+    with `gpus_per_worker` GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
+    times, after which the run stops and a re-run resumes it."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if num_workers < 1 or gpus_per_worker < 0:
+        raise ValueError(f"--num-workers must be at least 1 and --gpus-per-worker at least 0; got {num_workers}, {gpus_per_worker}")
+    location = Location.of(out)
+    progress = progress or NoProgress()
+    if engine == "ray":
+        if location.url.startswith("memory://"):
+            raise ValueError("a memory:// store lives inside one process, so Ray workers cannot write it; "
+                             "use a folder every worker sees or an object store URL (s3://, gs://)")
+        ray = connect_ray(ray_address)
+        actor = ray.remote(ShardWorker).options(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1,
+                                                max_task_retries=max_retries)
+        workers = [actor.remote(make_encoder) for _ in range(num_workers)]
+        encoder_settings = ray.get(workers[0].settings.remote())
+    else:
+        encoder = cast(Encoder, make_encoder) if hasattr(make_encoder, "encode") else cast(EncoderFactory, make_encoder)()
+        encoder_settings = encoder.settings()
+    if callable(chunk_sentences):
+        chunk_sentences = chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), len(corpus))
+    if shard_sentences is None and not overwrite and location.exists(layout.META):
+        # a resumed run keeps its shards, whatever the number of workers now
+        shard_sentences = location.read_json(layout.META).get("settings", {}).get("shard_sentences")
+    shard_sentences = shard_sentences or default_shard_sentences(len(corpus), chunk_sentences, num_workers=num_workers)
+    settings = store_settings(encoder_settings, corpus, dtype=dtype, chunk_sentences=chunk_sentences,
+                              shard_sentences=shard_sentences)
+    writer = ShardedStoreWriter(location, settings=settings, overwrite=overwrite)
+    stage = f"extract {corpus.name}"
+    progress.start(stage, len(corpus), unit="sentences")
+    if not writer.complete:
+        done = writer.finished()
+        if done:
+            progress.advance(stage, sum(int(m["n_sentences"]) for m in done.values()), note=f"resumed: {len(done)} shards done")
+        todo = [(shard, span) for shard, span in enumerate(writer.shards) if shard not in done]
+        if engine == "ray":
+            _encode_on_ray(ray, workers, location.url, settings, corpus, todo, progress, stage)
+        else:
+            for shard, span in todo:
+                encode_shard(encoder, location.url, settings, shard, span.start, corpus.sentences[span.start : span.stop])
+                progress.advance(stage, len(span), note=f"shard {shard}")
+        writer.finalize()
+    return RepresentationStore.open(location)
+
+
+def _encode_on_ray(ray: ModuleType, workers: list[Any], url: str, settings: dict[str, Any], corpus: Corpus,
+                   todo: list[tuple[int, range]], progress: Progress, stage: str) -> None:
+    """Hand shards to idle actors, one at a time each, until every shard is committed."""
+    pending = list(reversed(todo))
+    idle = list(workers)
+    running: dict[Any, tuple[int, range, Any]] = {}
+    while pending or running:
+        while pending and idle:
+            shard, span = pending.pop()
+            worker = idle.pop()
+            sentences = corpus.sentences[span.start : span.stop]
+            running[worker.encode_shard.remote(url, settings, shard, span.start, sentences)] = (shard, span, worker)
+        (ready,), _ = ray.wait(list(running), num_returns=1)
+        shard, span, worker = running.pop(ready)
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayError as error:
+            for other in workers:  # no worker keeps writing once the run has stopped
+                ray.kill(other)
+            raise RuntimeError(f"shard {shard} (sentences {span.start}-{span.stop - 1}) failed on its worker after its "
+                               f"retries: {str(error).splitlines()[0]}; re-run the same command to resume "
+                               "(finished shards are kept)") from error
+        idle.append(worker)
+        progress.advance(stage, len(span), note=f"shard {shard}")
+
+
+# ---------------------------------------------------------------------------------------------
+# analysis
+
+
+@dataclass(frozen=True)
+class _GlobalTask:
+    """Rows [start, stop) of a layer: the selected rows' mask, sentence ids and the sampled rows."""
+
+    layer: int
+    start: int
+    stop: int
+    mask: np.ndarray
+    sentence_ids: np.ndarray
+    sampled_rows: np.ndarray
+
+
+@dataclass(frozen=True)
+class _WordGroupTask:
+    """Rows [start, stop) of a layer, for the words of one group: each row's index within the group (-1: not in it)."""
+
+    layer: int
+    start: int
+    stop: int
+    group: int
+    local_ids: np.ndarray
+    n_group_words: int
+
+
+def _global_states(url: str, meta: dict[str, Any], task: _GlobalTask, chunk_rows: int) -> dict[str, Any]:
+    store = RepresentationStore(Location.of(url), meta)
+    baseline, norms, intra = AverageCosineAccumulator(), MeanNormAccumulator(), IntraSentenceAccumulator()
+    sample = RowSampleAccumulator(task.sampled_rows)
+    for start, X in layer_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
+        local = slice(start - task.start, start - task.start + len(X))
+        keep = task.mask[local]
+        if not keep.any():
+            continue
+        rows = X[keep]
+        baseline.add(rows)
+        norms.add(rows)
+        intra.add(rows, sentence_ids=task.sentence_ids[local][keep])
+        sample.add(rows, rows=np.arange(start, start + len(X))[keep])
+    return {name: acc.state_dict() for name, acc in (("baseline", baseline), ("norms", norms), ("intra", intra), ("sample", sample))}
+
+
+def _word_group_states(url: str, meta: dict[str, Any], task: _WordGroupTask, chunk_rows: int) -> dict[str, Any]:
+    store = RepresentationStore(Location.of(url), meta)
+    self_similarity, mev = SelfSimilarityAccumulator(task.n_group_words), MEVAccumulator(task.n_group_words)
+    for start, X in layer_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
+        ids = task.local_ids[start - task.start : start - task.start + len(X)]
+        keep = ids >= 0
+        if keep.any():
+            self_similarity.add(X[keep], word_ids=ids[keep])
+            mev.add(X[keep], word_ids=ids[keep])
+    return {"self_similarity": self_similarity.state_dict(), "mev": mev.state_dict()}
+
+
+_STATE_CLASSES: dict[str, type[StatefulAccumulator]] = {
+    "baseline": AverageCosineAccumulator, "norms": MeanNormAccumulator, "intra": IntraSentenceAccumulator,
+    "sample": RowSampleAccumulator, "self_similarity": SelfSimilarityAccumulator, "mev": MEVAccumulator,
+}
+
+
+def _accumulators(states: dict[str, Any]) -> dict[str, Any]:
+    return {name: _STATE_CLASSES[name].from_state_dict(state) for name, state in states.items()}
+
+
+def row_partitions(first_rows: np.ndarray, n_rows: int, parts: int) -> list[tuple[int, int]]:
+    """About `parts` row ranges of similar size covering [0, n_rows), each starting at a sentence's first row."""
+    targets = np.linspace(0, n_rows, max(1, parts) + 1)[1:-1]
+    cuts = np.unique(first_rows[np.clip(np.searchsorted(first_rows, targets), 0, len(first_rows) - 1)])
+    bounds = [0, *[int(c) for c in cuts if 0 < c < n_rows], n_rows]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def analyze_ray(
+    store: RepresentationStore | str | os.PathLike[str],
+    options: AnalysisOptions = AnalysisOptions(),
+    *,
+    num_workers: int = 2,
+    row_parts: int | None = None,
+    ray_address: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    progress: Progress | None = None,
+) -> ContextualityResult:
+    """`analyze_store` as Ray tasks whose accumulator states are merged with `merge()` (see the module
+    docstring); at most `num_workers` tasks run at once, over `row_parts` row ranges (default 2 per worker)."""
+    ray = connect_ray(ray_address)
+    store = store if isinstance(store, RepresentationStore) else RepresentationStore.open(store)
+    progress = progress or NoProgress()
+    _require_two_contexts(options.min_contexts)
+    plan = plan_analysis(store, options)
+    spans = row_partitions(store.sentences["first_row"].to_numpy(), store.n_tokens, row_parts or 2 * num_workers)
+    group_words = [np.flatnonzero(plan.groups == group) for group in range(plan.n_groups)]
+    word_index = plan.words.word_index
+    local_index = np.full(len(plan.words), -1, dtype=np.int64)
+    for words in group_words:
+        local_index[words] = np.arange(len(words))
+    group_of_row = np.where(word_index >= 0, plan.groups[np.maximum(word_index, 0)], -1)
+    local_of_row = np.where(word_index >= 0, local_index[np.maximum(word_index, 0)], -1)
+
+    global_task = ray.remote(num_cpus=1)(_global_states)
+    group_task = ray.remote(num_cpus=1)(_word_group_states)
+    meta = ray.put(store.meta)
+
+    def tasks() -> Iterator[tuple[tuple[int, int], Callable[[], Any]]]:
+        """(key, submit) in the order their merged states can be finished: a layer's global rows, then its groups."""
+        for layer in plan.layers:
+            for start, stop in spans:
+                task = _GlobalTask(layer, start, stop, plan.selection.mask[start:stop], plan.selection.sentence_ids[start:stop],
+                                   plan.sampled_rows)
+                yield (layer, -1), lambda task=task: global_task.remote(store.url, meta, task, chunk_rows)  # type: ignore[misc]
+            for group, words in enumerate(group_words):
+                for start, stop in spans:
+                    in_group = group_of_row[start:stop] == group
+                    if not in_group.any():
+                        continue
+                    word_task = _WordGroupTask(layer, start, stop, group, np.where(in_group, local_of_row[start:stop], -1), len(words))
+                    yield (layer, group), lambda task=word_task: group_task.remote(store.url, meta, task, chunk_rows)  # type: ignore[misc]
+
+    submitted = list(tasks())
+    expected: dict[tuple[int, int], int] = {}
+    for key, _ in submitted:
+        expected[key] = expected.get(key, 0) + 1
+    merged: dict[tuple[int, int], dict[str, Any]] = {}
+    finished: dict[int, dict[str, Any]] = {layer: {"spectra": {}, "values": np.full(len(plan.words), np.nan),
+                                                  "counts": np.zeros(len(plan.words), dtype=np.int64)} for layer in plan.layers}
+    progress.start("analyze on ray", len(submitted), unit="tasks")
+    for key, states in _bounded(ray, submitted, max_in_flight=num_workers):
+        accumulators = _accumulators(states)
+        if key in merged:
+            for name, accumulator in accumulators.items():
+                merged[key][name].merge(accumulator)
+        else:
+            merged[key] = accumulators
+        expected[key] -= 1
+        progress.advance("analyze on ray", note=f"layer {key[0]}")
+        layer, group = key
+        if expected[key] or group < 0:
+            continue
+        # a word group is complete: keep its words' results, drop its per-word state
+        parts, words = merged.pop(key), group_words[group]
+        finished[layer]["values"][words] = parts["self_similarity"].result()
+        finished[layer]["counts"][words] = parts["self_similarity"].counts
+        spectra: dict[int, OccurrenceSpectrum] = parts["mev"].result()
+        finished[layer]["spectra"].update({int(words[local]): spectrum for local, spectrum in spectra.items()})
+    stats = []
+    for layer in plan.layers:
+        rows = merged.pop((layer, -1))
+        layer_rows = LayerAccumulators(rows["baseline"], rows["norms"], rows["intra"], SelfSimilarityAccumulator(len(plan.words)),
+                                       rows["sample"], {})
+        stats.append(_layer_stats(layer, layer_rows, dict(sorted(finished[layer]["spectra"].items())), len(plan.words),
+                                  self_similarity=(finished[layer]["values"], finished[layer]["counts"])))
+    return _result(store, plan, stats)
+
+
+def _bounded(ray: ModuleType, submitted: list[tuple[Any, Callable[[], Any]]], *, max_in_flight: int) -> Iterator[tuple[Any, Any]]:
+    """(key, result) of each submitted task as it finishes, with at most `max_in_flight` running."""
+    queue = iter(submitted)
+    running: dict[Any, Any] = {}
+    for key, submit in queue:
+        running[submit()] = key
+        if len(running) >= max_in_flight:
+            break
+    while running:
+        (ready,), _ = ray.wait(list(running), num_returns=1)
+        key = running.pop(ready)
+        next_task = next(queue, None)
+        if next_task is not None:
+            running[next_task[1]()] = next_task[0]
+        yield key, ray.get(ready)
+
+
+def write_contextuality(result: ContextualityResult, store: RepresentationStore, out: str | os.PathLike[str] | None) -> list[str]:
+    """Write the result files to `out` (a folder or URL; default: next to the store, on any filesystem)."""
+    target = Location.of(out) if out is not None else store.location
+    if target.is_local:
+        return [str(path) for path in result.write(target.local_path).values()]
+    with tempfile.TemporaryDirectory() as scratch:
+        written = result.write(Path(scratch)).values()
+        for path in written:
+            target.fs.put_file(str(path), target.path(path.name))
+        return [target.child(path.name).url for path in written]

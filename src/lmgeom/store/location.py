@@ -1,0 +1,141 @@
+"""Where a store lives: a local folder or any fsspec URL (s3://, gs://, memory://, file://).
+
+Paths stay URLs end to end: a `Location` is an fsspec filesystem plus a root path inside it, and
+every file of a store is reached through it (never `pathlib.Path` on an object-store URL). Object
+stores have no atomic rename, but a single-object PUT is atomic, so a JSON file written in one
+`write_json` call is either the old or the new one; local folders get a temporary file and a rename.
+The commit protocol built on this (parts first, manifest last) is in `lmgeom.store.sharded`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pandas as pd
+import zarr
+from fsspec.implementations.local import LocalFileSystem
+from zarr.storage import FsspecStore, LocalStore
+
+from lmgeom.atomic import atomic_write
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` names a store by URL (protocol://...) rather than as a local path."""
+    return isinstance(path, str) and "://" in path
+
+
+@dataclass(frozen=True)
+class Location:
+    """A folder on some filesystem: `fs` and the folder's `root` path inside it; `url` as given."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    url: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str] | Location) -> Location:
+        """The location of a local path or an fsspec URL (file:// URLs are local folders)."""
+        if isinstance(path, Location):
+            return path
+        if not is_url(path):
+            local = str(Path(path).absolute())
+            return cls(LocalFileSystem(), local, local)
+        url = str(path).rstrip("/")
+        try:
+            fs, root = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as error:
+            raise ValueError(f"cannot open {url}: {error}; install the fsspec package for its protocol "
+                             "(s3fs for s3://, gcsfs for gs://)") from None
+        return cls(fs, root.rstrip("/"), url)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    @property
+    def local_path(self) -> Path:
+        """The folder as a local path; an object-store location has none."""
+        if not self.is_local:
+            raise ValueError(f"{self.url} is not a local folder; give a local --out for result files")
+        return Path(self.root)
+
+    def path(self, *parts: str) -> str:
+        """The path of `parts` below the root inside `fs`."""
+        return posixpath.join(self.root, *parts) if parts else self.root
+
+    def child(self, *parts: str) -> Location:
+        url = self.url if not parts else f"{self.url}/{'/'.join(parts)}"
+        return Location(self.fs, self.path(*parts), url)
+
+    def __str__(self) -> str:
+        return self.url
+
+    # ---- files ------------------------------------------------------------------------------
+    def exists(self, *parts: str) -> bool:
+        return bool(self.fs.exists(self.path(*parts)))
+
+    def listdir(self, *parts: str) -> list[str]:
+        """Names directly below `parts` (empty when it does not exist)."""
+        if not self.exists(*parts):
+            return []
+        return sorted(posixpath.basename(entry.rstrip("/")) for entry in self.fs.ls(self.path(*parts), detail=False))
+
+    def is_empty(self) -> bool:
+        return not self.listdir()
+
+    def remove(self, *parts: str) -> None:
+        """Delete a file or a folder (recursively); nothing if it does not exist."""
+        if self.exists(*parts):
+            self.fs.rm(self.path(*parts), recursive=True)
+
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """All of `data` or nothing: a rename on a local disk, one PUT on an object store."""
+        if self.is_local:
+            atomic_write(self.path(*parts), lambda tmp: tmp.write_bytes(data))
+        else:
+            self.fs.pipe_file(self.path(*parts), data)
+
+    def read_bytes(self, *parts: str) -> bytes:
+        return bytes(self.fs.cat_file(self.path(*parts)))
+
+    def write_json(self, document: dict[str, Any], *parts: str) -> None:
+        self.write_bytes((json.dumps(document, indent=2) + "\n").encode("utf-8"), *parts)
+
+    def read_json(self, *parts: str) -> dict[str, Any]:
+        """A JSON document; an unreadable one is a corrupt store."""
+        try:
+            document = json.loads(self.read_bytes(*parts).decode("utf-8"))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"corrupt store: cannot read {self.child(*parts)} ({error}); "
+                             "re-run the extraction with --overwrite") from None
+        if not isinstance(document, dict):
+            raise ValueError(f"corrupt store: {self.child(*parts)} holds no JSON object; re-run the extraction with --overwrite")
+        return document
+
+    def write_parquet(self, table: pd.DataFrame, *parts: str) -> None:
+        buffer = io.BytesIO()
+        table.to_parquet(buffer, index=False)
+        self.write_bytes(buffer.getvalue(), *parts)
+
+    def read_parquet(self, *parts: str) -> pd.DataFrame:
+        if self.is_local:
+            return pd.read_parquet(self.path(*parts))
+        with self.fs.open(self.path(*parts), "rb") as handle:
+            return pd.read_parquet(handle)
+
+    # ---- zarr ---------------------------------------------------------------------------------
+    def zarr_store(self, *parts: str, read_only: bool) -> LocalStore | FsspecStore:
+        """A zarr 3 store for the array at `parts`: the local store on a disk, fsspec elsewhere."""
+        if self.is_local:
+            return LocalStore(self.path(*parts), read_only=read_only)
+        return FsspecStore.from_url(self.child(*parts).url, read_only=read_only)
+
+    def open_array(self, *parts: str, mode: str = "r") -> zarr.Array:
+        return zarr.open_array(self.zarr_store(*parts, read_only=mode == "r"), mode=mode)

@@ -1,0 +1,262 @@
+"""A store written in shards of whole sentences (by many workers, or one on an object store).
+
+```
+RUN/
+  meta.json                 the manifest: settings and "complete"; once complete also the shard index
+  shards/<k>.json           shard k's manifest: its part folder, first sentence, sentences and rows
+  shards/<k>-<attempt>/     shard k's part, in the layout of a store: layers/<l>, tokens.parquet,
+                            sentences.parquet (sentence ids global, first_row within the part)
+  tokens.parquet            every token in corpus order, with global word ids (written when finishing)
+  sentences.parquet         first_row global
+  vocab.parquet
+```
+
+The commit protocol writes parts first and a manifest last, and trusts only what a manifest names,
+so it needs no atomic rename (object stores have none) and a crash leaves a readable store:
+- a shard attempt writes its part into a folder of its own (`<k>-<attempt>`), then `shards/<k>.json`;
+  a worker killed mid-shard leaves a part that no manifest names, and a resume writes shard k afresh;
+- finishing reads the shards their manifests name, writes the global tables, then `meta.json` with
+  `complete` and the shard index (each shard's part and first row); readers open only the parts in
+  that index, so stray parts of crashed attempts are never read, and finishing removes them.
+Word ids are global: the vocabulary is built from all shards' token tables when finishing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import pandas as pd
+import zarr
+
+from lmgeom._version import __version__
+from lmgeom.corpus.corpus import Vocabulary
+from lmgeom.store import layout
+from lmgeom.store.location import Location
+from lmgeom.store.writer import StoreExistsError, _settings_mismatch
+
+if TYPE_CHECKING:
+    from lmgeom.encoders.base import EncodedSentence
+
+SHARDS = "shards"
+LAYOUT_NAME = "sharded"
+
+
+def shard_manifest_name(shard: int) -> str:
+    return f"{shard:06d}.json"
+
+
+def chunk_rows(dim: int) -> int:
+    """Rows per zarr chunk: about 4 MiB of float32 (as `StoreWriter`)."""
+    return max(1024, (1 << 20) // dim)
+
+
+def shard_ranges(n_sentences: int, shard_sentences: int) -> list[range]:
+    """Sentence ranges of the shards: whole sentences, in corpus order."""
+    return [range(first, min(first + shard_sentences, n_sentences)) for first in range(0, n_sentences, shard_sentences)]
+
+
+def store_meta(settings: dict[str, Any], *, created: str, complete: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        "schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__, "layer_note": layout.LAYER_NOTE,
+        "layout": LAYOUT_NAME, **settings, "settings": settings, "created": created, "complete": complete, **extra,
+    }
+
+
+class ShardPartWriter:
+    """Writes one attempt at shard `shard`: rows appended chunk by chunk, then its tables, then its manifest."""
+
+    def __init__(self, location: Location, shard: int, *, first_sentence: int, n_layers: int, dim: int, dtype: str) -> None:
+        self.location = location
+        self.shard = shard
+        self.first_sentence = first_sentence
+        self.dim = dim
+        self.dtype = dtype
+        self.part = f"{shard:06d}-{uuid.uuid4().hex[:12]}"
+        self.n_rows = 0
+        self.tokens: list[pd.DataFrame] = []
+        self.sentences: list[pd.DataFrame] = []
+        part = location.child(SHARDS, self.part)
+        self.arrays = [
+            zarr.create_array(part.zarr_store(layout.LAYERS, str(layer), read_only=False), shape=(0, dim),
+                              chunks=(chunk_rows(dim), dim), dtype=dtype, compressors=None, overwrite=True)
+            for layer in range(n_layers)
+        ]
+
+    @property
+    def n_sentences(self) -> int:
+        return sum(len(table) for table in self.sentences)
+
+    def append(self, encoded: Sequence[EncodedSentence], texts: Sequence[str]) -> None:
+        """Rows of the next sentences of the shard to every layer; their tables are kept until `commit`."""
+        first_sentence, first_row = self.first_sentence + self.n_sentences, self.n_rows
+        n_rows = sum(len(e.words) for e in encoded)
+        for layer, array in enumerate(self.arrays):
+            block = np.concatenate([e.vectors[layer] for e in encoded], axis=0) if encoded else np.empty((0, self.dim))
+            if not np.isfinite(block).all():
+                bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
+                raise ValueError(f"layer {layer}, sentence {first_sentence + bad}: the model produced NaN/inf; "
+                                 "use a float32 compute dtype")
+            array.resize((first_row + n_rows, self.dim))
+            array[first_row:] = block.astype(self.dtype, copy=False)
+        sizes = [len(e.words) for e in encoded]
+        ids = np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64)
+        self.tokens.append(pd.DataFrame({
+            "sentence_id": np.repeat(ids, sizes),
+            "position": np.concatenate([np.arange(size, dtype=np.int32) for size in sizes]),
+            "word": [w for e in encoded for w in e.words],
+            "is_special": np.concatenate([e.is_special for e in encoded]),
+            "n_pieces": np.concatenate([e.n_pieces for e in encoded]).astype(np.int16),
+        }))
+        self.sentences.append(pd.DataFrame({
+            "sentence_id": ids,
+            "text": list(texts),
+            "n_words": [int((~e.is_special).sum()) for e in encoded],
+            "n_tokens": sizes,
+            "n_windows": [e.n_windows for e in encoded],
+            "n_unaligned": [e.n_unaligned for e in encoded],
+            "first_row": first_row + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
+        }))
+        self.n_rows += n_rows
+
+    def commit(self) -> dict[str, Any]:
+        """Write the part's tables, then the shard's manifest (last: until then no reader trusts the part)."""
+        part = self.location.child(SHARDS, self.part)
+        part.write_parquet(pd.concat(self.tokens, ignore_index=True), layout.TOKENS)
+        part.write_parquet(pd.concat(self.sentences, ignore_index=True), layout.SENTENCES)
+        manifest = {"shard": self.shard, "part": self.part, "first_sentence": self.first_sentence,
+                    "n_sentences": self.n_sentences, "n_rows": self.n_rows}
+        self.location.write_json(manifest, SHARDS, shard_manifest_name(self.shard))
+        return manifest
+
+
+class ShardedStoreWriter:
+    """The driver's side of a sharded store: its meta.json, which shards are done, and finishing.
+
+    `settings` identify the run as for `StoreWriter` (they include `shard_sentences` and
+    `n_corpus_sentences`, which fix the shards); re-opening with other settings is refused unless `overwrite`."""
+
+    def __init__(self, location: Location, *, settings: dict[str, Any], overwrite: bool = False) -> None:
+        if settings.get("dtype") not in layout.STORAGE_DTYPES:
+            raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
+        self.location = location
+        self.settings = dict(settings)
+        if overwrite:
+            location.remove()
+        if location.exists(layout.META):
+            existing = location.read_json(layout.META)
+            if existing.get("settings") != self.settings:
+                raise StoreExistsError(_settings_mismatch(location.url, existing.get("settings", {}), self.settings,
+                                                          complete=bool(existing.get("complete"))))
+            self.complete = bool(existing.get("complete"))
+            self.created = str(existing.get("created"))
+        elif not location.is_empty():
+            raise StoreExistsError(f"{location} is not empty and holds no lmgeom store; pass --overwrite or choose another --out")
+        else:
+            self.complete = False
+            self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            location.write_json(store_meta(self.settings, created=self.created, complete=False), layout.META)
+
+    @property
+    def shards(self) -> list[range]:
+        return shard_ranges(int(self.settings["n_corpus_sentences"]), int(self.settings["shard_sentences"]))
+
+    def finished(self) -> dict[int, dict[str, Any]]:
+        """The manifests of the shards already written (a shard without one is redone)."""
+        names = set(self.location.listdir(SHARDS))
+        return {shard: self.location.read_json(SHARDS, shard_manifest_name(shard))
+                for shard in range(len(self.shards)) if shard_manifest_name(shard) in names}
+
+    def finalize(self, **extra_meta: Any) -> None:
+        """Global tables from the shards their manifests name, then meta.json with the shard index."""
+        if self.complete:
+            return
+        manifests = self.finished()
+        missing = [shard for shard in range(len(self.shards)) if shard not in manifests]
+        if missing:
+            raise ValueError(f"{self.location}: shards {missing[:5]} are not written yet; re-run the extraction to write them")
+        index, tokens, sentences, first_row = [], [], [], 0
+        for shard in range(len(self.shards)):
+            manifest = manifests[shard]
+            part = self.location.child(SHARDS, manifest["part"])
+            tokens.append(part.read_parquet(layout.TOKENS))
+            table = part.read_parquet(layout.SENTENCES)
+            table["first_row"] += first_row
+            sentences.append(table)
+            index.append({"part": manifest["part"], "first_row": first_row, "n_rows": manifest["n_rows"],
+                          "first_sentence": manifest["first_sentence"], "n_sentences": manifest["n_sentences"]})
+            first_row += int(manifest["n_rows"])
+        token_table = pd.concat(tokens, ignore_index=True)
+        sentence_table = pd.concat(sentences, ignore_index=True)
+        words = token_table["word"].to_numpy()
+        vocab = Vocabulary.from_words(words, token_table["sentence_id"].to_numpy()).table
+        word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
+        token_table.insert(3, "word_id", word_ids.loc[words].to_numpy())
+        is_punct = vocab["is_punct"].to_numpy(dtype=bool)[token_table["word_id"].to_numpy()]
+        token_table.insert(4, "is_punct", is_punct & ~token_table["is_special"].to_numpy())
+        self.location.write_parquet(token_table, layout.TOKENS)
+        self.location.write_parquet(sentence_table, layout.SENTENCES)
+        self.location.write_parquet(vocab, layout.VOCAB)
+        self.complete = True
+        self.location.write_json(store_meta(
+            self.settings, created=self.created, complete=True, shards=index,
+            n_tokens=len(token_table), n_sentences=len(sentence_table), n_words=int((~token_table["is_special"]).sum()),
+            n_vocab=len(vocab), n_windows=int(sentence_table["n_windows"].sum()),
+            n_long_sentences=int((sentence_table["n_windows"] > 1).sum()),
+            n_unaligned_words=int(sentence_table["n_unaligned"].sum()), **extra_meta,
+        ), layout.META)
+        named = {entry["part"] for entry in index} | {shard_manifest_name(shard) for shard in manifests}
+        for stray in set(self.location.listdir(SHARDS)) - named:
+            self.location.remove(SHARDS, stray)
+
+
+class ShardedArray:
+    """The rows of one layer over the parts of a sharded store, read like one (n_tokens, dim) zarr array."""
+
+    def __init__(self, parts: Sequence[zarr.Array], first_rows: Sequence[int], dim: int) -> None:
+        self.parts = list(parts)
+        self.bounds = np.append(np.asarray(first_rows, dtype=np.int64), sum(part.shape[0] for part in parts))
+        self.shape = (int(self.bounds[-1]), dim)
+        self.dtype = self.parts[0].dtype if self.parts else np.dtype("float32")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        rows, columns = key if isinstance(key, tuple) else (key, slice(None))
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(self.shape[0])
+            if step != 1:
+                return self.get_orthogonal_selection((np.arange(start, stop, step), columns))
+            blocks = []
+            for part, (first, last) in zip(self.parts, zip(self.bounds[:-1], self.bounds[1:])):
+                if first < stop and start < last:
+                    blocks.append(np.asarray(part[max(start, first) - first : min(stop, last) - first, columns]))
+            return np.concatenate(blocks) if blocks else np.empty((0, self.shape[1]), dtype=self.dtype)[:, columns]
+        if np.isscalar(rows):
+            return self.get_orthogonal_selection((np.asarray([rows]), columns))[0]
+        return self.get_orthogonal_selection((np.asarray(rows), columns))
+
+    def get_orthogonal_selection(self, selection: tuple[Any, Any]) -> np.ndarray:
+        """Rows (any order, negative counted from the end) and columns, as zarr's orthogonal selection."""
+        rows, columns = selection
+        rows = np.asarray(rows, dtype=np.int64)
+        rows = np.where(rows < 0, rows + self.shape[0], rows)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"rows out of range [0, {self.shape[0]})")
+        width = len(range(self.shape[1])[columns]) if isinstance(columns, slice) else len(np.atleast_1d(columns))
+        out = np.empty((rows.size, width), dtype=self.dtype)
+        owner = np.searchsorted(self.bounds, rows, side="right") - 1
+        for part in np.unique(owner):
+            here = np.flatnonzero(owner == part)
+            out[here] = self.parts[part].get_orthogonal_selection((rows[here] - self.bounds[part], columns))
+        return out
+
+
+def open_sharded_layer(location: Location, meta: dict[str, Any], layer: int) -> ShardedArray:
+    """Layer `layer` of a complete sharded store, over the parts its shard index names."""
+    index = meta["shards"]
+    parts = [location.child(SHARDS, entry["part"]).open_array(layout.LAYERS, str(layer)) for entry in index]
+    return ShardedArray(parts, [int(entry["first_row"]) for entry in index], int(meta["dim"]))
