@@ -220,6 +220,9 @@ class ShardedArray:
         self.bounds = np.append(np.asarray(first_rows, dtype=np.int64), sum(part.shape[0] for part in parts))
         self.shape = (int(self.bounds[-1]), dim)
         self.dtype = self.parts[0].dtype if self.parts else np.dtype("float32")
+        # readers step in whole stored chunks; the parts share one chunk shape (boundaries between
+        # parts need not fall on it, which costs at most one partial chunk per part)
+        self.chunks = (int(self.parts[0].chunks[0]) if self.parts else 1, dim)
 
     def __len__(self) -> int:
         return self.shape[0]
