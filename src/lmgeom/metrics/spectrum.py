@@ -4,8 +4,9 @@ MEV needs, per word, the top eigenvalue of X^T X (and of the scatter matrix C ab
 and the top direction v1; everything else is a sum of squares. So a word with many occurrences is
 solved matrix-free: block Lanczos (Rayleigh-Ritz on a growing Krylov basis, full
 reorthogonalisation, thick restart) on an operator that only multiplies blocks of vectors. The
-uncentred and centred problems of a word share each multiplication: their blocks travel through
-one product with the word's *centred* rows, so both are accurate even when the mean dominates.
+uncentred and centred problems of a word share one basis and each product: the block goes through
+the word's *centred* rows once, giving C V, and X^T X V = C V + s (s^T V) / n, so both are accurate
+even when the mean dominates.
 Words with few occurrences are solved exactly and in batches: one stack of small Gram matrices,
 one batched `eigh`.
 
