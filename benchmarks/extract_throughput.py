@@ -1,90 +1,211 @@
-"""Extraction throughput and memory.
+"""Extraction throughput against the bare forward pass, and where extraction's time goes.
 
-1. Pieces/s of `lmgeom extract` (tokenize, align, forward, pool, write the store) against a bare
-   batched forward pass of the same model over the same sentences with the same length-sorted
-   batches (goal: ratio >= 0.9).
-2. Peak RSS of `lmgeom extract` for a 1x and a 10x corpus (goal: 10x <= 1.5 x 1x), each measured
-   in a fresh process.
+The baseline is the bare batched forward pass of the same model on exactly the batches `lmgeom
+extract` runs: the corpus cut into the same committed chunks, each chunk's windows (or, for ELMo,
+sentences) length-sorted and dynamically padded into the same batches, every layer computed
+(`output_hidden_states=True`; ELMo: `model(char_ids).layers()`) and nothing kept. Its inputs
+(token ids, character ids) are built before the clock starts. `lmgeom extract` does everything:
+tokenization and alignment (ELMo: character ids), the forward pass, pooling pieces into words,
+writing the store and finalising its tables. The two alternate in one process (bare, extract,
+bare, extract, ...), so both see the same machine load; the ratio is bare seconds / extract seconds
+(goal >= 0.9), of the best and of the median runs.
 
-    python benchmarks/extract_throughput.py [--model minilm] [--sentences 500] [--repeat 3]
+The profile then runs the same chunks stage by stage, synchronously: encode (with the model's
+forward timed by hooks), commit, finalize.
+
+`--memory` adds peak RSS of `lmgeom extract` for a 1x and a 10x corpus, each in a fresh process
+(goal: 10x <= 1.5 x 1x).
+
+    python benchmarks/extract_throughput.py --model smollm2 --sentences 300 --threads 2 --repeat 3
+    python benchmarks/extract_throughput.py --model elmo-brown --sentences 2680
+    python benchmarks/extract_throughput.py --model minilm --sentences 2680 --memory
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable
 
-WORKER = textwrap.dedent(
+import torch
+
+from lmgeom.corpus import Corpus, lee
+from lmgeom.corpus.corpus import Sentence
+from lmgeom.elmo import batch_to_ids
+from lmgeom.encoders import load_encoder
+from lmgeom.encoders.alignment import tokenize_sentence
+from lmgeom.encoders.base import Encoder
+from lmgeom.encoders.elmo import ElmoEncoder
+from lmgeom.encoders.hf import HFEncoder
+from lmgeom.runs import extract
+from lmgeom.runs.extraction import default_chunk_sentences
+from lmgeom.store import StoreWriter
+
+
+def chunks_of(encoder: Encoder, corpus: Corpus) -> list[list[Sentence]]:
+    """The chunks `extract` commits (and sorts within)."""
+    size = default_chunk_sentences(encoder.n_layers, encoder.dim, len(corpus))
+    return [list(corpus.sentences[first : first + size]) for first in range(0, len(corpus), size)]
+
+
+def bare_forward(encoder: Encoder, chunks: list[list[Sentence]]) -> Callable[[], None]:
+    """The bare forward pass over extraction's batches, inputs prepared beforehand."""
+    if isinstance(encoder, ElmoEncoder):
+        model = encoder.model
+        batches = []
+        for sentences in chunks:
+            words = [[w.text for w in s.words] for s in sentences]
+            for batch in model.sentence_batches([len(w) for w in words], batch_size=encoder.batch_size):
+                batches.append(batch_to_ids([words[i] for i in batch], model.config.max_characters_per_token).to(encoder.device))
+
+        def run_elmo() -> None:
+            with torch.inference_mode():
+                for ids in batches:
+                    model(ids).layers()
+
+        return run_elmo
+    assert isinstance(encoder, HFEncoder)
+    hf = encoder
+    inputs: list[list[list[int]]] = []
+    for sentences in chunks:
+        windows: list[list[int]] = []
+        for sentence in sentences:
+            tokenized = tokenize_sentence(hf.tokenizer, sentence, prepend_bos=hf.prepend_bos, sentence_index=0)
+            hf._append_windows(tokenized, windows)
+        order = sorted(range(len(windows)), key=lambda w: (-len(windows[w]), w))
+        inputs.extend([windows[w] for w in batch] for batch in hf._batches(order, windows))
+
+    def run_hf() -> None:
+        with torch.inference_mode():
+            for batch in inputs:
+                input_ids = torch.full((len(batch), len(batch[0])), hf.pad_id, dtype=torch.long)
+                attention_mask = torch.zeros((len(batch), len(batch[0])), dtype=torch.long)
+                for row, window in enumerate(batch):
+                    input_ids[row, : len(window)] = torch.tensor(window)
+                    attention_mask[row, : len(window)] = 1
+                hf.model(input_ids=input_ids.to(hf.device), attention_mask=attention_mask.to(hf.device),
+                         output_hidden_states=True, use_cache=False)
+
+    return run_hf
+
+
+def full_extract(encoder: Encoder, corpus: Corpus) -> Callable[[], None]:
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as out:
+            extract(encoder, corpus, Path(out) / "store")
+    return run
+
+
+def timed(function: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
+
+
+def profile(encoder: Encoder, chunks: list[list[Sentence]]) -> dict[str, float]:
+    """Seconds per stage, every stage in this thread: encode split into the model's forward (timed by
+    hooks) and the rest, the commits, and finalize."""
+    model: Any = getattr(encoder, "model")  # both encoders hold a torch module
+    forward = [0.0]
+    started = [0.0]
+    pre = model.register_forward_pre_hook(lambda *_: started.__setitem__(0, time.perf_counter()))
+    post = model.register_forward_hook(lambda *_: forward.__setitem__(0, forward[0] + time.perf_counter() - started[0]))
+    stages = {"forward pass": 0.0, "rest of encode": 0.0, "commit": 0.0, "finalize": 0.0}
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            writer = StoreWriter(Path(out) / "store", settings={**encoder.settings(), "dtype": "float32"})
+            first = 0
+            for sentences in chunks:
+                forward[0] = 0.0
+                encode_started = time.perf_counter()
+                encoded = encoder.encode(sentences, first_index=first)
+                encode_seconds = time.perf_counter() - encode_started
+                stages["forward pass"] += forward[0]
+                stages["rest of encode"] += encode_seconds - forward[0]
+                stages["commit"] += timed(lambda: writer.commit(encoded, [s.text for s in sentences]))
+                first += len(sentences)
+            stages["finalize"] += timed(writer.finalize)
+    finally:
+        pre.remove()
+        post.remove()
+    return stages
+
+
+MEMORY_WORKER = textwrap.dedent(
     """
-    import json, resource, sys, tempfile, time
+    import json, resource, sys, tempfile
     import torch
     from lmgeom.corpus import Corpus, lee
     from lmgeom.encoders import load_encoder
     from lmgeom.runs import extract
 
-    mode, model, n_sentences, copies = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(int(sys.argv[5]))
-    base = lee().head(n_sentences).sentences
-    corpus = Corpus("lee-bench", list(base) * copies)
-    encoder = load_encoder(model, device="cpu")
-    windows = [encoder.tokenizer(s.text)["input_ids"] for s in corpus.sentences]
-    n_pieces = sum(len(w) for w in windows)
-    started = time.perf_counter()
-    if mode == "bare":
-        order = sorted(range(len(windows)), key=lambda w: -len(windows[w]))
-        with torch.inference_mode():
-            for batch in encoder._batches(order, windows):
-                length = len(windows[batch[0]])
-                ids = torch.full((len(batch), length), encoder.pad_id)
-                mask = torch.zeros((len(batch), length), dtype=torch.long)
-                for row, w in enumerate(batch):
-                    ids[row, : len(windows[w])] = torch.tensor(windows[w])
-                    mask[row, : len(windows[w])] = 1
-                encoder.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-    else:
-        with tempfile.TemporaryDirectory() as out:
-            extract(encoder, corpus, out + "/store")
-    seconds = time.perf_counter() - started
-    print(json.dumps({"seconds": seconds, "pieces": n_pieces, "sentences": len(corpus),
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    model, n_sentences, copies, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(threads)
+    corpus = Corpus("lee-bench", list(lee().head(n_sentences).sentences) * copies)
+    with tempfile.TemporaryDirectory() as out:
+        extract(load_encoder(model, device="cpu"), corpus, out + "/store")
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
     """
 )
 
 
-def run(mode: str, model: str, sentences: int, copies: int, threads: int) -> dict:
-    output = subprocess.run(
-        [sys.executable, "-c", WORKER, mode, model, str(sentences), str(copies), str(threads)],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    return json.loads(output.strip().splitlines()[-1])
+def peak_rss_mb(model: str, sentences: int, copies: int, threads: int) -> float:
+    output = subprocess.run([sys.executable, "-c", MEMORY_WORKER, model, str(sentences), str(copies), str(threads)],
+                            check=True, capture_output=True, text=True).stdout
+    return float(json.loads(output.strip().splitlines()[-1])["peak_rss_mb"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="minilm")
-    parser.add_argument("--sentences", type=int, default=500, help="sentences of the Lee corpus in the 1x corpus")
-    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (the best is kept)")
+    parser.add_argument("--model", default="minilm", help="minilm, smollm2, elmo-brown, or any model load_encoder takes")
+    parser.add_argument("--sentences", type=int, default=500, help="the first N sentences of the Lee corpus")
+    parser.add_argument("--repeat", type=int, default=3, help="bare/extract pairs, alternating")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--memory", action="store_true", help="also peak RSS for a 1x and a 10x corpus")
     args = parser.parse_args()
 
-    bare = min((run("bare", args.model, args.sentences, 1, args.threads) for _ in range(args.repeat)), key=lambda r: r["seconds"])
-    full = min((run("extract", args.model, args.sentences, 1, args.threads) for _ in range(args.repeat)), key=lambda r: r["seconds"])
-    bare_big = run("bare", args.model, args.sentences, 10, args.threads)
-    big = run("extract", args.model, args.sentences, 10, args.threads)
+    torch.set_num_threads(args.threads)
+    encoder = load_encoder(args.model, device="cpu")
+    corpus = lee().head(args.sentences)
+    chunks = chunks_of(encoder, corpus)
+    modes = {"bare forward": bare_forward(encoder, chunks), "lmgeom extract": full_extract(encoder, corpus)}
+    for run in modes.values():  # warm-up: allocator, lazy imports, page cache
+        run()
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+    loads = []
+    for _ in range(args.repeat):
+        for mode, run in modes.items():
+            seconds[mode].append(timed(run))
+        loads.append(os.getloadavg()[0])
+    n_words = sum(len(s.words) for s in corpus.sentences)
+    print(f"{args.model}: {len(corpus):,} Lee sentences ({n_words:,} words) in {len(chunks)} chunks, {args.threads} threads, "
+          f"{args.repeat} alternating pairs, 1-min load average {min(loads):.1f}-{max(loads):.1f}")
+    print(f"{'':18}{'best s':>9}{'median s':>10}{'words/s (best)':>16}")
+    for mode, values in seconds.items():
+        print(f"{mode:18}{min(values):>9.2f}{statistics.median(values):>10.2f}{n_words / min(values):>16,.0f}")
+    bare, full = seconds["bare forward"], seconds["lmgeom extract"]
+    print(f"ratio extract / bare forward: best {min(bare) / min(full):.2f}, median "
+          f"{statistics.median(bare) / statistics.median(full):.2f} (goal >= 0.9)")
 
-    print(f"model {args.model}, {args.sentences} Lee sentences ({full['pieces']:,} pieces), {args.threads} threads, "
-          f"1x best of {args.repeat}, 10x once")
-    print(f"{'':34}{'seconds':>10}{'pieces/s':>12}{'peak RSS MB':>14}")
-    rows = (("bare batched forward (1x)", bare), ("lmgeom extract (1x)", full),
-            ("bare batched forward (10x)", bare_big), ("lmgeom extract (10x)", big))
-    for name, r in rows:
-        print(f"{name:34}{r['seconds']:>10.2f}{r['pieces'] / r['seconds']:>12,.0f}{r['peak_rss_mb']:>14,.0f}")
-    for label, a, b in (("1x", full, bare), ("10x", big, bare_big)):
-        print(f"throughput ratio extract / bare forward, {label}: {b['seconds'] / a['seconds']:.2f} (goal >= 0.9)")
-    print(f"peak RSS of extract, 10x / 1x corpus: {big['peak_rss_mb'] / full['peak_rss_mb']:.2f} (goal <= 1.5)")
+    stages = profile(encoder, chunks)
+    total = sum(stages.values())
+    print(f"\nprofile, stage by stage in one thread of control ({total:.2f} s):")
+    print(f"{'stage':18}{'seconds':>9}{'share':>8}")
+    for stage, value in stages.items():
+        print(f"{stage:18}{value:>9.2f}{value / total:>8.1%}")
+
+    if args.memory:
+        small, big = (peak_rss_mb(args.model, args.sentences, copies, args.threads) for copies in (1, 10))
+        print(f"\npeak RSS of extract: 1x {small:,.0f} MB, 10x {big:,.0f} MB, ratio {big / small:.2f} (goal <= 1.5)")
+
 
 if __name__ == "__main__":
     main()

@@ -71,14 +71,16 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters: int = MAX_C
     shorter sentences padded with all-zero tokens."""
     if isinstance(sentences, str) or any(isinstance(s, str) for s in sentences):
         raise TypeError("batch_to_ids takes a list of sentences, each a list of word strings")
-    longest = max((len(s) for s in sentences), default=0)
-    ids = np.zeros((len(sentences), longest + 2, max_characters), dtype=np.int64)
-    known: dict[str, np.ndarray] = {}  # a batch repeats its frequent words many times
-    for row, sentence in enumerate(sentences):
-        ids[row, 0] = bos_ids(max_characters)
-        for position, word in enumerate(sentence, start=1):
-            if word not in known:
-                known[word] = word_ids(word, max_characters)
-            ids[row, position] = known[word]
-        ids[row, len(sentence) + 1] = eos_ids(max_characters)
+    lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+    ids = np.zeros((len(sentences), int(lengths.max(initial=0)) + 2, max_characters), dtype=np.int64)
+    ids[:, 0] = bos_ids(max_characters)
+    ids[np.arange(len(sentences)), lengths + 1] = eos_ids(max_characters)
+    # each distinct word is spelled once, then every occurrence is placed in one indexed assignment
+    distinct: dict[str, int] = {}
+    word_index = np.array([distinct.setdefault(word, len(distinct)) for s in sentences for word in s], dtype=np.int64)
+    if distinct:
+        spelled = np.stack([word_ids(word, max_characters) for word in distinct])
+        rows = np.repeat(np.arange(len(sentences)), lengths)
+        positions = np.arange(len(word_index)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+        ids[rows, positions] = spelled[word_index]
     return torch.from_numpy(ids)

@@ -417,13 +417,9 @@ class ElmoBiLM(nn.Module):
             raise TypeError("embed_sentences takes a list of sentences, each a list of word strings")
         was_training = self.training
         self.eval()
-        order = list(range(len(sentences)))
-        if not self.stateful:
-            order.sort(key=lambda i: -len(sentences[i]))
         results: list[np.ndarray] = [np.empty(0)] * len(sentences)
         try:
-            for start in range(0, len(order), batch_size):
-                batch = order[start : start + batch_size]
+            for batch in self.sentence_batches([len(s) for s in sentences], batch_size=batch_size):
                 ids = batch_to_ids([sentences[i] for i in batch], self.config.max_characters_per_token)
                 layers = self(ids.to(self.device)).layers().cpu().numpy()
                 for row, index in enumerate(batch):
@@ -431,6 +427,14 @@ class ElmoBiLM(nn.Module):
         finally:
             self.train(was_training)
         return results
+
+    def sentence_batches(self, lengths: Sequence[int], *, batch_size: int = 64) -> list[list[int]]:
+        """Indexes of the sentences (of `lengths` words) in each batch `embed_sentences` runs: longest
+        first in stateless mode (less padding; ties keep their order), the given order when stateful."""
+        order = list(range(len(lengths)))
+        if not self.stateful:
+            order.sort(key=lambda i: -lengths[i])
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
     # ---- language-model loss -----------------------------------------------------------------
     def lm_losses(

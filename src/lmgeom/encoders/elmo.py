@@ -11,7 +11,7 @@ import torch
 
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.device import resolve_device
-from lmgeom.elmo.chars import CHAR_VOCABULARY
+from lmgeom.elmo.chars import CHAR_VOCABULARY, batch_to_ids
 from lmgeom.elmo.model import ElmoBiLM
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, load_elmo
 from lmgeom.encoders.base import EncodedSentence
@@ -64,17 +64,27 @@ class ElmoEncoder:
             "compute_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
         }
 
+    @torch.inference_mode()
     def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
-        """Per-layer vectors of each sentence's words (`first_index` is unused: nothing here can
-        fail per sentence)."""
+        """Per-layer vectors of each sentence's words, the rows `ElmoBiLM.embed_sentences` gives, on its
+        batches (`first_index` is unused: nothing here can fail per sentence). The rows of all
+        sentences are written once, in corpus order, into one array that the sentences' vectors view,
+        so the store's commit takes each layer's rows without another copy."""
         words = [[w.text for w in sentence.words] for sentence in sentences]
-        vectors = self.model.embed_sentences(words, batch_size=self.batch_size)
+        lengths = np.array([len(w) for w in words], dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        rows = np.empty((self.n_layers, int(lengths.sum()), self.dim), dtype=np.float32)
+        for batch in self.model.sentence_batches(lengths.tolist(), batch_size=self.batch_size):
+            ids = batch_to_ids([words[i] for i in batch], self.model.config.max_characters_per_token)
+            layers = self.model(ids.to(self.device)).layers().cpu().numpy()
+            for row, index in enumerate(batch):
+                rows[:, starts[index] : starts[index] + lengths[index]] = layers[:, row, 1 : lengths[index] + 1]
         return [
             EncodedSentence(
-                vectors=v, words=w, is_special=np.zeros(len(w), dtype=bool),
-                n_pieces=np.ones(len(w), dtype=np.int16), n_windows=1,
+                vectors=rows[:, start : start + length], words=w, is_special=np.zeros(length, dtype=bool),
+                n_pieces=np.ones(length, dtype=np.int16), n_windows=1,
             )
-            for v, w in zip(vectors, words)
+            for start, length, w in zip(starts.tolist(), lengths.tolist(), words)
         ]
 
 
