@@ -29,15 +29,15 @@ class RichProgress:
     satisfying `lmgeom.progress.Progress`. Use as a context manager."""
 
     def __init__(self) -> None:
-        # the note (a rate, a layer) comes last and is cropped, never the counts or times, on a narrow terminal
+        # only the note (a rate, a layer) may wrap onto a second line on a narrow terminal; counts and times never shrink
         self._bars = Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
             BarColumn(bar_width=16),
-            MofNCompleteColumn(),
+            MofNCompleteColumn(table_column=Column(no_wrap=True)),
             TimeElapsedColumn(table_column=Column(no_wrap=True, min_width=7)),
             TextColumn("ETA"),
             TimeRemainingColumn(table_column=Column(no_wrap=True, min_width=7)),
-            TextColumn("{task.fields[note]}", table_column=Column(no_wrap=True, overflow="crop")),
+            TextColumn("{task.fields[note]}", table_column=Column(overflow="fold")),
             console=console,
             transient=False,
         )
