@@ -239,3 +239,11 @@ def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Pa
     notes = run_calibration(MODEL, "pos", cola.parents[1] / "UD_English-EWT", out=tmp_path / "pos", methods=["none"],
                             seeds=1, regime="finetune", max_train=5, max_eval=5, device="cpu").notes
     assert any("tagging task" in note for note in notes)
+
+
+def test_experiments_are_reachable_from_the_top_level_package():
+    import lmgeom
+    from lmgeom.runs.experiments import run_calibration, run_layers
+
+    assert lmgeom.experiments.run_calibration is run_calibration is lmgeom.run_calibration
+    assert lmgeom.experiments.run_layers is run_layers is lmgeom.run_layers

@@ -21,12 +21,18 @@ _EXPORTS = {
     "extract": "lmgeom.runs",
     "run": "lmgeom.runs",
     "analyze_store": "lmgeom.runs",
+    "run_calibration": "lmgeom.runs.experiments",
+    "run_layers": "lmgeom.runs.experiments",
 }
+# the driver's sub-packages a user reaches for by name: `lmgeom.experiments.run_calibration(...)`
+_MODULES = {"experiments": "lmgeom.runs.experiments"}
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", *_EXPORTS, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'lmgeom' has no attribute {name!r}")
