@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,3 +17,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"public data folder {SHARED_DATA} not present (set LMGEOM_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def single_torch_thread() -> Iterator[None]:
+    """Tiny models and flows on shared cores: intra-op threads only add contention (10-100x slower seen)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

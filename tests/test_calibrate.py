@@ -31,13 +31,7 @@ from lmgeom.store import write_store_from_arrays
 SMALL_FLOW = dict(n_steps=2, hidden_size=16, n_epochs=3, batch_size=64)
 
 
-@pytest.fixture(autouse=True)
-def single_torch_thread():
-    """The flows here are tiny: on shared cores intra-op threads only add contention (100x slower seen)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def anisotropic(n: int = 400, dim: int = 6, *, seed: int = 0, offset: float = 3.0) -> np.ndarray:

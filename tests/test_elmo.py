@@ -36,13 +36,7 @@ SMALL = ElmoConfig(
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared machine two threads can be 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def small_model(config: ElmoConfig = SMALL, *, seed: int = 0, **kwargs) -> ElmoBiLM:

@@ -26,13 +26,7 @@ LABELS = np.arange(24) % 3
 EVAL = {"dev": TEXTS[:6], "test": TEXTS[18:]}
 
 
-@pytest.fixture(autouse=True)
-def single_torch_thread():
-    """Tiny models on shared cores: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def quick(**changes: object) -> FineTuneOptions:
