@@ -32,10 +32,9 @@ import pandas as pd
 import zarr
 
 from lmgeom._version import __version__
-from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.store import layout
 from lmgeom.store.location import Location
-from lmgeom.store.writer import StoreExistsError, _settings_mismatch
+from lmgeom.store.writer import StoreExistsError, _settings_mismatch, index_words
 
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
@@ -190,22 +189,13 @@ class ShardedStoreWriter:
             first_row += int(manifest["n_rows"])
         token_table = pd.concat(tokens, ignore_index=True)
         sentence_table = pd.concat(sentences, ignore_index=True)
-        words = token_table["word"].to_numpy()
-        vocab = Vocabulary.from_words(words, token_table["sentence_id"].to_numpy()).table
-        word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
-        token_table.insert(3, "word_id", word_ids.loc[words].to_numpy())
-        is_punct = vocab["is_punct"].to_numpy(dtype=bool)[token_table["word_id"].to_numpy()]
-        token_table.insert(4, "is_punct", is_punct & ~token_table["is_special"].to_numpy())
+        vocab, counts = index_words(token_table, sentence_table)
         self.location.write_parquet(token_table, layout.TOKENS)
         self.location.write_parquet(sentence_table, layout.SENTENCES)
         self.location.write_parquet(vocab, layout.VOCAB)
         self.complete = True
         self.location.write_json(store_meta(
-            self.settings, created=self.created, complete=True, shards=index,
-            n_tokens=len(token_table), n_sentences=len(sentence_table), n_words=int((~token_table["is_special"]).sum()),
-            n_vocab=len(vocab), n_windows=int(sentence_table["n_windows"].sum()),
-            n_long_sentences=int((sentence_table["n_windows"] > 1).sum()),
-            n_unaligned_words=int(sentence_table["n_unaligned"].sum()), **extra_meta,
+            self.settings, created=self.created, complete=True, shards=index, **counts, **extra_meta,
         ), layout.META)
         named = {entry["part"] for entry in index} | {shard_manifest_name(shard) for shard in manifests}
         for stray in set(self.location.listdir(SHARDS)) - named:

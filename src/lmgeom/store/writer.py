@@ -137,23 +137,12 @@ class StoreWriter:
         chunks = range(self.progress["chunks"])
         tokens = pd.concat([pd.read_parquet(layout.part_path(self.path, "tokens", c)) for c in chunks], ignore_index=True)
         sentences = pd.concat([pd.read_parquet(layout.part_path(self.path, "sentences", c)) for c in chunks], ignore_index=True)
-        words = tokens["word"].to_numpy()
-        vocab = Vocabulary.from_words(words, tokens["sentence_id"].to_numpy()).table
-        word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
-        tokens.insert(3, "word_id", word_ids.loc[words].to_numpy())
-        # the vocabulary flags each distinct word once; a token takes its word's flag
-        is_punct = vocab["is_punct"].to_numpy(dtype=bool)[tokens["word_id"].to_numpy()]
-        tokens.insert(4, "is_punct", is_punct & ~tokens["is_special"].to_numpy())
+        vocab, counts = index_words(tokens, sentences)
         _write_parquet_atomic(tokens, self.path / layout.TOKENS)
         _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
         _write_parquet_atomic(vocab, self.path / layout.VOCAB)
         self.complete = True
-        self._write_meta(
-            n_tokens=len(tokens), n_sentences=len(sentences), n_words=int((~tokens["is_special"]).sum()),
-            n_vocab=len(vocab), n_windows=int(sentences["n_windows"].sum()),
-            n_long_sentences=int((sentences["n_windows"] > 1).sum()),
-            n_unaligned_words=int(sentences["n_unaligned"].sum()), **extra_meta,
-        )
+        self._write_meta(**counts, **extra_meta)
         shutil.rmtree(self.path / layout.PARTS, ignore_errors=True)
         (self.path / layout.PROGRESS).unlink(missing_ok=True)
 
@@ -247,3 +236,24 @@ def _write_rows(array: Any, start: int, block: np.ndarray) -> None:
 
 def _write_parquet_atomic(table: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
+
+
+def index_words(tokens: pd.DataFrame, sentences: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The vocabulary of a finished store's token table, and the table's counts for meta.json.
+
+    Inserts `word_id` and `is_punct` into `tokens` (in place), so word ids are global over every
+    chunk or shard the table was joined from."""
+    words = tokens["word"].to_numpy()
+    vocab = Vocabulary.from_words(words, tokens["sentence_id"].to_numpy()).table
+    word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
+    tokens.insert(3, "word_id", word_ids.loc[words].to_numpy())
+    # the vocabulary flags each distinct word once; a token takes its word's flag
+    is_punct = vocab["is_punct"].to_numpy(dtype=bool)[tokens["word_id"].to_numpy()]
+    tokens.insert(4, "is_punct", is_punct & ~tokens["is_special"].to_numpy())
+    counts = dict(
+        n_tokens=len(tokens), n_sentences=len(sentences), n_words=int((~tokens["is_special"]).sum()),
+        n_vocab=len(vocab), n_windows=int(sentences["n_windows"].sum()),
+        n_long_sentences=int((sentences["n_windows"] > 1).sum()),
+        n_unaligned_words=int(sentences["n_unaligned"].sum()),
+    )
+    return vocab, counts
