@@ -20,6 +20,7 @@ from lmgeom.elmo import (
     ElmoBiLM, ElmoConfig, TrainConfig, batch_to_ids, load_elmo, perplexity, save_elmo,
     train, word_ids,
 )
+from lmgeom.elmo.chars import words_ids
 from lmgeom.elmo.model import Highway, run_lstm
 from lmgeom.encoders.elmo import ElmoEncoder, load_elmo_encoder
 from lmgeom.runs import extract
@@ -70,6 +71,31 @@ def test_sentence_boundaries_and_padding():
     assert ids[1, 1, :3].tolist() == [259, 258, 260]  # an empty sentence is <S> </S>
     assert (ids[1, 2:] == 0).all()  # positions without a token are all 0
     assert word_ids("<S>")[1] == ord("<") + 1  # a word spelled <S> is an ordinary word
+
+
+def spelled_one_by_one(word: str, max_characters: int) -> list[int]:
+    """The convention written out character by character: bow, bytes (at most max - 2), eow, padding; +1."""
+    data = list(word.encode("utf-8"))[: max_characters - 2]
+    ids = [258, *data, 259] + [260] * (max_characters - len(data) - 2)
+    return [i + 1 for i in ids]
+
+
+@pytest.mark.parametrize("max_characters", [3, 7, 50])
+def test_words_spelled_together_equal_each_spelled_alone(max_characters):
+    words = ["cat", "", "é", "naïve", "x" * 60, "é" * 30, "—", "<S>", "a b", "日本語", "cat"]
+    ids = words_ids(words, max_characters)
+    assert ids.dtype == np.int64 and ids.shape == (len(words), max_characters)
+    assert ids.tolist() == [spelled_one_by_one(word, max_characters) for word in words]
+    assert words_ids([], max_characters).shape == (0, max_characters)
+
+
+def test_batch_ids_place_every_word_at_its_sentence_and_position():
+    sentences = [["The", "bank"], [], ["Café", "naïve", "—", "ok", "The"]]
+    ids = batch_to_ids(sentences, 9).numpy()
+    for row, sentence in enumerate(sentences):
+        for position, word in enumerate(sentence, start=1):
+            assert ids[row, position].tolist() == spelled_one_by_one(word, 9)
+        assert (ids[row, len(sentence) + 2 :] == 0).all()
 
 
 # ---- modules -------------------------------------------------------------------------------------
@@ -437,6 +463,20 @@ def test_extract_writes_embed_sentences_rows(tmp_path):
         np.testing.assert_allclose(np.asarray(store.layer(layer)[:]), np.concatenate([e[layer] for e in expected]), atol=1e-6)
     assert store.meta["model_fingerprint"] == ElmoEncoder(small_model()).model_fingerprint
     assert store.meta["model_fingerprint"] != ElmoEncoder(small_model(seed=1)).model_fingerprint
+
+
+def test_encoder_rows_equal_the_layers_of_the_same_batches():
+    # several batches, sentences reordered by length within them: each sentence's rows must be the
+    # `layers()` rows of its own batch row, token layer in both halves
+    model = small_model()
+    corpus = Corpus.from_list(SENTENCES * 2)
+    words = [[w.text for w in s.words] for s in corpus.sentences]
+    encoded = ElmoEncoder(model, batch_size=3).encode(corpus.sentences)
+    expected = model.embed_sentences(words, batch_size=3)
+    for sentence, rows in zip(encoded, expected):
+        assert np.array_equal(sentence.vectors, rows)
+    token = sentence.vectors[0]
+    assert np.array_equal(token[:, : token.shape[1] // 2], token[:, token.shape[1] // 2 :])
 
 
 def test_load_elmo_encoder_from_folder_or_files(published, tmp_path):

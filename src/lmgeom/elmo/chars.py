@@ -56,14 +56,23 @@ def eos_ids(max_characters: int = MAX_CHARACTERS) -> np.ndarray:
 def word_ids(word: str, max_characters: int = MAX_CHARACTERS) -> np.ndarray:
     """Character ids of one word (shifted). Longer words keep their first `max_characters - 2`
     UTF-8 bytes, even when that cuts a multi-byte character (as the published models were trained)."""
+    return words_ids([word], max_characters)[0]
+
+
+def words_ids(words: Sequence[str], max_characters: int = MAX_CHARACTERS) -> np.ndarray:
+    """(len(words), max_characters) character ids, `word_ids` of each word, spelled in a few array
+    operations over all the words' bytes at once (one Python step per word, not several)."""
     if max_characters < 3:
         raise ValueError(f"max_characters must be at least 3 (begin, end and one byte), got {max_characters}")
-    encoded = word.encode("utf-8", "ignore")[: max_characters - 2]
-    ids = np.full(max_characters, PAD_CHAR, dtype=np.int64)
-    ids[0] = BOW_CHAR
-    ids[1 : len(encoded) + 1] = np.frombuffer(encoded, dtype=np.uint8)
-    ids[len(encoded) + 1] = EOW_CHAR
-    return ids + 1
+    encoded = [word.encode("utf-8", "ignore")[: max_characters - 2] for word in words]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    ids = np.full((len(encoded), max_characters), PAD_CHAR + 1, dtype=np.int64)
+    ids[:, 0] = BOW_CHAR + 1
+    columns = np.arange(max_characters)
+    # row-major order of the mask is the order of the joined bytes
+    ids[(columns >= 1) & (columns <= lengths[:, None])] = np.frombuffer(b"".join(encoded), dtype=np.uint8) + 1
+    ids[np.arange(len(encoded)), lengths + 1] = EOW_CHAR + 1
+    return ids
 
 
 def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters: int = MAX_CHARACTERS) -> torch.Tensor:
@@ -75,12 +84,9 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters: int = MAX_C
     ids = np.zeros((len(sentences), int(lengths.max(initial=0)) + 2, max_characters), dtype=np.int64)
     ids[:, 0] = bos_ids(max_characters)
     ids[np.arange(len(sentences)), lengths + 1] = eos_ids(max_characters)
-    # each distinct word is spelled once, then every occurrence is placed in one indexed assignment
-    distinct: dict[str, int] = {}
-    word_index = np.array([distinct.setdefault(word, len(distinct)) for s in sentences for word in s], dtype=np.int64)
-    if distinct:
-        spelled = np.stack([word_ids(word, max_characters) for word in distinct])
+    flat = [word for sentence in sentences for word in sentence]
+    if flat:
         rows = np.repeat(np.arange(len(sentences)), lengths)
-        positions = np.arange(len(word_index)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
-        ids[rows, positions] = spelled[word_index]
+        positions = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+        ids[rows, positions] = words_ids(flat, max_characters)
     return torch.from_numpy(ids)

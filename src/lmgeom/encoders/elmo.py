@@ -12,7 +12,7 @@ import torch
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import CHAR_VOCABULARY, batch_to_ids
-from lmgeom.elmo.model import ElmoBiLM
+from lmgeom.elmo.model import BiLMOutput, ElmoBiLM
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, load_elmo
 from lmgeom.encoders.base import EncodedSentence
 
@@ -76,9 +76,7 @@ class ElmoEncoder:
         rows = np.empty((self.n_layers, int(lengths.sum()), self.dim), dtype=np.float32)
         for batch in self.model.sentence_batches(lengths.tolist(), batch_size=self.batch_size):
             ids = batch_to_ids([words[i] for i in batch], self.model.config.max_characters_per_token)
-            layers = self.model(ids.to(self.device)).layers().cpu().numpy()
-            for row, index in enumerate(batch):
-                rows[:, starts[index] : starts[index] + lengths[index]] = layers[:, row, 1 : lengths[index] + 1]
+            self._place_rows(self.model(ids.to(self.device)), batch, starts, lengths, rows)
         return [
             EncodedSentence(
                 vectors=rows[:, start : start + length], words=w, is_special=np.zeros(length, dtype=bool),
@@ -86,6 +84,21 @@ class ElmoEncoder:
             )
             for start, length, w in zip(starts.tolist(), lengths.tolist(), words)
         ]
+
+    @staticmethod
+    def _place_rows(output: BiLMOutput, batch: list[int], starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> None:
+        """Copy each sentence's words (without `<S>`/`</S>`) of every layer, the values
+        `BiLMOutput.layers` holds, straight from the biLM's outputs into `rows` (the token layer into
+        both halves): building `layers()` first would copy the batch twice more into new memory."""
+        half = output.token.shape[-1]
+        layer_halves = [(output.token, output.token), *zip(output.forward, output.backward)]
+        for layer, halves in enumerate(layer_halves):
+            for side, values in enumerate(halves):
+                source = values.cpu().numpy()
+                target = rows[layer, :, side * half : (side + 1) * half]
+                for row, index in enumerate(batch):
+                    start, length = starts[index], lengths[index]
+                    target[start : start + length] = source[row, 1 : length + 1]
 
 
 def load_elmo_encoder(
