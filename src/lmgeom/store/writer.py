@@ -72,6 +72,8 @@ class StoreWriter:
     def _recover(self) -> None:
         """Return to the last committed chunk: drop rows and parts written after it."""
         progress_path = self.path / layout.PROGRESS
+        # the tables of the chunks this writer commits, kept for `finalize` (a few MB per million words)
+        self._tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
         self.progress = layout.read_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
         if self.complete:
             return
@@ -98,8 +100,7 @@ class StoreWriter:
             raise ValueError(f"{self.path} is complete; nothing more can be appended")
         first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
         n_rows = sum(len(e.words) for e in encoded)
-        for layer, array in enumerate(self.arrays):
-            block = _layer_rows([e.vectors[layer] for e in encoded], self.dim)
+        for layer, (array, block) in enumerate(zip(self.arrays, _chunk_rows(encoded, self.n_layers, self.dim))):
             if not np.isfinite(block).all():
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
                 raise ValueError(f"layer {layer}, row {bad}: the model produced NaN/inf; use a float32 compute dtype")
@@ -127,6 +128,7 @@ class StoreWriter:
         (self.path / layout.PARTS).mkdir(exist_ok=True)
         for kind, table in (("tokens", tokens), ("sentences", sentences)):
             _write_parquet_atomic(table, layout.part_path(self.path, kind, chunk))
+        self._tables[chunk] = (tokens, sentences)
         self.progress = {"chunks": chunk + 1, "n_sentences": first_sentence + len(encoded), "n_tokens": first_row + n_rows}
         atomic_write_text(self.path / layout.PROGRESS, json.dumps(self.progress))
 
@@ -134,9 +136,9 @@ class StoreWriter:
         """Merge the chunk tables, build the vocabulary, and mark the store complete."""
         if self.complete:
             return
-        chunks = range(self.progress["chunks"])
-        tokens = pd.concat([pd.read_parquet(layout.part_path(self.path, "tokens", c)) for c in chunks], ignore_index=True)
-        sentences = pd.concat([pd.read_parquet(layout.part_path(self.path, "sentences", c)) for c in chunks], ignore_index=True)
+        parts = [self._tables.get(c) or self._read_tables(c) for c in range(self.progress["chunks"])]
+        tokens = pd.concat([part[0] for part in parts], ignore_index=True)
+        sentences = pd.concat([part[1] for part in parts], ignore_index=True)
         vocab, counts = index_words(tokens, sentences)
         _write_parquet_atomic(tokens, self.path / layout.TOKENS)
         _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
@@ -145,6 +147,11 @@ class StoreWriter:
         self._write_meta(**counts, **extra_meta)
         shutil.rmtree(self.path / layout.PARTS, ignore_errors=True)
         (self.path / layout.PROGRESS).unlink(missing_ok=True)
+
+    def _read_tables(self, chunk: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The tokens and sentences tables of a chunk committed by an earlier (interrupted) run."""
+        return (pd.read_parquet(layout.part_path(self.path, "tokens", chunk)),
+                pd.read_parquet(layout.part_path(self.path, "sentences", chunk)))
 
     def _write_meta(self, **counts: Any) -> None:
         meta = {
@@ -194,24 +201,27 @@ def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str) -> None:
     zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=None, overwrite=True)
 
 
-def _layer_rows(parts: list[np.ndarray], dim: int) -> np.ndarray:
-    """The sentences' rows of one layer stacked: a view, not a copy, when they lie back to back in one
-    array (both encoders hand out views of one block per chunk), since a chunk of a 30-layer model is
-    hundreds of MB."""
-    filled = [part for part in parts if len(part)]  # an empty slice's address need not be where it was cut
+def _chunk_rows(encoded: Sequence[EncodedSentence], n_layers: int, dim: int) -> list[np.ndarray]:
+    """Each layer's rows of a chunk's sentences, stacked: views, not copies, when the sentences'
+    vectors lie back to back in one (n_layers, rows, dim) array (both encoders hand out views of one
+    block per chunk), since a chunk of a 30-layer model is hundreds of MB."""
+    filled = [e.vectors for e in encoded if e.vectors.shape[1]]  # an empty slice's address need not be where it was cut
     if not filled:
-        return np.empty((0, dim), dtype=parts[0].dtype if parts else np.float32)
+        return [np.empty((0, dim), dtype=encoded[0].vectors.dtype if encoded else np.float32) for _ in range(n_layers)]
     first = filled[0]
     addresses = [part.__array_interface__["data"][0] for part in filled]
     back_to_back = all(
-        part.base is not None and part.base is first.base and part.dtype == first.dtype and part.flags.c_contiguous
+        part.base is not None and part.base is first.base and part.dtype == first.dtype and part.strides == first.strides
+        and part.strides[1:] == (dim * first.itemsize, first.itemsize)
         for part in filled
-    ) and all(address + part.nbytes == following for address, part, following in zip(addresses, filled, addresses[1:]))
+    ) and all(address + part.shape[1] * part.strides[1] == following
+              for address, part, following in zip(addresses, filled, addresses[1:]))
     if not back_to_back:
-        return np.concatenate(filled, axis=0)
-    return np.lib.stride_tricks.as_strided(
-        first, shape=(sum(len(part) for part in filled), dim), strides=(dim * first.itemsize, first.itemsize), writeable=False
+        return [np.concatenate([part[layer] for part in filled], axis=0) for layer in range(n_layers)]
+    block = np.lib.stride_tricks.as_strided(
+        first, shape=(n_layers, sum(part.shape[1] for part in filled), dim), strides=first.strides, writeable=False
     )
+    return list(block)
 
 
 def _without_empty_chunk_scan(array: Any) -> Any:
@@ -245,8 +255,10 @@ def index_words(tokens: pd.DataFrame, sentences: pd.DataFrame) -> tuple[pd.DataF
     chunk or shard the table was joined from."""
     words = tokens["word"].to_numpy()
     vocab = Vocabulary.from_words(words, tokens["sentence_id"].to_numpy()).table
-    word_ids = pd.Series(vocab["word_id"].to_numpy(), index=vocab["word"].to_numpy())
-    tokens.insert(3, "word_id", word_ids.loc[words].to_numpy())
+    # each distinct word is looked up in the vocabulary once, not once per token
+    codes, distinct = pd.factorize(words)
+    distinct_ids = vocab["word_id"].to_numpy()[pd.Index(vocab["word"].to_numpy()).get_indexer(distinct)]
+    tokens.insert(3, "word_id", distinct_ids[codes])
     # the vocabulary flags each distinct word once; a token takes its word's flag
     is_punct = vocab["is_punct"].to_numpy(dtype=bool)[tokens["word_id"].to_numpy()]
     tokens.insert(4, "is_punct", is_punct & ~tokens["is_special"].to_numpy())
