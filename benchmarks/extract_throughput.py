@@ -104,39 +104,72 @@ def full_extract(encoder: Encoder, corpus: Corpus) -> Callable[[], None]:
     return run
 
 
-def timed(function: Callable[[], None]) -> float:
+def timed(function: Callable[[], object]) -> float:
     started = time.perf_counter()
     function()
     return time.perf_counter() - started
 
 
-def profile(encoder: Encoder, chunks: list[list[Sentence]]) -> dict[str, float]:
-    """Seconds per stage, every stage in this thread: encode split into the model's forward (timed by
-    hooks) and the rest, the commits, and finalize."""
+def profile(encoder: Encoder, chunks: list[list[Sentence]]) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds per stage, every stage in this thread: encode split into the model's forward
+    (timed by hooks) and the rest, the commits, and finalize. CPU seconds count every thread of the
+    process (torch's included), so under load they show the work a stage costs where wall seconds
+    also show waiting for a core."""
     model: Any = getattr(encoder, "model")  # both encoders hold a torch module
-    forward = [0.0]
-    started = [0.0]
-    pre = model.register_forward_pre_hook(lambda *_: started.__setitem__(0, time.perf_counter()))
-    post = model.register_forward_hook(lambda *_: forward.__setitem__(0, forward[0] + time.perf_counter() - started[0]))
-    stages = {"forward pass": 0.0, "rest of encode": 0.0, "commit": 0.0, "finalize": 0.0}
+    forward = [0.0, 0.0]
+    started = [0.0, 0.0]
+
+    def now() -> list[float]:
+        return [time.perf_counter(), time.process_time()]
+
+    def add_forward(*_: Any) -> None:
+        wall, cpu = now()
+        forward[0] += wall - started[0]
+        forward[1] += cpu - started[1]
+
+    pre = model.register_forward_pre_hook(lambda *_: started.__setitem__(slice(None), now()))
+    post = model.register_forward_hook(add_forward)
+    stages = {"forward pass": [0.0, 0.0], "rest of encode": [0.0, 0.0], "commit": [0.0, 0.0], "finalize": [0.0, 0.0]}
+
+    def run(stage: str, function: Callable[[], Any]) -> Any:
+        before = now()
+        result = function()
+        after = now()
+        stages[stage][0] += after[0] - before[0]
+        stages[stage][1] += after[1] - before[1]
+        return result
+
     try:
         with tempfile.TemporaryDirectory() as out:
             writer = StoreWriter(Path(out) / "store", settings={**encoder.settings(), "dtype": "float32"})
             first = 0
             for sentences in chunks:
-                forward[0] = 0.0
-                encode_started = time.perf_counter()
-                encoded = encoder.encode(sentences, first_index=first)
-                encode_seconds = time.perf_counter() - encode_started
-                stages["forward pass"] += forward[0]
-                stages["rest of encode"] += encode_seconds - forward[0]
-                stages["commit"] += timed(lambda: writer.commit(encoded, [s.text for s in sentences]))
+                forward[:] = [0.0, 0.0]
+                encoded = run("rest of encode", lambda: encoder.encode(sentences, first_index=first))
+                for column in (0, 1):
+                    stages["forward pass"][column] += forward[column]
+                    stages["rest of encode"][column] -= forward[column]
+                run("commit", lambda: writer.commit(encoded, [s.text for s in sentences]))
                 first += len(sentences)
-            stages["finalize"] += timed(writer.finalize)
+            run("finalize", writer.finalize)
     finally:
         pre.remove()
         post.remove()
-    return stages
+    return {stage: (wall, cpu) for stage, (wall, cpu) in stages.items()}
+
+
+def elmo_layers_stack_seconds(encoder: ElmoEncoder, chunks: list[list[Sentence]]) -> float:
+    """Seconds the bare ELMo baseline spends in `BiLMOutput.layers()` (stacking the layers into one new
+    tensor), which `lmgeom extract` does not do: it copies each word's rows from the biLM's outputs."""
+    model = encoder.model
+    seconds = 0.0
+    with torch.inference_mode():
+        for sentences in chunks:
+            words = [[w.text for w in s.words] for s in sentences]
+            for batch in model.sentence_batches([len(w) for w in words], batch_size=encoder.batch_size):
+                output = model(batch_to_ids([words[i] for i in batch], model.config.max_characters_per_token).to(encoder.device))
+                seconds += timed(output.layers)
+    return seconds
 
 
 MEMORY_WORKER = textwrap.dedent(
@@ -163,11 +196,38 @@ def peak_rss_mb(model: str, sentences: int, copies: int, threads: int) -> float:
     return float(json.loads(output.strip().splitlines()[-1])["peak_rss_mb"])
 
 
+def alternate(encoder: Encoder, corpus: Corpus, chunks: list[list[Sentence]], repeat: int, n_words: int) -> None:
+    """Bare forward and `lmgeom extract`, alternating `repeat` times after one warm-up each: wall
+    seconds and their ratio, and the CPU seconds of the process (all threads), which under load
+    still say how much work each side does."""
+    modes = {"bare forward": bare_forward(encoder, chunks), "lmgeom extract": full_extract(encoder, corpus)}
+    for run in modes.values():  # warm-up: allocator, lazy imports, page cache
+        run()
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    loads = []
+    for _ in range(repeat):
+        for mode, run in modes.items():
+            started = time.process_time()
+            seconds[mode].append(timed(run))
+            cpu[mode].append(time.process_time() - started)
+        loads.append(os.getloadavg()[0])
+    print(f"{repeat} alternating pairs, 1-min load average {min(loads):.1f}-{max(loads):.1f}")
+    print(f"{'':18}{'best s':>9}{'median s':>10}{'words/s (best)':>16}{'CPU s (median)':>16}")
+    for mode, values in seconds.items():
+        print(f"{mode:18}{min(values):>9.2f}{statistics.median(values):>10.2f}{n_words / min(values):>16,.0f}"
+              f"{statistics.median(cpu[mode]):>16.2f}")
+    bare, full = seconds["bare forward"], seconds["lmgeom extract"]
+    print(f"ratio extract / bare forward: best {min(bare) / min(full):.2f}, median "
+          f"{statistics.median(bare) / statistics.median(full):.2f} (goal >= 0.9); CPU seconds "
+          f"{statistics.median(cpu['bare forward']) / statistics.median(cpu['lmgeom extract']):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm", help="minilm, smollm2, elmo-brown, or any model load_encoder takes")
     parser.add_argument("--sentences", type=int, default=500, help="the first N sentences of the Lee corpus")
-    parser.add_argument("--repeat", type=int, default=3, help="bare/extract pairs, alternating")
+    parser.add_argument("--repeat", type=int, default=3, help="bare/extract pairs, alternating (0: the profile only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also peak RSS for a 1x and a 10x corpus")
     args = parser.parse_args()
@@ -176,31 +236,19 @@ def main() -> None:
     encoder = load_encoder(args.model, device="cpu")
     corpus = lee().head(args.sentences)
     chunks = chunks_of(encoder, corpus)
-    modes = {"bare forward": bare_forward(encoder, chunks), "lmgeom extract": full_extract(encoder, corpus)}
-    for run in modes.values():  # warm-up: allocator, lazy imports, page cache
-        run()
-    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
-    loads = []
-    for _ in range(args.repeat):
-        for mode, run in modes.items():
-            seconds[mode].append(timed(run))
-        loads.append(os.getloadavg()[0])
     n_words = sum(len(s.words) for s in corpus.sentences)
-    print(f"{args.model}: {len(corpus):,} Lee sentences ({n_words:,} words) in {len(chunks)} chunks, {args.threads} threads, "
-          f"{args.repeat} alternating pairs, 1-min load average {min(loads):.1f}-{max(loads):.1f}")
-    print(f"{'':18}{'best s':>9}{'median s':>10}{'words/s (best)':>16}")
-    for mode, values in seconds.items():
-        print(f"{mode:18}{min(values):>9.2f}{statistics.median(values):>10.2f}{n_words / min(values):>16,.0f}")
-    bare, full = seconds["bare forward"], seconds["lmgeom extract"]
-    print(f"ratio extract / bare forward: best {min(bare) / min(full):.2f}, median "
-          f"{statistics.median(bare) / statistics.median(full):.2f} (goal >= 0.9)")
-
+    print(f"{args.model}: {len(corpus):,} Lee sentences ({n_words:,} words) in {len(chunks)} chunks, {args.threads} threads")
+    if args.repeat:
+        alternate(encoder, corpus, chunks, args.repeat, n_words)
     stages = profile(encoder, chunks)
-    total = sum(stages.values())
-    print(f"\nprofile, stage by stage in one thread of control ({total:.2f} s):")
-    print(f"{'stage':18}{'seconds':>9}{'share':>8}")
-    for stage, value in stages.items():
-        print(f"{stage:18}{value:>9.2f}{value / total:>8.1%}")
+    total = sum(wall for wall, _ in stages.values())
+    print(f"\nprofile, stage by stage in one thread of control ({total:.2f} s, load {os.getloadavg()[0]:.1f}):")
+    print(f"{'stage':18}{'wall s':>9}{'share':>8}{'CPU s':>9}")
+    for stage, (wall, cpu) in stages.items():
+        print(f"{stage:18}{wall:>9.2f}{wall / total:>8.1%}{cpu:>9.2f}")
+    if isinstance(encoder, ElmoEncoder):
+        print(f"of the bare forward: layers() stack {elmo_layers_stack_seconds(encoder, chunks):.2f} s "
+              "(the baseline builds it; extract copies rows from the biLM outputs instead)")
 
     if args.memory:
         small, big = (peak_rss_mb(args.model, args.sentences, copies, args.threads) for copies in (1, 10))

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import zarr
+from zarr.codecs import BytesCodec
+from zarr.storage import LocalStore
 
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
@@ -74,6 +78,7 @@ class StoreWriter:
         progress_path = self.path / layout.PROGRESS
         # the tables of the chunks this writer commits, kept for `finalize` (a few MB per million words)
         self._tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
+        self._open_chunks: list[OpenChunk | None] = [None] * self.n_layers
         self.progress = layout.read_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
         if self.complete:
             return
@@ -105,7 +110,8 @@ class StoreWriter:
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
                 raise ValueError(f"layer {layer}, row {bad}: the model produced NaN/inf; use a float32 compute dtype")
             array.resize((first_row + n_rows, self.dim))
-            _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False))
+            self._open_chunks[layer] = _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False),
+                                                   self._open_chunks[layer])
         tokens = pd.DataFrame({
             "sentence_id": np.repeat(np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64),
                                      [len(e.words) for e in encoded]),
@@ -231,17 +237,58 @@ def _without_empty_chunk_scan(array: Any) -> Any:
     return array.with_config({"write_empty_chunks": True}) if hasattr(array, "with_config") else array
 
 
-def _write_rows(array: Any, start: int, block: np.ndarray) -> None:
-    """Write `block` at row `start` in pieces cut at the array's chunk boundaries: zarr stores a piece
-    that is exactly one chunk as it is, while a larger write is assembled chunk by chunk in new
-    buffers (together about 40 % less CPU per commit, measured in docs/performance.md)."""
+OpenChunk = tuple[int, np.ndarray]
+"""The last, partly filled chunk of a layer: its index and the rows written to it so far."""
+
+
+def _write_rows(array: Any, start: int, block: np.ndarray, open_chunk: OpenChunk | None) -> OpenChunk | None:
+    """Write `block` at row `start`, chunk by chunk, and return the layer's open (partly filled) chunk.
+
+    A raw local array (`_raw_chunk_path`) gets whole chunk files: a commit's first chunk is completed
+    from `open_chunk` (the rows the previous commit left in it; read back once when another run
+    wrote them), its last is padded with the fill value (zeros) as zarr stores an edge chunk. Zarr's
+    own write takes about twice the CPU for a whole chunk (a hop to its event loop and another to a
+    thread pool per chunk) and reads, copies and re-writes a partly written one; a wide model's
+    commit pays that for every 4 MiB. Other arrays are written through zarr, piece by piece."""
     chunk_rows = int(array.chunks[0])
+    chunk_path = _raw_chunk_path(array, block.dtype)
     done = 0
     while done < len(block):
         row = start + done
-        piece = min(len(block) - done, chunk_rows - row % chunk_rows)
-        array[row : row + piece] = block[done : done + piece]
+        index, offset = divmod(row, chunk_rows)
+        piece = min(len(block) - done, chunk_rows - offset)
+        rows = block[done : done + piece]
         done += piece
+        if chunk_path is None:
+            array[row : row + piece] = rows
+            continue
+        if offset:
+            if open_chunk is None or open_chunk[0] != index or len(open_chunk[1]) != offset:
+                open_chunk = (index, np.asarray(array[index * chunk_rows : row]))
+            rows = np.concatenate([open_chunk[1], rows])
+        if len(rows) < chunk_rows:
+            open_chunk = (index, rows.copy())  # the next commit completes this chunk
+            rows = np.concatenate([rows, np.zeros((chunk_rows - len(rows), *rows.shape[1:]), dtype=rows.dtype)])
+        path = chunk_path(index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # a temporary file renamed over the chunk, as zarr writes; `_recover` removes leftovers
+        partial = path.with_name(f"{path.name}.partial")
+        np.ascontiguousarray(rows).tofile(partial)
+        os.replace(partial, path)
+    return open_chunk
+
+
+def _raw_chunk_path(array: Any, dtype: np.dtype[Any]) -> Callable[[int], Path] | None:
+    """Where the file of row-chunk i lies, for a zarr 3 array in a local folder whose chunks are
+    stored raw (only the little-endian bytes codec, as `_create_layer_array` makes them): such a
+    chunk's file is, by the zarr 3 format, exactly its rows' bytes in C order. None otherwise."""
+    metadata = array.metadata
+    raw = (BytesCodec(endian="little"),)
+    if (not isinstance(array.store, LocalStore) or getattr(metadata, "codecs", None) != raw
+            or dtype != array.dtype or dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder != "little")):
+        return None
+    folder = Path(array.store.root) / array.store_path.path
+    return lambda index: folder / metadata.encode_chunk_key((index, 0))
 
 
 def _write_parquet_atomic(table: pd.DataFrame, path: Path) -> None:
