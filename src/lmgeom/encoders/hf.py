@@ -250,7 +250,14 @@ class HFEncoder:
         piece_position = np.concatenate(positions) if positions else np.empty(0, dtype=np.int64)
         by_window = np.argsort(piece_window, kind="stable")
         window_bounds = np.searchsorted(piece_window[by_window], np.arange(len(windows) + 1))
-        sums = torch.zeros(self.n_layers, len(units), self.dim, dtype=torch.float32, device=self.device)
+        # A unit of one piece is that piece's vector: it is copied into place, and neither zeroed nor
+        # divided (x / 1 == x); only units of several pieces are zeroed, summed into and divided.
+        # On a wide model each of those passes over every layer of the chunk costs a few per cent.
+        alone = counts == 1
+        piece_alone = alone[piece_unit]
+        shared_units = torch.as_tensor(np.flatnonzero(~alone), device=self.device)
+        sums = torch.empty(self.n_layers, len(units), self.dim, dtype=torch.float32, device=self.device)
+        sums.index_fill_(1, shared_units, 0.0)
         row_of_window = np.zeros(len(windows), dtype=np.int64)
         order = sorted(range(len(windows)), key=lambda w: (-len(windows[w]), w))
         for batch in self._batches(order, windows):
@@ -270,11 +277,18 @@ class HFEncoder:
             if pieces.size == 0:
                 continue
             row_of_window[batch] = np.arange(len(batch))
-            flat = torch.as_tensor(row_of_window[piece_window[pieces]] * length + piece_position[pieces], device=self.device)
-            slots = torch.as_tensor(piece_unit[pieces], device=self.device)
+            flat = row_of_window[piece_window[pieces]] * length + piece_position[pieces]
+            is_alone = piece_alone[pieces]
+            flat_alone, flat_shared = (torch.as_tensor(flat[m], device=self.device) for m in (is_alone, ~is_alone))
+            slots_alone, slots_shared = (torch.as_tensor(piece_unit[pieces[m]], device=self.device) for m in (is_alone, ~is_alone))
             for layer, states in enumerate(hidden):
-                sums[layer].index_add_(0, slots, states.reshape(-1, self.dim)[flat].float())
-        sums /= torch.as_tensor(counts, dtype=torch.float32, device=self.device)[None, :, None]
+                rows = states.reshape(-1, self.dim)
+                sums[layer].index_copy_(0, slots_alone, rows[flat_alone].float())
+                if len(slots_shared):
+                    sums[layer].index_add_(0, slots_shared, rows[flat_shared].float())
+        if len(shared_units):
+            divisors = torch.as_tensor(counts[~alone], dtype=torch.float32, device=self.device)[None, :, None]
+            sums[:, shared_units] = sums[:, shared_units] / divisors
         return sums.cpu().numpy()
 
     def _batches(self, order: list[int], windows: list[list[int]]) -> Iterator[list[int]]:
