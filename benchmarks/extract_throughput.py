@@ -10,15 +10,20 @@ writing the store and finalising its tables. The two alternate in one process (b
 bare, extract, ...), so both see the same machine load; the ratio is bare seconds / extract seconds
 (goal >= 0.9), of the best and of the median runs.
 
+Each side's CPU seconds (all threads of the process) are printed too: under load, wall seconds
+also measure waiting for a core, CPU seconds still measure the work.
+
 The profile then runs the same chunks stage by stage, synchronously: encode (with the model's
-forward timed by hooks), commit, finalize.
+forward timed by hooks), commit, finalize, in wall and CPU seconds; for ELMo also the seconds the
+baseline spends stacking the layers (`layers()`), which extraction does not do. `--repeat 0` runs
+the profile only.
 
 `--memory` adds peak RSS of `lmgeom extract` for a 1x and a 10x corpus, each in a fresh process
 (goal: 10x <= 1.5 x 1x).
 
-    python benchmarks/extract_throughput.py --model smollm2 --sentences 300 --threads 2 --repeat 3
-    python benchmarks/extract_throughput.py --model elmo-brown --sentences 2680
-    python benchmarks/extract_throughput.py --model minilm --sentences 2680 --memory
+    python benchmarks/extract_throughput.py --model elmo-brown --sentences 2680 --threads 2 --repeat 5
+    python benchmarks/extract_throughput.py --model smollm2 --sentences 300 --threads 2 --repeat 5
+    python benchmarks/extract_throughput.py --model minilm --sentences 2680 --threads 2 --repeat 5 --memory
 """
 
 from __future__ import annotations

@@ -143,6 +143,25 @@ def test_smollm2_gguf_alignment_byte_level_bpe():
         np.testing.assert_allclose(result.vectors, reference_word_vectors(encoder, sentence), atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", "minilm"])
+def test_chunk_tokenized_at_once_equals_each_sentence_aligned_by_characters(model):
+    from lmgeom.corpus import lee
+    from lmgeom.encoders.alignment import tokenize_sentences
+
+    tokenizer = load_encoder(model, device="cpu").tokenizer
+    sentences = [*lee().head(150).sentences, *Corpus.from_list(SENTENCES).sentences]
+    for sentence, tokenized in zip(sentences, tokenize_sentences(tokenizer, sentences, prepend_bos=False, first_index=0)):
+        alone = tokenizer(sentence.text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        content = [i for i, special in enumerate(alone["special_tokens_mask"]) if not special]
+        assert tokenized.content == [alone["input_ids"][i] for i in content]
+        assert tokenized.prefix + tokenized.content + tokenized.suffix == alone["input_ids"]
+        assert tokenized.kept_words == list(range(len(sentence.words)))
+        for word, pieces in zip(sentence.words, tokenized.word_pieces):
+            chars = set(range(word.start, word.end))
+            expected = [p for p, i in enumerate(content) if chars & set(range(*alone["offset_mapping"][i]))]
+            assert pieces.tolist() == expected
+
+
 # ---- store: resume, refusal, reading -------------------------------------------------------
 
 

@@ -31,28 +31,55 @@ def tokenize_sentence(
     leading space, which overlaps no word). Special tokens have empty spans and are split off as
     prefix/suffix so that long inputs can be re-wrapped window by window.
     """
+    return tokenize_sentences(
+        tokenizer, [sentence], prepend_bos=prepend_bos, first_index=sentence_index, skip_unaligned=skip_unaligned
+    )[0]
+
+
+def tokenize_sentences(
+    tokenizer: Any, sentences: Sequence[Sentence], *, prepend_bos: bool, first_index: int, skip_unaligned: bool = False
+) -> list[TokenizedSentence]:
+    """`tokenize_sentence` of each sentence (numbered from `first_index` in errors), the texts
+    tokenized in one call of the tokenizer rather than one call each."""
+    if not sentences:
+        return []
     encoding = tokenizer(
-        sentence.text,
+        [sentence.text for sentence in sentences],
         add_special_tokens=True,
         return_offsets_mapping=True,
         return_special_tokens_mask=True,
         truncation=False,
         verbose=False,
     )
-    ids = encoding["input_ids"]
-    special = encoding["special_tokens_mask"]
-    offsets = encoding["offset_mapping"]
+    return [
+        _align(tokenizer, sentence, ids, special, offsets, prepend_bos=prepend_bos, sentence_index=first_index + index,
+               skip_unaligned=skip_unaligned)
+        for index, (sentence, ids, special, offsets) in enumerate(
+            zip(sentences, encoding["input_ids"], encoding["special_tokens_mask"], encoding["offset_mapping"])
+        )
+    ]
+
+
+def _align(
+    tokenizer: Any, sentence: Sentence, ids: list[int], special: list[int], offsets: list[tuple[int, int]], *,
+    prepend_bos: bool, sentence_index: int, skip_unaligned: bool,
+) -> TokenizedSentence:
     content_positions = [i for i, s in enumerate(special) if not s]
     first = content_positions[0] if content_positions else len(ids)
     last = content_positions[-1] + 1 if content_positions else len(ids)
     prefix, content, suffix = list(ids[:first]), list(ids[first:last]), list(ids[last:])
     if prepend_bos and (not prefix or prefix[0] != tokenizer.bos_token_id):
         prefix = [tokenizer.bos_token_id, *prefix]
-    starts = np.array([offsets[i][0] for i in range(first, last)], dtype=np.int64)
-    ends = np.array([offsets[i][1] for i in range(first, last)], dtype=np.int64)
+    spans = np.array(offsets[first:last], dtype=np.int64).reshape(-1, 2)
+    word_spans = np.array([(word.start, word.end) for word in sentence.words], dtype=np.int64).reshape(-1, 2)
+    # every (word, piece) pair whose spans overlap, in one comparison; row-major order groups them by
+    # word with each word's pieces ascending
+    overlap = (spans[None, :, 0] < word_spans[:, 1:]) & (spans[None, :, 1] > word_spans[:, :1])
+    word_of_pair, piece_of_pair = np.nonzero(overlap)
+    bounds = np.searchsorted(word_of_pair, np.arange(len(sentence.words) + 1))
     word_pieces, kept_words = [], []
     for position, word in enumerate(sentence.words):
-        pieces = np.flatnonzero((starts < word.end) & (ends > word.start))
+        pieces = piece_of_pair[bounds[position] : bounds[position + 1]]
         if pieces.size == 0:
             if skip_unaligned:
                 continue

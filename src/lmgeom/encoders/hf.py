@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from lmgeom.corpus.corpus import Sentence
-from lmgeom.encoders.alignment import TokenizedSentence, choose_windows, plan_windows, tokenize_sentence
+from lmgeom.encoders.alignment import TokenizedSentence, choose_windows, plan_windows, tokenize_sentence, tokenize_sentences
 from lmgeom.encoders.base import EncodedSentence
 
 POOLINGS = ("mean", "first", "last")
@@ -139,11 +139,10 @@ class HFEncoder:
         windows: list[list[int]] = []
         units: list[_Unit] = []
         layout: list[tuple[int, int, list[str], np.ndarray, int, int]] = []
-        for offset, sentence in enumerate(sentences):
-            tokenized = tokenize_sentence(
-                self.tokenizer, sentence, prepend_bos=self.prepend_bos, sentence_index=first_index + offset,
-                skip_unaligned=self.skip_unaligned,
-            )
+        tokenized_sentences = tokenize_sentences(
+            self.tokenizer, sentences, prepend_bos=self.prepend_bos, first_index=first_index, skip_unaligned=self.skip_unaligned,
+        )
+        for sentence, tokenized in zip(sentences, tokenized_sentences):
             first_window, spans = self._append_windows(tokenized, windows)
             chosen = choose_windows(tokenized.word_pieces, spans)
             word_units = [
