@@ -255,7 +255,11 @@ class HFEncoder:
         alone = counts == 1
         piece_alone = alone[piece_unit]
         shared_units = torch.as_tensor(np.flatnonzero(~alone), device=self.device)
-        sums = torch.empty(self.n_layers, len(units), self.dim, dtype=torch.float32, device=self.device)
+        shape = (self.n_layers, len(units), self.dim)
+        # On the CPU the chunk's vectors (hundreds of MB) come from numpy, which asks Linux for huge
+        # pages for large arrays: writing them first then faults about half the CPU time of torch's memory.
+        sums = (torch.from_numpy(np.empty(shape, dtype=np.float32)) if self.device.type == "cpu"
+                else torch.empty(shape, dtype=torch.float32, device=self.device))
         sums.index_fill_(1, shared_units, 0.0)
         row_of_window = np.zeros(len(windows), dtype=np.int64)
         order = sorted(range(len(windows)), key=lambda w: (-len(windows[w]), w))
