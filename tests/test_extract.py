@@ -162,6 +162,26 @@ def test_chunk_tokenized_at_once_equals_each_sentence_aligned_by_characters(mode
             assert pieces.tolist() == expected
 
 
+def test_choose_windows_takes_the_window_with_most_context():
+    from lmgeom.encoders.alignment import choose_windows, plan_windows
+
+    def most_context(pieces, windows):  # every window that holds the word, scored; ties to the earlier
+        scores = [min(pieces.min() - a, b - 1 - pieces.max()) if a <= pieces.min() and pieces.max() < b else -1
+                  for a, b in windows]
+        return int(np.argmax(scores))
+
+    rng = np.random.default_rng(3)
+    for n_content, capacity in ((7, 10), (30, 30), (30, 8), (101, 16)):
+        windows = plan_windows(n_content, capacity)
+        starts = rng.integers(0, n_content, size=40)
+        units = [np.arange(s, min(s + int(rng.integers(1, 3)), n_content)) for s in starts]
+        assert choose_windows(units, windows).tolist() == [most_context(u, windows) for u in units]
+    with pytest.raises(ValueError, match="more than one window"):
+        choose_windows([np.array([0, 9])], [(0, 5), (4, 9)])
+    with pytest.raises(ValueError, match="more than one window"):
+        choose_windows([np.array([2, 6])], [(0, 5)])
+
+
 # ---- store: resume, refusal, reading -------------------------------------------------------
 
 

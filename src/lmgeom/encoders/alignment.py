@@ -107,6 +107,11 @@ def plan_windows(n_content: int, capacity: int) -> list[tuple[int, int]]:
 def choose_windows(units: Sequence[np.ndarray], windows: Sequence[tuple[int, int]]) -> np.ndarray:
     """For each unit (a set of piece indexes), the window holding all its pieces where it has most
     context: the largest min(pieces before it, pieces after it) in that window; ties go to the earlier."""
+    if len(windows) == 1 and units and all(pieces.size for pieces in units):
+        # a sentence in one window (nearly all of them): its only window, if it holds every piece
+        pieces = np.concatenate(units)
+        if windows[0][0] <= pieces.min() and pieces.max() < windows[0][1]:
+            return np.zeros(len(units), dtype=np.int64)
     choice = np.empty(len(units), dtype=np.int64)
     for u, pieces in enumerate(units):
         lo, hi = int(pieces.min()), int(pieces.max())
