@@ -324,3 +324,14 @@ def test_one_pass_and_shards_closed_forms_identical_iterative_within_tolerance(m
         assert a.centred_top_eigenvalue == pytest.approx(b.centred_top_eigenvalue, rel=VALUE_RTOL)
         assert np.linalg.norm(a.direction - b.direction) < DIRECTION_TOL
         assert_matches(b, X[word_ids == word].astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("spread", [1e-1, 1e-3])
+def test_dominant_mean_closed_form_or_centred_pass(matrix_free: None, dtype: type, spread: float) -> None:
+    """tr C and v' C v come from closed forms while the mean dominates by less than 1e6 in energy and
+    from explicitly centred rows beyond: both match eigh of the centred rows."""
+    rng = np.random.default_rng(50)
+    row = rng.standard_normal(40) * 10
+    X = (row + spread * anisotropic(60, 40, seed=51)).astype(dtype)
+    assert_matches(occurrence_spectrum(X), X.astype(np.float64))

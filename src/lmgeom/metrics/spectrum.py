@@ -67,6 +67,9 @@ FLOAT32_NOISE = float(np.finfo(np.float32).eps)
 FLOAT32_STALL = 0.5
 FLOAT32_STALL_BELOW = 1e-3
 
+# closed forms that cancel to 1 / _CANCELLATION_LIMIT of their terms keep ~1e-10 relative accuracy
+_CANCELLATION_LIMIT = 1e6
+
 BlockOperator = Callable[[np.ndarray], list[np.ndarray]]
 
 
@@ -441,7 +444,13 @@ def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
         start = np.concatenate([pair.leading[:, : BLOCK_SIZE // 2] for pair in rough], axis=1)
     uncentred, scatter = top_eigenpairs(operators(np.float64), start, need_vector=[True, False])
     direction = uncentred.vector / np.linalg.norm(uncentred.vector)
-    centred_total, along = rows.spread(direction)
+    # tr C = ||X||_F^2 - |s|^2 / n and v' C v = v' X^T X v - (s . v)^2 / n (the first term is the Rayleigh
+    # quotient, the top value) lose digits to cancellation when the mean dominates: within
+    # _CANCELLATION_LIMIT they stay exact to ~1e-10, beyond it a float64 pass over the centred rows
+    centred_total = rows.spread_estimate
+    along = uncentred.value - float(row_sum @ direction) ** 2 / n
+    if rows.frobenius_sq > _CANCELLATION_LIMIT * centred_total or uncentred.value > _CANCELLATION_LIMIT * along:
+        centred_total, along = rows.spread(direction)
     return _occurrence_spectrum(
         n, rows.mean, top=uncentred.value, direction=direction, frobenius_sq=rows.frobenius_sq,
         centred_top=scatter.value, centred_total=centred_total, centred_along=along,
