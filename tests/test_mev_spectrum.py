@@ -335,3 +335,21 @@ def test_dominant_mean_closed_form_or_centred_pass(matrix_free: None, dtype: typ
     row = rng.standard_normal(40) * 10
     X = (row + spread * anisotropic(60, 40, seed=51)).astype(dtype)
     assert_matches(occurrence_spectrum(X), X.astype(np.float64))
+
+
+def test_float32_rows_take_float32_steps_then_float64(matrix_free: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 rows get a float32 solve (stopping at float32 noise) before the float64 one; float64 rows only the latter."""
+    noises: list[float] = []
+    solve = spectrum_module.top_eigenpairs
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        noises.append(kwargs.get("tolerances", spectrum_module.Tolerances()).noise)
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(spectrum_module, "top_eigenpairs", recording)
+    X32, X = as_float32(anisotropic(50, 60, seed=60))
+    assert_matches(occurrence_spectrum(X32), X)
+    assert len(noises) == 2 and noises[0] > 0 and noises[1] == 0
+    noises.clear()
+    occurrence_spectrum(X)
+    assert noises == [0.0]

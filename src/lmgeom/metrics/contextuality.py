@@ -521,9 +521,10 @@ def _one_blas_thread() -> threadpool_limits:
 
 
 def occurrence_spectrum(X: Any) -> OccurrenceSpectrum:
-    """The spectrum of one occurrence matrix (zero rows left out); see `OccurrenceSpectrum`."""
-    X = as_float64_rows(X)
-    X = X[row_norms(X) > 0]
+    """The spectrum of one occurrence matrix (zero rows left out; float32 rows stay float32); see
+    `OccurrenceSpectrum`."""
+    rows, nonzero = _grouped_rows(as_mev_rows(X), np.arange(len(X)))
+    X = rows[nonzero]
     if len(X) == 0:
         raise ValueError("an occurrence matrix needs at least one non-zero row")
     with _one_blas_thread():
