@@ -7,7 +7,8 @@ case for Krylov methods: small relative gaps at the top of a Marchenko-Pastur sp
 
 Timed, interleaved (norm pass, MEV, norm pass, MEV, ...; best of --repeats), one BLAS thread:
 - norm pass: `np.sqrt(np.einsum("ij,ij->i", X, X))` on the float32 X;
-- matrix-free: `MEVAccumulator(...).add(X, word_ids=...).result()`, every variant (what `lmgeom analyze` runs);
+- matrix-free: `MEVAccumulator(...).add(X, word_ids=...).result()`, every variant (what `lmgeom analyze` runs):
+  the float32 rows grouped by word in one copy, float32 block Lanczos refined in float64;
 - dense (before): the previous algorithm, two n x n Gram matrices and two `eigh` per word (n <= d),
   timed on --dense-words frequent words and all rare words and extrapolated to all frequent words.
 Errors: max relative error against that dense reference, over the words it ran on, of the top

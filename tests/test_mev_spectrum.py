@@ -12,6 +12,7 @@ import pytest
 from scipy.linalg import eigh
 
 from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, first_principal_direction, mev, occurrence_spectrum
+from lmgeom.metrics.contextuality import mev_state_bytes
 from lmgeom.metrics import spectrum as spectrum_module
 from lmgeom.metrics.spectrum import OccurrenceSpectrum, moment_spectrum, rows_spectra
 
@@ -218,3 +219,137 @@ def test_stopping_short_of_convergence_warns(matrix_free: None, monkeypatch: pyt
     monkeypatch.setattr(spectrum_module, "MAX_MULTIPLICATIONS", 6)
     with pytest.warns(RuntimeWarning, match="block Lanczos stopped after"):
         occurrence_spectrum(flat(80, 90, seed=14))
+
+
+# ---- float32 rows (as a store holds them): float32 Krylov steps, float64 refinement, exact results
+
+def as_float32(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 rows and their exact float64 values (the reference is computed on the latter)."""
+    X32 = X.astype(np.float32)
+    return X32, X32.astype(np.float64)
+
+
+@pytest.mark.parametrize("n,d", SHAPES)
+@pytest.mark.parametrize("make", [anisotropic, flat])
+def test_float32_rows_matrix_free_match_dense_eigh(matrix_free: None, make, n: int, d: int) -> None:
+    X32, X = as_float32(make(n, d, seed=n + 2 * d) + 3.0)  # a dominant mean, as in real layers
+    assert_matches(occurrence_spectrum(X32), X)
+
+
+def test_float32_rows_at_width_beyond_the_dense_limit() -> None:
+    n, d = spectrum_module.DENSE_LIMIT + 44, spectrum_module.DENSE_LIMIT + 100
+    for X in (anisotropic(n, d, seed=21), flat(n, d, seed=22)):
+        X32, X64 = as_float32(X)
+        assert_matches(occurrence_spectrum(X32), X64)
+
+
+def test_float32_two_occurrences_rank_deficient_and_near_degenerate(matrix_free: None) -> None:
+    two32, two = as_float32(np.array([[3.0, 1.0, 0.0, 2.0], [1.0, 2.0, 2.0, 0.0]]))
+    assert_matches(occurrence_spectrum(two32), two)
+    low32, low = as_float32(with_singular_values(50, 70, np.linspace(3.0, 1.0, 2), seed=23))
+    assert_matches(occurrence_spectrum(low32), low)
+    singular = np.sqrt(np.array([10.0 * (1 + 1e-12), 10.0, 4.0, 3.0, 1.0]))
+    close32, close = as_float32(with_singular_values(60, 80, singular, seed=24) + 0.5)
+    assert_matches(occurrence_spectrum(close32), close, direction_defined=False)
+
+
+def test_float32_rows_stay_float32_and_are_kept_up_to_four_d(matrix_free: None) -> None:
+    """float32 rows take half the bytes, so a word keeps 4d of them (2d float64) before becoming X^T X;
+    either way the spectrum matches eigh."""
+    d = 20
+    counts = {0: 3, 1: 4 * d, 2: 4 * d + 1}
+    X = np.concatenate([anisotropic(n, d, seed=30 + word) for word, n in counts.items()])
+    word_ids = np.repeat(list(counts), list(counts.values()))
+    X32, X64 = as_float32(X)
+    accumulator = MEVAccumulator(len(counts)).add(X32, word_ids=word_ids)
+    assert sorted(accumulator.rows) == [0, 1] and sorted(accumulator.second_moments) == [2]
+    assert all(block.dtype == np.float32 for blocks in accumulator.rows.values() for block in blocks)
+    wide = MEVAccumulator(len(counts)).add(X64, word_ids=word_ids)
+    assert sorted(wide.rows) == [0] and sorted(wide.second_moments) == [1, 2]  # float64: 2d rows
+    for word, spectrum in accumulator.result().items():
+        assert_matches(spectrum, X64[word_ids == word])
+
+
+def test_mev_state_bytes_bounds_the_accumulator() -> None:
+    d = 16
+    counts = np.array([1, 2 * d, 2 * d + 1, 100 * d])
+    assert list(mev_state_bytes(counts, d)) == [8 * d, 16 * d * d, 16 * d * d, 16 * d * d]
+    rng = np.random.default_rng(31)
+    for dtype in (np.float32, np.float64):
+        word_ids = np.repeat(np.arange(len(counts)), counts)
+        accumulator = MEVAccumulator(len(counts))
+        for part in np.array_split(rng.permutation(len(word_ids)), 7):
+            accumulator.add(rng.standard_normal((len(part), d)).astype(dtype), word_ids=word_ids[part])
+        for word, limit in enumerate(mev_state_bytes(counts, d)):
+            held = sum(block.nbytes for block in accumulator.rows.get(word, ()))
+            held += accumulator.second_moments[word].nbytes if word in accumulator.second_moments else 0
+            assert held <= limit
+
+
+def test_float32_zero_tiny_and_non_finite_rows() -> None:
+    X = np.random.default_rng(32).standard_normal((6, 5)).astype(np.float32)
+    X[1] = 0.0
+    X[2] = 1e-30  # its float32 square underflows to zero, but the row is not zero
+    accumulator = MEVAccumulator(2).add(X, word_ids=np.array([0, 0, 0, 1, 1, 1]))
+    assert accumulator.n_zero == 1 and list(accumulator.counts) == [2, 3]
+    X[4, 2] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or inf values \(row 4\)"):
+        MEVAccumulator(2).add(X, word_ids=np.array([0, 0, 0, 1, 1, 1]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_pass_and_shards_closed_forms_identical_iterative_within_tolerance(matrix_free: None, dtype: type) -> None:
+    """Closed-form statistics (counts, ||X||_F^2, tr C, mean) agree to 1e-12 between one pass and
+    merged shards; the iterative ones (top eigenvalues, direction) to their tolerances, and both to eigh."""
+    rng = np.random.default_rng(33)
+    d = 24
+    counts = {0: 2, 1: 9, 2: 40, 3: 70, 4: 130}  # rows, rows past d, and moments for both dtypes
+    X = np.concatenate([anisotropic(n, d, seed=40 + word) + 2.0 for word, n in counts.items()]).astype(dtype)
+    word_ids = np.repeat(list(counts), list(counts.values()))
+    order = rng.permutation(len(X))
+    X, word_ids = X[order], word_ids[order]
+    one_pass = MEVAccumulator(len(counts)).add(X, word_ids=word_ids).result()
+    shards = [MEVAccumulator(len(counts)).add(X[part], word_ids=word_ids[part]) for part in np.array_split(np.arange(len(X)), 5)]
+    merged = shards[0]
+    for shard in shards[1:]:
+        merged.merge(shard)
+    sharded = merged.result()
+    for word in counts:
+        a, b = one_pass[word], sharded[word]
+        assert a.n == b.n == counts[word]
+        for closed in ("frobenius_sq", "centred_total"):
+            assert getattr(a, closed) == pytest.approx(getattr(b, closed), rel=1e-12)
+        assert np.allclose(a.mean, b.mean, rtol=1e-12, atol=0)
+        assert a.top_eigenvalue == pytest.approx(b.top_eigenvalue, rel=VALUE_RTOL)
+        assert a.centred_top_eigenvalue == pytest.approx(b.centred_top_eigenvalue, rel=VALUE_RTOL)
+        assert np.linalg.norm(a.direction - b.direction) < DIRECTION_TOL
+        assert_matches(b, X[word_ids == word].astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("spread", [1e-1, 1e-3])
+def test_dominant_mean_closed_form_or_centred_pass(matrix_free: None, dtype: type, spread: float) -> None:
+    """tr C and v' C v come from closed forms while the mean dominates by less than 1e6 in energy and
+    from explicitly centred rows beyond: both match eigh of the centred rows."""
+    rng = np.random.default_rng(50)
+    row = rng.standard_normal(40) * 10
+    X = (row + spread * anisotropic(60, 40, seed=51)).astype(dtype)
+    assert_matches(occurrence_spectrum(X), X.astype(np.float64))
+
+
+def test_float32_rows_take_float32_steps_then_float64(matrix_free: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 rows get a float32 solve (stopping at float32 noise) before the float64 one; float64 rows only the latter."""
+    noises: list[float] = []
+    solve = spectrum_module.top_eigenpairs
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        noises.append(kwargs.get("tolerances", spectrum_module.Tolerances()).noise)
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(spectrum_module, "top_eigenpairs", recording)
+    X32, X = as_float32(anisotropic(50, 60, seed=60))
+    assert_matches(occurrence_spectrum(X32), X)
+    assert len(noises) == 2 and noises[0] > 0 and noises[1] == 0
+    noises.clear()
+    occurrence_spectrum(X)
+    assert noises == [0.0]

@@ -37,7 +37,7 @@ from lmgeom.metrics.base import (
     to_numpy,
 )
 # MEV_VARIANTS and OccurrenceSpectrum are re-exported here, where MEV is computed
-from lmgeom.metrics.spectrum import MEV_VARIANTS, OccurrenceSpectrum, moment_spectrum, rows_spectra
+from lmgeom.metrics.spectrum import CHUNK_BYTES, MEV_VARIANTS, OccurrenceSpectrum, moment_spectrum, rows_spectra
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,9 +521,10 @@ def _one_blas_thread() -> threadpool_limits:
 
 
 def occurrence_spectrum(X: Any) -> OccurrenceSpectrum:
-    """The spectrum of one occurrence matrix (zero rows left out); see `OccurrenceSpectrum`."""
-    X = as_float64_rows(X)
-    X = X[row_norms(X) > 0]
+    """The spectrum of one occurrence matrix (zero rows left out; float32 rows stay float32); see
+    `OccurrenceSpectrum`."""
+    rows, nonzero = _grouped_rows(as_mev_rows(X), np.arange(len(X)))
+    X = rows[nonzero]
     if len(X) == 0:
         raise ValueError("an occurrence matrix needs at least one non-zero row")
     with _one_blas_thread():
@@ -535,13 +536,65 @@ def first_principal_direction(X: Any) -> np.ndarray:
     return occurrence_spectrum(X).direction
 
 
+# a word's rows are kept while they take at most this many times the bytes of its d x d float64
+# moment X^T X: 2d float64 or 4d float32 rows. Forming X^T X costs 2 n d^2 flops, which at n of a few
+# d is more than solving on the rows
+MEV_ROW_BYTES_PER_MOMENT = 2
+
+
+def mev_state_bytes(counts: np.ndarray, dim: int) -> np.ndarray:
+    """The most memory (bytes) `MEVAccumulator` holds for words with these occurrence counts: their
+    rows (float64 at worst) while they fit `MEV_ROW_BYTES_PER_MOMENT` d x d moments, then the moment."""
+    moment = 8 * dim * dim
+    return np.minimum(np.asarray(counts, dtype=np.int64) * dim * 8, MEV_ROW_BYTES_PER_MOMENT * moment)
+
+
+def as_mev_rows(X: Any) -> np.ndarray:
+    """2-D numpy rows for MEV without a full-size copy where possible: float32 stays float32 (it is
+    converted to float64 a chunk at a time where exactness needs it), anything else becomes float64."""
+    if hasattr(X, "detach"):
+        X = X.detach().cpu().numpy()
+    X = np.asarray(X)
+    if X.dtype != np.float32:
+        X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X must be a 2-D (n_points, dim) array, got shape {X.shape}")
+    return X
+
+
+def _grouped_rows(X: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """X[order] and the non-zero mask of its rows, in one pass: each chunk of the copy is checked
+    (finite, non-zero) while it is in cache. NaN/inf rows are an error naming the row of X."""
+    grouped = np.empty((len(order), X.shape[1]), dtype=X.dtype)
+    squared_norms = np.empty(len(order), dtype=X.dtype)
+    step = max(1, CHUNK_BYTES // max(1, X.shape[1] * X.itemsize))
+    for start in range(0, len(order), step):
+        chunk = grouped[start:start + step]
+        np.take(X, order[start:start + step], axis=0, out=chunk)
+        np.einsum("ij,ij->i", chunk, chunk, out=squared_norms[start:start + step])
+    nonzero = squared_norms > 0
+    # a float32 square can overflow (huge finite rows) or underflow (tiny non-zero rows): check those exactly
+    doubtful = np.flatnonzero(~np.isfinite(squared_norms) | ~nonzero)
+    if len(doubtful):
+        rows = grouped[doubtful]
+        finite = np.isfinite(rows).all(axis=1)
+        if not finite.all():
+            bad = int(order[doubtful[np.flatnonzero(~finite)[0]]])
+            raise ValueError(f"X holds NaN or inf values (row {bad}); this usually means float16 overflow "
+                             "during extraction: re-extract with --dtype float32")
+        nonzero[doubtful] = rows.any(axis=1)
+    return grouped, nonzero
+
+
 @register_accumulator
 class MEVAccumulator(StatefulAccumulator):
-    """Per-word occurrence matrices, kept as rows while a word has at most d of them, then as X^T X.
+    """Per-word occurrence matrices, kept as rows (float32 rows stay float32) while they take at most
+    `MEV_ROW_BYTES_PER_MOMENT` times the bytes of a d x d float64 moment, then as X^T X and the row sum.
 
-    So a word costs min(n, d) x d float64 of state. `result()` solves the words with few rows in
-    batches of small Gram matrices and the others matrix-free (`lmgeom.metrics.spectrum`).
-    `add(X, word_ids=...)`: words are integer ids in [0, n_words).
+    So a word costs at most `mev_state_bytes`. `result()` solves the words with few rows in batches
+    of small Gram matrices and the others matrix-free (`lmgeom.metrics.spectrum`).
+    `add(X, word_ids=...)`: words are integer ids in [0, n_words). Each `add` copies its rows once,
+    grouped by word; every word's rows are views of that copy.
     """
 
     # the per-word dictionaries, flattened into arrays for `state_dict`
@@ -553,7 +606,7 @@ class MEVAccumulator(StatefulAccumulator):
         self.n_words = int(n_words)
         self.rows: dict[int, list[np.ndarray]] = {}
         self.second_moments: dict[int, np.ndarray] = {}
-        self.row_sums: dict[int, np.ndarray] = {}
+        self.row_sums: dict[int, np.ndarray] = {}  # of the words kept as moments
         self.counts = np.zeros(self.n_words, dtype=np.int64)
         self.n_zero = 0
 
@@ -587,37 +640,54 @@ class MEVAccumulator(StatefulAccumulator):
         self.n_words = int(state["n_words"])
         self.counts = np.array(state["counts"], dtype=np.int64)
         self.n_zero = int(state["n_zero"])
-        row_words, row_blocks = np.asarray(state["row_words"], dtype=np.int64), np.asarray(state["row_blocks"], dtype=np.float64)
+        row_words, row_blocks = np.asarray(state["row_words"], dtype=np.int64), as_mev_rows(state["row_blocks"])
         order = np.argsort(row_words, kind="stable")
         words, starts = np.unique(row_words[order], return_index=True)
         self.rows = {int(w): [block] for w, block in zip(words, np.split(row_blocks[order], starts[1:]))} if len(row_words) else {}
         self.second_moments = {int(w): np.array(m) for w, m in zip(state["moment_words"], state["moment_blocks"])}
-        self.row_sums = {int(w): np.array(s) for w, s in zip(state["sum_words"], state["sum_blocks"])}
+        self.row_sums = {int(w): np.array(s) for w, s in zip(state["sum_words"], state["sum_blocks"]) if int(w) in self.second_moments}
+
+    def _keeps_rows(self, word: int, dim: int, new_bytes: int) -> bool:
+        held = sum(block.nbytes for block in self.rows.get(word, ()))
+        return word not in self.second_moments and held + new_bytes <= MEV_ROW_BYTES_PER_MOMENT * 8 * dim * dim
+
+    def _add_to_moment(self, word: int, block: np.ndarray) -> None:
+        """Fold `block` (and the word's rows, if it had any) into the word's X^T X and row sum."""
+        blocks = self.rows.pop(word, []) + [block]
+        rows = np.concatenate(blocks).astype(np.float64, copy=False)
+        if word not in self.second_moments:
+            dim = rows.shape[1]
+            self.second_moments[word], self.row_sums[word] = np.zeros((dim, dim)), np.zeros(dim)
+        self.second_moments[word] += rows.T @ rows
+        self.row_sums[word] += rows.sum(axis=0)
 
     def _add_word_rows(self, word: int, block: np.ndarray) -> None:
         self.counts[word] += len(block)
-        self.row_sums[word] = block.sum(axis=0) + self.row_sums.get(word, 0.0)
-        if word in self.second_moments:
-            self.second_moments[word] += block.T @ block
-            return
-        self.rows.setdefault(word, []).append(block)
-        if self.counts[word] > block.shape[1]:
-            stacked = np.concatenate(self.rows.pop(word))
-            self.second_moments[word] = stacked.T @ stacked
+        if self._keeps_rows(word, block.shape[1], block.nbytes):
+            self.rows.setdefault(word, []).append(block)
+        else:
+            self._add_to_moment(word, block)
 
     def add(self, X: Any, /, **ids: np.ndarray) -> MEVAccumulator:
-        X = as_float64_rows(X)
+        X = as_mev_rows(X)
         (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
         word_ids = _word_index(word_ids, self.n_words)
-        nonzero = row_norms(X) > 0
-        self.n_zero += int((~nonzero).sum())
-        if not nonzero.all():  # a boolean index copies X even when it keeps every row
-            X, word_ids = X[nonzero], word_ids[nonzero]
         order = np.argsort(word_ids, kind="stable")
-        words, starts = np.unique(word_ids[order], return_index=True)
+        words, counts = np.unique(word_ids[order], return_counts=True)
+        # rows of words that go to moments are copied apart, so the copy that stays holds kept rows only
+        as_rows = np.array([self._keeps_rows(int(word), X.shape[1], int(count) * X.shape[1] * X.itemsize)
+                            for word, count in zip(words, counts)], dtype=bool)
+        row_kept = np.repeat(as_rows, counts)
         with _one_blas_thread():
-            for word, block in zip(words, np.split(X[order], starts[1:])):
-                self._add_word_rows(int(word), block)
+            for part in (order[row_kept], order[~row_kept]):
+                grouped, nonzero = _grouped_rows(X, part)
+                grouped_words = word_ids[part]
+                self.n_zero += int((~nonzero).sum())
+                if not nonzero.all():
+                    grouped, grouped_words = grouped[nonzero], grouped_words[nonzero]
+                part_words, starts = np.unique(grouped_words, return_index=True)
+                for word, block in zip(part_words, np.split(grouped, starts[1:])):
+                    self._add_word_rows(int(word), block)
         return self
 
     def merge(self, other: MEVAccumulator) -> MEVAccumulator:
@@ -629,8 +699,7 @@ class MEVAccumulator(StatefulAccumulator):
                     self._add_word_rows(word, block)
             for word, moment in other.second_moments.items():
                 if word in self.rows:
-                    stacked = np.concatenate(self.rows.pop(word))
-                    self.second_moments[word] = stacked.T @ stacked
+                    self._add_to_moment(word, np.zeros((0, moment.shape[0])))
                 self.second_moments[word] = moment + self.second_moments.get(word, 0.0)
                 self.row_sums[word] = other.row_sums[word] + self.row_sums.get(word, 0.0)
                 self.counts[word] += other.counts[word]
@@ -640,9 +709,7 @@ class MEVAccumulator(StatefulAccumulator):
     def result(self) -> dict[int, OccurrenceSpectrum]:
         """Word id -> spectrum, for every word with at least one non-zero occurrence."""
         with _one_blas_thread():
-            row_words = list(self.rows)
-            words_rows = [blocks[0] if len(blocks) == 1 else np.concatenate(blocks) for blocks in self.rows.values()]
-            spectra = dict(zip(row_words, rows_spectra(words_rows)))
+            spectra = dict(zip(self.rows, rows_spectra(list(self.rows.values()))))
             for word, moment in self.second_moments.items():
                 spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], moment)
         return dict(sorted(spectra.items()))

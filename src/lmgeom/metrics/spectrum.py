@@ -10,6 +10,13 @@ even when the mean dominates.
 Words with few occurrences are solved exactly and in batches: one stack of small Gram matrices,
 one batched `eigh`.
 
+A word's rows may be float32 (as a store holds them): they are converted a chunk at a time, never as
+a whole. The Krylov steps then run in float32 (half the memory traffic, twice the GEMM speed) until
+the residual reaches float32 noise, and float64 steps started from those Ritz vectors finish the
+job under the float64 stopping rule below; an eigenvalue's error is quadratic in the angle of its
+vector, so one or two float64 steps usually suffice. Each product X^T (X V) runs over chunks of rows
+that stay in cache, so a step reads the rows from memory once.
+
 Stopping rule, per problem: a Ritz pair (theta, x) with residual r = A x - theta x has an eigenvalue
 within min(|r|, |r|^2 / gap) of theta (Kato-Temple; gap = theta - next Ritz value estimates the
 distance to the rest of the spectrum), and its angle to the top eigenvector is at most |r| / gap
@@ -48,7 +55,40 @@ MAX_MULTIPLICATIONS = 5000
 # one Gram matrix and one eigh cost less than a few Krylov multiplications
 DENSE_LIMIT = 256
 
+# rows are multiplied in chunks of about this many bytes (as float64), so that a chunk read for X V
+# is still in cache for X^T (X V)
+CHUNK_BYTES = 2**20
+# a float32 product's error in units of tr C: the rows are centred before the float32 product (the
+# rank-one mean part is added in float64), so its rounding scales with the spread, not with ||X||_F^2.
+# float32 steps stop at this residual
+FLOAT32_NOISE = float(np.finfo(np.float32).eps)
+# float32 steps also stop when, below a relative residual of FLOAT32_STALL_BELOW, a step shrinks
+# the residual by less than FLOAT32_STALL
+FLOAT32_STALL = 0.5
+FLOAT32_STALL_BELOW = 1e-3
+
+# closed forms that cancel to 1 / _CANCELLATION_LIMIT of their terms keep ~1e-10 relative accuracy
+_CANCELLATION_LIMIT = 1e6
+
 BlockOperator = Callable[[np.ndarray], list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """When a Ritz pair stops: its eigenvalue error bound is at most `value_rtol` times the value and
+    (if a direction is wanted) its angle bound at most `direction_tol`; or its residual is at most
+    `residual_floor` times the value or `noise` (the operator's own rounding): nothing left to gain;
+    or, once the residual is below `stall_below` times the value, a step shrinks it by less than
+    `stall_ratio` (a rough solve handing over to a finer one: rounding has set in, or convergence is slow). `warn`: warn when `MAX_MULTIPLICATIONS` stops a
+    pair short of that."""
+
+    value_rtol: float = VALUE_RTOL
+    direction_tol: float = DIRECTION_TOL
+    residual_floor: float = RESIDUAL_FLOOR
+    noise: float = 0.0
+    warn: bool = True
+    stall_ratio: float = 0.0
+    stall_below: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,25 +97,29 @@ class TopEigenpair:
 
     `residual` is |A v - value v| and `gap` the distance to the next Ritz value, so the value is
     within min(residual, residual^2 / gap) of the top eigenvalue and v within an angle of about
-    residual / gap of the top eigenvector."""
+    residual / gap of the top eigenvector. `leading` holds the leading Ritz vectors (the first is
+    `vector`): a start for a more accurate solve."""
 
     value: float
     vector: np.ndarray
     residual: float
     gap: float
     multiplications: int
+    leading: np.ndarray
 
 
 class _RitzProblem:
     """One operator's images of the shared basis, its projection on the basis, and its Ritz pairs."""
 
-    def __init__(self, dim: int, *, need_vector: bool) -> None:
+    def __init__(self, dim: int, *, need_vector: bool, tolerances: Tolerances) -> None:
         self.need_vector = need_vector
+        self.tolerances = tolerances
         self.images = np.zeros((dim, 0))
         self.projected = np.zeros((0, 0))
         self.solution: TopEigenpair | None = None
         self.values = np.zeros(0)
         self.coefficients = np.zeros((0, 0))
+        self.last_residual = np.inf
 
     def extend(self, basis: np.ndarray, block: np.ndarray, images: np.ndarray) -> None:
         """Add `block` (already appended to `basis`) and its `images`; update the Ritz pairs."""
@@ -101,14 +145,18 @@ class _RitzProblem:
         residual = float(np.linalg.norm(residuals[:, 0]))
         gap = float(self.values[0] - self.values[1]) if len(self.values) > 1 else 0.0
         value_error = residual if gap <= 0 else min(residual, residual**2 / gap)
-        floor = residual <= RESIDUAL_FLOOR * top
-        vector_done = not self.need_vector or floor or (gap > 0 and residual <= DIRECTION_TOL * gap)
-        converged = exhausted or top == 0 or (value_error <= VALUE_RTOL * top and vector_done)
-        if not converged and multiplications >= MAX_MULTIPLICATIONS:
+        tolerances = self.tolerances
+        floor = residual <= max(tolerances.residual_floor * top, tolerances.noise)
+        vector_done = not self.need_vector or (gap > 0 and residual <= tolerances.direction_tol * gap)
+        stalled = tolerances.stall_below * top >= residual > tolerances.stall_ratio * self.last_residual
+        self.last_residual = residual
+        converged = (exhausted or top == 0 or floor or stalled
+                     or (value_error <= tolerances.value_rtol * top and vector_done))
+        if not converged and multiplications >= MAX_MULTIPLICATIONS and tolerances.warn:
             warnings.warn(f"block Lanczos stopped after {multiplications} products with a relative residual of "
                           f"{residual / top:.1e} (eigenvalue error bound {value_error / top:.1e})", RuntimeWarning, stacklevel=2)
         if converged or multiplications >= MAX_MULTIPLICATIONS:
-            self.solution = TopEigenpair(top, ritz[:, 0], residual, gap, multiplications)
+            self.solution = TopEigenpair(top, ritz[:, 0], residual, gap, multiplications, ritz)
         return residuals
 
     def restart(self, kept: np.ndarray) -> None:
@@ -117,7 +165,8 @@ class _RitzProblem:
         self.projected = (self.projected + self.projected.T) / 2
 
 
-def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequence[bool]) -> list[TopEigenpair]:
+def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequence[bool],
+                   tolerances: Tolerances = Tolerances()) -> list[TopEigenpair]:
     """Top eigenpairs of several symmetric PSD operators on one shared subspace.
 
     `apply(V)` returns each operator's images of the block V; the operators of a word (X^T X and
@@ -126,7 +175,7 @@ def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequ
     serves both at the cost of one product. `start` (dim x k) seeds the basis; `need_vector[i]`
     asks operator i for a converged direction and not only a converged value."""
     dim = start.shape[0]
-    problems = [_RitzProblem(dim, need_vector=need) for need in need_vector]
+    problems = [_RitzProblem(dim, need_vector=need, tolerances=tolerances) for need in need_vector]
     basis = np.zeros((dim, 0))
     block = _orthonormal_complement(start, basis, width=BLOCK_SIZE, drop_below=0.0)
     multiplications = 0
@@ -229,101 +278,182 @@ def _occurrence_spectrum(n: int, mean: np.ndarray, *, top: float, direction: np.
     )
 
 
-def rows_spectra(words_rows: Sequence[np.ndarray]) -> list[OccurrenceSpectrum]:
-    """The spectrum of each word's occurrence matrix (float64, non-zero rows), in order: words with
-    few rows (or few dimensions) densely in batches, the others matrix-free."""
-    spectra: list[OccurrenceSpectrum | None] = [None] * len(words_rows)
-    small = [i for i, rows in enumerate(words_rows) if min(rows.shape) <= DENSE_LIMIT and len(rows) <= DENSE_LIMIT]
-    for indexes in _dense_batches(words_rows, small):
-        for i, spectrum in zip(indexes, _gram_spectra([words_rows[i] for i in indexes])):
+WordRows = np.ndarray | Sequence[np.ndarray]
+
+
+def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
+    """The spectrum of each word's occurrence matrix (non-zero float32 or float64 rows, as one array
+    or a list of blocks), in order: words with few rows (or few dimensions) densely in batches, the
+    others matrix-free."""
+    words_blocks = [[rows] if isinstance(rows, np.ndarray) else list(rows) for rows in words_rows]
+    counts = [sum(len(block) for block in blocks) for blocks in words_blocks]
+    dims = [blocks[0].shape[1] for blocks in words_blocks]
+    spectra: list[OccurrenceSpectrum | None] = [None] * len(words_blocks)
+    small = [i for i, (n, dim) in enumerate(zip(counts, dims)) if n <= DENSE_LIMIT]
+    small_rows = {i: np.concatenate(words_blocks[i]) for i in small}
+    for indexes in _dense_batches(small_rows, small):
+        for i, spectrum in zip(indexes, _gram_spectra([small_rows[i] for i in indexes])):
             spectra[i] = spectrum
-    for i, rows in enumerate(words_rows):
+    for i, blocks in enumerate(words_blocks):
         if spectra[i] is None:
-            spectra[i] = _moment_spectrum_dense(rows) if rows.shape[1] <= DENSE_LIMIT else _krylov_rows_spectrum(rows)
+            rows = _ChunkedRows(blocks)
+            spectra[i] = rows.moment_spectrum() if dims[i] <= DENSE_LIMIT else _krylov_rows_spectrum(rows)
     return [spectrum for spectrum in spectra if spectrum is not None]
 
 
-# a batch of padded occurrence matrices stays under this many float64 entries (64 MB)
-_BATCH_ENTRIES = 8 * 2**20
+class _ChunkedRows:
+    """A word's rows (float32 or float64 blocks), read a chunk at a time: a chunk is converted to the
+    compute precision and centred in cache, so no full-size converted or centred copy exists.
+    The constructor reads them once for the row sum and ||X||_F^2 (float64)."""
+
+    def __init__(self, blocks: Sequence[np.ndarray]) -> None:
+        self.blocks = [block for block in blocks if len(block)]
+        self.n = sum(len(block) for block in self.blocks)
+        self.dim = self.blocks[0].shape[1]
+        self.float32 = all(block.dtype == np.float32 for block in self.blocks)
+        self.chunk_rows = max(8, CHUNK_BYTES // (8 * self.dim))  # a float64 chunk fills CHUNK_BYTES
+        self.row_sum = np.zeros(self.dim)
+        self.frobenius_sq = 0.0
+        for chunk in self.chunks():
+            chunk64 = chunk.astype(np.float64, copy=False)
+            self.row_sum += chunk64.sum(axis=0)
+            self.frobenius_sq += float(np.einsum("ij,ij->", chunk64, chunk64))
+        self.mean = self.row_sum / self.n
+        # tr C, to within rounding of ||X||_F^2 (enough to scale the noise of float32 products)
+        self.spread_estimate = max(self.frobenius_sq - float(self.row_sum @ self.mean), 0.0)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        for block in self.blocks:
+            for start in range(0, len(block), self.chunk_rows):
+                yield block[start:start + self.chunk_rows]
+
+    def scatter_images(self, block: np.ndarray, dtype: type[np.floating]) -> np.ndarray:
+        """C V (C the scatter matrix about the mean), computed in `dtype` and returned as float64.
+        Each chunk is centred into a reused buffer (fresh large arrays cost page faults)."""
+        mean, vectors = self.mean.astype(dtype), block.astype(dtype)
+        centred = np.empty((self.chunk_rows, self.dim), dtype=dtype)
+        projections = np.empty((self.chunk_rows, block.shape[1]), dtype=dtype)
+        chunk_images = np.empty((self.dim, block.shape[1]), dtype=dtype)
+        images = np.zeros((self.dim, block.shape[1]), dtype=dtype)
+        for chunk in self.chunks():
+            rows = len(chunk)
+            np.subtract(chunk, mean, out=centred[:rows])
+            np.matmul(centred[:rows], vectors, out=projections[:rows])
+            np.matmul(centred[:rows].T, projections[:rows], out=chunk_images)
+            images += chunk_images
+        return images.astype(np.float64, copy=False)
+
+    def spread(self, direction: np.ndarray) -> tuple[float, float]:
+        """(tr C, v' C v) from explicitly centred float64 rows (accurate when the mean dominates)."""
+        total, along = 0.0, 0.0
+        for chunk in self.chunks():
+            centred = chunk - self.mean
+            projections = centred @ direction
+            total += float(np.einsum("ij,ij->", centred, centred))
+            along += float(projections @ projections)
+        return total, along
+
+    def moment_spectrum(self) -> OccurrenceSpectrum:
+        second_moment = np.zeros((self.dim, self.dim))
+        for chunk in self.chunks():
+            chunk64 = chunk.astype(np.float64, copy=False)
+            second_moment += chunk64.T @ chunk64
+        return moment_spectrum(self.n, self.row_sum, second_moment)
 
 
-def _size_class(n: int) -> int:
-    return max(2, 1 << (n - 1).bit_length())
+# a batch of padded occurrence matrices stays under this many float64 entries (4 MB), so that its
+# passes run in cache
+_BATCH_ENTRIES = 2**19
 
 
-def _dense_batches(words_rows: Sequence[np.ndarray], indexes: list[int]) -> Iterator[list[int]]:
-    """Indexes of words padded to the same row count, in batches of bounded size."""
-    by_class: dict[int, list[int]] = {}
-    for i in indexes:
-        by_class.setdefault(_size_class(len(words_rows[i])), []).append(i)
-    for size, members in sorted(by_class.items()):
-        per_batch = max(1, _BATCH_ENTRIES // (size * words_rows[members[0]].shape[1]))
-        for start in range(0, len(members), per_batch):
-            yield members[start:start + per_batch]
+def _dense_batches(words_rows: dict[int, np.ndarray], indexes: list[int]) -> Iterator[list[int]]:
+    """Indexes of words of similar row counts (consecutive in count order, padded to the batch's
+    largest), in batches of bounded size."""
+    members = sorted(indexes, key=lambda i: len(words_rows[i]))
+    start = 0
+    while start < len(members):
+        stop = start + 1
+        dim = words_rows[members[start]].shape[1]
+        while stop < len(members) and (stop + 1 - start) * (len(words_rows[members[stop]]) + 1) * dim <= _BATCH_ENTRIES:
+            stop += 1
+        yield members[start:stop]
+        start = stop
 
 
 def _gram_spectra(words_rows: Sequence[np.ndarray]) -> list[OccurrenceSpectrum]:
     """Spectra of words of similar row counts from their n x n Gram matrices, in one batched eigh.
 
-    Rows are zero-padded to a common count; a padded row adds a zero eigenvalue and nothing else.
-    The centred Gram matrix comes from explicitly centred rows (accurate when the mean dominates) and
-    the uncentred one from it by a rank-two update, X = Xc + w m^T with w the real-row indicator."""
+    Each word's rows are centred explicitly (accurate when the mean dominates), zero-padded to a
+    common count (a padded row adds a zero eigenvalue and nothing else) and followed by the mean m:
+    one batched product A A^T of A = [Xc; m] gives the centred Gram matrix, Xc m and |m|^2, and so the
+    uncentred Gram matrix by a rank-two update (X = Xc + w m^T, w the real-row indicator), tr C and
+    ||X||_F^2. The direction v1 = A^T y is one more product, and Xc v1 = (A A^T y)[:n] needs none."""
     size = max(len(rows) for rows in words_rows)
     dim = words_rows[0].shape[1]
     counts = np.array([len(rows) for rows in words_rows], dtype=np.float64)
-    stacked = np.zeros((len(words_rows), size, dim))
+    stacked = np.zeros((len(words_rows), size + 1, dim))
     real = np.zeros((len(words_rows), size))
     for i, rows in enumerate(words_rows):
-        stacked[i, : len(rows)] = rows
+        word = stacked[i]
+        word[: len(rows)] = rows
+        word[size] = word[: len(rows)].sum(axis=0) / len(rows)
+        word[: len(rows)] -= word[size]
         real[i, : len(rows)] = 1.0
-    means = stacked.sum(axis=1) / counts[:, None]
-    centred = stacked - real[:, :, None] * means[:, None, :]
-    centred_gram = centred @ centred.transpose(0, 2, 1)
-    along_mean = np.einsum("wkd,wd->wk", centred, means)
-    mean_sq = np.einsum("wd,wd->w", means, means)
+    augmented_gram = stacked @ stacked.transpose(0, 2, 1)
+    centred_gram = augmented_gram[:, :size, :size]
+    along_mean = augmented_gram[:, :size, size]
+    mean_sq = augmented_gram[:, size, size]
     gram = (centred_gram + along_mean[:, :, None] * real[:, None, :] + real[:, :, None] * along_mean[:, None, :]
             + mean_sq[:, None, None] * real[:, :, None] * real[:, None, :])
     values, vectors = np.linalg.eigh(gram)
-    left = vectors[:, :, -1]
-    directions = np.einsum("wkd,wk->wd", centred, left) + means * np.einsum("wk,wk->w", real, left)[:, None]
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    # v1 = X^T l = Xc^T l + m (w . l) = A^T y, normalised
+    coefficients = np.concatenate([vectors[:, :, -1], np.einsum("wk,wk->w", real, vectors[:, :, -1])[:, None]], axis=1)
+    directions = np.einsum("wkd,wk->wd", stacked, coefficients)
+    norms = np.linalg.norm(directions, axis=1)
+    directions /= norms[:, None]
+    coefficients /= norms[:, None]
+    along = np.einsum("wjk,wk->wj", augmented_gram, coefficients)[:, :size]  # Xc v1
     centred_tops = np.linalg.eigvalsh(centred_gram)[:, -1]
-    centred_totals = np.einsum("wkd,wkd->w", centred, centred)
-    frobenius = np.einsum("wkd,wkd->w", stacked, stacked)
-    along = np.einsum("wkd,wd->wk", centred, directions)
+    centred_totals = np.einsum("wkk->w", centred_gram)
+    means = stacked[:, size]
     return [
-        _occurrence_spectrum(int(counts[i]), means[i], top=float(values[i, -1]), direction=directions[i],
-                             frobenius_sq=float(frobenius[i]), centred_top=float(centred_tops[i]),
+        _occurrence_spectrum(int(counts[i]), means[i].copy(), top=float(values[i, -1]), direction=directions[i],
+                             frobenius_sq=float(centred_totals[i] + counts[i] * mean_sq[i]), centred_top=float(centred_tops[i]),
                              centred_total=float(centred_totals[i]), centred_along=float(along[i] @ along[i]))
         for i in range(len(words_rows))
     ]
 
 
-def _moment_spectrum_dense(rows: np.ndarray) -> OccurrenceSpectrum:
-    n = len(rows)
-    row_sum = rows.sum(axis=0)
-    return moment_spectrum(n, row_sum, rows.T @ rows)
-
-
-def _krylov_rows_spectrum(rows: np.ndarray) -> OccurrenceSpectrum:
+def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
     """Block Lanczos on C = Xc^T Xc and X^T X = C + s s^T / n: one product with the centred rows Xc
-    per step serves both, and C is accurate even when the mean dominates."""
-    n = len(rows)
-    row_sum = rows.sum(axis=0)
-    mean = row_sum / n
-    centred = rows - mean
+    per step serves both, and C is accurate even when the mean dominates. float32 rows get float32
+    steps first, down to float32 noise, then float64 steps from the leading Ritz vectors."""
+    n, row_sum = rows.n, rows.row_sum
 
-    def apply(block: np.ndarray) -> list[np.ndarray]:
-        scatter_images = ((centred @ block).T @ centred).T
-        return [scatter_images + np.outer(row_sum, row_sum @ block) / n, scatter_images]
+    def operators(dtype: type[np.floating]) -> BlockOperator:
+        def apply(block: np.ndarray) -> list[np.ndarray]:
+            scatter_images = rows.scatter_images(block, dtype)
+            return [scatter_images + np.outer(row_sum, row_sum @ block) / n, scatter_images]
+        return apply
 
-    uncentred, scatter = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False])
+    start = start_block(row_sum)
+    if rows.float32:
+        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True, True],
+                               tolerances=Tolerances(noise=FLOAT32_NOISE * rows.spread_estimate, warn=False,
+                                                     stall_ratio=FLOAT32_STALL, stall_below=FLOAT32_STALL_BELOW))
+        start = np.concatenate([pair.leading[:, : BLOCK_SIZE // 2] for pair in rough], axis=1)
+    uncentred, scatter = top_eigenpairs(operators(np.float64), start, need_vector=[True, False])
     direction = uncentred.vector / np.linalg.norm(uncentred.vector)
-    along = centred @ direction
-    centred_total = float(np.einsum("ij,ij->", centred, centred))
+    # tr C = ||X||_F^2 - |s|^2 / n and v' C v = v' X^T X v - (s . v)^2 / n (the first term is the Rayleigh
+    # quotient, the top value) lose digits to cancellation when the mean dominates: within
+    # _CANCELLATION_LIMIT they stay exact to ~1e-10, beyond it a float64 pass over the centred rows
+    centred_total = rows.spread_estimate
+    along = uncentred.value - float(row_sum @ direction) ** 2 / n
+    if rows.frobenius_sq > _CANCELLATION_LIMIT * centred_total or uncentred.value > _CANCELLATION_LIMIT * along:
+        centred_total, along = rows.spread(direction)
     return _occurrence_spectrum(
-        n, mean, top=uncentred.value, direction=direction, frobenius_sq=centred_total + float(row_sum @ mean),
-        centred_top=scatter.value, centred_total=centred_total, centred_along=float(along @ along),
+        n, rows.mean, top=uncentred.value, direction=direction, frobenius_sq=rows.frobenius_sq,
+        centred_top=scatter.value, centred_total=centred_total, centred_along=along,
     )
 
 

@@ -37,6 +37,7 @@ from lmgeom.metrics.contextuality import (
     RowSampleAccumulator,
     SelfSimilarityAccumulator,
     average_cosine,
+    mev_state_bytes,
     occurrence_spectrum,
     row_norms,
     sample_indexes,
@@ -150,8 +151,8 @@ def _store_identity(store: RepresentationStore) -> dict[str, Any]:
 
 
 def plan_word_groups(counts: np.ndarray, dim: int, *, memory_mb: float) -> np.ndarray:
-    """Group number per word so that each group's MEV state (min(n, d) x d float64 each) fits the budget."""
-    cost = np.minimum(np.asarray(counts, dtype=np.int64), dim) * dim * 8
+    """Group number per word so that each group's MEV state (`mev_state_bytes`) fits the budget."""
+    cost = mev_state_bytes(counts, dim)
     budget = memory_mb * 2**20
     groups = np.zeros(len(cost), dtype=np.int64)
     group, used = 0, 0.0
