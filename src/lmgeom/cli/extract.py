@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: str = typer.Option("lee", help="corpus spec, as for `lmgeom extract --corpus`"),
-        out: Optional[Path] = typer.Option(None, help="run directory (default runs/<model>-<corpus>)"),
+        out: Optional[str] = typer.Option(None, help="run directory or file:// URL (default runs/<model>-<corpus>)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
         device: str = typer.Option("auto", help="auto, cpu, cuda"),
         min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
