@@ -1,7 +1,7 @@
 """Whole analysis against one streaming read of the store, as the corpus grows (issues 11 and 12).
 
 Each measured thing is a function in `MEASURES` that times one store in a fresh process (so its
-peak RSS, `ru_maxrss`, is its own) and returns a row:
+peak RSS is its own) and returns a row:
 - `read`: one streaming read of every layer (every row, as stored, in the analysis's chunks): the limit.
 - `analysis-no-mev`: the streaming statistics of `analyze_store` (exact and sampled baselines,
   mean norm, SelfSim, IntraSim) over every layer, without MEV.
@@ -10,8 +10,8 @@ peak RSS, `ru_maxrss`, is its own) and returns a row:
   row range and word group, states merged), on a local Ray cluster of `--ray-workers` CPUs that the
   child starts before its clock (or joins at RAY_ADDRESS).
 The kinds alternate (read, no-mev, mev, ray, read, ...) `--repeat` times; the tables show the best
-time of each and its ratio to the best read. Peak RSS is the child's own (`ru_maxrss`) and, sampled
-every 50 ms, the sum over it and every process it started (for Ray: its daemons and workers).
+time of each and its ratio to the best read. Peak RSS, sampled every 50 ms while the clock runs, is
+the child's own and the sum over it and every process it started (for Ray: its daemons and workers).
 
 `--shard-overhead` adds what the Ray path costs per extraction shard: a shard of synthetic vectors
 (no model) written by a Ray actor against the same shard written in-process, alternating, so the
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -136,23 +135,27 @@ RAY_WORKERS = int(os.environ.get("LMGEOM_BENCH_RAY_WORKERS", "2"))
 
 
 class PeakRss:
-    """Largest resident memory of this process and all its descendants together, sampled every 50 ms."""
+    """Largest resident memory of this process (`own`) and of it and all its descendants together
+    (`total`), sampled every 50 ms. Not `ru_maxrss`: a child started by fork and exec keeps its
+    parent's high-water mark, so it would report the parent's memory (the store writer's) as its own."""
 
     def __init__(self) -> None:
-        self.peak = 0
+        self.own = 0
+        self.total = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
-            for process in [me, *me.children(recursive=True)]:
+            own = me.memory_info().rss
+            total = own
+            for process in me.children(recursive=True):
                 try:
                     total += process.memory_info().rss
                 except psutil.Error:
                     pass
-            self.peak = max(self.peak, total)
+            self.own, self.total = max(self.own, own), max(self.total, total)
             self._stop.wait(0.05)
 
     def __enter__(self) -> PeakRss:
@@ -196,8 +199,8 @@ def _child(kind: str, path: str) -> None:
         started = time.perf_counter()
         MEASURES[kind](store)
         seconds = time.perf_counter() - started
-    print(json.dumps({"kind": kind, "seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "peak_rss_all_mb": everything.peak / 2**20}))
+    print(json.dumps({"kind": kind, "seconds": seconds, "peak_rss_mb": everything.own / 2**20,
+                      "peak_rss_all_mb": everything.total / 2**20}))
 
 
 def measure(kind: str, path: str | Path) -> dict[str, Any]:
