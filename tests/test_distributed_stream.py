@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np

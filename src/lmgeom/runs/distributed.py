@@ -49,7 +49,6 @@ from lmgeom.metrics.contextuality import (
     SelfSimilarityAccumulator,
 )
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.extraction import default_chunk_sentences, default_run_dir
 from lmgeom.runs.analysis import (
     AnalysisOptions,
     ContextualityResult,
@@ -59,6 +58,7 @@ from lmgeom.runs.analysis import (
     _result,
     plan_analysis,
 )
+from lmgeom.runs.extraction import default_chunk_sentences, default_run_dir
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
