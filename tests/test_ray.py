@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 from lmgeom.corpus import load_corpus  # noqa: E402
 from lmgeom.corpus.corpus import Corpus, Sentence  # noqa: E402
-from lmgeom.encoders.base import EncodedSentence, Encoder  # noqa: E402
+from lmgeom.encoders.base import EncodedSentence  # noqa: E402
 from lmgeom.encoders.registry import load_encoder  # noqa: E402
 from lmgeom.runs import extract  # noqa: E402
 from lmgeom.runs.analysis import AnalysisOptions, analyze_store, plan_analysis  # noqa: E402
