@@ -58,7 +58,6 @@ from lmgeom.runs.analysis import (
     _result,
     plan_analysis,
 )
-from lmgeom.runs.extraction import default_chunk_sentences, default_run_dir
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
@@ -268,9 +267,9 @@ def _encode_on_ray(ray: ModuleType, workers: list[Any], url: str, settings: dict
 
 def extract_model_sharded(
     model: str,
-    corpus: str = "lee",
+    corpus: str,
+    out: str | os.PathLike[str] | Location,
     *,
-    out: str | os.PathLike[str] | None = None,
     field: str = "text",
     pretokenized: bool = False,
     limit: int | None = None,
@@ -278,7 +277,7 @@ def extract_model_sharded(
     seed: int = 0,
     encoder_options: Mapping[str, Any] | None = None,
     dtype: str = "float32",
-    chunk_sentences: int | None = None,
+    chunk_sentences: int | ChunkRule = 256,
     shard_sentences: int | None = None,
     engine: str = "local",
     num_workers: int = 1,
@@ -293,9 +292,8 @@ def extract_model_sharded(
     from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
 
     stream = open_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-    return extract_sharded(partial(load_encoder, model, **dict(encoder_options or {})), stream,
-                           out or str(default_run_dir(model, corpus)), engine=engine, dtype=dtype,
-                           chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences,
+    return extract_sharded(partial(load_encoder, model, **dict(encoder_options or {})), stream, out, engine=engine,
+                           dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
                            num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
                            overwrite=overwrite, progress=progress)
 
