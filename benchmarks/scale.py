@@ -1,14 +1,21 @@
 """Whole analysis against one streaming read of the store, as the corpus grows (issues 11 and 12).
 
 Each measured thing is a function in `MEASURES` that times one store in a fresh process (so its
-peak RSS, `ru_maxrss`, is its own) and returns a row:
+peak RSS is its own) and returns a row:
 - `read`: one streaming read of every layer (every row, as stored, in the analysis's chunks): the limit.
 - `analysis-no-mev`: the streaming statistics of `analyze_store` (exact and sampled baselines,
   mean norm, SelfSim, IntraSim) over every layer, without MEV.
 - `analysis`: `analyze_store` itself, MEV included (three variants, word groups of `--mev-memory-mb`).
-Other engines (Ray) add their own functions to `MEASURES`. The three kinds alternate (read,
-no-mev, mev, read, ...) `--repeat` times; the tables show the best time of each and its ratio
-to the best read.
+- `analysis-ray`: the same analysis as Ray tasks (`analyze_ray`, `--ray-workers` at once, tasks by
+  row range and word group, states merged), on a local Ray cluster of `--ray-workers` CPUs that the
+  child starts before its clock (or joins at RAY_ADDRESS).
+The kinds alternate (read, no-mev, mev, ray, read, ...) `--repeat` times; the tables show the best
+time of each and its ratio to the best read. Peak RSS, sampled every 50 ms while the clock runs, is
+the child's own and the sum over it and every process it started (for Ray: its daemons and workers).
+
+`--shard-overhead` adds what the Ray path costs per extraction shard: a shard of synthetic vectors
+(no model) written by a Ray actor against the same shard written in-process, alternating, so the
+difference is dispatch, argument transfer and the actor's round trip, not encoding.
 
 Stores are synthetic (`write_synthetic_store`): a built-in corpus's sentences repeated (Lee: 67k
 words; STS: 531k), float32 rows = a shared offset + the word's centre + noise growing with depth.
@@ -17,7 +24,7 @@ MiniLM-size store (STS, 7 layers x 384). The writer commits chunk by chunk, as
 `write_store_from_arrays` does in one commit (which would hold the 6 GB of the 30x store in memory
 three times). Each store is deleted after it is measured.
 
-Run: python benchmarks/scale.py [--sizes lee:768:1,lee:768:10,...] [--kinds read,analysis-no-mev,analysis]
+Run: python benchmarks/scale.py [--sizes lee:768:1,lee:768:10,...] [--kinds read,analysis,analysis-ray] [--shard-overhead]
 Size: CORPUS:DIM:REPEAT[:LAYERS].
 """
 
@@ -26,18 +33,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import psutil
 
-from lmgeom.corpus.corpus import Corpus
+from lmgeom.corpus.corpus import Corpus, Sentence
 from lmgeom.encoders.base import EncodedSentence
 from lmgeom.store import RepresentationStore
 from lmgeom.store.writer import StoreWriter
@@ -109,25 +118,93 @@ def _analysis(store: RepresentationStore) -> None:
     analyze_store(store, device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"))
 
 
+def _analysis_on_ray(store: RepresentationStore) -> None:
+    from lmgeom.runs.analysis import AnalysisOptions
+    from lmgeom.runs.distributed import analyze_ray
+
+    analyze_ray(store, AnalysisOptions(), num_workers=RAY_WORKERS)
+
+
 MEASURES: dict[str, Callable[[RepresentationStore], None]] = {
     "read": _read,
     "analysis-no-mev": _analysis_without_mev,
     "analysis": _analysis,
+    "analysis-ray": _analysis_on_ray,
 }
+RAY_WORKERS = int(os.environ.get("LMGEOM_BENCH_RAY_WORKERS", "2"))
+
+
+class PeakRss:
+    """Largest resident memory of this process (`own`) and of it and all its descendants together
+    (`total`), sampled every 50 ms. Not `ru_maxrss`: a child started by fork and exec keeps its
+    parent's high-water mark, so it would report the parent's memory (the store writer's) as its own."""
+
+    def __init__(self) -> None:
+        self.own = 0
+        self.total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            own = me.memory_info().rss
+            total = own
+            for process in me.children(recursive=True):
+                try:
+                    total += process.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.own, self.total = max(self.own, own), max(self.total, total)
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def start_ray() -> Any:
+    """Ray for a child: the cluster at RAY_ADDRESS, else a local one of `RAY_WORKERS` CPUs, with
+    `RAY_WORKERS` task workers started and lmgeom imported in them (a warm cluster: a worker's
+    start-up is paid once per cluster, not per analysis)."""
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(num_cpus=RAY_WORKERS, include_dashboard=False, configure_logging=False)
+    # actors defined in this script: workers cannot import it by name
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.get([ray.remote(num_cpus=1)(_warm).remote() for _ in range(RAY_WORKERS)])
+    return ray
+
+
+def _warm() -> None:
+    import lmgeom.runs.distributed  # noqa: F401
+
+    time.sleep(1.0)  # hold the worker so the next warm-up task starts another one
 
 
 def _child(kind: str, path: str) -> None:
     import lmgeom.runs  # noqa: F401  (imported before the clock starts: every kind pays it alike)
 
+    if kind.endswith("-ray"):
+        start_ray()  # the cluster's start-up is not the analysis
     store = RepresentationStore.open(path)
-    started = time.perf_counter()
-    MEASURES[kind](store)
-    seconds = time.perf_counter() - started
-    print(json.dumps({"kind": kind, "seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    with PeakRss() as everything:
+        started = time.perf_counter()
+        MEASURES[kind](store)
+        seconds = time.perf_counter() - started
+    print(json.dumps({"kind": kind, "seconds": seconds, "peak_rss_mb": everything.own / 2**20,
+                      "peak_rss_all_mb": everything.total / 2**20}))
 
 
 def measure(kind: str, path: str | Path) -> dict[str, Any]:
-    """One measurement in a fresh process: {"kind", "seconds", "peak_rss_mb"}."""
+    """One measurement in a fresh process: {"kind", "seconds", "peak_rss_mb", "peak_rss_all_mb"}."""
     done = subprocess.run([sys.executable, __file__, "--child", kind, str(path)], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr[-3000:]}")
@@ -140,11 +217,79 @@ def store_rows(path: Path, *, kinds: Sequence[str], repeat: int) -> list[dict[st
     for _ in range(repeat):
         for kind in kinds:
             runs[kind].append(measure(kind, path))
-            print(f"  {kind}: {runs[kind][-1]['seconds']:.2f} s, {runs[kind][-1]['peak_rss_mb']:.0f} MB", flush=True)
+            last = runs[kind][-1]
+            print(f"  {kind}: {last['seconds']:.2f} s, {last['peak_rss_mb']:.0f} MB ({last['peak_rss_all_mb']:.0f} MB with children)",
+                  flush=True)
     best = {kind: min(results, key=lambda r: r["seconds"]) for kind, results in runs.items()}
     read = best.get("read")
     return [{**best[kind], "all_seconds": [r["seconds"] for r in runs[kind]],
              "ratio_to_read": best[kind]["seconds"] / read["seconds"] if read else None} for kind in kinds]
+
+
+# ---------------------------------------------------------------------------------------------
+# the Ray path's cost per extraction shard
+
+
+class SyntheticEncoder:
+    """Seeded random vectors (13 layers x 768): encoding costs the same nothing on both sides."""
+
+    def __init__(self, n_layers: int = 13, dim: int = 768) -> None:
+        self.model_id, self.n_layers, self.dim = "synthetic", n_layers, dim
+        self.rng = np.random.default_rng(0)
+
+    def settings(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "n_layers": self.n_layers, "dim": self.dim}
+
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
+        return [EncodedSentence(self.rng.standard_normal((self.n_layers, len(s.words), self.dim), dtype=np.float32),
+                                [word.text for word in s.words], np.zeros(len(s.words), dtype=bool),
+                                np.ones(len(s.words), dtype=np.int16), 1) for s in sentences]
+
+
+class ShardCall:
+    """A Ray actor writing a shard of synthetic vectors, as `ShardWorker` does with a model."""
+
+    def __init__(self) -> None:
+        self.encoder = SyntheticEncoder()
+
+    def call(self, url: str, settings: dict[str, Any], sentences: Sequence[Sentence]) -> dict[str, Any]:
+        from lmgeom.runs.distributed import encode_shard
+
+        return encode_shard(self.encoder, url, settings, 0, 0, sentences)
+
+
+def _shard_overhead_child(repeats: int, sentences: int = 32) -> None:
+    from lmgeom.corpus import load_corpus
+    from lmgeom.runs.distributed import encode_shard
+
+    ray = start_ray()
+    shard = load_corpus("lee", limit=sentences).sentences
+    encoder = SyntheticEncoder()
+    settings = {**encoder.settings(), "dtype": "float32", "chunk_sentences": sentences}
+    actor = ray.remote(ShardCall).options(num_cpus=1).remote()
+    times: dict[str, list[float]] = {"local": [], "ray": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        ray.get(actor.call.remote(f"{scratch}/warm", settings, shard))  # the actor's start-up is not a shard's cost
+        for attempt in range(repeats):
+            for side in times:
+                out = f"{scratch}/{side}-{attempt}"
+                started = time.perf_counter()
+                if side == "local":
+                    encode_shard(encoder, out, settings, 0, 0, shard)
+                else:
+                    ray.get(actor.call.remote(out, settings, shard))
+                times[side].append(time.perf_counter() - started)
+                shutil.rmtree(out)
+    print(json.dumps({"sentences": sentences, "rows": sum(len(s.words) for s in shard), "layers": encoder.n_layers,
+                      "dim": encoder.dim, "local": times["local"], "ray": times["ray"]}))
+
+
+def shard_overhead(repeats: int) -> dict[str, Any]:
+    """Median seconds of one shard written in-process and by an actor (fresh process), and every time."""
+    done = subprocess.run([sys.executable, __file__, "--shard-overhead-child", str(repeats)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"shard overhead failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,23 +310,29 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where the stores are written (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row to this JSON file")
     parser.add_argument("--store", type=Path, default=None, help="measure this existing store instead (kept)")
+    parser.add_argument("--shard-overhead", action="store_true", help="also measure the Ray path's cost per extraction shard")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--shard-overhead-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
+    if args.shard_overhead_child:
+        _shard_overhead_child(args.shard_overhead_child)
+        return
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
+    rows: list[dict[str, Any]] = []
     if args.store:
         store = RepresentationStore.open(args.store)
-        rows = [{"size": str(args.store), "corpus": store.path.name, "repeat": 1, "rows": store.n_tokens, "dim": store.dim,
+        rows += [{"size": str(args.store), "corpus": store.path.name, "repeat": 1, "rows": store.n_tokens, "dim": store.dim,
                  "layers": len(store.layers), "store_gb": store.n_tokens * store.dim * len(store.layers) * 4 / 1e9, **row}
                 for row in store_rows(args.store, kinds=args.kinds.split(","), repeat=args.repeat)]
         print_table(rows)
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+            args.json.write_text(json.dumps({"rows": rows}, indent=1))
         return
 
     words = {}
-    rows: list[dict[str, Any]] = []
     base = Path(tempfile.mkdtemp(dir=args.dir, prefix="lmgeom-scale-"))
     try:
         for spec in args.sizes.split(","):
@@ -199,20 +350,26 @@ def main() -> None:
             shutil.rmtree(path)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print_table(rows)
+    overhead = shard_overhead(5 * args.repeat) if args.shard_overhead else None
+    print_table(rows, overhead)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "shard_overhead": overhead}, indent=1))
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n")
-    print("| store | rows | d x layers | GB | measured | best s (all) | x read | peak RSS MB |")
+def print_table(rows: list[dict[str, Any]], overhead: dict[str, Any] | None = None) -> None:
+    print(f"\n{os.cpu_count()} CPUs; {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}\n")
+    print("| store | rows | d x layers | GB | measured | best s (all) | x read | peak RSS MB (with children) |")
     print("|---|---:|---|---:|---|---:|---:|---:|")
     for row in rows:
         runs = ", ".join(f"{s:.1f}" for s in row["all_seconds"])
         ratio = "" if row["ratio_to_read"] is None else f"{row['ratio_to_read']:.1f}"
         print(f"| {row['corpus']} x{row['repeat']} | {row['rows']:,} | {row['dim']} x {row['layers']} | {row['store_gb']:.1f} | "
-              f"{row['kind']} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['peak_rss_mb']:,.0f} |")
+              f"{row['kind']} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['peak_rss_mb']:,.0f} ({row['peak_rss_all_mb']:,.0f}) |")
+    if overhead:
+        local, ray = statistics.median(overhead["local"]), statistics.median(overhead["ray"])
+        print(f"\none shard of {overhead['sentences']} sentences ({overhead['rows']} rows x {overhead['layers']} layers x "
+              f"{overhead['dim']}, synthetic vectors), median of {len(overhead['local'])}: in-process {local:.3f} s, "
+              f"Ray actor {ray:.3f} s; the Ray path's overhead per shard {ray - local:.3f} s")
 
 
 if __name__ == "__main__":

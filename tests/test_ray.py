@@ -1,11 +1,14 @@
 """Extraction and analysis on a local Ray cluster (one for the module: Ray starts once).
 
 The Ray engine's store equals the local engine's (tables exactly; vectors to 1e-5, since each worker
-batches and threads on its own), merged analysis states equal the one-pass analysis to 1e-12, and a
-worker killed mid-shard gets its shard redone: by a restarted actor within the run, or on resume."""
+batches and threads on its own), the driver streams the corpus holding only the shards in flight,
+merged analysis states equal the one-pass analysis to 1e-12 (from Python and `lmgeom analyze
+--engine ray`), and a worker killed mid-shard gets its shard redone: by a restarted actor within the
+run, or on resume."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from functools import partial
@@ -20,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 from lmgeom.corpus import load_corpus  # noqa: E402
 from lmgeom.corpus.corpus import Corpus, Sentence  # noqa: E402
-from lmgeom.encoders.base import EncodedSentence, Encoder  # noqa: E402
+from lmgeom.encoders.base import EncodedSentence  # noqa: E402
 from lmgeom.encoders.registry import load_encoder  # noqa: E402
 from lmgeom.runs import extract  # noqa: E402
 from lmgeom.runs.analysis import AnalysisOptions, analyze_store, plan_analysis  # noqa: E402
@@ -28,6 +31,7 @@ from lmgeom.runs.distributed import analyze_ray, extract_sharded  # noqa: E402
 from lmgeom.store import RepresentationStore  # noqa: E402
 from lmgeom.store.location import Location  # noqa: E402
 from lmgeom.store.sharded import SHARDS  # noqa: E402
+from test_distributed_stream import ReadAhead  # noqa: E402
 
 CHUNK = 8
 SHARD = 16  # 48 sentences: shards [0, 16), [16, 32), [32, 48) of two chunks each
@@ -100,6 +104,38 @@ def test_ray_extraction_with_two_workers_equals_the_local_engine(ray_store, loca
     assert_same_store(local_store, ray_store)
     # word ids are global: one vocabulary over all shards, in the local engine's order
     assert ray_store.tokens["word_id"].max() == len(ray_store.vocab) - 1
+
+
+def test_the_driver_streams_the_corpus_holding_only_the_shards_in_flight(cluster, corpus, local_store, tmp_path):
+    reader = ReadAhead([s.text for s in corpus])
+    store = extract_sharded(partial(load_encoder, "tiny-bert", device="cpu"), reader.stream(corpus.name, corpus.source),
+                            tmp_path / "streamed", engine="ray", num_workers=2, chunk_sentences=CHUNK, shard_sentences=CHUNK,
+                            progress=reader.progress())
+    # a counting pass, then six shards of 8 handed to 2 workers: the driver reads the next shard only
+    # when a worker is free, so it never holds more than 2 shards' sentences (the corpus has 48)
+    assert len(reader.passes) == 2 and reader.passes[0] == len(corpus)
+    assert CHUNK < reader.passes[1] <= 2 * CHUNK
+    assert_same_store(local_store, store)
+
+
+def test_cli_analyze_on_ray_gives_the_local_engine_numbers(ray_store, local_store, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    outcome = CliRunner().invoke(app, ["analyze", str(ray_store.path), "--engine", "ray", "--num-workers", "2",
+                                       "--min-contexts", "2", "--mev-memory-mb", "0.05", "--out", str(tmp_path / "ray")])
+    assert outcome.exit_code == 0, outcome.output
+    written = json.loads((tmp_path / "ray" / "contextuality.json").read_text())
+    on_ray = pd.DataFrame(written["records"]).astype({"raw": float})
+    # the same store analysed in this process: float64 rounding apart
+    same_store = analyze_store(ray_store, min_contexts=2, mev_memory_mb=0.05).layers
+    np.testing.assert_allclose(on_ray["raw"].to_numpy(), same_store["raw"].to_numpy(), rtol=1e-12, atol=1e-12, equal_nan=True)
+    # the local engine's own store (extracted in one process): its vectors agree to 1e-5
+    local = analyze_store(local_store, min_contexts=2, mev_memory_mb=0.05).layers
+    assert list(on_ray["metric"]) == list(local["metric"]) and list(on_ray["layer"]) == list(local["layer"])
+    assert np.isfinite(on_ray["raw"]).sum() > 20
+    np.testing.assert_allclose(on_ray["raw"].to_numpy(), local["raw"].to_numpy(), rtol=0, atol=1e-4, equal_nan=True)
 
 
 def test_merged_ray_analysis_states_equal_the_local_analysis(ray_store):

@@ -55,12 +55,27 @@ def register(app: typer.Typer) -> None:
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
         num_workers: int = typer.Option(1, help="--engine ray: actors, each holding one model"),
         gpus_per_worker: float = typer.Option(0.0, help="--engine ray: GPUs per actor"),
-        shard_sentences: Optional[int] = typer.Option(None, help="--engine ray: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
+        shard_sentences: Optional[int] = typer.Option(None, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.runs import extract_model
+        from lmgeom.runs.distributed import extract_model_sharded
+        from lmgeom.runs.extraction import default_chunk_sentences
+        from lmgeom.store.location import Location
 
         with user_errors(), RichProgress() as progress:
+            if engine != "local" or not Location.of(out).is_local:
+                # shards of a streamed corpus: the corpus is never held whole
+                store = extract_model_sharded(
+                    model, corpus, out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
+                    encoder_options=dict(device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
+                                         prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length,
+                                         gguf_file=gguf_file, revision=revision, max_batch_tokens=max_batch_tokens),
+                    dtype=dtype, chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, engine=engine,
+                    num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
+                    overwrite=overwrite, progress=progress)
+                print_store(store)
+                return
             store = extract_model(
                 model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
                 pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
@@ -75,7 +90,7 @@ def register(app: typer.Typer) -> None:
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: str = typer.Option("lee", help="corpus spec, as for `lmgeom extract --corpus`"),
-        out: Optional[Path] = typer.Option(None, help="run directory (default runs/<model>-<corpus>)"),
+        out: Optional[str] = typer.Option(None, help="run directory or file:// URL (default runs/<model>-<corpus>)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences"),
         device: str = typer.Option("auto", help="auto, cpu, cuda"),
         min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),

@@ -1,11 +1,14 @@
-"""Built-in corpora that need no network, and `load_corpus`, which resolves any corpus spec."""
+"""Built-in corpora that need no network, and `load_corpus` / `open_corpus`, which resolve any corpus
+spec into a corpus in memory or a stream of it."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import Iterator
 
-from lmgeom.corpus.corpus import Corpus, Sentence
+from lmgeom.corpus.corpus import Corpus, CorpusStream, Item
 from lmgeom.corpus.segment import split_sentences
 
 # Where the public data sits on the development machines; override with LMGEOM_DATA.
@@ -21,22 +24,39 @@ def gensim_test_data() -> Path:
 
 def lee() -> Corpus:
     """gensim's Lee background news corpus (300 documents), split into sentences (see `split_sentences`)."""
+    return lee_stream().materialize()
+
+
+def lee_stream() -> CorpusStream:
     path = gensim_test_data() / "lee_background.cor"
-    texts = [s for line in path.read_text(encoding="latin-1").splitlines() if line.strip() for s in split_sentences(line.strip())]
-    return Corpus("lee", [Sentence.from_text(t) for t in texts], source=str(path))
+
+    def read() -> Iterator[Item]:
+        with path.open(encoding="latin-1") as handle:
+            for paragraph in handle:
+                for line in paragraph.splitlines():
+                    if line.strip():
+                        yield from split_sentences(line.strip())
+    return CorpusStream("lee", read, source=str(path))
 
 
 def brown(directory: str | os.PathLike | None = None) -> Corpus:
     """The Brown corpus in NLTK format (files ca01..cr09, tokens ``word/tag``), pre-tokenized, tags dropped."""
+    return brown_stream(directory).materialize()
+
+
+def brown_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     directory = Path(directory) if directory else DEFAULT_DATA_DIR / "brown"
     files = _brown_files(directory)
-    sentences = []
-    for path in files:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            tokens = line.split()
-            if tokens:
-                sentences.append(Sentence.from_words([t.rsplit("/", 1)[0] for t in tokens]))
-    return Corpus("brown", sentences, pretokenized=True, source=str(directory))
+
+    def read() -> Iterator[Item]:
+        for path in files:
+            with path.open(encoding="utf-8") as handle:
+                for physical in handle:
+                    for line in physical.splitlines():
+                        tokens = line.split()
+                        if tokens:
+                            yield [t.rsplit("/", 1)[0] for t in tokens]
+    return CorpusStream("brown", read, source=str(directory), pretokenized=True)
 
 
 def _brown_files(directory: Path) -> list[Path]:
@@ -49,21 +69,32 @@ def _brown_files(directory: Path) -> list[Path]:
 def sts(directory: str | os.PathLike | None = None) -> Corpus:
     """The distinct sentences of the SemEval STS 2012-2016 test files (``STS*/STS.input.*.txt``),
     in file order, each pair's first sentence before its second: Ethayarajh (2019)'s corpus."""
+    return sts_stream(directory).materialize()
+
+
+def sts_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     directory = Path(directory) if directory else DEFAULT_DATA_DIR / "STS_raw"
     files = sorted(directory.glob("STS1*-en-test/STS.input.*.txt"))
     if not files:
         raise FileNotFoundError(f"no STS.input.*.txt files under {directory}/STS1*-en-test/; pass --corpus sts:/path/to/STS_raw")
-    seen: dict[str, None] = {}
-    for path in files:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            for text in line.split("\t")[:2]:
-                text = text.strip()
-                if text:
-                    seen.setdefault(text, None)
-    return Corpus("sts", [Sentence.from_text(t) for t in seen], source=str(directory))
+
+    def read() -> Iterator[Item]:
+        seen: set[bytes] = set()  # digests of the sentences so far: distinct sentences only
+        for path in files:
+            with path.open(encoding="utf-8") as handle:
+                for physical in handle:
+                    for line in physical.splitlines():
+                        for text in line.split("\t")[:2]:
+                            text = text.strip()
+                            digest = hashlib.sha1(text.encode("utf-8")).digest()
+                            if text and digest not in seen:
+                                seen.add(digest)
+                                yield text
+    return CorpusStream("sts", read, source=str(directory))
 
 
 BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts}
+BUILTIN_STREAMS = {"lee": lee_stream, "brown": brown_stream, "sts": sts_stream}
 # No square brackets: the CLI prints errors with rich, which would read "[/CONFIG]" as markup.
 ACCEPTED_SPECS = (
     "lee; brown or brown:DIR (NLTK Brown corpus folder); sts or sts:DIR (folder of STS1*-en-test/STS.input.*.txt); "
@@ -84,11 +115,28 @@ def load_corpus(
     return corpus.head(limit) if limit else corpus
 
 
+def open_corpus(
+    spec: str, *, field: str = "text", pretokenized: bool = False, limit: int | None = None,
+    sample: int | None = None, seed: int = 0,
+) -> CorpusStream:
+    """`load_corpus` as a stream: the same sentences, read from the source on every pass and never
+    held whole (a Hugging Face dataset is streamed). A bad spec or a missing file fails here; bad
+    sentences fail when a pass reaches them."""
+    stream = _resolve(spec, field=field, pretokenized=pretokenized, streaming=True)
+    if sample:
+        stream = stream.sample(sample, seed=seed)
+    return stream.head(limit) if limit else stream
+
+
 def _spec_error(spec: str, problem: str) -> str:
     return f"corpus {spec!r}: {problem}. Accepted corpora: {ACCEPTED_SPECS}"
 
 
 def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
+    return _resolve(spec, field=field, pretokenized=pretokenized, streaming=False).materialize()
+
+
+def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> CorpusStream:
     if not spec.strip():
         raise ValueError(_spec_error(spec, "empty corpus spec"))
     name, _, argument = spec.partition(":")
@@ -97,8 +145,8 @@ def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
             raise ValueError(_spec_error(spec, "the lee corpus takes no argument (it ships with gensim); write plain 'lee'"))
         try:
             if not argument:
-                return BUILTIN_CORPORA[name]()
-            return brown(argument) if name == "brown" else sts(argument)
+                return BUILTIN_STREAMS[name]()
+            return brown_stream(argument) if name == "brown" else sts_stream(argument)
         except FileNotFoundError as error:
             raise FileNotFoundError(_spec_error(spec, str(error))) from None
     if name == "hf":
@@ -106,16 +154,16 @@ def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
         if len(parts) != 3 or not all(part.strip() for part in parts):
             raise ValueError(_spec_error(spec, "a Hugging Face corpus is hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text"))
         dataset, _, config = parts[0].partition("/")
-        return Corpus.from_hf_dataset(dataset, config=config or None, split=parts[1], column=parts[2])
+        return CorpusStream.from_hf_dataset(dataset, config=config or None, split=parts[1], column=parts[2], streaming=streaming)
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(_spec_error(spec, "neither a built-in corpus nor an existing file"))
     if path.is_dir():
         if (path / "cats.txt").exists():
-            return brown(path)
+            return brown_stream(path)
         if any(path.glob("STS1*-en-test/STS.input.*.txt")):
-            return sts(path)
+            return sts_stream(path)
         raise ValueError(_spec_error(spec, "this folder is neither an NLTK Brown corpus (no cats.txt) nor STS data (no STS1*-en-test/STS.input.*.txt)"))
     if path.suffix == ".jsonl":
-        return Corpus.from_jsonl(path, field=field)
-    return Corpus.from_text_file(path, pretokenized=pretokenized)
+        return CorpusStream.from_jsonl(path, field=field)
+    return CorpusStream.from_text_file(path, pretokenized=pretokenized)

@@ -1,13 +1,19 @@
-"""Corpora: sentences as the model sees them (natural text) plus their words as character spans."""
+"""Corpora: sentences as the model sees them (natural text) plus their words as character spans.
+
+A `Corpus` holds its sentences in memory; a `CorpusStream` reads them from their source one at a
+time, every pass afresh, for corpora larger than memory (sharded extraction streams the corpus).
+Both are built from the same readers, so a stream yields exactly the sentences of its `Corpus`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -32,6 +38,45 @@ class Sentence:
         return cls(text, tuple(spans))
 
 
+Item = Union[str, Sequence[str]]  # natural text, or a pre-tokenized sentence's words
+
+
+def to_sentence(item: Item) -> Sentence:
+    """Strings are natural text; lists of strings are pre-tokenized sentences kept as is."""
+    return Sentence.from_text(item) if isinstance(item, str) else Sentence.from_words(list(item))
+
+
+def _no_words_error(name: str, index: int, sentence: Sentence) -> ValueError:
+    return ValueError(f"corpus {name!r}: sentence {index} has no words ({sentence.text!r}); remove blank or whitespace-only lines")
+
+
+class Fingerprint:
+    """sha256 over the texts and word spans of sentences in order: equal fingerprints mean the same input to the model."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.n_sentences = 0
+
+    def add(self, sentence: Sentence) -> None:
+        self.digest.update(sentence.text.encode("utf-8"))
+        self.digest.update(b"\x00")
+        self.digest.update(",".join(f"{w.start}:{w.end}" for w in sentence.words).encode())
+        self.digest.update(b"\x01")
+        self.n_sentences += 1
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CorpusSummary:
+    """What one pass over a corpus tells: its length, fingerprint and whether it is pre-tokenized."""
+
+    n_sentences: int
+    fingerprint: str
+    pretokenized: bool
+
+
 @dataclass
 class Corpus:
     """An ordered list of sentences with a name and a content fingerprint."""
@@ -47,9 +92,7 @@ class Corpus:
             raise ValueError(f"corpus {self.name!r} is empty ({self.source or 'no source'}); give at least one sentence")
         for index, sentence in enumerate(self.sentences):
             if not sentence.words:
-                raise ValueError(
-                    f"corpus {self.name!r}: sentence {index} has no words ({sentence.text!r}); remove blank or whitespace-only lines"
-                )
+                raise _no_words_error(self.name, index, sentence)
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -65,14 +108,14 @@ class Corpus:
     def fingerprint(self) -> str:
         """sha256 over the texts and word spans: equal fingerprints mean the same input to the model."""
         if self._fingerprint is None:
-            digest = hashlib.sha256()
+            digest = Fingerprint()
             for sentence in self.sentences:
-                digest.update(sentence.text.encode("utf-8"))
-                digest.update(b"\x00")
-                digest.update(",".join(f"{w.start}:{w.end}" for w in sentence.words).encode())
-                digest.update(b"\x01")
+                digest.add(sentence)
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
+
+    def summary(self) -> CorpusSummary:
+        return CorpusSummary(len(self), self.fingerprint, self.pretokenized)
 
     def head(self, n: int) -> "Corpus":
         """The first `n` sentences (for quick runs and demos)."""
@@ -87,78 +130,163 @@ class Corpus:
 
     # ---- constructors ------------------------------------------------------------------
     @classmethod
-    def from_list(cls, items: Iterable[str | Sequence[str]], *, name: str = "list") -> "Corpus":
+    def from_list(cls, items: Iterable[Item], *, name: str = "list") -> "Corpus":
         """Strings are natural text; lists of strings are pre-tokenized sentences kept as is."""
-        sentences: list[Sentence] = []
-        pretokenized = False
-        for item in items:
-            if isinstance(item, str):
-                sentences.append(Sentence.from_text(item))
-            else:
-                pretokenized = True
-                sentences.append(Sentence.from_words(list(item)))
-        return cls(name, sentences, pretokenized, source="python list")
+        return CorpusStream(name, lambda: items, source="python list").materialize()
 
     @classmethod
     def from_text_file(cls, path: str | os.PathLike, *, pretokenized: bool = False, name: str | None = None) -> "Corpus":
         """One sentence per line; blank lines are skipped. `pretokenized`: words separated by spaces."""
-        path = Path(path)
-        sentences = [
-            Sentence.from_words(line.split()) if pretokenized else Sentence.from_text(line.strip())
-            for line in _read_lines(path)
-            if line.strip()
-        ]
-        return cls(name or path.stem, sentences, pretokenized, source=str(path))
+        return CorpusStream.from_text_file(path, pretokenized=pretokenized, name=name).materialize()
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike, *, field: str = "text", name: str | None = None) -> "Corpus":
         """One JSON object per line; `field` holds a string (natural text) or a list of words."""
-        path = Path(path)
-        items: list[str | list[str]] = []
-        for number, line in enumerate(_read_lines(path), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
-            if field not in record:
-                raise ValueError(f"{path}: line {number} has no field {field!r}; pass --field with one of {sorted(record)}")
-            items.append(record[field])
-        corpus = cls.from_list(items, name=name or path.stem)
-        corpus.source = str(path)
-        return corpus
+        return CorpusStream.from_jsonl(path, field=field, name=name).materialize()
 
     @classmethod
     def from_hf_dataset(cls, dataset: str, *, split: str = "train", column: str = "text", config: str | None = None) -> "Corpus":
         """A Hugging Face dataset column (needs `pip install datasets` and network or a local cache)."""
+        return CorpusStream.from_hf_dataset(dataset, split=split, column=column, config=config, streaming=False).materialize()
+
+
+@dataclass(frozen=True)
+class CorpusStream:
+    """A corpus read from its source one sentence at a time, never held whole.
+
+    `read` returns a fresh iterable of items (a string is natural text, a list of strings a
+    pre-tokenized sentence) each time it is called, so every pass reads the source anew and sees
+    the same sentences. `pretokenized`: as the source declares it, or (None) whether any item is a
+    list of words. Validation is as for `Corpus`, as the sentences go by."""
+
+    name: str
+    read: Callable[[], Iterable[Item]]
+    source: str = ""
+    pretokenized: bool | None = None
+
+    def __iter__(self) -> Iterator[Sentence]:
+        for index, item in enumerate(self.read()):
+            sentence = to_sentence(item)
+            if not sentence.words:
+                raise _no_words_error(self.name, index, sentence)
+            yield sentence
+
+    def summary(self) -> CorpusSummary:
+        """One pass: the number of sentences, the fingerprint (as `Corpus.fingerprint`) and whether
+        any sentence is pre-tokenized; an empty corpus is refused as `Corpus` refuses it."""
+        digest, pretokenized = Fingerprint(), False
+        for index, item in enumerate(self.read()):
+            sentence = to_sentence(item)
+            if not sentence.words:
+                raise _no_words_error(self.name, index, sentence)
+            digest.add(sentence)
+            pretokenized = pretokenized or not isinstance(item, str)
+        if not digest.n_sentences:
+            raise ValueError(f"corpus {self.name!r} is empty ({self.source or 'no source'}); give at least one sentence")
+        return CorpusSummary(digest.n_sentences, digest.hexdigest(), pretokenized if self.pretokenized is None else self.pretokenized)
+
+    def materialize(self) -> Corpus:
+        """The sentences in memory, as a `Corpus`."""
+        items = list(self.read())
+        pretokenized = any(not isinstance(item, str) for item in items) if self.pretokenized is None else self.pretokenized
+        return Corpus(self.name, [to_sentence(item) for item in items], pretokenized, self.source)
+
+    def head(self, n: int) -> CorpusStream:
+        """The first `n` sentences (named as `Corpus.head` names them)."""
+        return CorpusStream(f"{self.name}[:{n}]", lambda: itertools.islice(self.read(), n), self.source, self.pretokenized)
+
+    def sample(self, n: int, *, seed: int = 0) -> CorpusStream:
+        """The sentences `Corpus.sample` draws (seeded, in corpus order); costs one counting pass."""
+        total = sum(1 for _ in self.read())
+        if n >= total:
+            return self
+        keep = np.sort(np.random.default_rng(seed).choice(total, size=n, replace=False))
+
+        def read() -> Iterator[Item]:
+            kept = iter(keep)
+            wanted = next(kept)
+            for index, item in enumerate(self.read()):
+                if index == wanted:
+                    yield item
+                    wanted = next(kept, -1)
+                    if wanted < 0:
+                        return
+        return CorpusStream(f"{self.name}[sample {n}, seed {seed}]", read, self.source, self.pretokenized)
+
+    # ---- sources ------------------------------------------------------------------------
+    @classmethod
+    def from_text_file(cls, path: str | os.PathLike, *, pretokenized: bool = False, name: str | None = None) -> CorpusStream:
+        """One sentence per line; blank lines are skipped. `pretokenized`: words separated by spaces."""
+        path = _existing(Path(path))
+
+        def read() -> Iterator[Item]:
+            for line in iter_lines(path):
+                if line.strip():
+                    yield line.split() if pretokenized else line.strip()
+        return cls(name or path.stem, read, source=str(path), pretokenized=pretokenized)
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike, *, field: str = "text", name: str | None = None) -> CorpusStream:
+        """One JSON object per line; `field` holds a string (natural text) or a list of words."""
+        path = _existing(Path(path))
+
+        def read() -> Iterator[Item]:
+            for number, line in enumerate(iter_lines(path), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
+                if field not in record:
+                    raise ValueError(f"{path}: line {number} has no field {field!r}; pass --field with one of {sorted(record)}")
+                yield record[field]
+        return cls(name or path.stem, read, source=str(path))
+
+    @classmethod
+    def from_hf_dataset(cls, dataset: str, *, split: str = "train", column: str = "text", config: str | None = None,
+                        streaming: bool = True) -> CorpusStream:
+        """A Hugging Face dataset column (needs `pip install datasets` and network or a local cache);
+        `streaming`: read record by record (`load_dataset(streaming=True)`) instead of loading the split."""
         try:
             import datasets
         except ImportError:
             raise ImportError("reading a Hugging Face dataset needs the datasets package: pip install 'lmgeom[hf]'") from None
-        table = datasets.load_dataset(dataset, config, split=split)
-        if column not in table.column_names:
-            raise ValueError(f"dataset {dataset} has no column {column!r}; columns: {table.column_names}")
-        # strings are natural text (blank ones skipped), lists of strings are pre-tokenized sentences
-        items = [item for item in table[column] if not isinstance(item, str) or item.strip()]
-        corpus = cls.from_list(items, name=f"{dataset}:{split}:{column}")
-        corpus.source = f"hf://{dataset}/{config or ''}/{split}/{column}"
-        return corpus
+
+        def read() -> Iterator[Item]:
+            table = datasets.load_dataset(dataset, config, split=split, streaming=streaming)
+            for record in table:
+                if column not in record:
+                    raise ValueError(f"dataset {dataset} has no column {column!r}; columns: {sorted(record)}")
+                # strings are natural text (blank ones skipped), lists of strings are pre-tokenized sentences
+                item = record[column]
+                if not isinstance(item, str) or item.strip():
+                    yield item
+        return cls(f"{dataset}:{split}:{column}", read, source=f"hf://{dataset}/{config or ''}/{split}/{column}")
 
 
-def _read_lines(path: Path) -> list[str]:
+def _existing(path: Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"corpus file not found: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"{path}: line {line} is not valid UTF-8 (byte {data[error.start]:#04x} at offset {error.start}); "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-    return text.splitlines()
+    return path
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file (a leading BOM dropped), read one at a time and split as
+    `str.splitlines` splits the whole text; invalid UTF-8 names its line and byte offset."""
+    offset = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                start = offset + error.start
+                raise ValueError(
+                    f"{path}: line {number} is not valid UTF-8 (byte {raw[error.start]:#04x} at offset {start}); "
+                    "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            offset += len(raw)
+            yield from text.splitlines()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Extraction and analysis beyond one process: shards of a corpus and of a store, on Ray or locally.
 
-Extraction (`extract_sharded`): the corpus is cut into shards of whole sentences; each shard is
-encoded and written as its own store part (`lmgeom.store.sharded`), then one final step writes the
-global tables (word ids over all shards) and the shard index. Engines:
+Extraction (`extract_sharded`): the corpus is streamed and cut into shards of whole sentences as it
+is read (a first pass counts and fingerprints it; the driver holds only the shards in flight); each
+shard is encoded and written as its own store part with its sentence table (`lmgeom.store.sharded`),
+then one final step writes the global tables (word ids over all shards) and the shard index. Engines:
 - `local`: one process writes the shards in turn (what `extract` does for a store on an object store);
 - `ray`: a pool of Ray Core actors, each holding one model (`num_gpus` per actor). Actors rather than
   Ray Data's `map_batches`: a shard is a write with its own commit and returns only its manifest, the
@@ -22,17 +23,20 @@ merged result equals `analyze_store` of the same store (closed-form statistics t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
-from lmgeom.corpus.corpus import Corpus, Sentence
+from lmgeom.corpus.builtin import open_corpus
+from lmgeom.corpus.corpus import Corpus, CorpusStream, CorpusSummary, Fingerprint, Sentence
 from lmgeom.encoders.base import Encoder
 from lmgeom.metrics.base import StatefulAccumulator
 from lmgeom.metrics.contextuality import (
@@ -82,13 +86,13 @@ def connect_ray(address: str | None = None) -> ModuleType:
     return ray
 
 
-def store_settings(encoder_settings: dict[str, Any], corpus: Corpus, *, dtype: str, chunk_sentences: int,
-                   shard_sentences: int) -> dict[str, Any]:
+def store_settings(encoder_settings: dict[str, Any], corpus: Corpus | CorpusStream, summary: CorpusSummary, *, dtype: str,
+                   chunk_sentences: int, shard_sentences: int) -> dict[str, Any]:
     """What makes two sharded extractions the same run (as `extract` records, plus the shard size)."""
     return {
         **encoder_settings, "dtype": dtype, "corpus_name": corpus.name, "corpus_source": corpus.source,
-        "corpus_fingerprint": corpus.fingerprint, "n_corpus_sentences": len(corpus), "pretokenized": corpus.pretokenized,
-        "chunk_sentences": chunk_sentences, "shard_sentences": shard_sentences,
+        "corpus_fingerprint": summary.fingerprint, "n_corpus_sentences": summary.n_sentences,
+        "pretokenized": summary.pretokenized, "chunk_sentences": chunk_sentences, "shard_sentences": shard_sentences,
     }
 
 
@@ -102,6 +106,41 @@ def encode_shard(encoder: Encoder, url: str, settings: dict[str, Any], shard: in
         chunk = sentences[start : start + step]
         writer.append(encoder.encode(chunk, first_index=first_sentence + start), [s.text for s in chunk])
     return writer.commit()
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard's sentences, read from the corpus stream: shard number and first sentence (global)."""
+
+    number: int
+    first_sentence: int
+    sentences: list[Sentence]
+
+
+def cut_shards(corpus: Iterable[Sentence], spans: Sequence[range], summary: CorpusSummary, *,
+               skip: Container[int] = ()) -> Iterator[Shard]:
+    """The shards of `spans` as the corpus is read, one at a time: only the shard being handed out is
+    held. Shards in `skip` (finished) are read past; a corpus that no longer matches its first pass
+    (other length or content) is an error before the store is finished."""
+    stream = iter(corpus)
+    fingerprint = Fingerprint()
+    for number, span in enumerate(spans):
+        sentences = list(itertools.islice(stream, len(span)))
+        for sentence in sentences:
+            fingerprint.add(sentence)
+        if len(sentences) != len(span):
+            raise _corpus_changed(summary, f"it ended after {fingerprint.n_sentences} sentences")
+        if number not in skip:
+            yield Shard(number, span.start, sentences)
+    if next(stream, None) is not None:
+        raise _corpus_changed(summary, "it has more sentences")
+    if fingerprint.hexdigest() != summary.fingerprint:
+        raise _corpus_changed(summary, "its sentences differ")
+
+
+def _corpus_changed(summary: CorpusSummary, how: str) -> ValueError:
+    return ValueError(f"the corpus changed while it was read ({summary.n_sentences} sentences at the first pass; now {how}); "
+                      "keep the corpus fixed during an extraction, and re-run with --overwrite if it changed on purpose")
 
 
 class ShardWorker:
@@ -120,7 +159,7 @@ class ShardWorker:
 
 def extract_sharded(
     make_encoder: EncoderFactory | Encoder,
-    corpus: Corpus,
+    corpus: Corpus | CorpusStream | str,
     out: str | os.PathLike[str] | Location,
     *,
     engine: str = "local",
@@ -136,6 +175,10 @@ def extract_sharded(
 ) -> RepresentationStore:
     """Encode `corpus` into a sharded store at `out` (a folder or an fsspec URL); re-running resumes.
 
+    `corpus` is a corpus in memory, a `CorpusStream`, or a corpus spec (streamed with `open_corpus`'s
+    defaults). A stream is read twice and never held whole: a first pass counts and fingerprints it
+    (the shards and the run's identity), the second cuts the shards as it reads and hands each to a
+    worker as one frees up, so the driver holds only the shards in flight (`num_workers`).
     `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
     also takes an encoder itself. `chunk_sentences` is a number, or a rule (n_layers, dim, n_sentences)
     -> number for the workers' model (`extract_model` passes `default_chunk_sentences`); `shard_sentences` defaults to
@@ -146,12 +189,16 @@ def extract_sharded(
         raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     if num_workers < 1 or gpus_per_worker < 0:
         raise ValueError(f"--num-workers must be at least 1 and --gpus-per-worker at least 0; got {num_workers}, {gpus_per_worker}")
+    if engine == "local" and (num_workers != 1 or gpus_per_worker):
+        raise ValueError("--num-workers and --gpus-per-worker apply to --engine ray; add --engine ray or leave them out")
     location = Location.of(out)
     progress = progress or NoProgress()
+    if engine == "ray" and location.url.startswith("memory://"):
+        raise ValueError("a memory:// store lives inside one process, so Ray workers cannot write it; "
+                         "use a folder every worker sees or an object store URL (s3://, gs://)")
+    source = open_corpus(corpus) if isinstance(corpus, str) else corpus
+    summary = source.summary()  # a pass over a stream (free in memory), before any model loads
     if engine == "ray":
-        if location.url.startswith("memory://"):
-            raise ValueError("a memory:// store lives inside one process, so Ray workers cannot write it; "
-                             "use a folder every worker sees or an object store URL (s3://, gs://)")
         ray = connect_ray(ray_address)
         actor = ray.remote(ShardWorker).options(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1,
                                                 max_task_retries=max_retries)
@@ -161,55 +208,94 @@ def extract_sharded(
         encoder = cast(Encoder, make_encoder) if hasattr(make_encoder, "encode") else cast(EncoderFactory, make_encoder)()
         encoder_settings = encoder.settings()
     if callable(chunk_sentences):
-        chunk_sentences = chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), len(corpus))
+        chunk_sentences = chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences)
     if shard_sentences is None and not overwrite and location.exists(layout.META):
         # a resumed run keeps its shards, whatever the number of workers now
         shard_sentences = location.read_json(layout.META).get("settings", {}).get("shard_sentences")
-    shard_sentences = shard_sentences or default_shard_sentences(len(corpus), chunk_sentences, num_workers=num_workers)
-    settings = store_settings(encoder_settings, corpus, dtype=dtype, chunk_sentences=chunk_sentences,
+    shard_sentences = shard_sentences or default_shard_sentences(summary.n_sentences, chunk_sentences, num_workers=num_workers)
+    settings = store_settings(encoder_settings, source, summary, dtype=dtype, chunk_sentences=chunk_sentences,
                               shard_sentences=shard_sentences)
     writer = ShardedStoreWriter(location, settings=settings, overwrite=overwrite)
-    stage = f"extract {corpus.name}"
-    progress.start(stage, len(corpus), unit="sentences")
+    stage = f"extract {source.name}"
+    progress.start(stage, summary.n_sentences, unit="sentences")
     if not writer.complete:
         done = writer.finished()
         if done:
             progress.advance(stage, sum(int(m["n_sentences"]) for m in done.values()), note=f"resumed: {len(done)} shards done")
-        todo = [(shard, span) for shard, span in enumerate(writer.shards) if shard not in done]
+        shards = cut_shards(source, writer.shards, summary, skip=done)
         if engine == "ray":
-            _encode_on_ray(ray, workers, location.url, settings, corpus, todo, progress, stage)
+            _encode_on_ray(ray, workers, location.url, settings, shards, progress, stage)
         else:
-            for shard, span in todo:
-                encode_shard(encoder, location.url, settings, shard, span.start, corpus.sentences[span.start : span.stop])
-                progress.advance(stage, len(span), note=f"shard {shard}")
+            for shard in shards:
+                encode_shard(encoder, location.url, settings, shard.number, shard.first_sentence, shard.sentences)
+                progress.advance(stage, len(shard.sentences), note=f"shard {shard.number}")
         writer.finalize()
     return RepresentationStore.open(location)
 
 
-def _encode_on_ray(ray: ModuleType, workers: list[Any], url: str, settings: dict[str, Any], corpus: Corpus,
-                   todo: list[tuple[int, range]], progress: Progress, stage: str) -> None:
-    """Hand shards to idle actors, one at a time each, until every shard is committed."""
-    pending = list(reversed(todo))
+def _encode_on_ray(ray: ModuleType, workers: list[Any], url: str, settings: dict[str, Any], shards: Iterator[Shard],
+                   progress: Progress, stage: str) -> None:
+    """Hand shards to idle actors, one at a time each, reading the next shard only when an actor is
+    free, until every shard is committed."""
     idle = list(workers)
-    running: dict[Any, tuple[int, range, Any]] = {}
-    while pending or running:
-        while pending and idle:
-            shard, span = pending.pop()
+    running: dict[Any, tuple[int, int, int, Any]] = {}
+    exhausted = False
+    while True:
+        while idle and not exhausted:
+            shard = next(shards, None)
+            if shard is None:
+                exhausted = True
+                break
             worker = idle.pop()
-            sentences = corpus.sentences[span.start : span.stop]
-            running[worker.encode_shard.remote(url, settings, shard, span.start, sentences)] = (shard, span, worker)
+            task = worker.encode_shard.remote(url, settings, shard.number, shard.first_sentence, shard.sentences)
+            running[task] = (shard.number, shard.first_sentence, len(shard.sentences), worker)
+        if not running:
+            return
         (ready,), _ = ray.wait(list(running), num_returns=1)
-        shard, span, worker = running.pop(ready)
+        number, first, size, worker = running.pop(ready)
         try:
             ray.get(ready)
         except ray.exceptions.RayError as error:
             for other in workers:  # no worker keeps writing once the run has stopped
                 ray.kill(other)
-            raise RuntimeError(f"shard {shard} (sentences {span.start}-{span.stop - 1}) failed on its worker after its "
+            raise RuntimeError(f"shard {number} (sentences {first}-{first + size - 1}) failed on its worker after its "
                                f"retries: {str(error).splitlines()[0]}; re-run the same command to resume "
                                "(finished shards are kept)") from error
         idle.append(worker)
-        progress.advance(stage, len(span), note=f"shard {shard}")
+        progress.advance(stage, size, note=f"shard {number}")
+
+
+def extract_model_sharded(
+    model: str,
+    corpus: str,
+    out: str | os.PathLike[str] | Location,
+    *,
+    field: str = "text",
+    pretokenized: bool = False,
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    encoder_options: Mapping[str, Any] | None = None,
+    dtype: str = "float32",
+    chunk_sentences: int | ChunkRule = 256,
+    shard_sentences: int | None = None,
+    engine: str = "local",
+    num_workers: int = 1,
+    gpus_per_worker: float = 0.0,
+    ray_address: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> RepresentationStore:
+    """`extract_model` with the corpus spec streamed (`open_corpus`) into a sharded store: what
+    `lmgeom extract` runs for `--engine ray` and for a store on an object store. `encoder_options`
+    go to `load_encoder` in each worker; the other options are `open_corpus`'s and `extract_sharded`'s."""
+    from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
+
+    stream = open_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
+    return extract_sharded(partial(load_encoder, model, **dict(encoder_options or {})), stream, out, engine=engine,
+                           dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
+                           num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
+                           overwrite=overwrite, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------

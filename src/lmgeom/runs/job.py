@@ -18,6 +18,7 @@ from lmgeom.runs.reporting import render_report
 from lmgeom.runs.static import export_static_embeddings
 from lmgeom.runs.results import write_json
 from lmgeom.store import RepresentationStore, layout
+from lmgeom.store.location import Location, is_url
 
 
 def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
@@ -109,6 +110,22 @@ class RunResult:
     steps_skipped: list[str]
 
 
+def run_folder(out: str | os.PathLike[str] | None) -> str | os.PathLike[str] | None:
+    """The local folder of a run's `out`: a path, or a file:// URL. Any other URL is refused before
+    anything runs, since the steps after extraction write local files next to the store."""
+    if out is None or not is_url(out):
+        return out
+    location = Location.of(out)
+    if location.is_local:
+        return location.local_path
+    raise ValueError(
+        f"lmgeom run --out {location.url}: the steps after extraction (run.json, summary, isotropy, calibration, "
+        "static embeddings, report.html) write local files next to the store, and this is not a local folder; "
+        "give a local folder or a file:// URL as --out (then copy the finished run to object storage), "
+        "or run `lmgeom extract --out URL` and `lmgeom analyze URL`, which read and write object storage in place"
+    )
+
+
 def run(
     model: str = "minilm",
     corpus: str = "lee",
@@ -129,8 +146,10 @@ def run(
     (isotropy.json), calibrate `layers` with `methods` (calibration.json), and distil and score static
     embeddings of `layers` (static/), then render report.html with its figures (experiment results
     under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
-    and skipped when repeated with the same settings; an interrupted extraction resumes."""
+    and skipped when repeated with the same settings; an interrupted extraction resumes. `out` is a
+    local folder or a file:// URL (`run_folder`)."""
     progress = progress or NoProgress()
+    out = run_folder(out)
     started = time.perf_counter()
     store = extract_model(model, corpus, out=out, limit=limit, device=device, overwrite=overwrite, progress=progress)
     steps = _Steps(store)
