@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from lmgeom.calibrate import make_calibrator
 from lmgeom.evaluate.stats import holm, paired_permutation_test
-from lmgeom.evaluate.tasks import load_task, matthews
+from lmgeom.evaluate.tasks import TaggedSplit, load_task, matthews
 from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 from lmgeom.runs.experiments import run_calibration, run_layers
 from lmgeom.runs.experiments.core import task_data
@@ -245,13 +246,13 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
     ewt = shared_data / "UD_English-EWT"
     fitted: list[object] = []
 
-    def recording(method: str, **kwargs: object) -> object:
+    def recording(method: str, **kwargs: Any) -> Any:
         calibrator = make_calibrator(method, **kwargs)
         fitted.append(calibrator)
         return calibrator
 
     monkeypatch.setattr(module, "make_calibrator", recording)
-    sizes = {"max_train": 30, "max_eval": 12}
+    sizes: dict[str, Any] = {"max_train": 30, "max_eval": 12}
     result = run_calibration(MODEL, "pos", ewt, out=tmp_path, methods=["none", "whitening", "isobn"], seeds=[3],
                              heads=["logreg"], device="cpu", **sizes)
     task = load_task("pos", ewt)
@@ -260,7 +261,9 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
     X = data.units(cache, "train", data.train_rows[3], pooling="mean", layers=None)[-1][:, 0].astype(np.float64)
     X_test = data.units(cache, "test", data.eval_rows["test"], pooling="mean", layers=None)[-1][:, 0].astype(np.float64)
     y, truth = data.labels("train", data.train_rows[3]), data.labels("test", data.eval_rows["test"])
-    n_words = sum(len(task.splits["train"].tags[r]) for r in data.train_rows[3])
+    tagged = task.splits["train"]
+    assert isinstance(tagged, TaggedSplit)
+    n_words = sum(len(tagged.tags[r]) for r in data.train_rows[3])
     assert X.shape[0] == len(y) == n_words and X_test.shape[0] == len(truth) > sizes["max_eval"]
     # the whitening was fitted on the training words, every one of them and nothing else
     (whitening,) = fitted
@@ -300,7 +303,7 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
         assert not (tmp_path / regime).exists()
 
 
-def test_experiments_are_reachable_from_the_top_level_package():
+def test_experiments_are_reachable_from_the_top_level_package() -> None:
     import lmgeom
     from lmgeom.runs.experiments import run_calibration, run_layers
 
