@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from lmgeom.calibrate import make_calibrator
 from lmgeom.evaluate.stats import holm, paired_permutation_test
-from lmgeom.evaluate.tasks import load_task, matthews
+from lmgeom.evaluate.tasks import TaggedSplit, load_task, matthews
 from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 from lmgeom.runs.experiments import run_calibration, run_layers
 from lmgeom.runs.experiments.core import task_data
@@ -236,12 +237,73 @@ def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Pa
     assert "isoscore_after" in white_dev and len(white_dev["seconds_per_epoch"]) == 1
     tested = {s["method"]: s for s in result.summaries if s["split"] == "dev"}
     assert tested["whitening"]["p_holm"] >= tested["whitening"]["p_value"]
-    notes = run_calibration(MODEL, "pos", cola.parents[1] / "UD_English-EWT", out=tmp_path / "pos", methods=["none"],
-                            seeds=1, regime="finetune", max_train=5, max_eval=5, device="cpu").notes
-    assert any("tagging task" in note for note in notes)
 
 
-def test_experiments_are_reachable_from_the_top_level_package():
+def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cells(
+        shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmgeom.runs.experiments import calibration as module
+
+    ewt = shared_data / "UD_English-EWT"
+    fitted: list[object] = []
+
+    def recording(method: str, **kwargs: Any) -> Any:
+        calibrator = make_calibrator(method, **kwargs)
+        fitted.append(calibrator)
+        return calibrator
+
+    monkeypatch.setattr(module, "make_calibrator", recording)
+    sizes: dict[str, Any] = {"max_train": 30, "max_eval": 12}
+    result = run_calibration(MODEL, "pos", ewt, out=tmp_path, methods=["none", "whitening", "isobn"], seeds=[3],
+                             heads=["logreg"], device="cpu", **sizes)
+    task = load_task("pos", ewt)
+    data = task_data(task, [3], **sizes)
+    cache = FeatureCache(tmp_path / "features", tiny_loader, model=MODEL)
+    X = data.units(cache, "train", data.train_rows[3], pooling="mean", layers=None)[-1][:, 0].astype(np.float64)
+    X_test = data.units(cache, "test", data.eval_rows["test"], pooling="mean", layers=None)[-1][:, 0].astype(np.float64)
+    y, truth = data.labels("train", data.train_rows[3]), data.labels("test", data.eval_rows["test"])
+    tagged = task.splits["train"]
+    assert isinstance(tagged, TaggedSplit)
+    n_words = sum(len(tagged.tags[r]) for r in data.train_rows[3])
+    assert X.shape[0] == len(y) == n_words and X_test.shape[0] == len(truth) > sizes["max_eval"]
+    # the whitening was fitted on the training words, every one of them and nothing else
+    (whitening,) = fitted
+    assert whitening.n_samples_seen_ == n_words  # type: ignore[attr-defined]
+    np.testing.assert_allclose(whitening.mean_, X.mean(axis=0), rtol=0, atol=1e-9)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(whitening.explained_variance_[0], np.linalg.eigvalsh(np.cov(X.T))[-1],  # type: ignore[attr-defined]
+                               rtol=1e-7)
+    assert not np.allclose(whitening.mean_, np.vstack([X, X_test]).mean(axis=0), atol=1e-6)  # type: ignore[attr-defined]
+    # accuracy over the evaluation words equals a hand-made whitening + logistic regression
+    expected = {}
+    for method, features, evaluated in (("none", X, X_test), ("whitening", whitening.transform(X), whitening.transform(X_test))):  # type: ignore[attr-defined]
+        predicted = LogisticRegression(C=1.0, max_iter=2000).fit(features, y).predict(evaluated)
+        expected[method] = predicted
+        (record,) = [r for r in result.records if r["method"] == method]
+        assert record["value"] == pytest.approx(np.mean(predicted == truth), abs=1e-12)
+        assert record["n_train"] == n_words and record["n_eval"] == len(truth) and record["metric"] == "accuracy"
+    # the paired permutation test runs over the evaluation words
+    (summary,) = [s for s in result.summaries if s["method"] == "whitening"]
+    from lmgeom.evaluate.tasks import METRICS
+
+    reference = paired_permutation_test(truth, expected["none"][None], expected["whitening"][None], METRICS["accuracy"],
+                                        n_resamples=2000)
+    assert summary["p_value"] == pytest.approx(reference.p_value) and f"over {len(truth)} evaluation examples" in summary["test"]
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["settings"]["train_words"] == {"3": n_words} and document["settings"]["pooling"].startswith("word vectors")
+    assert any("isobn" in note and "skipped" in note for note in document["notes"])
+    # a re-run with one more method fits only that method's calibrator
+    fitted.clear()
+    again = run_calibration(MODEL, "pos", ewt, out=tmp_path, methods=["none", "whitening", "abtt"], seeds=[3],
+                            heads=["logreg"], device="cpu", **sizes)
+    assert [type(c).__name__ for c in fitted] == ["AllButTheTop"]
+    assert [r for r in again.records if r["method"] != "abtt"] == result.records
+    # the fine-tuning regime fine-tunes a sentence head: refused up front for a tagging task
+    for regime in ("finetune", "both"):
+        with pytest.raises(ValueError, match="token-tagging task.*--regime frozen"):
+            run_calibration(MODEL, "pos", ewt, out=tmp_path / regime, methods=["none"], seeds=1, regime=regime, device="cpu")
+        assert not (tmp_path / regime).exists()
+
+
+def test_experiments_are_reachable_from_the_top_level_package() -> None:
     import lmgeom
     from lmgeom.runs.experiments import run_calibration, run_layers
 

@@ -2,8 +2,10 @@
 
 Frozen regime: the features of one layer (or a ScalarMix learned by the linear probe on the training
 slice, then frozen), the calibrator fitted on the training features only, then a head (logistic
-regression / ridge, or a small MLP). Fine-tuning regime: `lmgeom.finetune.finetune` with the method
-applied inside the forward pass.
+regression / ridge, or a small MLP). A tagging task (POS) runs the frozen regime on word vectors:
+every word of the chosen sentences is one example for the calibrator, the head and the paired test.
+Fine-tuning regime: `lmgeom.finetune.finetune` with the method
+applied inside the forward pass; it fine-tunes a sentence head, so a tagging task is refused there.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from lmgeom.calibrate import METHODS, make_calibrator
 from lmgeom.encoders.base import Encoder
-from lmgeom.evaluate.tasks import METRICS, SentenceTask, score
+from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, score
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.experiments.core import (
     Cell,
@@ -37,6 +39,7 @@ from lmgeom.runs.experiments.heads import HEADS, combine, fit_predict_sklearn, f
 
 FINETUNE_ONLY_METHODS = ("isobn", "istar")  # they act on the representation during fine-tuning only
 REGIMES = ("frozen", "finetune", "both")
+WORD_VECTORS_NOTE = "word vectors: the mean of each word's pieces (a tagging task reads words, not sentences)"
 
 
 def parse_feature(spec: str, n_layers: int) -> tuple[str, list[int]]:
@@ -100,6 +103,10 @@ def run_calibration(
     pooling_note(pooling)
     seed_list = parse_seeds(seeds)
     the_task = resolve_task(task, data)
+    tagging = isinstance(the_task, TaggingTask)
+    if tagging and regime != "frozen":
+        raise ValueError(f"--regime {regime}: {the_task.name} is a token-tagging task, and the fine-tuning regime "
+                         "fine-tunes a sentence head only; run it with --regime frozen")
     data_ = task_data(the_task, seed_list, max_train=max_train, max_eval=max_eval)
     out.mkdir(parents=True, exist_ok=True)
     cache = FeatureCache(out / "features", encoder_loader(model, device), model=model, progress=progress)
@@ -113,12 +120,17 @@ def run_calibration(
         frozen_methods = [m for m in methods if m not in FINETUNE_ONLY_METHODS]
         cells += _frozen(model, data_, cache, store, frozen_methods, seed_list, features, list(heads), pooling, progress)
     if regime in ("finetune", "both"):
-        cells += _finetuned(model, data_, store, methods, seed_list, pooling, device, finetune_options or {}, progress, notes)
+        cells += _finetuned(model, data_, store, methods, seed_list, pooling, device, finetune_options or {}, progress)
     summaries = summarise(cells, data_, baseline=lambda row: None if row["method"] == "none" else {"method": "none"},
                           family_key="method")
-    settings = {"model": model, "task": the_task.name, "data": str(data), "methods": methods, "seeds": seed_list,
-                "regime": regime, "features": features, "heads": list(heads), "pooling": pooling_note(pooling),
+    settings: dict[str, Any] = {"model": model, "task": the_task.name, "data": str(data), "methods": methods, "seeds": seed_list,
+                "regime": regime, "features": features, "heads": list(heads),
+                "pooling": WORD_VECTORS_NOTE if tagging else pooling_note(pooling),
                 "max_train": max_train, "max_eval": max_eval, "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}}
+    if tagging:  # the subsample counts sentences; heads, geometry and the paired test work on their words
+        settings["units"] = "words: --max-train/--max-eval subsample sentences, every word of a chosen sentence is a unit"
+        settings["train_words"] = {seed: int(len(data_.labels(the_task.train_split, rows))) for seed, rows in data_.train_rows.items()}
+        settings["eval_words"] = {s: int(len(data_.labels(s, rows))) for s, rows in data_.eval_rows.items()}
     return write_results(out, "experiment-calibration", cells=cells, summaries=summaries, notes=notes, settings=settings,
                          varying="method", title=f"Calibration experiment: {model} on {the_task.name}")
 
@@ -222,16 +234,14 @@ def _frozen_mix(train: np.ndarray, y_train: np.ndarray, evaluation: dict[str, np
 
 
 def _finetuned(model: str, data: TaskData, store: CellStore, methods: list[str], seeds: list[int], pooling: str,
-               device: str, options: dict[str, Any], progress: Progress, notes: list[str]) -> list[Cell]:
+               device: str, options: dict[str, Any], progress: Progress) -> list[Cell]:
     """One fine-tuning run per (method, seed): `lmgeom.finetune.finetune` with the method inside the
     forward pass; geometry of the first evaluation split before and after fine-tuning (and of what
     the head reads, after the calibration layer)."""
     from lmgeom.finetune import FineTuneOptions, finetune
 
     task = data.task
-    if not isinstance(task, SentenceTask):
-        notes.append(f"fine-tuning regime skipped: it fine-tunes a sentence head, and {task.name} is a tagging task")
-        return []
+    assert isinstance(task, SentenceTask)  # run_calibration refuses a tagging task in this regime
     stage = "cells (fine-tuning)"
     progress.start(stage, len(methods) * len(seeds), unit="runs")
     base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "finetune", "features": "top",
