@@ -118,6 +118,19 @@ def test_the_driver_streams_the_corpus_holding_only_the_shards_in_flight(cluster
     assert_same_store(local_store, store)
 
 
+def test_extract_model_on_ray_streams_the_corpus_spec(cluster, local_store, tmp_path, monkeypatch):
+    import lmgeom.runs.extraction as extraction
+
+    def whole_corpus_loaded(*args: Any, **kwargs: Any) -> Corpus:
+        raise AssertionError("the Ray engine must stream the corpus, not load it whole")
+
+    monkeypatch.setattr(extraction, "load_corpus", whole_corpus_loaded)
+    store = extraction.extract_model("tiny-bert", "lee", limit=48, out=tmp_path / "api", device="cpu", engine="ray",
+                                     num_workers=2, chunk_sentences=CHUNK, shard_sentences=SHARD)
+    assert [(s["first_sentence"], s["n_sentences"]) for s in store.meta["shards"]] == [(0, 16), (16, 16), (32, 16)]
+    assert_same_store(local_store, store)
+
+
 def test_cli_analyze_on_ray_gives_the_local_engine_numbers(ray_store, local_store, tmp_path):
     from typer.testing import CliRunner
 
