@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus, CorpusStream, load_corpus, open_corpus
-from lmgeom.corpus.corpus import Sentence
-from lmgeom.encoders.base import EncodedSentence, Encoder
+from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import load_encoder
 from lmgeom.progress import NoProgress
 from lmgeom.runs import extract, run
 from lmgeom.runs.distributed import extract_sharded
 from lmgeom.store import RepresentationStore
 from lmgeom.store.location import Location
+from test_store_fsspec import CrashingEncoder
 
 CHUNK, SHARD = 4, 8  # 40 sentences: 5 shards of 2 chunks
 
@@ -89,31 +89,12 @@ def test_the_driver_holds_one_shard_of_the_stream_at_a_time(encoder, corpus, loc
         {key: local_store.meta[key] for key in ("corpus_name", "corpus_fingerprint", "n_corpus_sentences", "pretokenized")}
 
 
-class Recording:
-    """The tiny model, recording each chunk's first sentence, and stopping (as a killed process
-    would) on reaching sentence `stop_at`."""
-
-    def __init__(self, inner: Encoder, stop_at: int | None = None) -> None:
-        self.inner, self.stop_at = inner, stop_at
-        self.model_id, self.n_layers, self.dim = inner.model_id, inner.n_layers, inner.dim
-        self.chunks: list[int] = []
-
-    def settings(self) -> dict[str, Any]:
-        return self.inner.settings()
-
-    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
-        if self.stop_at is not None and first_index <= self.stop_at < first_index + len(sentences):
-            raise KeyboardInterrupt("killed mid-shard")
-        self.chunks.append(first_index)
-        return self.inner.encode(sentences, first_index=first_index)
-
-
 def test_a_resumed_stream_reads_past_the_finished_shards(encoder, corpus, local_store, tmp_path):
     reader = ReadAhead([s.text for s in corpus])
     with pytest.raises(KeyboardInterrupt):  # inside shard 2 (sentences 16-23), after shards 0 and 1 were committed
-        extract_sharded(Recording(encoder, stop_at=20), reader.stream(corpus.name, corpus.source), tmp_path / "run",
+        extract_sharded(CrashingEncoder(encoder, crash_at=20), reader.stream(corpus.name, corpus.source), tmp_path / "run",
                         chunk_sentences=CHUNK, shard_sentences=SHARD)
-    resuming = Recording(encoder)
+    resuming = CrashingEncoder(encoder, crash_at=None)
     store = extract_sharded(resuming, reader.stream(corpus.name, corpus.source), tmp_path / "run", chunk_sentences=CHUNK,
                             shard_sentences=SHARD)
     assert resuming.chunks == list(range(2 * SHARD, len(corpus), CHUNK))  # shard 2 redone, 0 and 1 skipped

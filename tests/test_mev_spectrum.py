@@ -7,6 +7,8 @@ tests shrink its dense limit (and block size, basis) to run it on small matrices
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from scipy.linalg import eigh
@@ -161,6 +163,22 @@ def test_moment_path_matrix_free(matrix_free: None) -> None:
         assert_matches(moment_spectrum(len(X), X.sum(axis=0), X.T @ X), X)
 
 
+def one_pass_and_merged_shards(
+    X: np.ndarray, counts: dict[int, int], rng: np.random.Generator, *, n_shards: int
+) -> tuple[np.ndarray, np.ndarray, dict[int, Any], dict[int, Any]]:
+    """The rows of `counts`' words (stacked in word order in X) shuffled, and MEV's results for one
+    pass over them and for `n_shards` accumulators merged."""
+    word_ids = np.repeat(list(counts), list(counts.values()))
+    order = rng.permutation(len(X))
+    X, word_ids = X[order], word_ids[order]
+    one_pass = MEVAccumulator(len(counts)).add(X, word_ids=word_ids).result()
+    shards = [MEVAccumulator(len(counts)).add(X[part], word_ids=word_ids[part]) for part in np.array_split(np.arange(len(X)), n_shards)]
+    merged = shards[0]
+    for shard in shards[1:]:
+        merged.merge(shard)
+    return X, word_ids, one_pass, merged.result()
+
+
 @pytest.mark.parametrize("variant", MEV_VARIANTS)
 def test_accumulator_one_pass_and_shards_agree_with_dense(matrix_free: None, variant: str) -> None:
     """Words on both sides of d (rows and moments), fed in one pass and as merged shards."""
@@ -168,15 +186,7 @@ def test_accumulator_one_pass_and_shards_agree_with_dense(matrix_free: None, var
     d = 30
     counts = {0: 2, 1: 7, 2: 25, 3: 60, 4: 1}
     X = np.concatenate([anisotropic(n, d, seed=word) for word, n in counts.items()])
-    word_ids = np.repeat(list(counts), list(counts.values()))
-    order = rng.permutation(len(X))
-    X, word_ids = X[order], word_ids[order]
-    one_pass = MEVAccumulator(len(counts)).add(X, word_ids=word_ids).result()
-    shards = [MEVAccumulator(len(counts)).add(X[part], word_ids=word_ids[part]) for part in np.array_split(np.arange(len(X)), 4)]
-    merged = shards[0]
-    for shard in shards[1:]:
-        merged.merge(shard)
-    sharded = merged.result()
+    X, word_ids, one_pass, sharded = one_pass_and_merged_shards(X, counts, rng, n_shards=4)
     assert sorted(one_pass) == sorted(sharded) == sorted(counts)
     for word, n in counts.items():
         rows = X[word_ids == word]
@@ -305,15 +315,7 @@ def test_one_pass_and_shards_closed_forms_identical_iterative_within_tolerance(m
     d = 24
     counts = {0: 2, 1: 9, 2: 40, 3: 70, 4: 130}  # rows, rows past d, and moments for both dtypes
     X = np.concatenate([anisotropic(n, d, seed=40 + word) + 2.0 for word, n in counts.items()]).astype(dtype)
-    word_ids = np.repeat(list(counts), list(counts.values()))
-    order = rng.permutation(len(X))
-    X, word_ids = X[order], word_ids[order]
-    one_pass = MEVAccumulator(len(counts)).add(X, word_ids=word_ids).result()
-    shards = [MEVAccumulator(len(counts)).add(X[part], word_ids=word_ids[part]) for part in np.array_split(np.arange(len(X)), 5)]
-    merged = shards[0]
-    for shard in shards[1:]:
-        merged.merge(shard)
-    sharded = merged.result()
+    X, word_ids, one_pass, sharded = one_pass_and_merged_shards(X, counts, rng, n_shards=5)
     for word in counts:
         a, b = one_pass[word], sharded[word]
         assert a.n == b.n == counts[word]
