@@ -59,23 +59,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.runs import extract_model
-        from lmgeom.runs.distributed import extract_model_sharded
-        from lmgeom.runs.extraction import default_chunk_sentences
-        from lmgeom.store.location import Location
 
         with user_errors(), RichProgress() as progress:
-            if engine != "local" or not Location.of(out).is_local:
-                # shards of a streamed corpus: the corpus is never held whole
-                store = extract_model_sharded(
-                    model, corpus, out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
-                    encoder_options=dict(device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
-                                         prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length,
-                                         gguf_file=gguf_file, revision=revision, max_batch_tokens=max_batch_tokens),
-                    dtype=dtype, chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, engine=engine,
-                    num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
-                    overwrite=overwrite, progress=progress)
-                print_store(store)
-                return
             store = extract_model(
                 model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
                 pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,

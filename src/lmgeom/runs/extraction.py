@@ -7,10 +7,11 @@ import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from lmgeom.corpus import load_corpus, open_corpus
+from lmgeom.corpus import load_corpus
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
@@ -149,33 +150,32 @@ def extract_model(
 ) -> RepresentationStore:
     """`lmgeom extract`: load the corpus spec `corpus` and `model`, and extract every layer into `out`
     (default runs/<model>-<corpus>; a folder or an fsspec URL), resuming an interrupted run. Options as
-    for `load_corpus`, `load_encoder` and `extract`; `engine="ray"` encodes shards of the corpus on
-    `num_workers` Ray actors, each loading the model, from a stream of the corpus
-    (`lmgeom.corpus.open_corpus`, `lmgeom.runs.distributed.extract_sharded`)."""
-    from functools import partial
+    for `load_corpus`, `load_encoder` and `extract`; `engine="ray"` (or an object-store `out`) encodes
+    shards of a stream of the corpus (`lmgeom.runs.distributed.extract_model_sharded`), with
+    `engine="ray"` on `num_workers` Ray actors, each loading the model."""
+    from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
 
-    from lmgeom.encoders.registry import load_encoder
-
-    make_encoder = partial(
-        load_encoder, model, device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
-        prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file,
-        revision=revision, max_batch_tokens=max_batch_tokens,
+    encoder_options: dict[str, Any] = dict(
+        device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
+        skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
+        max_batch_tokens=max_batch_tokens,
     )
-    if engine != "local":
-        from lmgeom.runs.distributed import extract_sharded
+    if engine != "local" or (out is not None and not Location.of(out).is_local):
+        from lmgeom.runs.distributed import extract_model_sharded
 
-        # the workers' shards are cut from a stream, so the driver never holds the whole corpus
-        stream = open_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-        return extract_sharded(make_encoder, stream, out or str(default_run_dir(model, corpus)), engine=engine,
-                               dtype=dtype, chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences,
-                               num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
-                               overwrite=overwrite, progress=progress)
+        # shards cut from a stream of the corpus: the driver never holds it whole
+        return extract_model_sharded(
+            model, corpus, out or str(default_run_dir(model, corpus)), field=field, pretokenized=pretokenized,
+            limit=limit, sample=sample, seed=seed, encoder_options=encoder_options, dtype=dtype,
+            chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, engine=engine,
+            num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address, overwrite=overwrite,
+            progress=progress)
     if num_workers != 1 or gpus_per_worker or shard_sentences:
         raise ValueError("--num-workers, --gpus-per-worker and --shard-sentences apply to --engine ray; "
                          "add --engine ray or leave them out")
     # a bad corpus spec fails before the model loads
     sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-    encoder = make_encoder()
+    encoder = load_encoder(model, **encoder_options)
     return extract(encoder, sentences, out or default_run_dir(model, corpus), dtype=dtype, chunk_sentences=chunk_sentences,
                    overwrite=overwrite, progress=progress)
 
