@@ -570,7 +570,8 @@ def _grouped_rows(X: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndar
     step = max(1, CHUNK_BYTES // max(1, X.shape[1] * X.itemsize))
     for start in range(0, len(order), step):
         chunk = grouped[start:start + step]
-        np.take(X, order[start:start + step], axis=0, out=chunk)
+        # mode="clip": with the default mode="raise" numpy buffers `out`, an extra copy of every chunk
+        np.take(X, order[start:start + step], axis=0, out=chunk, mode="clip")
         np.einsum("ij,ij->i", chunk, chunk, out=squared_norms[start:start + step])
     nonzero = squared_norms > 0
     # a float32 square can overflow (huge finite rows) or underflow (tiny non-zero rows): check those exactly

@@ -55,7 +55,7 @@ MAX_MULTIPLICATIONS = 5000
 # one Gram matrix and one eigh cost less than a few Krylov multiplications
 DENSE_LIMIT = 256
 
-# rows are multiplied in chunks of about this many bytes (as float64), so that a chunk read for X V
+# rows are multiplied in chunks of about this many bytes (as stored), so that a chunk read for X V
 # is still in cache for X^T (X V)
 CHUNK_BYTES = 2**20
 # a float32 product's error in units of tr C: the rows are centred before the float32 product (the
@@ -290,7 +290,7 @@ def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
     dims = [blocks[0].shape[1] for blocks in words_blocks]
     spectra: list[OccurrenceSpectrum | None] = [None] * len(words_blocks)
     small = [i for i, (n, dim) in enumerate(zip(counts, dims)) if n <= DENSE_LIMIT]
-    small_rows = {i: np.concatenate(words_blocks[i]) for i in small}
+    small_rows = {i: words_blocks[i][0] if len(words_blocks[i]) == 1 else np.concatenate(words_blocks[i]) for i in small}
     for indexes in _dense_batches(small_rows, small):
         for i, spectrum in zip(indexes, _gram_spectra([small_rows[i] for i in indexes])):
             spectra[i] = spectrum
@@ -311,7 +311,7 @@ class _ChunkedRows:
         self.n = sum(len(block) for block in self.blocks)
         self.dim = self.blocks[0].shape[1]
         self.float32 = all(block.dtype == np.float32 for block in self.blocks)
-        self.chunk_rows = max(8, CHUNK_BYTES // (8 * self.dim))  # a float64 chunk fills CHUNK_BYTES
+        self.chunk_rows = max(8, CHUNK_BYTES // (self.blocks[0].itemsize * self.dim))
         self.row_sum = np.zeros(self.dim)
         self.frobenius_sq = 0.0
         for chunk in self.chunks():
