@@ -542,11 +542,12 @@ def first_principal_direction(X: Any) -> np.ndarray:
 MEV_ROW_BYTES_PER_MOMENT = 2
 
 
-def mev_state_bytes(counts: np.ndarray, dim: int) -> np.ndarray:
+def mev_state_bytes(counts: np.ndarray, dim: int, *, row_bytes: int = 8) -> np.ndarray:
     """The most memory (bytes) `MEVAccumulator` holds for words with these occurrence counts: their
-    rows (float64 at worst) while they fit `MEV_ROW_BYTES_PER_MOMENT` d x d moments, then the moment."""
+    rows (`row_bytes` a value: 8 for float64, 4 for float32) while they fit `MEV_ROW_BYTES_PER_MOMENT`
+    d x d float64 moments, then the moment and the row sum (less than that)."""
     moment = 8 * dim * dim
-    return np.minimum(np.asarray(counts, dtype=np.int64) * dim * 8, MEV_ROW_BYTES_PER_MOMENT * moment)
+    return np.minimum(np.asarray(counts, dtype=np.int64) * dim * row_bytes, MEV_ROW_BYTES_PER_MOMENT * moment)
 
 
 def as_mev_rows(X: Any) -> np.ndarray:
@@ -594,7 +595,8 @@ class MEVAccumulator(StatefulAccumulator):
     So a word costs at most `mev_state_bytes`. `result()` solves the words with few rows in batches
     of small Gram matrices and the others matrix-free (`lmgeom.metrics.spectrum`).
     `add(X, word_ids=...)`: words are integer ids in [0, n_words). Each `add` copies its rows once,
-    grouped by word; every word's rows are views of that copy.
+    grouped by word (and checked), then each word's kept rows into arrays of their own, so the state
+    is what `mev_state_bytes` counts: no view keeps a larger array alive.
     """
 
     # the per-word dictionaries, flattened into arrays for `state_dict`
@@ -664,7 +666,9 @@ class MEVAccumulator(StatefulAccumulator):
     def _add_word_rows(self, word: int, block: np.ndarray) -> None:
         self.counts[word] += len(block)
         if self._keeps_rows(word, block.shape[1], block.nbytes):
-            self.rows.setdefault(word, []).append(block)
+            # a view would keep its whole base alive (the grouped rows of every word of an `add`), long
+            # after the other words' rows went into moments: kept rows own their memory
+            self.rows.setdefault(word, []).append(block if block.base is None else block.copy())
         else:
             self._add_to_moment(word, block)
 

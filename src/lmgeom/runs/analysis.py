@@ -45,7 +45,7 @@ from lmgeom.metrics.contextuality import (
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, tally
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, stored_row_bytes, tally
 from lmgeom.store import RepresentationStore
 
 ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
@@ -140,7 +140,8 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
         selection=selection,
         words=words,
         sampled_rows=sample_indexes(selection.rows, options.n_samples, options.seed),
-        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=options.mev_memory_mb),
+        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=options.mev_memory_mb,
+                                row_bytes=stored_row_bytes(store)),
         store_identity=_store_identity(store),
     )
 
@@ -150,9 +151,10 @@ def _store_identity(store: RepresentationStore) -> dict[str, Any]:
     return {key: meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "n_tokens", "n_layers", "dim")}
 
 
-def plan_word_groups(counts: np.ndarray, dim: int, *, memory_mb: float) -> np.ndarray:
-    """Group number per word so that each group's MEV state (`mev_state_bytes`) fits the budget."""
-    cost = mev_state_bytes(counts, dim)
+def plan_word_groups(counts: np.ndarray, dim: int, *, memory_mb: float, row_bytes: int = 8) -> np.ndarray:
+    """Group number per word so that each group's MEV state (`mev_state_bytes` of rows of `row_bytes`
+    a value: 4 for the float32 rows a float32 or float16 store hands MEV) fits the budget."""
+    cost = mev_state_bytes(counts, dim, row_bytes=row_bytes)
     budget = memory_mb * 2**20
     groups = np.zeros(len(cost), dtype=np.int64)
     group, used = 0, 0.0
@@ -225,7 +227,9 @@ def mev_feeds(plan: AnalysisPlan, accumulators: dict[int, MEVAccumulator]) -> li
     """Feeds of each word group's rows into that group's MEV accumulator."""
     word_index = plan.words.word_index
     group_of_row = np.where(word_index >= 0, plan.groups[np.maximum(word_index, 0)], -1)
-    return [Feed(accumulator, group_of_row == group, {"word_ids": word_index}) for group, accumulator in accumulators.items()]
+    # MEV keeps float32 rows as float32 (half the bytes of float64, exact results): it gets the rows as stored
+    return [Feed(accumulator, group_of_row == group, {"word_ids": word_index}, stored_rows=True)
+            for group, accumulator in accumulators.items()]
 
 
 def word_spectra(store: RepresentationStore, layer: int, plan: AnalysisPlan, *, groups: Iterable[int],
