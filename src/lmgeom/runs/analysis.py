@@ -2,7 +2,9 @@
 
 One streaming pass per layer feeds every accumulator (`lmgeom.runs.tally`); words whose occurrence
 matrices do not fit in `mev_memory_mb` at once get further passes over the same layer, a group of
-words at a time. Memory is per-word state only: a d-vector per analysed word, and min(n, d) x d for MEV.
+words at a time. Memory is per-word state only: a d-vector per analysed word, and one word group's
+MEV state at a time (at most `mev_memory_mb`: `mev_state_bytes` of the rows as stored, float32 for a
+float32 or float16 store).
 Rows are chosen by the one row selection of `lmgeom.runs.selection`; self-similarity and MEV use
 every selected occurrence of each word with at least `min_contexts` distinct sentences, and the
 baselines use the same rows.

@@ -58,7 +58,7 @@ from lmgeom.runs.analysis import (
     _result,
     plan_analysis,
 )
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks, require_finite, stored_chunks, stored_float_rows
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
@@ -346,12 +346,14 @@ def _global_states(url: str, meta: dict[str, Any], task: _GlobalTask, chunk_rows
 def _word_group_states(url: str, meta: dict[str, Any], task: _WordGroupTask, chunk_rows: int) -> dict[str, Any]:
     store = RepresentationStore(Location.of(url), meta)
     self_similarity, mev = SelfSimilarityAccumulator(task.n_group_words), MEVAccumulator(task.n_group_words)
-    for start, X in layer_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
-        ids = task.local_ids[start - task.start : start - task.start + len(X)]
+    for start, chunk in stored_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
+        require_finite(chunk, name=f"layer {task.layer} of {store.url}", layer=task.layer, row_offset=start)
+        ids = task.local_ids[start - task.start : start - task.start + len(chunk)]
         keep = ids >= 0
         if keep.any():
-            self_similarity.add(X[keep], word_ids=ids[keep])
-            mev.add(X[keep], word_ids=ids[keep])
+            rows = stored_float_rows(chunk[keep])  # MEV keeps float32 rows as float32, as `tally` hands them
+            self_similarity.add(rows, word_ids=ids[keep])
+            mev.add(rows, word_ids=ids[keep])
     return {"self_similarity": self_similarity.state_dict(), "mev": mev.state_dict()}
 
 

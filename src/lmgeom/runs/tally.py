@@ -88,6 +88,13 @@ def stored_float_rows(chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(np.float32 if chunk.dtype in (np.float16, np.float32) else np.float64, copy=False)
 
 
+def require_finite(chunk: np.ndarray, *, name: str, layer: int, row_offset: int) -> None:
+    """NaN/inf in stored rows is the error of `as_float64_rows` (naming the layer and store row),
+    without a float64 copy of rows that have none."""
+    if not np.isfinite(chunk).all():
+        as_float64_rows(chunk, name=name, layer=layer, row_offset=row_offset)
+
+
 def stored_row_bytes(store: RepresentationStore) -> int:
     """Bytes of one value of a row of `store` as `stored_float_rows` hands it on (4 or 8)."""
     return int(stored_float_rows(np.zeros((0, 0), dtype=store.layer(store.layers[0]).dtype)).itemsize)
@@ -140,8 +147,8 @@ def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows
             block: RowBlock | None = None
             if needs_block:
                 block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
-            elif not np.isfinite(chunk).all():
-                as_float64_rows(chunk, name=name, layer=layer, row_offset=start)  # raises, naming the row
+            else:
+                require_finite(chunk, name=name, layer=layer, row_offset=start)
             _feed_chunk(feeds, start, chunk, block, on_host=to_float64.target is None)
 
 
