@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -267,17 +267,28 @@ class _LayerStats:
     mev: dict[str, np.ndarray]
 
 
-def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int, *,
+def empty_mev(n_words: int) -> dict[str, np.ndarray]:
+    """Each MEV variant per analysed word, NaN until `record_mev` fills it."""
+    return {variant: np.full(n_words, np.nan) for variant in MEV_VARIANTS}
+
+
+def record_mev(mev: dict[str, np.ndarray], spectra: Mapping[int, OccurrenceSpectrum], words: np.ndarray | None = None) -> None:
+    """Each variant's value of each word's spectrum into `mev` (at `words[key]` when given, else at
+    `key`). Only these numbers are kept: a spectrum's direction and mean (2d floats a word) are not."""
+    for key, spectrum in spectra.items():
+        word = key if words is None else int(words[key])
+        for variant in MEV_VARIANTS:
+            mev[variant][word] = spectrum.mev(variant)
+
+
+def _layer_stats(layer: int, accumulators: LayerAccumulators, mev: dict[str, np.ndarray], *,
                  self_similarity: tuple[np.ndarray, np.ndarray] | None = None) -> _LayerStats:
-    """`self_similarity`: (values, non-zero counts) per word when computed by word group elsewhere
-    (`lmgeom.runs.distributed`) instead of by `accumulators.self_similarity`."""
+    """`mev`: each variant per word (`empty_mev`, `record_mev`). `self_similarity`: (values, non-zero
+    counts) per word when computed by word group elsewhere (`lmgeom.runs.distributed`) instead of by
+    `accumulators.self_similarity`."""
     sample = accumulators.sample.result()
     sample = sample[row_norms(sample) > 0]
     sample_spectrum = occurrence_spectrum(sample)
-    mev = {variant: np.full(n_words, np.nan) for variant in MEV_VARIANTS}
-    for word, spectrum in spectra.items():
-        for variant in MEV_VARIANTS:
-            mev[variant][word] = spectrum.mev(variant)
     return _LayerStats(
         layer=layer,
         mean_norm=accumulators.norms.result(),
@@ -555,9 +566,11 @@ def analyze_store(
         # the first pass also fills the first word group's MEV state; later groups get a pass each
         accumulators = LayerAccumulators.empty(plan, groups=[0])
         tally(store, layer, accumulators.feeds(plan), chunk_rows=chunk_rows, device=device)
-        spectra = accumulators.mev.pop(0).result()
-        spectra.update(word_spectra(store, layer, plan, groups=range(1, plan.n_groups), chunk_rows=chunk_rows))
-        stats.append(_layer_stats(layer, accumulators, spectra, len(plan.words)))
+        mev = empty_mev(len(plan.words))
+        record_mev(mev, accumulators.mev.pop(0).result())
+        for group in range(1, plan.n_groups):
+            record_mev(mev, word_spectra(store, layer, plan, groups=[group], chunk_rows=chunk_rows))
+        stats.append(_layer_stats(layer, accumulators, mev))
         progress.advance("analyze layers", note=f"layer {layer}")
     result = _result(store, plan, stats)
     if write_to is not False:
@@ -651,10 +664,10 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
     stats = []
     for layer in plan.layers:
         accumulators = state.layers[layer]
-        spectra: dict[int, OccurrenceSpectrum] = {}
+        mev = empty_mev(len(plan.words))
         for accumulator in accumulators.mev.values():
-            spectra.update(accumulator.result())
-        stats.append(_layer_stats(layer, accumulators, dict(sorted(spectra.items())), len(plan.words)))
+            record_mev(mev, accumulator.result())
+        stats.append(_layer_stats(layer, accumulators, mev))
     return _result(store, plan, stats)
 
 

@@ -44,7 +44,6 @@ from lmgeom.metrics.contextuality import (
     IntraSentenceAccumulator,
     MeanNormAccumulator,
     MEVAccumulator,
-    OccurrenceSpectrum,
     RowSampleAccumulator,
     SelfSimilarityAccumulator,
 )
@@ -56,7 +55,9 @@ from lmgeom.runs.analysis import (
     _layer_stats,
     _require_two_contexts,
     _result,
+    empty_mev,
     plan_analysis,
+    record_mev,
 )
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks, require_finite, stored_chunks, stored_float_rows
 from lmgeom.store import RepresentationStore, layout
@@ -425,7 +426,7 @@ def analyze_ray(
     for key, _ in submitted:
         expected[key] = expected.get(key, 0) + 1
     merged: dict[tuple[int, int], dict[str, Any]] = {}
-    finished: dict[int, dict[str, Any]] = {layer: {"spectra": {}, "values": np.full(len(plan.words), np.nan),
+    finished: dict[int, dict[str, Any]] = {layer: {"mev": empty_mev(len(plan.words)), "values": np.full(len(plan.words), np.nan),
                                                   "counts": np.zeros(len(plan.words), dtype=np.int64)} for layer in plan.layers}
     progress.start("analyze on ray", len(submitted), unit="tasks")
     for key, states in _bounded(ray, submitted, max_in_flight=num_workers):
@@ -444,14 +445,13 @@ def analyze_ray(
         parts, words = merged.pop(key), group_words[group]
         finished[layer]["values"][words] = parts["self_similarity"].result()
         finished[layer]["counts"][words] = parts["self_similarity"].counts
-        spectra: dict[int, OccurrenceSpectrum] = parts["mev"].result()
-        finished[layer]["spectra"].update({int(words[local]): spectrum for local, spectrum in spectra.items()})
+        record_mev(finished[layer]["mev"], parts["mev"].result(), words)
     stats = []
     for layer in plan.layers:
         rows = merged.pop((layer, -1))
         layer_rows = LayerAccumulators(rows["baseline"], rows["norms"], rows["intra"], SelfSimilarityAccumulator(len(plan.words)),
                                        rows["sample"], {})
-        stats.append(_layer_stats(layer, layer_rows, dict(sorted(finished[layer]["spectra"].items())), len(plan.words),
+        stats.append(_layer_stats(layer, layer_rows, finished[layer]["mev"],
                                   self_similarity=(finished[layer]["values"], finished[layer]["counts"])))
     return _result(store, plan, stats)
 
