@@ -152,11 +152,11 @@ def test_cli_analyze_on_ray_gives_the_local_engine_numbers(ray_store, local_stor
 
 
 def test_merged_ray_analysis_states_equal_the_local_analysis(ray_store):
-    options = AnalysisOptions(min_contexts=2, mev_memory_mb=0.05)
+    options = AnalysisOptions(min_contexts=2, mev_memory_mb=0.025)  # groups planned on float32 rows
     plan = plan_analysis(ray_store, options)
     assert plan.n_groups >= 3  # per-word state split by word group: no task holds every word
     on_ray = analyze_ray(ray_store, options, num_workers=2, row_parts=3)
-    local = analyze_store(ray_store, min_contexts=2, mev_memory_mb=0.05)
+    local = analyze_store(ray_store, min_contexts=2, mev_memory_mb=0.025)
     pd.testing.assert_frame_equal(on_ray.layers, local.layers, rtol=0, atol=1e-12)
     pd.testing.assert_frame_equal(on_ray.words, local.words, rtol=0, atol=1e-12)
     norms = on_ray.counts.pop("mean_norm_by_layer"), local.counts.pop("mean_norm_by_layer")

@@ -18,12 +18,13 @@ rows' own library (a word's unit sums stay on the GPU that computed them).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import array_api_compat
 import numpy as np
 import pandas as pd
 import scipy.sparse
+from scipy.linalg.blas import dgemm
 from threadpoolctl import threadpool_limits
 
 from lmgeom.metrics.base import (
@@ -542,11 +543,12 @@ def first_principal_direction(X: Any) -> np.ndarray:
 MEV_ROW_BYTES_PER_MOMENT = 2
 
 
-def mev_state_bytes(counts: np.ndarray, dim: int) -> np.ndarray:
+def mev_state_bytes(counts: np.ndarray, dim: int, *, row_bytes: int = 8) -> np.ndarray:
     """The most memory (bytes) `MEVAccumulator` holds for words with these occurrence counts: their
-    rows (float64 at worst) while they fit `MEV_ROW_BYTES_PER_MOMENT` d x d moments, then the moment."""
+    rows (`row_bytes` a value: 8 for float64, 4 for float32) while they fit `MEV_ROW_BYTES_PER_MOMENT`
+    d x d float64 moments, then the moment and the row sum (less than that)."""
     moment = 8 * dim * dim
-    return np.minimum(np.asarray(counts, dtype=np.int64) * dim * 8, MEV_ROW_BYTES_PER_MOMENT * moment)
+    return np.minimum(np.asarray(counts, dtype=np.int64) * dim * row_bytes, MEV_ROW_BYTES_PER_MOMENT * moment)
 
 
 def as_mev_rows(X: Any) -> np.ndarray:
@@ -587,6 +589,31 @@ def _grouped_rows(X: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndar
     return grouped, nonzero
 
 
+# float64 rows converted at once when rows are folded into X^T X
+MOMENT_BATCH_BYTES = 32 * 2**20
+
+
+def _float64_batches(blocks: list[np.ndarray], batch_rows: int) -> Iterator[np.ndarray]:
+    """The rows of `blocks`, in order, as float64 batches of `batch_rows` (the last one shorter), each
+    in the same reused buffer."""
+    total = sum(len(block) for block in blocks)
+    if total == 0:
+        return
+    buffer = np.empty((min(batch_rows, total), blocks[0].shape[1]))
+    filled = 0
+    for block in blocks:
+        start = 0
+        while start < len(block):
+            taken = min(len(buffer) - filled, len(block) - start)
+            buffer[filled:filled + taken] = block[start:start + taken]
+            filled, start = filled + taken, start + taken
+            if filled == len(buffer):
+                yield buffer
+                filled = 0
+    if filled:
+        yield buffer[:filled]
+
+
 @register_accumulator
 class MEVAccumulator(StatefulAccumulator):
     """Per-word occurrence matrices, kept as rows (float32 rows stay float32) while they take at most
@@ -595,7 +622,8 @@ class MEVAccumulator(StatefulAccumulator):
     So a word costs at most `mev_state_bytes`. `result()` solves the words with few rows in batches
     of small Gram matrices and the others matrix-free (`lmgeom.metrics.spectrum`).
     `add(X, word_ids=...)`: words are integer ids in [0, n_words). Each `add` copies its rows once,
-    grouped by word; every word's rows are views of that copy.
+    grouped by word (and checked), then each word's kept rows into arrays of their own, so the state
+    is what `mev_state_bytes` counts: no view keeps a larger array alive.
     """
 
     # the per-word dictionaries, flattened into arrays for `state_dict`
@@ -653,19 +681,26 @@ class MEVAccumulator(StatefulAccumulator):
         return word not in self.second_moments and held + new_bytes <= MEV_ROW_BYTES_PER_MOMENT * 8 * dim * dim
 
     def _add_to_moment(self, word: int, block: np.ndarray) -> None:
-        """Fold `block` (and the word's rows, if it had any) into the word's X^T X and row sum."""
+        """Fold `block` (and the word's rows, if it had any) into the word's X^T X and row sum, in
+        float64 batches of `MOMENT_BATCH_BYTES` added in place: no float64 copy of all the rows and no
+        d x d temporary (at d = 4,096 those were 0.5 GB and 134 MB beside a 134 MB moment)."""
         blocks = self.rows.pop(word, []) + [block]
-        rows = np.concatenate(blocks).astype(np.float64, copy=False)
+        dim = block.shape[1]
         if word not in self.second_moments:
-            dim = rows.shape[1]
             self.second_moments[word], self.row_sums[word] = np.zeros((dim, dim)), np.zeros(dim)
-        self.second_moments[word] += rows.T @ rows
-        self.row_sums[word] += rows.sum(axis=0)
+        moment, row_sum = self.second_moments[word], self.row_sums[word]
+        for rows in _float64_batches(blocks, max(1, MOMENT_BATCH_BYTES // (8 * dim))):
+            # X^T X is symmetric: its transpose is the Fortran-ordered C that BLAS updates in place
+            moment = dgemm(1.0, rows.T, rows.T, beta=1.0, c=moment.T, trans_b=1, overwrite_c=1).T
+            row_sum += rows.sum(axis=0)
+        self.second_moments[word] = moment
 
     def _add_word_rows(self, word: int, block: np.ndarray) -> None:
         self.counts[word] += len(block)
         if self._keeps_rows(word, block.shape[1], block.nbytes):
-            self.rows.setdefault(word, []).append(block)
+            # a view would keep its whole base alive (the grouped rows of every word of an `add`), long
+            # after the other words' rows went into moments: kept rows own their memory
+            self.rows.setdefault(word, []).append(block if block.base is None else block.copy())
         else:
             self._add_to_moment(word, block)
 

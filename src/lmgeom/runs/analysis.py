@@ -2,7 +2,9 @@
 
 One streaming pass per layer feeds every accumulator (`lmgeom.runs.tally`); words whose occurrence
 matrices do not fit in `mev_memory_mb` at once get further passes over the same layer, a group of
-words at a time. Memory is per-word state only: a d-vector per analysed word, and min(n, d) x d for MEV.
+words at a time. Memory is per-word state only: a d-vector per analysed word, and one word group's
+MEV state at a time (at most `mev_memory_mb`: `mev_state_bytes` of the rows as stored, float32 for a
+float32 or float16 store).
 Rows are chosen by the one row selection of `lmgeom.runs.selection`; self-similarity and MEV use
 every selected occurrence of each word with at least `min_contexts` distinct sentences, and the
 baselines use the same rows.
@@ -19,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,7 +47,7 @@ from lmgeom.metrics.contextuality import (
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, tally
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, stored_row_bytes, tally
 from lmgeom.store import RepresentationStore
 
 ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
@@ -140,7 +142,8 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
         selection=selection,
         words=words,
         sampled_rows=sample_indexes(selection.rows, options.n_samples, options.seed),
-        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=options.mev_memory_mb),
+        groups=plan_word_groups(words.words["count"].to_numpy(), store.dim, memory_mb=options.mev_memory_mb,
+                                row_bytes=stored_row_bytes(store)),
         store_identity=_store_identity(store),
     )
 
@@ -150,9 +153,10 @@ def _store_identity(store: RepresentationStore) -> dict[str, Any]:
     return {key: meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "n_tokens", "n_layers", "dim")}
 
 
-def plan_word_groups(counts: np.ndarray, dim: int, *, memory_mb: float) -> np.ndarray:
-    """Group number per word so that each group's MEV state (`mev_state_bytes`) fits the budget."""
-    cost = mev_state_bytes(counts, dim)
+def plan_word_groups(counts: np.ndarray, dim: int, *, memory_mb: float, row_bytes: int = 8) -> np.ndarray:
+    """Group number per word so that each group's MEV state (`mev_state_bytes` of rows of `row_bytes`
+    a value: 4 for the float32 rows a float32 or float16 store hands MEV) fits the budget."""
+    cost = mev_state_bytes(counts, dim, row_bytes=row_bytes)
     budget = memory_mb * 2**20
     groups = np.zeros(len(cost), dtype=np.int64)
     group, used = 0, 0.0
@@ -225,7 +229,9 @@ def mev_feeds(plan: AnalysisPlan, accumulators: dict[int, MEVAccumulator]) -> li
     """Feeds of each word group's rows into that group's MEV accumulator."""
     word_index = plan.words.word_index
     group_of_row = np.where(word_index >= 0, plan.groups[np.maximum(word_index, 0)], -1)
-    return [Feed(accumulator, group_of_row == group, {"word_ids": word_index}) for group, accumulator in accumulators.items()]
+    # MEV keeps float32 rows as float32 (half the bytes of float64, exact results): it gets the rows as stored
+    return [Feed(accumulator, group_of_row == group, {"word_ids": word_index}, stored_rows=True)
+            for group, accumulator in accumulators.items()]
 
 
 def word_spectra(store: RepresentationStore, layer: int, plan: AnalysisPlan, *, groups: Iterable[int],
@@ -261,17 +267,28 @@ class _LayerStats:
     mev: dict[str, np.ndarray]
 
 
-def _layer_stats(layer: int, accumulators: LayerAccumulators, spectra: dict[int, OccurrenceSpectrum], n_words: int, *,
+def empty_mev(n_words: int) -> dict[str, np.ndarray]:
+    """Each MEV variant per analysed word, NaN until `record_mev` fills it."""
+    return {variant: np.full(n_words, np.nan) for variant in MEV_VARIANTS}
+
+
+def record_mev(mev: dict[str, np.ndarray], spectra: Mapping[int, OccurrenceSpectrum], words: np.ndarray | None = None) -> None:
+    """Each variant's value of each word's spectrum into `mev` (at `words[key]` when given, else at
+    `key`). Only these numbers are kept: a spectrum's direction and mean (2d floats a word) are not."""
+    for key, spectrum in spectra.items():
+        word = key if words is None else int(words[key])
+        for variant in MEV_VARIANTS:
+            mev[variant][word] = spectrum.mev(variant)
+
+
+def _layer_stats(layer: int, accumulators: LayerAccumulators, mev: dict[str, np.ndarray], *,
                  self_similarity: tuple[np.ndarray, np.ndarray] | None = None) -> _LayerStats:
-    """`self_similarity`: (values, non-zero counts) per word when computed by word group elsewhere
-    (`lmgeom.runs.distributed`) instead of by `accumulators.self_similarity`."""
+    """`mev`: each variant per word (`empty_mev`, `record_mev`). `self_similarity`: (values, non-zero
+    counts) per word when computed by word group elsewhere (`lmgeom.runs.distributed`) instead of by
+    `accumulators.self_similarity`."""
     sample = accumulators.sample.result()
     sample = sample[row_norms(sample) > 0]
     sample_spectrum = occurrence_spectrum(sample)
-    mev = {variant: np.full(n_words, np.nan) for variant in MEV_VARIANTS}
-    for word, spectrum in spectra.items():
-        for variant in MEV_VARIANTS:
-            mev[variant][word] = spectrum.mev(variant)
     return _LayerStats(
         layer=layer,
         mean_norm=accumulators.norms.result(),
@@ -549,9 +566,11 @@ def analyze_store(
         # the first pass also fills the first word group's MEV state; later groups get a pass each
         accumulators = LayerAccumulators.empty(plan, groups=[0])
         tally(store, layer, accumulators.feeds(plan), chunk_rows=chunk_rows, device=device)
-        spectra = accumulators.mev.pop(0).result()
-        spectra.update(word_spectra(store, layer, plan, groups=range(1, plan.n_groups), chunk_rows=chunk_rows))
-        stats.append(_layer_stats(layer, accumulators, spectra, len(plan.words)))
+        mev = empty_mev(len(plan.words))
+        record_mev(mev, accumulators.mev.pop(0).result())
+        for group in range(1, plan.n_groups):
+            record_mev(mev, word_spectra(store, layer, plan, groups=[group], chunk_rows=chunk_rows))
+        stats.append(_layer_stats(layer, accumulators, mev))
         progress.advance("analyze layers", note=f"layer {layer}")
     result = _result(store, plan, stats)
     if write_to is not False:
@@ -645,10 +664,10 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
     stats = []
     for layer in plan.layers:
         accumulators = state.layers[layer]
-        spectra: dict[int, OccurrenceSpectrum] = {}
+        mev = empty_mev(len(plan.words))
         for accumulator in accumulators.mev.values():
-            spectra.update(accumulator.result())
-        stats.append(_layer_stats(layer, accumulators, dict(sorted(spectra.items())), len(plan.words)))
+            record_mev(mev, accumulator.result())
+        stats.append(_layer_stats(layer, accumulators, mev))
     return _result(store, plan, stats)
 
 

@@ -44,7 +44,6 @@ from lmgeom.metrics.contextuality import (
     IntraSentenceAccumulator,
     MeanNormAccumulator,
     MEVAccumulator,
-    OccurrenceSpectrum,
     RowSampleAccumulator,
     SelfSimilarityAccumulator,
 )
@@ -56,9 +55,11 @@ from lmgeom.runs.analysis import (
     _layer_stats,
     _require_two_contexts,
     _result,
+    empty_mev,
     plan_analysis,
+    record_mev,
 )
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks, require_finite, stored_chunks, stored_float_rows
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
@@ -346,12 +347,14 @@ def _global_states(url: str, meta: dict[str, Any], task: _GlobalTask, chunk_rows
 def _word_group_states(url: str, meta: dict[str, Any], task: _WordGroupTask, chunk_rows: int) -> dict[str, Any]:
     store = RepresentationStore(Location.of(url), meta)
     self_similarity, mev = SelfSimilarityAccumulator(task.n_group_words), MEVAccumulator(task.n_group_words)
-    for start, X in layer_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
-        ids = task.local_ids[start - task.start : start - task.start + len(X)]
+    for start, chunk in stored_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
+        require_finite(chunk, name=f"layer {task.layer} of {store.url}", layer=task.layer, row_offset=start)
+        ids = task.local_ids[start - task.start : start - task.start + len(chunk)]
         keep = ids >= 0
         if keep.any():
-            self_similarity.add(X[keep], word_ids=ids[keep])
-            mev.add(X[keep], word_ids=ids[keep])
+            rows = stored_float_rows(chunk[keep])  # MEV keeps float32 rows as float32, as `tally` hands them
+            self_similarity.add(rows, word_ids=ids[keep])
+            mev.add(rows, word_ids=ids[keep])
     return {"self_similarity": self_similarity.state_dict(), "mev": mev.state_dict()}
 
 
@@ -423,7 +426,7 @@ def analyze_ray(
     for key, _ in submitted:
         expected[key] = expected.get(key, 0) + 1
     merged: dict[tuple[int, int], dict[str, Any]] = {}
-    finished: dict[int, dict[str, Any]] = {layer: {"spectra": {}, "values": np.full(len(plan.words), np.nan),
+    finished: dict[int, dict[str, Any]] = {layer: {"mev": empty_mev(len(plan.words)), "values": np.full(len(plan.words), np.nan),
                                                   "counts": np.zeros(len(plan.words), dtype=np.int64)} for layer in plan.layers}
     progress.start("analyze on ray", len(submitted), unit="tasks")
     for key, states in _bounded(ray, submitted, max_in_flight=num_workers):
@@ -442,14 +445,13 @@ def analyze_ray(
         parts, words = merged.pop(key), group_words[group]
         finished[layer]["values"][words] = parts["self_similarity"].result()
         finished[layer]["counts"][words] = parts["self_similarity"].counts
-        spectra: dict[int, OccurrenceSpectrum] = parts["mev"].result()
-        finished[layer]["spectra"].update({int(words[local]): spectrum for local, spectrum in spectra.items()})
+        record_mev(finished[layer]["mev"], parts["mev"].result(), words)
     stats = []
     for layer in plan.layers:
         rows = merged.pop((layer, -1))
         layer_rows = LayerAccumulators(rows["baseline"], rows["norms"], rows["intra"], SelfSimilarityAccumulator(len(plan.words)),
                                        rows["sample"], {})
-        stats.append(_layer_stats(layer, layer_rows, dict(sorted(finished[layer]["spectra"].items())), len(plan.words),
+        stats.append(_layer_stats(layer, layer_rows, finished[layer]["mev"],
                                   self_similarity=(finished[layer]["values"], finished[layer]["counts"])))
     return _result(store, plan, stats)
 

@@ -7,14 +7,17 @@ the layer once, chunk by chunk, and hands every accumulator its rows of each chu
 Each chunk becomes one float64 `RowBlock` (norms computed and NaN/inf checked once) in a reused
 buffer, on the CPU with numpy or on a torch device (`device`). Accumulators that read blocks
 (`add_block`) take their rows of it by mask, without a copy; any other accumulator gets a float64
-numpy copy of its rows. Accumulators must not keep references to the rows they are handed.
+numpy copy of its rows, or, when its feed says `stored_rows` (MEV), a copy of its rows as stored:
+float32 (float16 widened to float32, exactly), half the bytes of float64. Accumulators must not keep
+references to the rows they are handed. A pass whose feeds all take stored rows builds no float64
+block; it checks the chunk for NaN/inf instead.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -29,11 +32,14 @@ DEFAULT_CHUNK_ROWS = 16384
 
 @dataclass
 class Feed:
-    """An accumulator, the store rows it takes (None: every row), and its labels per store row."""
+    """An accumulator, the store rows it takes (None: every row), and its labels per store row.
+    `stored_rows`: the accumulator gets its rows as stored (`stored_float_rows`) instead of float64;
+    only for accumulators that do not read blocks and keep float32 rows exact (MEV)."""
 
     accumulator: Accumulator
     mask: np.ndarray | None = None
     ids: Mapping[str, np.ndarray] = field(default_factory=dict)
+    stored_rows: bool = False
 
 
 def row_range(store: RepresentationStore, rows: range | tuple[int, int] | None) -> range:
@@ -76,6 +82,24 @@ def stored_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple
             yield bound[0], chunk
 
 
+def stored_float_rows(chunk: np.ndarray) -> np.ndarray:
+    """Rows as stored, for accumulators that keep float32 exact: float32 as it is, float16 widened to
+    float32 (exact), anything else float64."""
+    return chunk.astype(np.float32 if chunk.dtype in (np.float16, np.float32) else np.float64, copy=False)
+
+
+def require_finite(chunk: np.ndarray, *, name: str, layer: int, row_offset: int) -> None:
+    """NaN/inf in stored rows is the error of `as_float64_rows` (naming the layer and store row),
+    without a float64 copy of rows that have none."""
+    if not np.isfinite(chunk).all():
+        as_float64_rows(chunk, name=name, layer=layer, row_offset=row_offset)
+
+
+def stored_row_bytes(store: RepresentationStore) -> int:
+    """Bytes of one value of a row of `store` as `stored_float_rows` hands it on (4 or 8)."""
+    return int(stored_float_rows(np.zeros((0, 0), dtype=store.layer(store.layers[0]).dtype)).itemsize)
+
+
 def layer_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[int, int] | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray]]:
     """(start_row, float64 rows) of a layer over `rows`; NaN/inf is an error naming the layer and store row."""
@@ -116,19 +140,25 @@ def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows
     on the CPU). Other accumulators always get numpy rows."""
     to_float64 = _Float64Rows(device)
     name = f"layer {layer} of {store.url}"
+    needs_block = not all(feed.stored_rows for feed in feeds)
     # BLAS threads gain nothing on these memory-bound products and lose much to contention on a busy machine
     with threadpool_limits(limits=1, user_api="blas"):
         for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
-            block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
-            _feed_block(block, feeds, start, host=lambda: block.X if to_float64.target is None else chunk.astype(np.float64))
+            block: RowBlock | None = None
+            if needs_block:
+                block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
+            else:
+                require_finite(chunk, name=name, layer=layer, row_offset=start)
+            _feed_chunk(feeds, start, chunk, block, on_host=to_float64.target is None)
 
 
-def _feed_block(block: RowBlock, feeds: Sequence[Feed], start: int, *, host: Callable[[], np.ndarray]) -> None:
-    """Every feed's rows of one block; `host` gives the block's rows as float64 numpy for accumulators
-    that do not read blocks."""
-    stop = start + len(block)
+def _feed_chunk(feeds: Sequence[Feed], start: int, chunk: np.ndarray, block: RowBlock | None, *, on_host: bool) -> None:
+    """Every feed's rows of one stored chunk: block readers read `block` (the chunk as float64, None
+    only when every feed takes stored rows); the others get numpy rows, float64 (from `block` when it
+    is on the host) or as stored (`stored_float_rows`), as their feed asks."""
+    stop = start + len(chunk)
     keeps: dict[int, np.ndarray | None] = {}  # feeds sharing a mask share its chunk slice
-    host_rows: dict[int, np.ndarray] = {}
+    host_rows: dict[tuple[int, bool], np.ndarray] = {}  # and, per row type, their rows
     for feed in feeds:
         if feed.mask is None:
             keep = None
@@ -137,15 +167,21 @@ def _feed_block(block: RowBlock, feeds: Sequence[Feed], start: int, *, host: Cal
                 chunk_mask = feed.mask[start:stop]
                 keeps[id(feed.mask)] = None if chunk_mask.all() else chunk_mask
             keep = keeps[id(feed.mask)]
-        n_kept = len(block) if keep is None else int(np.count_nonzero(keep))
+        n_kept = len(chunk) if keep is None else int(np.count_nonzero(keep))
         if n_kept == 0:
             continue
         ids = {name: (labels[start:stop] if keep is None else labels[start:stop][keep]) for name, labels in feed.ids.items()}
-        if isinstance(feed.accumulator, BlockAccumulator):
+        if isinstance(feed.accumulator, BlockAccumulator) and not feed.stored_rows:
+            assert block is not None
             feed.accumulator.add_block(block, keep, **ids)
             continue
-        key = id(feed.mask)
+        key = (id(feed.mask), feed.stored_rows)
         if key not in host_rows:
-            X = host()
-            host_rows[key] = X if keep is None else X[keep]
+            if feed.stored_rows:
+                X = stored_float_rows(chunk if keep is None else chunk[keep])
+            else:
+                assert block is not None
+                X = block.X if on_host else chunk.astype(np.float64)
+                X = X if keep is None else X[keep]
+            host_rows[key] = X
         feed.accumulator.add(host_rows[key], **ids)
