@@ -290,9 +290,8 @@ def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
     dims = [blocks[0].shape[1] for blocks in words_blocks]
     spectra: list[OccurrenceSpectrum | None] = [None] * len(words_blocks)
     small = [i for i, (n, dim) in enumerate(zip(counts, dims)) if n <= DENSE_LIMIT]
-    small_rows = {i: words_blocks[i][0] if len(words_blocks[i]) == 1 else np.concatenate(words_blocks[i]) for i in small}
-    for indexes in _dense_batches(small_rows, small):
-        for i, spectrum in zip(indexes, _gram_spectra([small_rows[i] for i in indexes])):
+    for indexes in _dense_batches(counts, dims, small):
+        for i, spectrum in zip(indexes, _gram_spectra([words_blocks[i] for i in indexes])):
             spectra[i] = spectrum
     for i, blocks in enumerate(words_blocks):
         if spectra[i] is None:
@@ -366,21 +365,21 @@ class _ChunkedRows:
 _BATCH_ENTRIES = 2**19
 
 
-def _dense_batches(words_rows: dict[int, np.ndarray], indexes: list[int]) -> Iterator[list[int]]:
+def _dense_batches(counts: Sequence[int], dims: Sequence[int], indexes: list[int]) -> Iterator[list[int]]:
     """Indexes of words of similar row counts (consecutive in count order, padded to the batch's
     largest), in batches of bounded size."""
-    members = sorted(indexes, key=lambda i: len(words_rows[i]))
+    members = sorted(indexes, key=lambda i: counts[i])
     start = 0
     while start < len(members):
         stop = start + 1
-        dim = words_rows[members[start]].shape[1]
-        while stop < len(members) and (stop + 1 - start) * (len(words_rows[members[stop]]) + 1) * dim <= _BATCH_ENTRIES:
+        dim = dims[members[start]]
+        while stop < len(members) and (stop + 1 - start) * (counts[members[stop]] + 1) * dim <= _BATCH_ENTRIES:
             stop += 1
         yield members[start:stop]
         start = stop
 
 
-def _gram_spectra(words_rows: Sequence[np.ndarray]) -> list[OccurrenceSpectrum]:
+def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[OccurrenceSpectrum]:
     """Spectra of words of similar row counts from their n x n Gram matrices, in one batched eigh.
 
     Each word's rows are centred explicitly (accurate when the mean dominates), zero-padded to a
@@ -388,17 +387,19 @@ def _gram_spectra(words_rows: Sequence[np.ndarray]) -> list[OccurrenceSpectrum]:
     one batched product A A^T of A = [Xc; m] gives the centred Gram matrix, Xc m and |m|^2, and so the
     uncentred Gram matrix by a rank-two update (X = Xc + w m^T, w the real-row indicator), tr C and
     ||X||_F^2. The direction v1 = A^T y is one more product, and Xc v1 = (A A^T y)[:n] needs none."""
-    size = max(len(rows) for rows in words_rows)
-    dim = words_rows[0].shape[1]
-    counts = np.array([len(rows) for rows in words_rows], dtype=np.float64)
-    stacked = np.zeros((len(words_rows), size + 1, dim))
-    real = np.zeros((len(words_rows), size))
-    for i, rows in enumerate(words_rows):
+    word_counts = [sum(len(block) for block in blocks) for blocks in words_blocks]
+    size = max(word_counts)
+    dim = words_blocks[0][0].shape[1]
+    counts = np.array(word_counts, dtype=np.float64)
+    stacked = np.zeros((len(words_blocks), size + 1, dim))
+    real = np.zeros((len(words_blocks), size))
+    for i, (blocks, n) in enumerate(zip(words_blocks, word_counts)):
         word = stacked[i]
-        word[: len(rows)] = rows
-        word[size] = word[: len(rows)].sum(axis=0) / len(rows)
-        word[: len(rows)] -= word[size]
-        real[i, : len(rows)] = 1.0
+        # the word's blocks go straight into its padded slot: no concatenated copy of its rows
+        np.concatenate(blocks, axis=0, out=word[:n])
+        word[size] = word[:n].sum(axis=0) / n
+        word[:n] -= word[size]
+        real[i, :n] = 1.0
     augmented_gram = stacked @ stacked.transpose(0, 2, 1)
     centred_gram = augmented_gram[:, :size, :size]
     along_mean = augmented_gram[:, :size, size]
@@ -420,7 +421,7 @@ def _gram_spectra(words_rows: Sequence[np.ndarray]) -> list[OccurrenceSpectrum]:
         _occurrence_spectrum(int(counts[i]), means[i].copy(), top=float(values[i, -1]), direction=directions[i],
                              frobenius_sq=float(centred_totals[i] + counts[i] * mean_sq[i]), centred_top=float(centred_tops[i]),
                              centred_total=float(centred_totals[i]), centred_along=float(along[i] @ along[i]))
-        for i in range(len(words_rows))
+        for i in range(len(words_blocks))
     ]
 
 

@@ -82,10 +82,15 @@ def stored_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple
             yield bound[0], chunk
 
 
+def _stored_float_dtype(dtype: np.dtype) -> type[np.floating]:
+    """float32 for float16 (widened exactly) and float32 stores, float64 for anything else."""
+    return np.float32 if dtype in (np.float16, np.float32) else np.float64
+
+
 def stored_float_rows(chunk: np.ndarray) -> np.ndarray:
     """Rows as stored, for accumulators that keep float32 exact: float32 as it is, float16 widened to
     float32 (exact), anything else float64."""
-    return chunk.astype(np.float32 if chunk.dtype in (np.float16, np.float32) else np.float64, copy=False)
+    return chunk.astype(_stored_float_dtype(chunk.dtype), copy=False)
 
 
 def require_finite(chunk: np.ndarray, *, name: str, layer: int, row_offset: int) -> None:
@@ -97,7 +102,7 @@ def require_finite(chunk: np.ndarray, *, name: str, layer: int, row_offset: int)
 
 def stored_row_bytes(store: RepresentationStore) -> int:
     """Bytes of one value of a row of `store` as `stored_float_rows` hands it on (4 or 8)."""
-    return int(stored_float_rows(np.zeros((0, 0), dtype=store.layer(store.layers[0]).dtype)).itemsize)
+    return np.dtype(_stored_float_dtype(store.layer(store.layers[0]).dtype)).itemsize
 
 
 def layer_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[int, int] | None = None,
