@@ -57,10 +57,10 @@ def assert_matches(spectrum: OccurrenceSpectrum, X: np.ndarray, *, direction_def
 
 @pytest.fixture
 def matrix_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every word through block Lanczos (the cost model sees it free), with small blocks and a small
-    basis so restarts happen."""
-    monkeypatch.setattr(spectrum_module, "KRYLOV_PRODUCTS", 0)
-    monkeypatch.setattr(spectrum_module, "KRYLOV_BASIS_COST", 0)
+    """Every word through block Lanczos to convergence (no budget), with small blocks and a small basis
+    so restarts happen."""
+    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: "krylov")
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
     monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
     monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
 
@@ -134,6 +134,7 @@ ROUTES = ["gram-batched", "gram-tridiagonal", "scatter", "krylov"]
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     name = request.param
     monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: name.split("-")[0])
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
     monkeypatch.setattr(spectrum_module, "BATCHED_EIGH_LIMIT", 10**6 if name == "gram-batched" else 0)
     monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
     monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
@@ -194,6 +195,36 @@ def test_production_routes_at_their_boundaries() -> None:
     for n in (batched, batched + 1, switch, switch + 1):
         X32, X = as_float32(anisotropic(n, d, seed=n))
         assert_matches(occurrence_spectrum(X32), X)
+
+
+def test_flat_spectrum_over_its_krylov_budget_goes_the_dense_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flat word needs far more products than a real one: past its budget the dense route solves it
+    (exact as ever); a real-like word converges within the budget and stays matrix-free."""
+    outcomes: list[bool] = []
+    solve = spectrum_module._krylov_rows_spectrum
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        spectrum = solve(*args, **kwargs)
+        outcomes.append(spectrum is not None)
+        return spectrum
+
+    monkeypatch.setattr(spectrum_module, "_krylov_rows_spectrum", recording)
+    n, d = MATRIX_FREE_SHAPE
+    for make, converged in ((flat, False), (anisotropic, True)):
+        X32, X = as_float32(make(n, d, seed=53) + 1.0)
+        assert_matches(occurrence_spectrum(X32), X)
+        assert outcomes.pop() is converged
+    budget = spectrum_module.krylov_budget(n, d)
+    assert budget is not None and spectrum_module.KRYLOV_PRODUCTS <= budget < 200
+    # a word held as X^T X the same way (a budget of one block forces it here)
+    dense_solves: list[int] = []
+    scatter_tops = spectrum_module._scatter_tops
+    monkeypatch.setattr(spectrum_module, "_scatter_tops", lambda *args: dense_solves.append(1) or scatter_tops(*args))
+    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: "krylov")
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: spectrum_module.BLOCK_SIZE)
+    X = flat(300, 80, seed=54)
+    assert_matches(moment_spectrum(len(X), X.sum(axis=0), X.T @ X), X)
+    assert dense_solves == [1]
 
 
 def test_moment_path_dense_at_small_width() -> None:

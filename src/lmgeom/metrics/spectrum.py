@@ -65,7 +65,7 @@ KRYLOV_PRODUCTS = 64
 KRYLOV_BASIS_COST = 400_000
 # a batch of Gram matrices this small or smaller goes through one batched numpy `eigh` (all pairs):
 # below it a call per word costs more than the eigenproblems themselves
-BATCHED_EIGH_LIMIT = 24
+BATCHED_EIGH_LIMIT = 13
 
 # rows are multiplied in chunks of about this many bytes (as stored), so that a chunk read for X V
 # is still in cache for X^T (X V)
@@ -178,14 +178,15 @@ class _RitzProblem:
 
 
 def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequence[bool],
-                   tolerances: Tolerances = Tolerances()) -> list[TopEigenpair]:
+                   tolerances: Tolerances = Tolerances(), budget: int | None = None) -> list[TopEigenpair] | None:
     """Top eigenpairs of several symmetric PSD operators on one shared subspace.
 
     `apply(V)` returns each operator's images of the block V; the operators of a word (X^T X and
     its scatter matrix, which differ by the rank one s s^T / n) have the same Krylov spaces from a
     start containing s, so one basis, grown a block at a time from the Ritz residuals of both,
     serves both at the cost of one product. `start` (dim x k) seeds the basis; `need_vector[i]`
-    asks operator i for a converged direction and not only a converged value."""
+    asks operator i for a converged direction and not only a converged value. None when `budget`
+    products are spent before every pair has converged."""
     dim = start.shape[0]
     problems = [_RitzProblem(dim, need_vector=need, tolerances=tolerances) for need in need_vector]
     basis = np.zeros((dim, 0))
@@ -203,6 +204,8 @@ def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequ
         active = [problem for problem in problems if problem.solution is None]
         if not active:
             return [problem.solution for problem in problems if problem.solution is not None]
+        if budget is not None and multiplications >= budget:
+            return None
         if basis.shape[1] + BLOCK_SIZE > MAX_BASIS:
             kept = np.concatenate([problem.coefficients[:, : MAX_BASIS // (2 * len(active))] for problem in active], axis=1)
             kept = np.linalg.qr(kept)[0]
@@ -310,21 +313,39 @@ def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
     for i, blocks in enumerate(words_blocks):
         if spectra[i] is None:
             rows = _ChunkedRows(blocks)
-            spectra[i] = rows.scatter_spectrum() if routes[i] == "scatter" else _krylov_rows_spectrum(rows)
+            if routes[i] == "krylov":
+                spectra[i] = _krylov_rows_spectrum(rows, budget=krylov_budget(counts[i], dims[i]))
+            if spectra[i] is None:  # the scatter route, or a flat spectrum that overran its Krylov budget
+                spectra[i] = rows.scatter_spectrum() if counts[i] > dims[i] else _gram_spectra([blocks])[0]
     return [spectrum for spectrum in spectra if spectrum is not None]
+
+
+def _route_costs(n: int, dim: int, formed: bool) -> tuple[float, float]:
+    """(cost of the dense route, cost of one block Lanczos product with its share of the per-step
+    work) under the cost model above."""
+    size = min(n, dim)
+    dense = TRIDIAGONAL_COST * size**3 + (0 if formed else 2 * n * n * dim if n <= dim else n * dim * dim)
+    return dense, (2 * dim * dim if formed else 4 * n * dim) + KRYLOV_BASIS_COST * dim / KRYLOV_PRODUCTS
 
 
 def word_route(n: int, dim: int, *, formed: bool = False) -> str:
     """The cheapest exact route for a word of n rows in `dim` dimensions under the cost model above:
     "gram" (n x n Gram matrix, n <= dim), "scatter" (dim x dim scatter matrix, n > dim) or "krylov"
-    (block Lanczos on the rows). `formed`: the word is held as X^T X already (its cost is sunk, and
-    a Krylov product with it costs 2 dim^2 flops)."""
-    size = min(n, dim)
-    dense = TRIDIAGONAL_COST * size**3 + (0 if formed else 2 * n * n * dim if n <= dim else n * dim * dim)
-    krylov = KRYLOV_PRODUCTS * (2 * dim * dim if formed else 4 * n * dim) + KRYLOV_BASIS_COST * dim
-    if dense > krylov:
+    (block Lanczos on the rows, at a typical product count). `formed`: the word is held as X^T X
+    already (its cost is sunk, and a Krylov product with it costs 2 dim^2 flops)."""
+    dense, product = _route_costs(n, dim, formed)
+    if dense > KRYLOV_PRODUCTS * product:
         return "krylov"
     return "gram" if n <= dim else "scatter"
+
+
+def krylov_budget(n: int, dim: int, *, formed: bool = False) -> int | None:
+    """The products block Lanczos may spend on a word before its dense route would have been cheaper.
+    A flat spectrum (small relative gaps) needs hundreds where a real layer's words need about
+    KRYLOV_PRODUCTS; past the budget the word goes the dense way, so no word costs much more than twice
+    its cheaper route."""
+    dense, product = _route_costs(n, dim, formed)
+    return max(KRYLOV_PRODUCTS, int(dense / product))
 
 
 class _ChunkedRows:
@@ -456,11 +477,11 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
             tops[i], centred_tops[i], top_vectors[i, : n + 1] = _bordered_tops(bordered[i, : n + 1, : n + 1])
     # v1 = B^T y = Xc^T y[1:] + sqrt(n) y[0] m, normalised
     coefficients = np.concatenate([top_vectors[:, 1:], (roots * top_vectors[:, 0])[:, None]], axis=1)
-    directions = np.einsum("wkd,wk->wd", stacked, coefficients)
+    directions = (coefficients[:, None, :] @ stacked)[:, 0]
     norms = np.linalg.norm(directions, axis=1)
     directions /= norms[:, None]
     coefficients /= norms[:, None]
-    along = np.einsum("wjk,wk->wj", augmented_gram, coefficients)[:, :size]  # Xc v1
+    along = (augmented_gram @ coefficients[:, :, None])[:, :size, 0]  # Xc v1
     centred_totals = np.einsum("wkk->w", centred_gram)
     means = stacked[:, size]
     return [
@@ -471,10 +492,11 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
     ]
 
 
-def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
+def _krylov_rows_spectrum(rows: _ChunkedRows, *, budget: int | None) -> OccurrenceSpectrum | None:
     """Block Lanczos on C = Xc^T Xc and X^T X = C + s s^T / n: one product with the centred rows Xc
     per step serves both, and C is accurate even when the mean dominates. float32 rows get float32
-    steps first, down to float32 noise, then float64 steps from the leading Ritz vectors."""
+    steps first, down to float32 noise, then float64 steps from the leading Ritz vectors. None when
+    both phases together need more than `budget` products."""
     n, row_sum = rows.n, rows.row_sum
 
     def operators(dtype: type[np.floating]) -> BlockOperator:
@@ -485,11 +507,18 @@ def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
 
     start = start_block(row_sum)
     if rows.float32:
-        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True, True],
+        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True, True], budget=budget,
                                tolerances=Tolerances(noise=FLOAT32_NOISE * rows.spread_estimate, warn=False,
                                                      stall_ratio=FLOAT32_STALL, stall_below=FLOAT32_STALL_BELOW))
+        if rough is None:
+            return None
         start = np.concatenate([pair.leading[:, : BLOCK_SIZE // 2] for pair in rough], axis=1)
-    uncentred, scatter = top_eigenpairs(operators(np.float64), start, need_vector=[True, False])
+        if budget is not None:
+            budget -= max(pair.multiplications for pair in rough)
+    refined = top_eigenpairs(operators(np.float64), start, need_vector=[True, False], budget=budget)
+    if refined is None:
+        return None
+    uncentred, scatter = refined
     direction = uncentred.vector / np.linalg.norm(uncentred.vector)
     # tr C = ||X||_F^2 - |s|^2 / n and v' C v = v' X^T X v - (s . v)^2 / n (the first term is the Rayleigh
     # quotient, the top value) lose digits to cancellation when the mean dominates: within
@@ -505,8 +534,9 @@ def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
 
 
 def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> OccurrenceSpectrum:
-    """The spectrum from X^T X (d x d) and the row sum, for words kept as moments (n > d): dense
-    when d is small, else block Lanczos on X^T X and on C = X^T X - s s^T / n."""
+    """The spectrum from X^T X (d x d) and the row sum, for words kept as moments (n > d), the way
+    the cost model finds cheaper: one tridiagonal reduction of C = X^T X - s s^T / n, or block Lanczos on X^T X
+    and C (the dense route after all if the spectrum is too flat for its budget)."""
     mean = row_sum / n
     dim = len(row_sum)
     if word_route(n, dim, formed=True) != "krylov":
@@ -516,8 +546,11 @@ def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> O
             images = second_moment @ block
             return [images, images - np.outer(row_sum, row_sum @ block) / n]
 
-        uncentred, scatter = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False])
-        top, direction, centred_top = uncentred.value, uncentred.vector, scatter.value
+        pairs = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False], budget=krylov_budget(n, dim, formed=True))
+        if pairs is None:  # a flat spectrum: the dense route is cheaper after all
+            top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
+        else:
+            top, direction, centred_top = pairs[0].value, pairs[0].vector, pairs[1].value
     direction = direction / np.linalg.norm(direction)
     frobenius_sq = float(np.trace(second_moment))
     return _occurrence_spectrum(
