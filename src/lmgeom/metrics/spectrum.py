@@ -452,11 +452,11 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
     counts = np.array(word_counts, dtype=np.float64)
     stacked = np.zeros((len(words_blocks), size + 1, dim))
     for i, (blocks, n) in enumerate(zip(words_blocks, word_counts)):
-        word = stacked[i]
         # the word's blocks go straight into its padded slot: no concatenated copy of its rows
-        np.concatenate(blocks, axis=0, out=word[:n])
-        word[size] = word[:n].sum(axis=0) / n
-        word[:n] -= word[size]
+        np.concatenate(blocks, axis=0, out=stacked[i, :n])
+    # means and centring for the whole batch at once (padded rows are zero and stay zero)
+    stacked[:, size] = stacked[:, :size].sum(axis=1) / counts[:, None]
+    stacked[:, :size] -= stacked[:, size:] * (np.arange(size) < counts[:, None])[:, :, None]
     augmented_gram = stacked @ stacked.transpose(0, 2, 1)
     centred_gram = augmented_gram[:, :size, :size]
     along_mean = augmented_gram[:, :size, size]
