@@ -484,13 +484,16 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
     coefficients /= norms[:, None]
     along = (augmented_gram @ coefficients[:, :, None])[:, :size, 0]  # Xc v1
     centred_totals = np.einsum("wkk->w", centred_gram)
-    means = stacked[:, size]
-    return [
-        _occurrence_spectrum(int(counts[i]), means[i].copy(), top=float(tops[i]), direction=directions[i],
-                             frobenius_sq=float(centred_totals[i] + counts[i] * mean_sq[i]), centred_top=float(centred_tops[i]),
-                             centred_total=float(centred_totals[i]), centred_along=float(along[i] @ along[i]))
-        for i in range(len(words_blocks))
-    ]
+    means = stacked[:, size].copy()
+    # what `_occurrence_spectrum` does word by word (v1 . mean >= 0, no negative rounding), for the
+    # whole batch: with thousands of words of a few rows each, per-word numpy calls cost more than the rest
+    directions *= np.where(np.einsum("wd,wd->w", means, directions) < 0, -1.0, 1.0)[:, None]
+    fields = zip(word_counts, tops.tolist(), (centred_totals + counts * mean_sq).tolist(),
+                 np.maximum(centred_tops, 0.0).tolist(), np.maximum(centred_totals, 0.0).tolist(),
+                 np.einsum("wj,wj->w", along, along).tolist(), directions, means)
+    return [OccurrenceSpectrum(n=n, top_eigenvalue=top, frobenius_sq=frobenius_sq, centred_top_eigenvalue=centred_top,
+                               centred_total=centred_total, centred_along_direction=centred_along, direction=direction, mean=mean)
+            for n, top, frobenius_sq, centred_top, centred_total, centred_along, direction, mean in fields]
 
 
 def _krylov_rows_spectrum(rows: _ChunkedRows, *, budget: int | None) -> OccurrenceSpectrum | None:
