@@ -54,9 +54,9 @@ MAX_BASIS = 160
 MAX_MULTIPLICATIONS = 5000
 # Route costs, in flops of a one-thread float64 GEMM, fitted on this machine kind (2026-12-01,
 # docs/performance.md "MEV at MiniLM width"). A dense route forms the n x n Gram matrix (n <= d, a
-# batched product: 2 n^2 d flops) or the d x d scatter matrix (n > d, a rank-k update: n d^2 flops),
-# m = min(n, d), and reduces it to tridiagonal form once
-# (LAPACK sytrd, 4/3 m^3 flops at about a third of GEMM speed: half of it is matrix-vector work).
+# batched product: 2 n^2 d flops) or the d x d scatter matrix (n > d, a rank-k update: n d^2 flops)
+# and reduces it to tridiagonal form once (LAPACK sytrd on m = min(n, d): 4/3 m^3 flops at about a
+# third of GEMM speed, half of them matrix-vector work).
 # Block Lanczos costs its products (4 n d flops each, about KRYLOV_PRODUCTS of them on real
 # layers: float32 steps, then one or two float64 steps) plus per-step work on d-long basis vectors
 # (orthogonalisation, Ritz vectors, residuals), about KRYLOV_BASIS_COST d flops a solve.
@@ -340,7 +340,7 @@ def word_route(n: int, dim: int, *, formed: bool = False) -> str:
     return "gram" if n <= dim else "scatter"
 
 
-def krylov_budget(n: int, dim: int, *, formed: bool = False) -> int | None:
+def krylov_budget(n: int, dim: int, *, formed: bool = False) -> int:
     """The products block Lanczos may spend on a word before its dense route would have been cheaper.
     A flat spectrum (small relative gaps) needs hundreds where a real layer's words need about
     KRYLOV_PRODUCTS; past the budget the word goes the dense way, so no word costs much more than twice
@@ -539,8 +539,8 @@ def _krylov_rows_spectrum(rows: _ChunkedRows, *, budget: int | None) -> Occurren
 
 def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> OccurrenceSpectrum:
     """The spectrum from X^T X (d x d) and the row sum, for words kept as moments (n > d), the way
-    the cost model finds cheaper: one tridiagonal reduction of C = X^T X - s s^T / n, or block Lanczos on X^T X
-    and C (the dense route after all if the spectrum is too flat for its budget)."""
+    the cost model finds cheaper: one tridiagonal reduction of C = X^T X - s s^T / n, or block
+    Lanczos on X^T X and C (the dense route after all if the spectrum is too flat for its budget)."""
     mean = row_sum / n
     dim = len(row_sum)
     if word_route(n, dim, formed=True) != "krylov":
@@ -605,10 +605,11 @@ def _top_pair(reflectors: np.ndarray, tau: np.ndarray, diagonal: np.ndarray,
     if info != 0:
         raise np.linalg.LinAlgError(f"LAPACK dstein failed (info {info})")
     vector = vectors[:, 0]
-    if len(vector) > 1:  # Q = diag(1, Q'), Q' in the QR storage of the reflectors below the diagonal
-        rest, _, info = lapack.dormqr(b"L", b"N", reflectors[1:, :-1], tau, vector[1:, None], len(vector), overwrite_c=1)
-        vector = np.concatenate([vector[:1], rest[:, 0]])
-    return top, vector
+    # Q = diag(1, Q'), Q' in the QR storage of the reflectors below the diagonal
+    rest, _, info = lapack.dormqr(b"L", b"N", reflectors[1:, :-1], tau, vector[1:, None], len(vector), overwrite_c=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dormqr failed (info {info})")
+    return top, np.concatenate([vector[:1], rest[:, 0]])
 
 
 def _bordered_tops(bordered: np.ndarray) -> tuple[float, float, np.ndarray]:
