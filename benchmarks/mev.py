@@ -16,13 +16,25 @@ Timed, interleaved (norm pass, MEV, norm pass, MEV, ...; best of --repeats), one
 Errors: max relative error against that dense reference, over the words it ran on, of the top
 eigenvalues and MEV values (uncentred, centred), and of the directions (|v - v_dense|) and svd_ratio.
 
+MiniLM width (d = 384): --zipf WORDS draws a vocabulary like a real MiniLM layer over the Lee corpus
+(word r has max(5, 3,530 r^-0.86) occurrences: 2 words above 1,536, about 13 above 384, half the
+words at 5-10; 1,820 words give about 48,000 rows, a real Lee layer 50,329 of 1,820 words), rows as
+above; --store PATH --layers L,... takes a real store's layers instead (the rows and words that
+`lmgeom analyze` hands MEV). There every word is checked against dense eigh, and with
+--compare-with FILE (a `lmgeom/metrics/spectrum.py` of another revision, e.g. from `git show`) the
+result step of both is timed interleaved on the same accumulator (old, new, old, new, ...).
+
 Run: python benchmarks/mev.py [--dims 768,2048,4096] [--spectrum anisotropic|flat] [--dense-words 2]
+     python benchmarks/mev.py --dims 384 --zipf 1820 [--compare-with OLD_SPECTRUM_PY]
+     python benchmarks/mev.py --store STORE --layers 1,6 [--compare-with OLD_SPECTRUM_PY]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import sys
 import platform
 import time
 from typing import Any
@@ -31,15 +43,19 @@ import numpy as np
 from scipy.linalg import eigh
 from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics import MEVAccumulator
+from lmgeom.metrics import MEVAccumulator, contextuality
+from lmgeom.metrics import spectrum as current_spectrum
 from lmgeom.metrics.spectrum import OccurrenceSpectrum
 
 
-def make_occurrences(dim: int, *, frequent: int, frequent_n: int, rare: int, rare_n: int, spectrum: str,
-                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """float32 rows and word ids (frequent words first), rows in a shuffled corpus order."""
+def zipf_counts(words: int) -> np.ndarray:
+    """Occurrence counts of a MiniLM-over-Lee-like vocabulary, most frequent first."""
+    return np.maximum(5, np.round(3530 * np.arange(1, words + 1) ** -0.86)).astype(np.int64)
+
+
+def make_occurrences(dim: int, counts: np.ndarray, *, spectrum: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows and word ids (word i has counts[i] rows), rows in a shuffled corpus order."""
     rng = np.random.default_rng(seed)
-    counts = np.array([frequent_n] * frequent + [rare_n] * rare)
     word_ids = np.repeat(np.arange(len(counts)), counts)
     X = np.empty((len(word_ids), dim), dtype=np.float32)
     common = rng.standard_normal(dim)
@@ -93,6 +109,40 @@ def errors(spectrum: OccurrenceSpectrum, reference: dict[str, Any]) -> tuple[flo
     return max(values), max(directions)
 
 
+def store_layer(path: str, layer: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The rows and word ids `lmgeom analyze` hands MEV at `layer` (default selection and words)."""
+    from lmgeom import RepresentationStore
+    from lmgeom.runs.analysis import plan_analysis
+
+    store = RepresentationStore.open(path)
+    word_index = plan_analysis(store).words.word_index
+    kept = word_index >= 0
+    return np.ascontiguousarray(np.asarray(store.layer(layer)[:])[kept]), word_index[kept], int(word_index.max()) + 1
+
+
+def load_spectrum_module(path: str) -> Any:
+    """Another revision's `lmgeom/metrics/spectrum.py`, imported under its own name."""
+    spec = importlib.util.spec_from_file_location("compared_spectrum", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def interleaved_results(accumulator: MEVAccumulator, compared: Any, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of `result()` with the compared spectrum module and with the current one, alternating."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for module, elapsed in ((compared, times[0]), (current_spectrum, times[1])):
+            contextuality.rows_spectra, contextuality.moment_spectrum = module.rows_spectra, module.moment_spectrum
+            start = time.perf_counter()
+            accumulator.result()
+            elapsed.append(time.perf_counter() - start)
+    contextuality.rows_spectra, contextuality.moment_spectrum = current_spectrum.rows_spectra, current_spectrum.moment_spectrum
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dims", default="768,2048,4096")
@@ -103,17 +153,35 @@ def main() -> None:
     parser.add_argument("--rare-n", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dense-words", type=int, default=2, help="frequent words timed and checked densely (0: none)")
+    parser.add_argument("--zipf", type=int, default=0, help="this many words with MiniLM-over-Lee-like counts instead")
+    parser.add_argument("--store", help="a store whose layers (--layers) give the rows instead")
+    parser.add_argument("--layers", default="1,6")
+    parser.add_argument("--compare-with", help="a spectrum.py of another revision: its result() timed interleaved with this one's")
     args = parser.parse_args()
+    if args.store:
+        cases = [f"store layer {layer}" for layer in args.layers.split(",")]
+    else:
+        cases = [f"d = {d}" for d in args.dims.split(",")]
+    counts = zipf_counts(args.zipf) if args.zipf else np.array([args.frequent_n] * args.frequent + [args.rare_n] * args.rare)
+    source = (f"store {args.store}" if args.store else
+              f"{len(counts)} Zipf words, {counts.sum()} occurrences" if args.zipf else
+              f"{args.frequent} x {args.frequent_n} + {args.rare} x {args.rare_n} occurrences")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
-          f"{args.frequent} x {args.frequent_n} + {args.rare} x {args.rare_n} occurrences, float32, {args.spectrum} spectrum, "
-          f"one BLAS thread, best of {args.repeats}")
+          f"{source}, float32, {args.spectrum} spectrum, one BLAS thread, best of {args.repeats}")
     print(f"{'d':>6} {'algorithm':<36} {'seconds':>9} {'x norm pass':>12} {'x linalg.norm':>14} {'max rel err value':>18} {'max err direction':>18}")
+    compared = load_spectrum_module(args.compare_with) if args.compare_with else None
     with threadpool_limits(limits=1):
-        for dim in (int(d) for d in args.dims.split(",")):
-            X, word_ids = make_occurrences(dim, frequent=args.frequent, frequent_n=args.frequent_n, rare=args.rare,
-                                           rare_n=args.rare_n, spectrum=args.spectrum)
-            n_words = args.frequent + args.rare
-            norm_times, linalg_times, mev_times = [], [], []
+        for case in cases:
+            if args.store:
+                X, word_ids, n_words = store_layer(args.store, int(case.split()[-1]))
+                dim = X.shape[1]
+            else:
+                dim = int(case.split()[-1])
+                X, word_ids = make_occurrences(dim, counts, spectrum=args.spectrum)
+                n_words = len(counts)
+            # the frequent words (densely timed on --dense-words of them) and the others, all checked
+            frequent = args.frequent if not (args.zipf or args.store) else 0
+            norm_times, linalg_times, mev_times, add_times = [], [], [], []
             spectra: dict[int, OccurrenceSpectrum] = {}
             for _ in range(args.repeats):
                 start = time.perf_counter()
@@ -123,17 +191,19 @@ def main() -> None:
                 np.linalg.norm(X, axis=1)
                 linalg_times.append(time.perf_counter() - start)
                 start = time.perf_counter()
-                spectra = MEVAccumulator(n_words).add(X, word_ids=word_ids).result()
+                accumulator = MEVAccumulator(n_words).add(X, word_ids=word_ids)
+                add_times.append(time.perf_counter() - start)
+                spectra = accumulator.result()
                 mev_times.append(time.perf_counter() - start)
             norm, linalg = min(norm_times), min(linalg_times)
-            checked = list(range(min(args.dense_words, args.frequent))) + list(range(args.frequent, n_words))
+            checked = list(range(min(args.dense_words, frequent))) + list(range(frequent, n_words))
             value_error, direction_error, dense_frequent, dense_rare = 0.0, 0.0, 0.0, 0.0
             for word in checked:
                 rows = X[word_ids == word].astype(np.float64)
                 start = time.perf_counter()
                 reference = dense_before(rows)
                 elapsed = time.perf_counter() - start
-                if word < args.frequent:
+                if word < frequent:
                     dense_frequent += elapsed
                 else:
                     dense_rare += elapsed
@@ -143,9 +213,17 @@ def main() -> None:
             print(f"{dim:>6} {'np.linalg.norm(X, axis=1)':<36} {linalg:>9.3f} {linalg / norm:>12.1f} {1:>14.2f}")
             print(f"{dim:>6} {'matrix-free (all variants)':<36} {min(mev_times):>9.3f} {min(mev_times) / norm:>12.1f} "
                   f"{min(mev_times) / linalg:>14.1f} {value_error:>18.1e} {direction_error:>18.1e}")
-            if args.dense_words:
-                dense = dense_frequent * args.frequent / min(args.dense_words, args.frequent) + dense_rare
-                label = f"dense eigh, before (est. from {min(args.dense_words, args.frequent)} words)"
+            if compared is not None:  # the add step is the same code in both: its best time above
+                before, after = interleaved_results(accumulator, compared, args.repeats)
+                add = min(add_times)
+                for label, times in ((f"matrix-free, {os.path.basename(args.compare_with)}", before), ("matrix-free, this revision", after)):
+                    print(f"{dim:>6} {label:<36} {add + min(times):>9.3f} {(add + min(times)) / norm:>12.1f} "
+                          f"{(add + min(times)) / linalg:>14.1f}   result() best {min(times):.3f} s, median {np.median(times):.3f} s")
+                print(f"{dim:>6} {'result() compared / this revision':<36} {min(before) / min(after):>9.2f} (best) "
+                      f"{np.median(before) / np.median(after):.2f} (median)")
+            if args.dense_words or not frequent:
+                dense = dense_frequent * frequent / max(1, min(args.dense_words, frequent)) + dense_rare
+                label = f"dense eigh, before (est. from {min(args.dense_words, frequent)} words)" if frequent else "dense eigh, before (every word)"
                 print(f"{dim:>6} {label:<36} {dense:>9.1f} {dense / norm:>12.0f} {dense / linalg:>14.0f} {'reference':>18} {'reference':>18}")
     print(f"# load after: {os.getloadavg()[0]:.2f}")
 

@@ -57,8 +57,10 @@ def assert_matches(spectrum: OccurrenceSpectrum, X: np.ndarray, *, direction_def
 
 @pytest.fixture
 def matrix_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every word through block Lanczos, with small blocks and a small basis so restarts happen."""
-    monkeypatch.setattr(spectrum_module, "DENSE_LIMIT", 1)
+    """Every word through block Lanczos to convergence (no budget), with small blocks and a small basis
+    so restarts happen."""
+    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: "krylov")
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
     monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
     monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
 
@@ -103,9 +105,14 @@ def test_dense_paths_match_dense_eigh(make, n: int, d: int) -> None:
     assert_matches(occurrence_spectrum(X), X)
 
 
+# a word the production cost model sends matrix-free (about 500 rows at MiniLM width)
+MATRIX_FREE_SHAPE = (500, 384)
+
+
 def test_matrix_free_at_width_beyond_the_dense_limit() -> None:
-    """The production settings (no monkeypatching): n and d above DENSE_LIMIT go matrix-free."""
-    n, d = spectrum_module.DENSE_LIMIT + 44, spectrum_module.DENSE_LIMIT + 100
+    """The production settings (no monkeypatching): the cost model sends this word matrix-free."""
+    n, d = MATRIX_FREE_SHAPE
+    assert spectrum_module.word_route(n, d) == "krylov"
     for X in (anisotropic(n, d, seed=1), flat(n, d, seed=2)):
         assert_matches(occurrence_spectrum(X), X)
 
@@ -115,6 +122,116 @@ def test_near_degenerate_top_value_exact_direction_in_the_top_space(matrix_free:
     singular = np.sqrt(np.array([10.0 * (1 + relative_split), 10.0, 4.0, 3.0, 2.5, 1.0, 0.5]))
     X = with_singular_values(60, 80, singular, seed=3) + 0.5  # the shift gives the scatter matrix its own spectrum
     assert_matches(occurrence_spectrum(X), X, direction_defined=False)
+
+
+# ---- every route forced on every shape: the batched Gram eigh, the per-word tridiagonal reduction of
+# the bordered Gram matrix, the tridiagonal reduction of the scatter matrix, block Lanczos
+
+ROUTES = ["gram-batched", "gram-tridiagonal", "scatter", "krylov"]
+
+
+@pytest.fixture(params=ROUTES)
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = request.param
+    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: name.split("-")[0])
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
+    monkeypatch.setattr(spectrum_module, "BATCHED_EIGH_LIMIT", 10**6 if name == "gram-batched" else 0)
+    monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
+    monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
+    return name
+
+
+@pytest.mark.parametrize("n,d", [(2, 30), (3, 30), *SHAPES])
+@pytest.mark.parametrize("make", [anisotropic, flat])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_every_route_matches_dense_eigh(route: str, make, n: int, d: int, dtype: type) -> None:
+    X = (make(n, d, seed=n + 3 * d) + 1.0).astype(dtype)
+    assert_matches(occurrence_spectrum(X), X.astype(np.float64))
+
+
+def test_every_route_rank_deficient_near_degenerate_and_dominant_mean(route: str) -> None:
+    for rank in (1, 2, 5):
+        X = with_singular_values(50, 70, np.linspace(3.0, 1.0, rank), seed=rank)
+        assert_matches(occurrence_spectrum(X), X)
+        assert_matches(occurrence_spectrum(X.T.copy()), X.T)  # n > d
+    for split in (0.0, 1e-13, 1e-10):
+        singular = np.sqrt(np.array([10.0 * (1 + split), 10.0, 4.0, 3.0, 2.5, 1.0, 0.5]))
+        for n, d in ((60, 80), (80, 60)):
+            X = with_singular_values(n, d, singular, seed=3) + 0.5
+            assert_matches(occurrence_spectrum(X), X, direction_defined=False)
+    row = np.random.default_rng(50).standard_normal(40) * 10
+    for spread in (1e-1, 1e-3):  # the mean holds all but 1e-4 / 1e-8 of the energy
+        X = row + spread * anisotropic(60, 40, seed=51)
+        assert_matches(occurrence_spectrum(X), X)
+        assert_matches(occurrence_spectrum(X[:30]), X[:30])
+
+
+def test_every_route_batches_words_of_different_counts(route: str) -> None:
+    rng = np.random.default_rng(52)
+    words = [rng.standard_normal((n, 30)) + rng.standard_normal(30) for n in (2, 3, 7, 29, 30, 31, 45)]
+    for X, spectrum in zip(words, rows_spectra(words)):
+        assert_matches(spectrum, X)
+
+
+def test_cost_model_routes() -> None:
+    """Small words through their Gram matrices, many rows at small width through the scatter matrix,
+    many rows at LLM width matrix-free; a word held as X^T X densely at small width."""
+    word_route = spectrum_module.word_route
+    assert [word_route(n, 384) for n in (2, 23, 24, 200)] == ["gram"] * 4
+    assert word_route(*MATRIX_FREE_SHAPE) == "krylov"
+    assert word_route(1000, 64) == "scatter"
+    assert word_route(3000, 4096) == "krylov" and word_route(20, 4096) == "gram"
+    assert word_route(5000, 128, formed=True) == "scatter" and word_route(20000, 4096, formed=True) == "krylov"
+
+
+def test_production_routes_at_their_boundaries() -> None:
+    """At MiniLM width, the last word sizes of each route and the first of the next match eigh: the
+    batched eigh against the per-word reduction (BATCHED_EIGH_LIMIT) and the Gram route against
+    block Lanczos (the cost model's switch)."""
+    d = 384
+    switch = max(n for n in range(2, 1000) if spectrum_module.word_route(n, d) == "gram")
+    assert spectrum_module.word_route(switch + 1, d) == "krylov"
+    batched = spectrum_module.BATCHED_EIGH_LIMIT - 1  # the largest batched word: its bordered matrix is n + 1
+    for n in (batched, batched + 1, switch, switch + 1):
+        X32, X = as_float32(anisotropic(n, d, seed=n))
+        assert_matches(occurrence_spectrum(X32), X)
+
+
+def test_flat_spectrum_over_its_krylov_budget_goes_the_dense_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flat word needs far more products than a real one: past its budget the dense route solves it
+    (exact as ever); a real-like word converges within the budget and stays matrix-free."""
+    outcomes: list[bool] = []
+    solve = spectrum_module._krylov_rows_spectrum
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        spectrum = solve(*args, **kwargs)
+        outcomes.append(spectrum is not None)
+        return spectrum
+
+    monkeypatch.setattr(spectrum_module, "_krylov_rows_spectrum", recording)
+    n, d = MATRIX_FREE_SHAPE
+    for make, converged in ((flat, False), (anisotropic, True)):
+        X32, X = as_float32(make(n, d, seed=53) + 1.0)
+        assert_matches(occurrence_spectrum(X32), X)
+        assert outcomes.pop() is converged
+    budget = spectrum_module.krylov_budget(n, d)
+    assert budget is not None and spectrum_module.KRYLOV_PRODUCTS <= budget < 200
+    # a word held as X^T X the same way (a budget of one block forces it here)
+    dense_solves: list[int] = []
+    scatter_tops = spectrum_module._scatter_tops
+    monkeypatch.setattr(spectrum_module, "_scatter_tops", lambda *args: dense_solves.append(1) or scatter_tops(*args))
+    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: "krylov")
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: spectrum_module.BLOCK_SIZE)
+    X = flat(300, 80, seed=54)
+    assert_matches(moment_spectrum(len(X), X.sum(axis=0), X.T @ X), X)
+    assert dense_solves == [1]
+
+
+def test_moment_path_dense_at_small_width() -> None:
+    """Words kept as X^T X at small width: one tridiagonal reduction of C = X^T X - s s^T / n."""
+    assert spectrum_module.word_route(200, 60, formed=True) == "scatter"
+    for X in (anisotropic(200, 60, seed=8), flat(200, 60, seed=9)):
+        assert_matches(moment_spectrum(len(X), X.sum(axis=0), X.T @ X), X)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 5])
@@ -247,7 +364,7 @@ def test_float32_rows_matrix_free_match_dense_eigh(matrix_free: None, make, n: i
 
 
 def test_float32_rows_at_width_beyond_the_dense_limit() -> None:
-    n, d = spectrum_module.DENSE_LIMIT + 44, spectrum_module.DENSE_LIMIT + 100
+    n, d = MATRIX_FREE_SHAPE
     for X in (anisotropic(n, d, seed=21), flat(n, d, seed=22)):
         X32, X64 = as_float32(X)
         assert_matches(occurrence_spectrum(X32), X64)

@@ -619,8 +619,9 @@ class MEVAccumulator(StatefulAccumulator):
     """Per-word occurrence matrices, kept as rows (float32 rows stay float32) while they take at most
     `MEV_ROW_BYTES_PER_MOMENT` times the bytes of a d x d float64 moment, then as X^T X and the row sum.
 
-    So a word costs at most `mev_state_bytes`. `result()` solves the words with few rows in batches
-    of small Gram matrices and the others matrix-free (`lmgeom.metrics.spectrum`).
+    So a word costs at most `mev_state_bytes`. `result()` solves each word the way a cost model finds
+    cheaper: small Gram matrices in batches, a dense scatter matrix, or matrix-free
+    (`lmgeom.metrics.spectrum`).
     `add(X, word_ids=...)`: words are integer ids in [0, n_words). Each `add` copies its rows once,
     grouped by word (and checked), then each word's kept rows into arrays of their own, so the state
     is what `mev_state_bytes` counts: no view keeps a larger array alive.

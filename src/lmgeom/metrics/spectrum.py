@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
-from scipy.linalg import eigh
+from scipy.linalg import lapack
+from scipy.linalg.blas import dsyrk
 
 MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
 
@@ -51,9 +52,20 @@ BLOCK_SIZE = 8
 MAX_BASIS = 160
 # a safety stop far beyond what flat (Gaussian) spectra need at d = 4,096 (about 450); reaching it warns
 MAX_MULTIPLICATIONS = 5000
-# words with at most this many occurrences (or d at most this) are solved densely: below it
-# one Gram matrix and one eigh cost less than a few Krylov multiplications
-DENSE_LIMIT = 256
+# Route costs, in flops of a one-thread float64 GEMM, fitted on this machine kind (2026-12-01,
+# docs/performance.md "MEV at MiniLM width"). A dense route forms the n x n Gram matrix (n <= d, a
+# batched product: 2 n^2 d flops) or the d x d scatter matrix (n > d, a rank-k update: n d^2 flops)
+# and reduces it to tridiagonal form once (LAPACK sytrd on m = min(n, d): 4/3 m^3 flops at about a
+# third of GEMM speed, half of them matrix-vector work).
+# Block Lanczos costs its products (4 n d flops each, about KRYLOV_PRODUCTS of them on real
+# layers: float32 steps, then one or two float64 steps) plus per-step work on d-long basis vectors
+# (orthogonalisation, Ritz vectors, residuals), about KRYLOV_BASIS_COST d flops a solve.
+TRIDIAGONAL_COST = 4.0
+KRYLOV_PRODUCTS = 64
+KRYLOV_BASIS_COST = 400_000
+# a batch of Gram matrices this small or smaller goes through one batched numpy `eigh` (all pairs):
+# below it a call per word costs more than the eigenproblems themselves
+BATCHED_EIGH_LIMIT = 13
 
 # rows are multiplied in chunks of about this many bytes (as stored), so that a chunk read for X V
 # is still in cache for X^T (X V)
@@ -132,7 +144,8 @@ class _RitzProblem:
         projected[size:, size:] = (cross[size:] + cross[size:].T) / 2
         self.projected = projected
         self.images = np.concatenate([self.images, images], axis=1)
-        values, coefficients = eigh(projected)
+        # numpy's eigh: the same LAPACK accuracy with a fifth of scipy's per-call overhead on these small matrices
+        values, coefficients = np.linalg.eigh(projected)
         self.values, self.coefficients = values[::-1], coefficients[:, ::-1]
 
     def residuals(self, basis: np.ndarray, multiplications: int, *, exhausted: bool = False) -> np.ndarray:
@@ -166,14 +179,15 @@ class _RitzProblem:
 
 
 def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequence[bool],
-                   tolerances: Tolerances = Tolerances()) -> list[TopEigenpair]:
+                   tolerances: Tolerances = Tolerances(), budget: int | None = None) -> list[TopEigenpair] | None:
     """Top eigenpairs of several symmetric PSD operators on one shared subspace.
 
     `apply(V)` returns each operator's images of the block V; the operators of a word (X^T X and
     its scatter matrix, which differ by the rank one s s^T / n) have the same Krylov spaces from a
     start containing s, so one basis, grown a block at a time from the Ritz residuals of both,
     serves both at the cost of one product. `start` (dim x k) seeds the basis; `need_vector[i]`
-    asks operator i for a converged direction and not only a converged value."""
+    asks operator i for a converged direction and not only a converged value. None when `budget`
+    products are spent before every pair has converged."""
     dim = start.shape[0]
     problems = [_RitzProblem(dim, need_vector=need, tolerances=tolerances) for need in need_vector]
     basis = np.zeros((dim, 0))
@@ -191,6 +205,8 @@ def top_eigenpairs(apply: BlockOperator, start: np.ndarray, *, need_vector: Sequ
         active = [problem for problem in problems if problem.solution is None]
         if not active:
             return [problem.solution for problem in problems if problem.solution is not None]
+        if budget is not None and multiplications >= budget:
+            return None
         if basis.shape[1] + BLOCK_SIZE > MAX_BASIS:
             kept = np.concatenate([problem.coefficients[:, : MAX_BASIS // (2 * len(active))] for problem in active], axis=1)
             kept = np.linalg.qr(kept)[0]
@@ -283,21 +299,54 @@ WordRows = np.ndarray | Sequence[np.ndarray]
 
 def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
     """The spectrum of each word's occurrence matrix (non-zero float32 or float64 rows, as one array
-    or a list of blocks), in order: words with few rows (or few dimensions) densely in batches, the
-    others matrix-free."""
+    or a list of blocks), in order, each by the route `word_route` finds cheapest: words of few rows
+    through their Gram matrices in batches, words of many rows (at small d) through their scatter
+    matrix, the others matrix-free."""
     words_blocks = [[rows] if isinstance(rows, np.ndarray) else list(rows) for rows in words_rows]
     counts = [sum(len(block) for block in blocks) for blocks in words_blocks]
     dims = [blocks[0].shape[1] for blocks in words_blocks]
+    routes = [word_route(n, dim) for n, dim in zip(counts, dims)]
     spectra: list[OccurrenceSpectrum | None] = [None] * len(words_blocks)
-    small = [i for i, (n, dim) in enumerate(zip(counts, dims)) if n <= DENSE_LIMIT]
-    for indexes in _dense_batches(counts, dims, small):
+    gram = [i for i, route in enumerate(routes) if route == "gram"]
+    for indexes in _dense_batches(counts, dims, gram):
         for i, spectrum in zip(indexes, _gram_spectra([words_blocks[i] for i in indexes])):
             spectra[i] = spectrum
     for i, blocks in enumerate(words_blocks):
         if spectra[i] is None:
             rows = _ChunkedRows(blocks)
-            spectra[i] = rows.moment_spectrum() if dims[i] <= DENSE_LIMIT else _krylov_rows_spectrum(rows)
+            if routes[i] == "krylov":
+                spectra[i] = _krylov_rows_spectrum(rows, budget=krylov_budget(counts[i], dims[i]))
+            if spectra[i] is None:  # the scatter route, or a flat spectrum that overran its Krylov budget
+                spectra[i] = rows.scatter_spectrum() if counts[i] > dims[i] else _gram_spectra([blocks])[0]
     return [spectrum for spectrum in spectra if spectrum is not None]
+
+
+def _route_costs(n: int, dim: int, formed: bool) -> tuple[float, float]:
+    """(cost of the dense route, cost of one block Lanczos product with its share of the per-step
+    work) under the cost model above."""
+    size = min(n, dim)
+    dense = TRIDIAGONAL_COST * size**3 + (0 if formed else 2 * n * n * dim if n <= dim else n * dim * dim)
+    return dense, (2 * dim * dim if formed else 4 * n * dim) + KRYLOV_BASIS_COST * dim / KRYLOV_PRODUCTS
+
+
+def word_route(n: int, dim: int, *, formed: bool = False) -> str:
+    """The cheapest exact route for a word of n rows in `dim` dimensions under the cost model above:
+    "gram" (n x n Gram matrix, n <= dim), "scatter" (dim x dim scatter matrix, n > dim) or "krylov"
+    (block Lanczos on the rows, at a typical product count). `formed`: the word is held as X^T X
+    already (its cost is sunk, and a Krylov product with it costs 2 dim^2 flops)."""
+    dense, product = _route_costs(n, dim, formed)
+    if dense > KRYLOV_PRODUCTS * product:
+        return "krylov"
+    return "gram" if n <= dim else "scatter"
+
+
+def krylov_budget(n: int, dim: int, *, formed: bool = False) -> int:
+    """The products block Lanczos may spend on a word before its dense route would have been cheaper.
+    A flat spectrum (small relative gaps) needs hundreds where a real layer's words need about
+    KRYLOV_PRODUCTS; past the budget the word goes the dense way, so no word costs much more than twice
+    its cheaper route."""
+    dense, product = _route_costs(n, dim, formed)
+    return max(KRYLOV_PRODUCTS, int(dense / product))
 
 
 class _ChunkedRows:
@@ -352,12 +401,20 @@ class _ChunkedRows:
             along += float(projections @ projections)
         return total, along
 
-    def moment_spectrum(self) -> OccurrenceSpectrum:
-        second_moment = np.zeros((self.dim, self.dim))
+    def scatter_spectrum(self) -> OccurrenceSpectrum:
+        """The spectrum from the scatter matrix C of the explicitly centred rows (accurate when the
+        mean dominates; X^T X = C + n m m^T adds a positive rank one, no cancellation)."""
+        upper = np.zeros((self.dim, self.dim), order="F")
         for chunk in self.chunks():
-            chunk64 = chunk.astype(np.float64, copy=False)
-            second_moment += chunk64.T @ chunk64
-        return moment_spectrum(self.n, self.row_sum, second_moment)
+            centred = chunk - self.mean
+            # a rank-k update of the upper triangle, in place: half the flops of a full product
+            upper = dsyrk(1.0, centred.T, beta=1.0, c=upper, overwrite_c=1)
+        scatter = np.triu(upper) + np.triu(upper, 1).T
+        top, centred_top, direction = _scatter_tops(self.n, self.mean, scatter)
+        return _occurrence_spectrum(
+            self.n, self.mean, top=top, direction=direction, frobenius_sq=self.frobenius_sq, centred_top=centred_top,
+            centred_total=float(np.trace(scatter)), centred_along=float(direction @ scatter @ direction),
+        )
 
 
 # a batch of padded occurrence matrices stays under this many float64 entries (4 MB), so that its
@@ -380,55 +437,70 @@ def _dense_batches(counts: Sequence[int], dims: Sequence[int], indexes: list[int
 
 
 def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[OccurrenceSpectrum]:
-    """Spectra of words of similar row counts from their n x n Gram matrices, in one batched eigh.
+    """Spectra of words of similar row counts from their n x n Gram matrices.
 
     Each word's rows are centred explicitly (accurate when the mean dominates), zero-padded to a
     common count (a padded row adds a zero eigenvalue and nothing else) and followed by the mean m:
-    one batched product A A^T of A = [Xc; m] gives the centred Gram matrix, Xc m and |m|^2, and so the
-    uncentred Gram matrix by a rank-two update (X = Xc + w m^T, w the real-row indicator), tr C and
-    ||X||_F^2. The direction v1 = A^T y is one more product, and Xc v1 = (A A^T y)[:n] needs none."""
+    one batched product A A^T of A = [Xc; m] gives the centred Gram matrix, Xc m and |m|^2, tr C and
+    ||X||_F^2. Bordered by sqrt(n) Xc m and n |m|^2 the centred Gram matrix becomes B B^T, B = [sqrt(n)
+    m; Xc], whose non-zero eigenvalues are those of X^T X = Xc^T Xc + n m m^T: small batches take
+    one batched `eigh` of B B^T and `eigvalsh` of the centred Gram matrices, larger words one
+    tridiagonal reduction of their own B B^T for both tops (`_bordered_tops`). The direction
+    v1 = B^T y is one more product, and Xc v1 = (A A^T y)[:n] needs none."""
     word_counts = [sum(len(block) for block in blocks) for blocks in words_blocks]
     size = max(word_counts)
     dim = words_blocks[0][0].shape[1]
     counts = np.array(word_counts, dtype=np.float64)
     stacked = np.zeros((len(words_blocks), size + 1, dim))
-    real = np.zeros((len(words_blocks), size))
     for i, (blocks, n) in enumerate(zip(words_blocks, word_counts)):
-        word = stacked[i]
         # the word's blocks go straight into its padded slot: no concatenated copy of its rows
-        np.concatenate(blocks, axis=0, out=word[:n])
-        word[size] = word[:n].sum(axis=0) / n
-        word[:n] -= word[size]
-        real[i, :n] = 1.0
+        np.concatenate(blocks, axis=0, out=stacked[i, :n])
+    # means and centring for the whole batch at once (padded rows are zero and stay zero)
+    stacked[:, size] = stacked[:, :size].sum(axis=1) / counts[:, None]
+    stacked[:, :size] -= stacked[:, size:] * (np.arange(size) < counts[:, None])[:, :, None]
     augmented_gram = stacked @ stacked.transpose(0, 2, 1)
     centred_gram = augmented_gram[:, :size, :size]
     along_mean = augmented_gram[:, :size, size]
     mean_sq = augmented_gram[:, size, size]
-    gram = (centred_gram + along_mean[:, :, None] * real[:, None, :] + real[:, :, None] * along_mean[:, None, :]
-            + mean_sq[:, None, None] * real[:, :, None] * real[:, None, :])
-    values, vectors = np.linalg.eigh(gram)
-    # v1 = X^T l = Xc^T l + m (w . l) = A^T y, normalised
-    coefficients = np.concatenate([vectors[:, :, -1], np.einsum("wk,wk->w", real, vectors[:, :, -1])[:, None]], axis=1)
-    directions = np.einsum("wkd,wk->wd", stacked, coefficients)
+    # B = [sqrt(n) m; Xc] has B^T B = X^T X, and B B^T holds the centred Gram matrix as its trailing block
+    roots = np.sqrt(counts)
+    bordered = np.empty((len(words_blocks), size + 1, size + 1))
+    bordered[:, 1:, 1:] = centred_gram
+    bordered[:, 0, 1:] = bordered[:, 1:, 0] = roots[:, None] * along_mean
+    bordered[:, 0, 0] = counts * mean_sq
+    if size + 1 <= BATCHED_EIGH_LIMIT:
+        values, vectors = np.linalg.eigh(bordered)
+        tops, top_vectors = values[:, -1], vectors[:, :, -1]
+        centred_tops = np.linalg.eigvalsh(centred_gram)[:, -1]
+    else:  # one tridiagonal reduction per word, on its own (unpadded) rows
+        tops, centred_tops, top_vectors = np.empty(len(counts)), np.empty(len(counts)), np.zeros((len(counts), size + 1))
+        for i, n in enumerate(word_counts):
+            tops[i], centred_tops[i], top_vectors[i, : n + 1] = _bordered_tops(bordered[i, : n + 1, : n + 1])
+    # v1 = B^T y = Xc^T y[1:] + sqrt(n) y[0] m, normalised
+    coefficients = np.concatenate([top_vectors[:, 1:], (roots * top_vectors[:, 0])[:, None]], axis=1)
+    directions = (coefficients[:, None, :] @ stacked)[:, 0]
     norms = np.linalg.norm(directions, axis=1)
     directions /= norms[:, None]
     coefficients /= norms[:, None]
-    along = np.einsum("wjk,wk->wj", augmented_gram, coefficients)[:, :size]  # Xc v1
-    centred_tops = np.linalg.eigvalsh(centred_gram)[:, -1]
+    along = (augmented_gram @ coefficients[:, :, None])[:, :size, 0]  # Xc v1
     centred_totals = np.einsum("wkk->w", centred_gram)
-    means = stacked[:, size]
-    return [
-        _occurrence_spectrum(int(counts[i]), means[i].copy(), top=float(values[i, -1]), direction=directions[i],
-                             frobenius_sq=float(centred_totals[i] + counts[i] * mean_sq[i]), centred_top=float(centred_tops[i]),
-                             centred_total=float(centred_totals[i]), centred_along=float(along[i] @ along[i]))
-        for i in range(len(words_blocks))
-    ]
+    means = stacked[:, size].copy()
+    # what `_occurrence_spectrum` does word by word (v1 . mean >= 0, no negative rounding), for the
+    # whole batch: with thousands of words of a few rows each, per-word numpy calls cost more than the rest
+    directions *= np.where(np.einsum("wd,wd->w", means, directions) < 0, -1.0, 1.0)[:, None]
+    fields = zip(word_counts, tops.tolist(), (centred_totals + counts * mean_sq).tolist(),
+                 np.maximum(centred_tops, 0.0).tolist(), np.maximum(centred_totals, 0.0).tolist(),
+                 np.einsum("wj,wj->w", along, along).tolist(), directions, means)
+    return [OccurrenceSpectrum(n=n, top_eigenvalue=top, frobenius_sq=frobenius_sq, centred_top_eigenvalue=centred_top,
+                               centred_total=centred_total, centred_along_direction=centred_along, direction=direction, mean=mean)
+            for n, top, frobenius_sq, centred_top, centred_total, centred_along, direction, mean in fields]
 
 
-def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
+def _krylov_rows_spectrum(rows: _ChunkedRows, *, budget: int | None) -> OccurrenceSpectrum | None:
     """Block Lanczos on C = Xc^T Xc and X^T X = C + s s^T / n: one product with the centred rows Xc
     per step serves both, and C is accurate even when the mean dominates. float32 rows get float32
-    steps first, down to float32 noise, then float64 steps from the leading Ritz vectors."""
+    steps first, down to float32 noise, then float64 steps from the leading Ritz vectors. None when
+    both phases together need more than `budget` products."""
     n, row_sum = rows.n, rows.row_sum
 
     def operators(dtype: type[np.floating]) -> BlockOperator:
@@ -439,11 +511,18 @@ def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
 
     start = start_block(row_sum)
     if rows.float32:
-        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True, True],
+        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True, True], budget=budget,
                                tolerances=Tolerances(noise=FLOAT32_NOISE * rows.spread_estimate, warn=False,
                                                      stall_ratio=FLOAT32_STALL, stall_below=FLOAT32_STALL_BELOW))
+        if rough is None:
+            return None
         start = np.concatenate([pair.leading[:, : BLOCK_SIZE // 2] for pair in rough], axis=1)
-    uncentred, scatter = top_eigenpairs(operators(np.float64), start, need_vector=[True, False])
+        if budget is not None:
+            budget -= max(pair.multiplications for pair in rough)
+    refined = top_eigenpairs(operators(np.float64), start, need_vector=[True, False], budget=budget)
+    if refined is None:
+        return None
+    uncentred, scatter = refined
     direction = uncentred.vector / np.linalg.norm(uncentred.vector)
     # tr C = ||X||_F^2 - |s|^2 / n and v' C v = v' X^T X v - (s . v)^2 / n (the first term is the Rayleigh
     # quotient, the top value) lose digits to cancellation when the mean dominates: within
@@ -459,20 +538,23 @@ def _krylov_rows_spectrum(rows: _ChunkedRows) -> OccurrenceSpectrum:
 
 
 def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> OccurrenceSpectrum:
-    """The spectrum from X^T X (d x d) and the row sum, for words kept as moments (n > d): dense
-    when d is small, else block Lanczos on X^T X and on C = X^T X - s s^T / n."""
+    """The spectrum from X^T X (d x d) and the row sum, for words kept as moments (n > d), the way
+    the cost model finds cheaper: one tridiagonal reduction of C = X^T X - s s^T / n, or block
+    Lanczos on X^T X and C (the dense route after all if the spectrum is too flat for its budget)."""
     mean = row_sum / n
     dim = len(row_sum)
-    if dim <= DENSE_LIMIT:
-        top, direction = _dense_top(second_moment)
-        centred_top, _ = _dense_top(second_moment - np.outer(row_sum, row_sum) / n)
+    if word_route(n, dim, formed=True) != "krylov":
+        top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
     else:
         def apply(block: np.ndarray) -> list[np.ndarray]:
             images = second_moment @ block
             return [images, images - np.outer(row_sum, row_sum @ block) / n]
 
-        uncentred, scatter = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False])
-        top, direction, centred_top = uncentred.value, uncentred.vector, scatter.value
+        pairs = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False], budget=krylov_budget(n, dim, formed=True))
+        if pairs is None:  # a flat spectrum: the dense route is cheaper after all
+            top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
+        else:
+            top, direction, centred_top = pairs[0].value, pairs[0].vector, pairs[1].value
     direction = direction / np.linalg.norm(direction)
     frobenius_sq = float(np.trace(second_moment))
     return _occurrence_spectrum(
@@ -482,7 +564,81 @@ def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> O
     )
 
 
-def _dense_top(matrix: np.ndarray) -> tuple[float, np.ndarray]:
-    k = matrix.shape[0]
-    values, vectors = eigh(matrix, subset_by_index=[k - 1, k - 1])
-    return float(values[0]), vectors[:, 0]
+# ---------------------------------------------------------------------------------------------
+# dense routes: X^T X and C share one tridiagonal reduction. Householder tridiagonalisation (LAPACK
+# sytrd, lower) keeps the first basis vector, so a matrix whose first row and column carry the
+# rank-one mean part reduces to a tridiagonal T whose trailing block is the reduction of the rest:
+# the top eigenvalue of T and of T[1:, 1:] are the two tops, and one vector back-transform (ormqr)
+# gives v1. Costs 4/3 m^3 flops instead of two eigenproblems (and all eigenvectors, as `eigh` gives).
+
+
+def _tridiagonal(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(reflectors, tau, diagonal, off-diagonal) of the lower Householder reduction of a symmetric matrix."""
+    # the wrapper's default workspace (n) forces LAPACK's unblocked reduction, 1.5x slower from n ~ 300
+    work, info = lapack.dsytrd_lwork(len(matrix), lower=1)
+    reflectors, diagonal, off_diagonal, tau, info = lapack.dsytrd(np.asfortranarray(matrix), lower=1, lwork=int(work),
+                                                                  overwrite_a=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dsytrd failed (info {info})")
+    return reflectors, tau, diagonal, off_diagonal
+
+
+def _tridiagonal_top(diagonal: np.ndarray, off_diagonal: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """The top eigenvalue of a symmetric tridiagonal matrix (bisection, to working accuracy), and the
+    block structure inverse iteration needs for its vector."""
+    k = len(diagonal)
+    if k == 1:  # the wrapper rejects an empty off-diagonal
+        return float(diagonal[0]), np.ones(1, dtype=np.int32), np.ones(1, dtype=np.int32)
+    _, values, blocks, splits, info = lapack.dstebz(diagonal, off_diagonal, 2, 0.0, 0.0, k, k, 0.0, b"B")
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dstebz failed (info {info})")
+    return float(values[0]), blocks, splits
+
+
+def _top_pair(reflectors: np.ndarray, tau: np.ndarray, diagonal: np.ndarray,
+              off_diagonal: np.ndarray) -> tuple[float, np.ndarray]:
+    """The top eigenpair of the matrix that `_tridiagonal` reduced to (diagonal, off_diagonal)."""
+    top, blocks, splits = _tridiagonal_top(diagonal, off_diagonal)
+    if len(diagonal) == 1:
+        return top, np.ones(1)
+    vectors, info = lapack.dstein(diagonal, off_diagonal, np.array([top]), blocks, splits)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dstein failed (info {info})")
+    vector = vectors[:, 0]
+    # Q = diag(1, Q'), Q' in the QR storage of the reflectors below the diagonal
+    rest, _, info = lapack.dormqr(b"L", b"N", reflectors[1:, :-1], tau, vector[1:, None], len(vector), overwrite_c=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dormqr failed (info {info})")
+    return top, np.concatenate([vector[:1], rest[:, 0]])
+
+
+def _bordered_tops(bordered: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(top eigenvalue, top eigenvalue of the trailing block bordered[1:, 1:], top unit eigenvector)
+    of a symmetric PSD matrix, from one reduction."""
+    reflectors, tau, diagonal, off_diagonal = _tridiagonal(bordered)
+    top, vector = _top_pair(reflectors, tau, diagonal, off_diagonal)
+    trailing = _tridiagonal_top(diagonal[1:], off_diagonal[1:])[0] if len(diagonal) > 1 else 0.0
+    return top, trailing, vector
+
+
+def _scatter_tops(n: int, mean: np.ndarray, scatter: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(top of X^T X = C + n m m^T, top of C, unit v1) from the scatter matrix C, one reduction: a
+    reflector H with H m = -+|m| e1 puts the rank one in the first row and column, H X^T X H =
+    H C H + n |m|^2 e1 e1^T, and the reduction of H C H keeps e1, so its tridiagonal form T gives C's
+    top and T + n |m|^2 e1 e1^T (still tridiagonal) X^T X's."""
+    householder = mean.astype(np.float64, copy=True)
+    norm = float(np.linalg.norm(householder))
+    householder[0] += np.copysign(norm, householder[0])
+    scale = float(householder @ householder)
+    if scale > 0:
+        # H C H = C - u w^T - w u^T with u the reflector, p = (2/u'u) C u, w = p - (u'p / u'u) u
+        image = scatter @ householder * (2 / scale)
+        image -= (householder @ image / scale) * householder
+        scatter = scatter - np.outer(householder, image) - np.outer(image, householder)
+    reflectors, tau, diagonal, off_diagonal = _tridiagonal(scatter)
+    centred_top = _tridiagonal_top(diagonal, off_diagonal)[0]
+    diagonal[0] += n * norm**2
+    top, vector = _top_pair(reflectors, tau, diagonal, off_diagonal)
+    if scale > 0:
+        vector -= (2 * float(householder @ vector) / scale) * householder
+    return top, centred_top, vector / np.linalg.norm(vector)
