@@ -10,7 +10,8 @@ peak RSS is its own) and returns a row:
   row range and word group, states merged), on a local Ray cluster of `--ray-workers` CPUs that the
   child starts before its clock (or joins at RAY_ADDRESS).
 The kinds alternate (read, no-mev, mev, ray, read, ...) `--repeat` times; the tables show the best
-time of each and its ratio to the best read. Peak RSS, sampled every 50 ms while the clock runs, is
+time of each, its ratio to the best read and the child's CPU time (on a machine shared with other jobs
+the wall time follows their load; the CPU time much less). Peak RSS, sampled every 50 ms while the clock runs, is
 the child's own and the sum over it and every process it started (for Ray: its daemons and workers).
 
 `--shard-overhead` adds what the Ray path costs per extraction shard: a shard of synthetic vectors
@@ -196,15 +197,16 @@ def _child(kind: str, path: str) -> None:
         start_ray()  # the cluster's start-up is not the analysis
     store = RepresentationStore.open(path)
     with PeakRss() as everything:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         MEASURES[kind](store)
-        seconds = time.perf_counter() - started
-    print(json.dumps({"kind": kind, "seconds": seconds, "peak_rss_mb": everything.own / 2**20,
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    print(json.dumps({"kind": kind, "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb": everything.own / 2**20,
                       "peak_rss_all_mb": everything.total / 2**20}))
 
 
 def measure(kind: str, path: str | Path) -> dict[str, Any]:
-    """One measurement in a fresh process: {"kind", "seconds", "peak_rss_mb", "peak_rss_all_mb"}."""
+    """One measurement in a fresh process: {"kind", "seconds", "cpu_seconds" (the child's own, every thread:
+    on a machine shared with other jobs it grows far less than the wall time), "peak_rss_mb", "peak_rss_all_mb"}."""
     done = subprocess.run([sys.executable, __file__, "--child", kind, str(path)], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr[-3000:]}")
@@ -218,11 +220,11 @@ def store_rows(path: Path, *, kinds: Sequence[str], repeat: int) -> list[dict[st
         for kind in kinds:
             runs[kind].append(measure(kind, path))
             last = runs[kind][-1]
-            print(f"  {kind}: {last['seconds']:.2f} s, {last['peak_rss_mb']:.0f} MB ({last['peak_rss_all_mb']:.0f} MB with children)",
+            print(f"  {kind}: {last['seconds']:.2f} s ({last['cpu_seconds']:.2f} s CPU), {last['peak_rss_mb']:.0f} MB ({last['peak_rss_all_mb']:.0f} MB with children)",
                   flush=True)
     best = {kind: min(results, key=lambda r: r["seconds"]) for kind, results in runs.items()}
     read = best.get("read")
-    return [{**best[kind], "all_seconds": [r["seconds"] for r in runs[kind]],
+    return [{**best[kind], "all_seconds": [r["seconds"] for r in runs[kind]], "all_cpu_seconds": [r["cpu_seconds"] for r in runs[kind]],
              "ratio_to_read": best[kind]["seconds"] / read["seconds"] if read else None} for kind in kinds]
 
 
@@ -358,13 +360,15 @@ def main() -> None:
 
 def print_table(rows: list[dict[str, Any]], overhead: dict[str, Any] | None = None) -> None:
     print(f"\n{os.cpu_count()} CPUs; {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}\n")
-    print("| store | rows | d x layers | GB | measured | best s (all) | x read | peak RSS MB (with children) |")
-    print("|---|---:|---|---:|---|---:|---:|---:|")
+    print("| store | rows | d x layers | GB | measured | best s (all) | x read | CPU s (all) | peak RSS MB (with children) |")
+    print("|---|---:|---|---:|---|---:|---:|---:|---:|")
     for row in rows:
         runs = ", ".join(f"{s:.1f}" for s in row["all_seconds"])
+        cpu = ", ".join(f"{s:.1f}" for s in row["all_cpu_seconds"])
         ratio = "" if row["ratio_to_read"] is None else f"{row['ratio_to_read']:.1f}"
         print(f"| {row['corpus']} x{row['repeat']} | {row['rows']:,} | {row['dim']} x {row['layers']} | {row['store_gb']:.1f} | "
-              f"{row['kind']} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['peak_rss_mb']:,.0f} ({row['peak_rss_all_mb']:,.0f}) |")
+              f"{row['kind']} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['cpu_seconds']:.1f} ({cpu}) | "
+              f"{row['peak_rss_mb']:,.0f} ({row['peak_rss_all_mb']:,.0f}) |")
     if overhead:
         local, ray = statistics.median(overhead["local"]), statistics.median(overhead["ray"])
         print(f"\none shard of {overhead['sentences']} sentences ({overhead['rows']} rows x {overhead['layers']} layers x "

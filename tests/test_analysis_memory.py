@@ -1,32 +1,45 @@
-"""The analysis's memory (issue 12) and MEV's float32 rows (issue 11): the MEV state of a word group,
-counted in the bytes it really holds, stays within the budget the group was planned with; MEV gets a
-float32 store's rows as float32 (float16 widened, exactly) and gives the float64 path's numbers."""
+"""The analysis's memory and time (issue 12) and MEV's float32 rows (issue 11): the MEV state of a
+word group, counted in the bytes it really holds, stays within the budget the group was planned with;
+MEV gets a float32 store's rows as float32 (float16 widened, exactly) and gives the float64 path's
+numbers; however many word groups, the store is read once per layer (the other groups' rows go to
+scratch files, removed afterwards, also after an error) and the numbers are those of one group; the
+plan reads only the token columns it needs and selects what the whole token table selects."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+import tempfile
+from typing import Any, Iterator
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator
-from lmgeom.runs import analyze_store, tally
-from lmgeom.runs.analysis import AnalysisOptions, mev_feeds, plan_analysis
+from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, mev
+from lmgeom.runs import Feed, analyze_store, tally
+from lmgeom.runs.analysis import AnalysisOptions, mev_feeds, plan_analysis, solve_word_groups, word_spectra
+from lmgeom.runs.selection import select_rows
+from lmgeom.runs.spool import RowSpool
 from lmgeom.store import RepresentationStore, write_store_from_arrays
+
+TALLY = sys.modules["lmgeom.runs.tally"]  # the module (`lmgeom.runs.tally` the attribute is the function)
 
 
 RTOL = {"uncentred": 1e-9, "centred": 1e-9, "svd_ratio": 1e-6}  # MEV's own (tests/test_mev_spectrum.py)
 
 
 def synthetic_store(path: Any, *, dim: int, counts: dict[str, int], dtype: type = np.float32, seed: int = 0,
-                    sentence_length: int = 10) -> RepresentationStore:
-    """One layer: each word's occurrences shuffled into sentences; row = offset + the word's centre + noise."""
+                    sentence_length: int = 10, n_layers: int = 1) -> RepresentationStore:
+    """Each word's occurrences shuffled into sentences; row = offset + the word's centre + noise (more
+    noise in each further layer)."""
     rng = np.random.default_rng(seed)
     words = rng.permutation(np.repeat(np.array(list(counts)), list(counts.values())))
     sentences = [list(words[start:start + sentence_length]) for start in range(0, len(words), sentence_length)]
     centres = {word: rng.standard_normal(dim) for word in counts}
-    rows = np.stack([centres[word] for word in words]) + 0.7 * rng.standard_normal((len(words), dim)) + 2.0
-    return write_store_from_arrays(path, [rows.astype(dtype)], sentences)
+    mean = np.stack([centres[word] for word in words]) + 2.0
+    layers = [mean + (0.7 + 0.3 * layer) * rng.standard_normal((len(words), dim)) for layer in range(n_layers)]
+    return write_store_from_arrays(path, [rows.astype(dtype) for rows in layers], sentences)
 
 
 def held_bytes(accumulator: MEVAccumulator) -> int:
@@ -110,3 +123,159 @@ def test_analysis_from_float32_rows_equals_the_float64_path(tmp_path: Any, dtype
     for variant in MEV_VARIANTS:
         expected = [reference[word].mev(variant) for word in range(len(plan.words))]
         np.testing.assert_allclose(words[f"mev_{variant}"].to_numpy(), expected, rtol=RTOL[variant])
+
+
+# d = 256: 4,096-row store chunks, 4 a layer; a few words past 4d float32 rows (X^T X mid-read), many
+# rare ones (batched Gram), and punctuation
+GROUPED_COUNTS = {f"often{i}": 1200 for i in range(3)} | {f"rare{i}": 5 + (7 * i) % 31 for i in range(500)} | {".": 200}
+SMALL_BUDGET_MB = 2  # several word groups
+
+
+@pytest.fixture(scope="module")
+def grouped_store(tmp_path_factory: Any) -> RepresentationStore:
+    return synthetic_store(tmp_path_factory.mktemp("grouped") / "store", dim=256, counts=GROUPED_COUNTS, n_layers=2,
+                           sentence_length=7)
+
+
+@pytest.fixture
+def counted_reads(monkeypatch: Any) -> list[tuple[int, int]]:
+    """(layer, first row) of every chunk `tally` reads from the store."""
+    reads: list[tuple[int, int]] = []
+    stored_chunks = TALLY.stored_chunks
+
+    def counting(store: RepresentationStore, layer: int, **options: Any) -> Iterator[tuple[int, np.ndarray]]:
+        for start, chunk in stored_chunks(store, layer, **options):
+            reads.append((layer, start))
+            yield start, chunk
+
+    monkeypatch.setattr(TALLY, "stored_chunks", counting)
+    return reads
+
+
+@pytest.fixture
+def scratch(tmp_path: Any, monkeypatch: Any) -> Any:
+    """The system temporary directory, made an empty folder of this test's own."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_several_word_groups_give_the_numbers_of_one(grouped_store: RepresentationStore, counted_reads: list[tuple[int, int]],
+                                                     scratch: Any) -> None:
+    """A budget that makes several word groups changes neither the closed-form statistics (1e-12) nor
+    MEV (its tolerances; both equal MEV of each word's float64 rows), nor the order of the words."""
+    grouped = analyze_store(grouped_store, min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB, device="cpu")
+    one = analyze_store(grouped_store, min_contexts=2, mev_memory_mb=1e6, device="cpu")
+    assert grouped.counts["mev_word_groups"] >= 4 and one.counts["mev_word_groups"] == 1
+    assert list(os.scandir(scratch)) == []
+
+    assert grouped.words["word"].tolist() == one.words["word"].tolist()
+    mev_columns = [column for column in one.words if column.startswith("mev_")]
+    pd.testing.assert_frame_equal(grouped.words.drop(columns=mev_columns), one.words.drop(columns=mev_columns), rtol=0, atol=1e-12)
+    plan = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2))
+    analysed = plan.words.word_index >= 0
+    for layer in grouped_store.layers:
+        at_layer = grouped.words["layer"] == layer
+        rows = np.asarray(grouped_store.layer(layer)[:], dtype=np.float64)[analysed]
+        for variant in MEV_VARIANTS:
+            column = f"mev_{variant}"
+            reference = mev(rows, plan.words.word_index[analysed], variant=variant)
+            np.testing.assert_allclose(grouped.words.loc[at_layer, column], one.words.loc[at_layer, column], rtol=RTOL[variant])
+            np.testing.assert_allclose(grouped.words.loc[at_layer, column], reference.sort_index().to_numpy(), rtol=RTOL[variant])
+    layer_mev = one.layers["metric"].str.startswith("mev_")
+    pd.testing.assert_frame_equal(grouped.layers[~layer_mev], one.layers[~layer_mev], rtol=0, atol=1e-12)
+    for variant in MEV_VARIANTS:
+        at = grouped.layers["metric"] == f"mev_{variant}"
+        np.testing.assert_allclose(grouped.layers.loc[at, "raw"], one.layers.loc[at, "raw"], rtol=RTOL[variant])
+
+
+def test_the_store_is_read_once_per_layer_whatever_the_word_groups(grouped_store: RepresentationStore,
+                                                                  counted_reads: list[tuple[int, int]], scratch: Any,
+                                                                  monkeypatch: Any) -> None:
+    """Every stored chunk of every layer is read exactly once by the analysis, and once by the static
+    embeddings' spectra, with several word groups; the groups after the first went through spools."""
+    spooled: list[int] = []
+    drain = RowSpool.drain
+
+    def counting_drain(self: RowSpool, accumulator: Any) -> None:
+        spooled.append(self.path.stat().st_size)
+        drain(self, accumulator)
+
+    monkeypatch.setattr(RowSpool, "drain", counting_drain)
+    plan = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB))
+    chunk_rows = int(grouped_store.layer(0).chunks[0])  # the store's own chunks: 4 a layer
+    chunk_starts = list(range(0, grouped_store.n_tokens, chunk_rows))
+    assert len(chunk_starts) >= 3 and plan.n_groups >= 4
+
+    analyze_store(grouped_store, min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB, chunk_rows=chunk_rows, device="cpu")
+    assert sorted(counted_reads) == [(layer, start) for layer in grouped_store.layers for start in chunk_starts]
+    assert len(spooled) == len(grouped_store.layers) * (plan.n_groups - 1) and min(spooled) > 0
+
+    counted_reads.clear()
+    spectra = word_spectra(grouped_store, 1, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
+    assert sorted(counted_reads) == [(1, start) for start in chunk_starts]
+    one_group = MEVAccumulator(len(plan.words))
+    tally(grouped_store, 1, [Feed(one_group, plan.words.word_index >= 0, {"word_ids": plan.words.word_index}, stored_rows=True)])
+    expected = one_group.result()
+    assert list(spectra) == list(range(len(plan.words))) and spectra.keys() == expected.keys()
+    for word, spectrum in spectra.items():
+        for variant in MEV_VARIANTS:
+            assert spectrum.mev(variant) == pytest.approx(expected[word].mev(variant), rel=RTOL[variant])
+    assert list(os.scandir(scratch)) == []
+
+
+@pytest.mark.parametrize("failing", ["read", "solve"])
+def test_scratch_files_are_removed_also_after_an_error(grouped_store: RepresentationStore, scratch: Any, monkeypatch: Any,
+                                                       failing: str) -> None:
+    """An error while the layer is read (spools half written) or while a group is solved (later
+    groups' spools not yet read) leaves no scratch file or folder behind."""
+    plan = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB))
+    stored_chunks = TALLY.stored_chunks
+    seen: list[list[str]] = []
+
+    def failing_read(store: RepresentationStore, layer: int, **options: Any) -> Iterator[tuple[int, np.ndarray]]:
+        for index, (start, chunk) in enumerate(stored_chunks(store, layer, **options)):
+            if index == 2:
+                seen.append([entry.name for folder in os.scandir(scratch) for entry in os.scandir(folder.path)])
+                raise OSError("the disk went away")
+            yield start, chunk
+
+    def failing_record(spectra: dict[int, Any]) -> None:
+        seen.append([entry.name for folder in os.scandir(scratch) for entry in os.scandir(folder.path)])
+        raise RuntimeError("stop after the first group")
+
+    if failing == "read":
+        monkeypatch.setattr(TALLY, "stored_chunks", failing_read)
+    with pytest.raises(OSError if failing == "read" else RuntimeError):
+        solve_word_groups(grouped_store, 0, plan, groups=range(plan.n_groups), chunk_rows=int(grouped_store.layer(0).chunks[0]),
+                          record=failing_record if failing == "solve" else (lambda spectra: None))
+    assert len(seen[0]) == plan.n_groups - 1  # the spools were there when it failed
+    assert list(os.scandir(scratch)) == []
+
+
+def test_the_plan_reads_few_token_columns_and_selects_as_the_whole_table(tmp_path: Any) -> None:
+    """`plan_analysis` reads only the token columns the selection needs (the table is not kept on the
+    store) and its rows and words equal those selected from the whole token table by the former
+    rule: a groupby over the selected rows of the table, words named by the table's own column."""
+    counts = {f"w{i}": 2 + i % 6 for i in range(60)} | {",": 40, "the": 90}
+    store = synthetic_store(tmp_path / "store", dim=8, counts=counts, sentence_length=6)
+    for options in (AnalysisOptions(min_contexts=3), AnalysisOptions(min_contexts=2, include_punct=True, exclude_first_word=True)):
+        plan = plan_analysis(RepresentationStore.open(store.path), options)
+        fresh = RepresentationStore.open(store.path)
+        plan_analysis(fresh, options)
+        assert "tokens" not in fresh.__dict__
+
+        tokens = store.tokens
+        selection = select_rows(tokens, include_punct=options.include_punct, exclude_first_word=options.exclude_first_word)
+        table = tokens.loc[selection.mask].groupby("word_id", sort=True).agg(
+            word=("word", "first"), count=("sentence_id", "size"), contexts=("sentence_id", "nunique")).reset_index()
+        words = table.loc[table["contexts"] >= options.min_contexts].reset_index(drop=True)
+        for name in ("mask", "sentence_ids", "word_ids"):
+            assert np.array_equal(getattr(plan.selection, name), getattr(selection, name))
+        assert plan.selection.counts == selection.counts
+        pd.testing.assert_frame_equal(plan.words.words, words)
+        index_of = dict(zip(words["word_id"], range(len(words))))
+        expected_index = [index_of.get(word_id, -1) if keep else -1 for word_id, keep in zip(tokens["word_id"], selection.mask)]
+        assert plan.words.word_index.tolist() == expected_index
+        assert plan.words.counts["distinct_words"] == len(table)

@@ -152,7 +152,7 @@ def test_row_selection_counts_and_options(fixed_store):
     first_positions = tokens.loc[~special].groupby("sentence_id")["position"].transform("min")
     assert first.counts["rows_first_word_excluded"] == 36
     assert not first.mask[first_positions.index[tokens.loc[~special, "position"] == first_positions]].any()
-    words = select_words(tokens, default, min_contexts=3)
+    words = select_words(fixed_store.vocab, default, min_contexts=3)
     assert (words.words["contexts"] >= 3).all() and words.counts["rows_of_analysed_words"] == 190
     assert np.array_equal(words.word_index >= 0, default.mask)
 

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="seed for the sampled baselines"),
         samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
         out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
-        mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices; more means fewer passes"),
+        mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices (MB); words beyond it wait in local scratch files (TMPDIR), solved a group at a time"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
         engine: str = typer.Option("local", help="local (this process) or ray (tasks by row range and word group on a Ray cluster)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),

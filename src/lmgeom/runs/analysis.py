@@ -1,10 +1,12 @@
 """Contextuality of a representation store (Ethayarajh 2019): baselines, SelfSim, IntraSim, MEV.
 
-One streaming pass per layer feeds every accumulator (`lmgeom.runs.tally`); words whose occurrence
-matrices do not fit in `mev_memory_mb` at once get further passes over the same layer, a group of
-words at a time. Memory is per-word state only: a d-vector per analysed word, and one word group's
-MEV state at a time (at most `mev_memory_mb`: `mev_state_bytes` of the rows as stored, float32 for a
-float32 or float16 store).
+One streaming read per layer feeds every accumulator (`lmgeom.runs.tally`). Words whose occurrence
+matrices do not fit in `mev_memory_mb` at once are solved a group of words at a time: the read keeps
+the first group's MEV state in memory and writes every other group's rows to a scratch file of its
+own (`lmgeom.runs.spool`), from which each group is solved in turn (`solve_word_groups`), so the
+store is read once per layer whatever the number of groups. Memory is per-word state only: a
+d-vector per analysed word, and one word group's MEV state at a time (at most `mev_memory_mb`:
+`mev_state_bytes` of the rows as stored, float32 for a float32 or float16 store).
 Rows are chosen by the one row selection of `lmgeom.runs.selection`; self-similarity and MEV use
 every selected occurrence of each word with at least `min_contexts` distinct sentences, and the
 baselines use the same rows.
@@ -19,9 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,8 +51,9 @@ from lmgeom.metrics.contextuality import (
 )
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
-from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, row_range, stored_row_bytes, tally
+from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
+from lmgeom.runs.spool import RowSpool
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, RowSink, row_range, stored_row_bytes, tally
 from lmgeom.store import RepresentationStore
 
 ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
@@ -122,10 +128,12 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
     layers = list(store.layers if options.layers is None else options.layers)
     for layer in layers:
         store.layer(layer)  # an unknown layer is an IndexError naming the range
-    tokens = store.tokens
+    # only the columns the selection reads (not the per-row words: the vocabulary names the words)
+    tokens = store.token_columns(*SELECTION_COLUMNS)
     selection = select_rows(tokens, include_special=options.include_special, include_punct=options.include_punct,
                             exclude_first_word=options.exclude_first_word)
-    words = select_words(tokens, selection, min_contexts=options.min_contexts)
+    del tokens  # the selection keeps its own arrays
+    words = select_words(store.vocab, selection, min_contexts=options.min_contexts)
     settings = {
         "min_contexts": options.min_contexts, "exclude_punct": not options.include_punct,
         "exclude_first_word": options.exclude_first_word, "include_special": options.include_special,
@@ -225,8 +233,8 @@ class LayerAccumulators:
         return feeds + mev_feeds(plan, self.mev)
 
 
-def mev_feeds(plan: AnalysisPlan, accumulators: dict[int, MEVAccumulator]) -> list[Feed]:
-    """Feeds of each word group's rows into that group's MEV accumulator."""
+def mev_feeds(plan: AnalysisPlan, accumulators: Mapping[int, RowSink]) -> list[Feed]:
+    """Feeds of each word group's rows into that group's MEV accumulator (or its `RowSpool`)."""
     word_index = plan.words.word_index
     group_of_row = np.where(word_index >= 0, plan.groups[np.maximum(word_index, 0)], -1)
     # MEV keeps float32 rows as float32 (half the bytes of float64, exact results): it gets the rows as stored
@@ -234,16 +242,46 @@ def mev_feeds(plan: AnalysisPlan, accumulators: dict[int, MEVAccumulator]) -> li
             for group, accumulator in accumulators.items()]
 
 
+def solve_word_groups(store: RepresentationStore, layer: int, plan: AnalysisPlan, *, groups: Sequence[int],
+                      record: Callable[[dict[int, OccurrenceSpectrum]], None], feeds: Sequence[Feed] = (),
+                      rows: range | tuple[int, int] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                      device: str = "cpu") -> None:
+    """MEV spectra of the words of `groups` at `layer`, handed to `record` a group at a time, from one
+    read of the layer (over `rows`) that also feeds `feeds` (the pass's other accumulators, on `device`).
+
+    The first group's MEV state fills in memory during the read; every other group's rows (as stored:
+    float32 for a float32 or float16 store) go to a `RowSpool` of their own. Then each group is solved
+    in turn, the later ones from their own file in one sequential read, and dropped before the next:
+    memory holds one group's state at a time (`mev_memory_mb`), the local disk the other groups' rows
+    until each is solved (at most the analysed rows as stored). The spools live in a fresh folder of
+    the system's temporary directory (`tempfile`: TMPDIR), removed when this returns or raises; a
+    killed process leaves its `lmgeom-mev-*` folder behind, which nothing reads again (a re-run makes
+    its own), so it can simply be deleted."""
+    n_words = len(plan.words)
+    with ExitStack() as cleanup:
+        in_memory = {group: MEVAccumulator(n_words) for group in groups[:1]}
+        spools: dict[int, RowSpool] = {}
+        if len(groups) > 1:
+            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="lmgeom-mev-")))
+            spools = {group: cleanup.enter_context(RowSpool(scratch / f"group-{group}.rows")) for group in groups[1:]}
+        tally(store, layer, [*feeds, *mev_feeds(plan, {**in_memory, **spools})], rows=rows, chunk_rows=chunk_rows, device=device)
+        for group in groups:
+            if group in in_memory:
+                accumulator = in_memory.pop(group)
+            else:
+                accumulator = MEVAccumulator(n_words)
+                spools[group].drain(accumulator)
+            record(accumulator.result())
+            del accumulator  # before the next group's rows are read: one group's state at a time
+
+
 def word_spectra(store: RepresentationStore, layer: int, plan: AnalysisPlan, *, groups: Iterable[int],
                  rows: range | tuple[int, int] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict[int, OccurrenceSpectrum]:
-    """Spectra of the analysed words' occurrence matrices at `layer`, one pass per word group, each
-    group reduced before the next is read (so memory holds one group's matrices at a time). MEV
-    runs on the CPU, so these passes never move rows to a GPU."""
+    """Spectra of the analysed words' occurrence matrices at `layer`, from one read of the layer
+    (`solve_word_groups`: one word group's matrices in memory at a time). MEV runs on the CPU, so
+    this read never moves rows to a GPU."""
     spectra: dict[int, OccurrenceSpectrum] = {}
-    for group in groups:
-        accumulator = MEVAccumulator(len(plan.words))
-        tally(store, layer, mev_feeds(plan, {group: accumulator}), rows=rows, chunk_rows=chunk_rows)
-        spectra.update(accumulator.result())
+    solve_word_groups(store, layer, plan, groups=list(groups), record=spectra.update, rows=rows, chunk_rows=chunk_rows)
     return spectra
 
 
@@ -563,13 +601,11 @@ def analyze_store(
     progress.start("analyze layers", len(plan.layers), unit="layers")
     stats = []
     for layer in plan.layers:
-        # the first pass also fills the first word group's MEV state; later groups get a pass each
-        accumulators = LayerAccumulators.empty(plan, groups=[0])
-        tally(store, layer, accumulators.feeds(plan), chunk_rows=chunk_rows, device=device)
+        # one read of the layer feeds every accumulator and every MEV word group (spooled to disk)
+        accumulators = LayerAccumulators.empty(plan, groups=[])
         mev = empty_mev(len(plan.words))
-        record_mev(mev, accumulators.mev.pop(0).result())
-        for group in range(1, plan.n_groups):
-            record_mev(mev, word_spectra(store, layer, plan, groups=[group], chunk_rows=chunk_rows))
+        solve_word_groups(store, layer, plan, groups=range(plan.n_groups), record=partial(record_mev, mev),
+                          feeds=accumulators.feeds(plan), chunk_rows=chunk_rows, device=device)
         stats.append(_layer_stats(layer, accumulators, mev))
         progress.advance("analyze layers", note=f"layer {layer}")
     result = _result(store, plan, stats)

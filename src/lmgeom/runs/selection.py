@@ -23,6 +23,10 @@ import numpy as np
 import pandas as pd
 
 
+# the token table's columns `select_rows` reads
+SELECTION_COLUMNS = ("sentence_id", "word_id", "is_punct", "is_special")
+
+
 @dataclass(frozen=True)
 class RowSelection:
     """The selected rows of a store (`mask`, one bool per row) and what was left out (`counts`)."""
@@ -48,7 +52,8 @@ class RowSelection:
 def select_rows(
     tokens: pd.DataFrame, *, include_special: bool = False, include_punct: bool = False, exclude_first_word: bool = False,
 ) -> RowSelection:
-    """The selected rows of a store's token table (see the module docstring); no row left is an error."""
+    """The selected rows of a store's token table (its `SELECTION_COLUMNS` are enough; see the
+    module docstring); no row left is an error."""
     special = tokens["is_special"].to_numpy(dtype=bool)
     punct = tokens["is_punct"].to_numpy(dtype=bool) & ~special
     mask = np.ones(len(tokens), dtype=bool)
@@ -92,11 +97,14 @@ class WordSelection:
         return len(self.words)
 
 
-def select_words(tokens: pd.DataFrame, selection: RowSelection, *, min_contexts: int) -> WordSelection:
-    """The words of the selected rows that occur in at least `min_contexts` distinct sentences."""
-    table = tokens.loc[selection.mask].groupby("word_id", sort=True).agg(
-        word=("word", "first"), count=("sentence_id", "size"), contexts=("sentence_id", "nunique")
-    ).reset_index()
+def select_words(vocab: pd.DataFrame, selection: RowSelection, *, min_contexts: int) -> WordSelection:
+    """The words of the selected rows that occur in at least `min_contexts` distinct sentences.
+    `vocab`: the store's vocabulary (`word_id`, `word`), which names them; rows are counted from the
+    selection's own per-row ids, so no per-row table of words is needed."""
+    rows = pd.DataFrame({"word_id": selection.word_ids[selection.mask], "sentence_id": selection.sentence_ids[selection.mask]})
+    table = rows.groupby("word_id", sort=True).agg(count=("sentence_id", "size"), contexts=("sentence_id", "nunique")).reset_index()
+    names = vocab["word"].to_numpy()[pd.Index(vocab["word_id"]).get_indexer(table["word_id"])]
+    table.insert(1, "word", names)
     words = table.loc[table["contexts"] >= min_contexts].reset_index(drop=True)
     if words.empty:
         raise ValueError(_no_word_message(table["contexts"], min_contexts, int(selection.mask.sum())))

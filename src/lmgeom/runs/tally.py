@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import Accumulator, BlockAccumulator, RowBlock, as_float64_rows
+from lmgeom.metrics.base import BlockAccumulator, RowBlock, as_float64_rows
 from lmgeom.store import RepresentationStore
 
 # rows per chunk read from the store: 16k x 768 float64 is 100 MB, held once (the block) plus each
@@ -30,13 +30,20 @@ from lmgeom.store import RepresentationStore
 DEFAULT_CHUNK_ROWS = 16384
 
 
+class RowSink(Protocol):
+    """What `tally` hands rows to: an `Accumulator`, or anything else that takes rows and their
+    labels (`lmgeom.runs.spool.RowSpool`, which keeps them on disk for a later step)."""
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> Any: ...
+
+
 @dataclass
 class Feed:
-    """An accumulator, the store rows it takes (None: every row), and its labels per store row.
-    `stored_rows`: the accumulator gets its rows as stored (`stored_float_rows`) instead of float64;
-    only for accumulators that do not read blocks and keep float32 rows exact (MEV)."""
+    """An accumulator (or any `RowSink`), the store rows it takes (None: every row), and its labels
+    per store row. `stored_rows`: it gets its rows as stored (`stored_float_rows`) instead of float64;
+    only for sinks that do not read blocks and keep float32 rows exact (MEV, and its spools)."""
 
-    accumulator: Accumulator
+    accumulator: RowSink
     mask: np.ndarray | None = None
     ids: Mapping[str, np.ndarray] = field(default_factory=dict)
     stored_rows: bool = False

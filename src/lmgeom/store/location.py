@@ -15,7 +15,7 @@ import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import fsspec
 import pandas as pd
@@ -124,11 +124,13 @@ class Location:
         table.to_parquet(buffer, index=False)
         self.write_bytes(buffer.getvalue(), *parts)
 
-    def read_parquet(self, *parts: str) -> pd.DataFrame:
+    def read_parquet(self, *parts: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """The table at `parts` (only `columns`, when given: parquet reads just those)."""
+        selected = None if columns is None else list(columns)
         if self.is_local:
-            return pd.read_parquet(self.path(*parts))
+            return pd.read_parquet(self.path(*parts), columns=selected)
         with self.fs.open(self.path(*parts), "rb") as handle:
-            return pd.read_parquet(handle)
+            return pd.read_parquet(handle, columns=selected)
 
     # ---- zarr ---------------------------------------------------------------------------------
     def zarr_store(self, *parts: str, read_only: bool) -> LocalStore | FsspecStore:

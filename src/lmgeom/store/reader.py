@@ -125,6 +125,13 @@ class RepresentationStore:
     def tokens(self) -> pd.DataFrame:
         return self.location.read_parquet(layout.TOKENS)
 
+    def token_columns(self, *columns: str) -> pd.DataFrame:
+        """Only these columns of the token table, read afresh and not kept (from `tokens` if that is
+        already loaded): the whole table, its words as Python strings, takes many times their bytes."""
+        if "tokens" in self.__dict__:
+            return self.tokens.loc[:, list(columns)]
+        return self.location.read_parquet(layout.TOKENS, columns=columns)
+
     @cached_property
     def sentences(self) -> pd.DataFrame:
         return self.location.read_parquet(layout.SENTENCES)
