@@ -354,9 +354,13 @@ def test_bad_weight_files_name_the_tensor(published, tmp_path):
 
 def test_bad_inputs_are_documented_or_clear():
     model = small_model()
-    empty, long, prefix = model.embed_sentences([[], ["y" * 60], ["y" * 48]])
+    # no repeated pattern, so that characters past the 48th would change the character CNN's maxima
+    word = "".join(np.random.default_rng(0).choice(list("abcdefghijklmnopqrstuvwxyz"), 60))
+    empty, long, prefix = model.embed_sentences([[], [word], [word[:48]]])
     assert empty.shape == (3, 0, 12)
-    np.testing.assert_allclose(long, prefix)  # words keep their first 48 bytes
+    # words keep their first 48 bytes: the same characters at another batch row, equal up to float32
+    # rounding (which differs between batch rows with the CPU's kernels)
+    np.testing.assert_allclose(long, prefix, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match="list of sentences"):
         model.embed_sentences("a sentence as one string")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"shape \(batch, time, 50\)"):
