@@ -22,7 +22,8 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     in two vectorised operations."""
     lengths = np.asarray(lengths, dtype=np.int64)
     ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
+    shifts = np.asarray(starts, dtype=np.int64) - (ends - lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(shifts, lengths)
 
 
 @dataclass(frozen=True)

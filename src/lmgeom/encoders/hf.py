@@ -70,7 +70,8 @@ class _Lease:
 
     def __init__(self, buffer: np.ndarray, shape: tuple[int, ...], spare: deque[np.ndarray]) -> None:
         self.buffer = buffer
-        self.__array_interface__ = {"shape": shape, "typestr": buffer.dtype.str, "data": (buffer.ctypes.data, False), "version": 3}
+        self.__array_interface__ = {"shape": shape, "typestr": buffer.dtype.str, "data": (buffer.ctypes.data, False),
+                                    "version": 3}
         weakref.finalize(self, _give_back, spare, buffer).atexit = False
 
 
@@ -172,7 +173,8 @@ class HFEncoder:
         for index, sentence in enumerate(sentences):
             start, stop = int(units.bounds[index]), int(units.bounds[index + 1])
             kept = chunk.kept_words[chunk.word_bounds[index] : chunk.word_bounds[index + 1]]
-            words = [word.text for word in sentence.words] if len(kept) == len(sentence.words) else [sentence.words[i].text for i in kept]
+            words = ([word.text for word in sentence.words] if len(kept) == len(sentence.words)
+                     else [sentence.words[i].text for i in kept])
             n_prefix = 0
             if self.keep_special:
                 ids = chunk.ids[chunk.bounds[index] : chunk.bounds[index + 1]]
@@ -247,7 +249,8 @@ class HFEncoder:
         sentence = np.concatenate([prefix_sentence, unit_sentence, suffix_sentence])
         part = np.repeat([0, 1, 2], [len(prefix_sentence), len(unit_sentence), len(suffix_sentence)])
         order = np.lexsort((np.arange(len(sentence)), part, sentence))
-        all_counts = np.concatenate([np.ones(len(prefix_sentence), dtype=np.int64), counts, np.ones(len(suffix_sentence), dtype=np.int64)])
+        all_counts = np.concatenate([np.ones(len(prefix_sentence), dtype=np.int64), counts,
+                                     np.ones(len(suffix_sentence), dtype=np.int64)])
         all_positions = np.concatenate([prefix_positions, positions, suffix_positions])
         offsets = np.cumsum(all_counts) - all_counts
         return _Units(
@@ -260,10 +263,10 @@ class HFEncoder:
     @torch.inference_mode()
     def _pool(self, windows: ChunkWindows, units: _Units, pooling: str) -> np.ndarray:
         """Run the windows in length-sorted, dynamically padded batches and pool each unit's positions."""
-        ends = np.cumsum(units.counts)
         if pooling == "mean":
             counts, positions = units.counts, units.positions
         else:
+            ends = np.cumsum(units.counts)
             counts = np.ones(len(units.counts), dtype=np.int64)
             positions = units.positions[ends - units.counts if pooling == "first" else ends - 1]
         piece_unit = np.repeat(np.arange(len(counts)), counts)
