@@ -40,13 +40,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from lmgeom.corpus import Corpus, lee
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.elmo import batch_to_ids
 from lmgeom.encoders import load_encoder
-from lmgeom.encoders.alignment import tokenize_sentence
+from lmgeom.encoders.alignment import chunk_windows, tokenize_chunk
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.elmo import ElmoEncoder
 from lmgeom.encoders.hf import HFEncoder
@@ -79,14 +80,10 @@ def bare_forward(encoder: Encoder, chunks: list[list[Sentence]]) -> Callable[[],
         return run_elmo
     assert isinstance(encoder, HFEncoder)
     hf = encoder
-    inputs: list[list[list[int]]] = []
+    inputs: list[list[np.ndarray]] = []
     for sentences in chunks:
-        windows: list[list[int]] = []
-        for sentence in sentences:
-            tokenized = tokenize_sentence(hf.tokenizer, sentence, prepend_bos=hf.prepend_bos, sentence_index=0)
-            hf._append_windows(tokenized, windows)
-        order = sorted(range(len(windows)), key=lambda w: (-len(windows[w]), w))
-        inputs.extend([windows[w] for w in batch] for batch in hf._batches(order, windows))
+        windows = chunk_windows(tokenize_chunk(hf.tokenizer, sentences, prepend_bos=hf.prepend_bos, first_index=0), hf.max_length)
+        inputs.extend([windows.ids[windows.bounds[w] : windows.bounds[w + 1]] for w in batch] for batch in hf._batches(windows.lengths))
 
     def run_hf() -> None:
         with torch.inference_mode():
@@ -94,7 +91,7 @@ def bare_forward(encoder: Encoder, chunks: list[list[Sentence]]) -> Callable[[],
                 input_ids = torch.full((len(batch), len(batch[0])), hf.pad_id, dtype=torch.long)
                 attention_mask = torch.zeros((len(batch), len(batch[0])), dtype=torch.long)
                 for row, window in enumerate(batch):
-                    input_ids[row, : len(window)] = torch.tensor(window)
+                    input_ids[row, : len(window)] = torch.from_numpy(window)
                     attention_mask[row, : len(window)] = 1
                 hf.model(input_ids=input_ids.to(hf.device), attention_mask=attention_mask.to(hf.device),
                          output_hidden_states=True, use_cache=False)

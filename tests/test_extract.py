@@ -146,20 +146,91 @@ def test_smollm2_gguf_alignment_byte_level_bpe():
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", "minilm"])
 def test_chunk_tokenized_at_once_equals_each_sentence_aligned_by_characters(model):
     from lmgeom.corpus import lee
-    from lmgeom.encoders.alignment import tokenize_sentences
+    from lmgeom.encoders.alignment import tokenize_chunk
 
     tokenizer = load_encoder(model, device="cpu").tokenizer
     sentences = [*lee().head(150).sentences, *Corpus.from_list(SENTENCES).sentences]
-    for sentence, tokenized in zip(sentences, tokenize_sentences(tokenizer, sentences, prepend_bos=False, first_index=0)):
+    chunk = tokenize_chunk(tokenizer, sentences, prepend_bos=False, first_index=0)
+    assert chunk.word_bounds.tolist() == np.cumsum([0] + [len(s.words) for s in sentences]).tolist()
+    for index, sentence in enumerate(sentences):
         alone = tokenizer(sentence.text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        ids = chunk.ids[chunk.bounds[index] : chunk.bounds[index + 1]].tolist()
+        assert ids == alone["input_ids"]
         content = [i for i, special in enumerate(alone["special_tokens_mask"]) if not special]
-        assert tokenized.content == [alone["input_ids"][i] for i in content]
-        assert tokenized.prefix + tokenized.content + tokenized.suffix == alone["input_ids"]
-        assert tokenized.kept_words == list(range(len(sentence.words)))
-        for word, pieces in zip(sentence.words, tokenized.word_pieces):
+        assert ids[chunk.n_prefix[index] : len(ids) - chunk.n_suffix[index]] == [alone["input_ids"][i] for i in content]
+        words = range(chunk.word_bounds[index], chunk.word_bounds[index + 1])
+        assert chunk.kept_words[words].tolist() == list(range(len(sentence.words)))
+        for kept, word in zip(words, sentence.words):
             chars = set(range(word.start, word.end))
             expected = [p for p, i in enumerate(content) if chars & set(range(*alone["offset_mapping"][i]))]
-            assert pieces.tolist() == expected
+            assert chunk.pieces[chunk.piece_bounds[kept] : chunk.piece_bounds[kept + 1]].tolist() == expected
+
+
+def test_overlapping_pieces_equal_a_pair_by_pair_comparison():
+    """Spans that never go back are matched by ranges over the whole chunk, the others pair by pair;
+    both against the overlap test itself, with empty pieces and words of no pieces among them."""
+    from lmgeom.encoders.alignment import overlapping_pieces
+
+    rng = np.random.default_rng(5)
+    sentences, goes_back = [], 0
+    for s in range(60):
+        n_words, n_pieces = int(rng.integers(0, 6)), int(rng.integers(0, 9))
+        words = np.sort(rng.choice(np.arange(30), size=2 * n_words, replace=False)).reshape(-1, 2)
+        starts = rng.integers(0, 30, n_pieces)
+        ends = starts + rng.integers(0, 5, n_pieces)
+        if s % 3:  # as tokenizers give them: neither starts nor ends decrease
+            starts = np.sort(starts)
+            ends = np.maximum.accumulate(starts + rng.integers(0, 5, n_pieces))
+        pieces = np.stack([starts, ends], axis=1).reshape(-1, 2)
+        goes_back += bool((np.diff(pieces, axis=0) < 0).any())
+        sentences.append((pieces, words))
+    assert goes_back > 10
+    counts, flat = overlapping_pieces(
+        np.concatenate([p for p, _ in sentences]), np.cumsum([0] + [len(p) for p, _ in sentences]),
+        np.concatenate([w for _, w in sentences]), np.cumsum([0] + [len(w) for _, w in sentences]),
+    )
+    expected = [[p for p, (a, b) in enumerate(pieces) if a < end and b > start] for pieces, words in sentences for start, end in words]
+    assert counts.tolist() == [len(e) for e in expected]
+    assert [part.tolist() for part in np.split(flat, np.cumsum(counts)[:-1])] == expected
+
+
+def test_a_chunk_of_one_and_several_windows_equals_each_sentence_alone():
+    """The chunk's flat bookkeeping (windows, special tokens, piece counts) per sentence, against
+    each sentence encoded on its own."""
+    encoder = load_encoder("tiny-bert", device="cpu", max_length=12, keep_special=True)
+    long = " ".join(f"word{i % 7} and" for i in range(9))
+    corpus = Corpus.from_list([SENTENCES[0], long, SENTENCES[3], long + " done.", SENTENCES[1]])
+    together = encoder.encode(corpus.sentences)
+    assert together[0].n_windows == 1 and together[1].n_windows > 1 and together[0].words[0] == "[CLS]"
+    for sentence, result in zip(corpus.sentences, together):
+        alone = encoder.encode([sentence])[0]
+        assert result.words == alone.words and result.n_windows == alone.n_windows
+        np.testing.assert_array_equal(result.is_special, alone.is_special)
+        np.testing.assert_array_equal(result.n_pieces, alone.n_pieces)
+        assert np.abs(result.vectors - alone.vectors).max() < PADDING_ATOL
+
+
+def test_a_chunks_memory_is_reused_only_once_nothing_refers_to_its_vectors():
+    encoder = load_encoder("tiny-bert", device="cpu")
+    sentences = Corpus.from_list(SENTENCES).sentences
+
+    def address(result):
+        return result[0].vectors.__array_interface__["data"][0]
+
+    first = encoder.encode(sentences)
+    expected = [e.vectors.copy() for e in first]
+    held = first[1].vectors[2]  # a view of one sentence's view holds the chunk's memory too
+    first_address = address(first)
+    del first
+    second = encoder.encode(sentences)
+    assert address(second) != first_address
+    np.testing.assert_array_equal(held, expected[1][2])
+    del held
+    third = encoder.encode(sentences)  # the first chunk's memory, free now
+    assert address(third) == first_address
+    for vectors, result_2, result_3 in zip(expected, second, third):
+        np.testing.assert_array_equal(result_2.vectors, vectors)
+        np.testing.assert_array_equal(result_3.vectors, vectors)
 
 
 def test_choose_windows_takes_the_window_with_most_context():
