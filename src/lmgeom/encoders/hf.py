@@ -336,10 +336,7 @@ class HFEncoder:
         numpy, which asks Linux for huge pages for large arrays, about half the faults' CPU of torch's
         memory when there are huge pages to be had.)"""
         size = int(np.prod(shape))
-        try:
-            buffer = self._spare.pop()
-        except IndexError:
-            buffer = None
+        buffer = self._spare.pop() if self._spare else None
         if buffer is None or buffer.size < size:
             buffer = np.empty(size + size // 8, dtype=np.float32)  # room for a next chunk of a few more words
         return np.asarray(_Lease(buffer, shape, self._spare))

@@ -543,18 +543,17 @@ def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> O
     Lanczos on X^T X and C (the dense route after all if the spectrum is too flat for its budget)."""
     mean = row_sum / n
     dim = len(row_sum)
-    if word_route(n, dim, formed=True) != "krylov":
-        top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
-    else:
+    pairs = None
+    if word_route(n, dim, formed=True) == "krylov":
         def apply(block: np.ndarray) -> list[np.ndarray]:
             images = second_moment @ block
             return [images, images - np.outer(row_sum, row_sum @ block) / n]
 
         pairs = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False], budget=krylov_budget(n, dim, formed=True))
-        if pairs is None:  # a flat spectrum: the dense route is cheaper after all
-            top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
-        else:
-            top, direction, centred_top = pairs[0].value, pairs[0].vector, pairs[1].value
+    if pairs is None:  # the dense route, chosen, or cheaper after all for a spectrum too flat for the budget
+        top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
+    else:
+        top, direction, centred_top = pairs[0].value, pairs[0].vector, pairs[1].value
     direction = direction / np.linalg.norm(direction)
     frobenius_sq = float(np.trace(second_moment))
     return _occurrence_spectrum(
