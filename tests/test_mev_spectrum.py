@@ -413,6 +413,56 @@ def test_mev_state_bytes_bounds_the_accumulator() -> None:
             assert held <= limit
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_expected_counts_route_words_up_front_and_keep_rows_as_views(matrix_free: None, dtype: type) -> None:
+    """With each word's count known, words beyond the row budget are X^T X from their first rows and
+    the kept rows are views of the grouped copies that hold nothing else (no copy a word, no dead
+    rows); the spectra match the accumulator without counts and dense eigh, in one pass, merged
+    shards and after a state round trip."""
+    d = 16
+    counts = np.array([3, 2 * d, 2 * d + 1, 4 * d + 1, 100 * d])
+    rng = np.random.default_rng(33)
+    word_ids = np.repeat(np.arange(len(counts)), counts)
+    X = np.concatenate([anisotropic(int(n), d, seed=40 + word) for word, n in enumerate(counts)]).astype(dtype)
+    parts = np.array_split(rng.permutation(len(word_ids)), 7)
+    hinted, plain = MEVAccumulator(len(counts), expected_counts=counts), MEVAccumulator(len(counts))
+    shards = [MEVAccumulator(len(counts), expected_counts=counts) for _ in range(2)]
+    for i, part in enumerate(parts):
+        hinted.add(X[part], word_ids=word_ids[part])
+        plain.add(X[part], word_ids=word_ids[part])
+        shards[i % 2].add(X[part], word_ids=word_ids[part])
+    budget_rows = 2 * 8 * d // np.dtype(dtype).itemsize
+    assert sorted(hinted.second_moments) == [word for word, n in enumerate(counts) if n > budget_rows]
+    assert sorted(hinted.rows) == [word for word, n in enumerate(counts) if n <= budget_rows]
+    blocks = [block for word_blocks in hinted.rows.values() for block in word_blocks]
+    assert all(block.base is not None for block in blocks)
+    bases = {id(block.base): block.base.nbytes for block in blocks}
+    assert sum(bases.values()) == sum(block.nbytes for block in blocks)
+    for word, limit in enumerate(mev_state_bytes(counts, d, row_bytes=np.dtype(dtype).itemsize)):
+        held = sum(block.nbytes for block in hinted.rows.get(word, ()))
+        assert held + (8 * d * d if word in hinted.second_moments else 0) <= limit
+    merged = shards[0].merge(shards[1])
+    restored = MEVAccumulator.from_state_dict(hinted.state_dict())
+    reference = plain.result()
+    for spectra in (hinted.result(), merged.result(), restored.result()):
+        assert sorted(spectra) == sorted(reference)
+        for word, spectrum in spectra.items():
+            assert spectrum.top_eigenvalue == pytest.approx(reference[word].top_eigenvalue, rel=VALUE_RTOL)
+            assert spectrum.centred_top_eigenvalue == pytest.approx(reference[word].centred_top_eigenvalue, rel=VALUE_RTOL)
+            assert_matches(spectrum, X[word_ids == word].astype(np.float64))
+
+
+def test_expected_counts_must_bound_every_word() -> None:
+    X = np.random.default_rng(34).standard_normal((6, 5))
+    accumulator = MEVAccumulator(2, expected_counts=np.array([3, 2]))
+    with pytest.raises(ValueError, match="more than its expected count of 2 occurrences"):
+        accumulator.add(X, word_ids=np.array([0, 0, 0, 1, 1, 1]))
+    with pytest.raises(ValueError, match="more than its expected count of 2"):
+        MEVAccumulator(2, expected_counts=np.array([3, 2])).merge(MEVAccumulator(2).add(X, word_ids=np.array([0, 0, 0, 1, 1, 1])))
+    with pytest.raises(ValueError, match="one count for each of the 2 words"):
+        MEVAccumulator(2, expected_counts=np.array([3, 2, 1]))
+
+
 def test_float32_zero_tiny_and_non_finite_rows() -> None:
     X = np.random.default_rng(32).standard_normal((6, 5)).astype(np.float32)
     X[1] = 0.0

@@ -24,7 +24,7 @@ import array_api_compat
 import numpy as np
 import pandas as pd
 import scipy.sparse
-from scipy.linalg.blas import dgemm
+from scipy.linalg.blas import dsyrk
 from threadpoolctl import threadpool_limits
 
 from lmgeom.metrics.base import (
@@ -623,8 +623,11 @@ class MEVAccumulator(StatefulAccumulator):
     cheaper: small Gram matrices in batches, a dense scatter matrix, or matrix-free
     (`lmgeom.metrics.spectrum`).
     `add(X, word_ids=...)`: words are integer ids in [0, n_words). Each `add` copies its rows once,
-    grouped by word (and checked), then each word's kept rows into arrays of their own, so the state
-    is what `mev_state_bytes` counts: no view keeps a larger array alive.
+    grouped by word (and checked). With `expected_counts` (an upper bound on each word's occurrences,
+    as an analysis plan knows them) the words that will outgrow the row budget go to X^T X from the
+    start and the kept rows stay views of that copy; without, a word's kept rows are copied into arrays
+    of their own. Either way the state is what `mev_state_bytes` counts: no view keeps rows alive that
+    the state no longer holds.
     """
 
     # the per-word dictionaries, flattened into arrays for `state_dict`
@@ -632,13 +635,27 @@ class MEVAccumulator(StatefulAccumulator):
         "n_words", "counts", "n_zero", "row_words", "row_blocks", "moment_words", "moment_blocks", "sum_words", "sum_blocks",
     )
 
-    def __init__(self, n_words: int) -> None:
+    def __init__(self, n_words: int, *, expected_counts: np.ndarray | None = None) -> None:
         self.n_words = int(n_words)
         self.rows: dict[int, list[np.ndarray]] = {}
+        # X^T X of the words kept as moments: Fortran-ordered, only the upper triangle is kept up to date
         self.second_moments: dict[int, np.ndarray] = {}
         self.row_sums: dict[int, np.ndarray] = {}  # of the words kept as moments
         self.counts = np.zeros(self.n_words, dtype=np.int64)
         self.n_zero = 0
+        self._set_expected_counts(expected_counts)
+
+    def _set_expected_counts(self, expected_counts: np.ndarray | None) -> None:
+        """`expected_counts`: at most this many occurrences of each word come, over every `add` and
+        `merge` (an analysis plan's counts). A word whose rows would outgrow the row budget then goes to
+        X^T X from its first rows and the others never do, so kept rows stay views of an `add`'s grouped
+        copy (no copy a word). Without it a word keeps rows until they outgrow the budget, and kept rows
+        are copied apart, so that no view pins rows that went to X^T X later."""
+        self.expected_counts = None if expected_counts is None else np.asarray(expected_counts, dtype=np.int64)
+        if self.expected_counts is not None and self.expected_counts.shape != (self.n_words,):
+            raise ValueError(f"expected_counts has shape {self.expected_counts.shape}; it needs one count for each of "
+                             f"the {self.n_words} words")
+        self._row_bytes = np.zeros(self.n_words, dtype=np.int64)  # bytes of each word's kept rows
 
     # -- state as arrays: which word each stored row / moment / sum belongs to, and the blocks
     @property
@@ -656,7 +673,8 @@ class MEVAccumulator(StatefulAccumulator):
 
     @property
     def moment_blocks(self) -> np.ndarray:
-        return np.stack(list(self.second_moments.values())) if self.second_moments else np.zeros((0, 0, 0))
+        moments = [_symmetric(moment) for moment in self.second_moments.values()]
+        return np.stack(moments) if moments else np.zeros((0, 0, 0))
 
     @property
     def sum_words(self) -> np.ndarray:
@@ -674,47 +692,73 @@ class MEVAccumulator(StatefulAccumulator):
         order = np.argsort(row_words, kind="stable")
         words, starts = np.unique(row_words[order], return_index=True)
         self.rows = {int(w): [block] for w, block in zip(words, np.split(row_blocks[order], starts[1:]))} if len(row_words) else {}
-        self.second_moments = {int(w): np.array(m) for w, m in zip(state["moment_words"], state["moment_blocks"])}
+        self.second_moments = {int(w): np.array(m, order="F") for w, m in zip(state["moment_words"], state["moment_blocks"])}
         self.row_sums = {int(w): np.array(s) for w, s in zip(state["sum_words"], state["sum_blocks"]) if int(w) in self.second_moments}
+        self._set_expected_counts(None)
+        for word, blocks in self.rows.items():
+            self._row_bytes[word] = sum(block.nbytes for block in blocks)
 
-    def _keeps_rows(self, word: int, dim: int, new_bytes: int) -> bool:
-        held = sum(block.nbytes for block in self.rows.get(word, ()))
-        return word not in self.second_moments and held + new_bytes <= MEV_ROW_BYTES_PER_MOMENT * 8 * dim * dim
+    def _keeps_rows(self, words: np.ndarray, new_counts: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Whether each of `words` (distinct ids) keeps its rows after `new_counts` more rows like `row`."""
+        budget = MEV_ROW_BYTES_PER_MOMENT * 8 * row.size * row.size
+        if self.expected_counts is not None:
+            return self.expected_counts[words] * row.nbytes <= budget
+        as_moment = np.array([word in self.second_moments for word in words.tolist()], dtype=bool)
+        return ~as_moment & (self._row_bytes[words] + new_counts * row.nbytes <= budget)
 
     def _add_to_moment(self, word: int, block: np.ndarray) -> None:
         """Fold `block` (and the word's rows, if it had any) into the word's X^T X and row sum, in
         float64 batches of `MOMENT_BATCH_BYTES` added in place: no float64 copy of all the rows and no
         d x d temporary (at d = 4,096 those were 0.5 GB and 134 MB beside a 134 MB moment)."""
         blocks = self.rows.pop(word, []) + [block]
+        self._row_bytes[word] = 0
         dim = block.shape[1]
         if word not in self.second_moments:
-            self.second_moments[word], self.row_sums[word] = np.zeros((dim, dim)), np.zeros(dim)
+            self.second_moments[word], self.row_sums[word] = np.zeros((dim, dim), order="F"), np.zeros(dim)
         moment, row_sum = self.second_moments[word], self.row_sums[word]
         for rows in _float64_batches(blocks, max(1, MOMENT_BATCH_BYTES // (8 * dim))):
-            # X^T X is symmetric: its transpose is the Fortran-ordered C that BLAS updates in place
-            moment = dgemm(1.0, rows.T, rows.T, beta=1.0, c=moment.T, trans_b=1, overwrite_c=1).T
+            # a rank-k update of the upper triangle, in place: half the flops of the full product
+            moment = dsyrk(1.0, rows.T, beta=1.0, c=moment, overwrite_c=1)
             row_sum += rows.sum(axis=0)
         self.second_moments[word] = moment
 
-    def _add_word_rows(self, word: int, block: np.ndarray) -> None:
-        self.counts[word] += len(block)
-        if self._keeps_rows(word, block.shape[1], block.nbytes):
-            # a view would keep its whole base alive (the grouped rows of every word of an `add`), long
-            # after the other words' rows went into moments: kept rows own their memory
-            self.rows.setdefault(word, []).append(block if block.base is None else block.copy())
-        else:
-            self._add_to_moment(word, block)
+    def _add_word_blocks(self, words: np.ndarray, blocks: list[np.ndarray], *, views: bool) -> None:
+        """Each of `words` (distinct ids) gets its block of rows, kept or folded into its moment.
+        `views`: the blocks are views of one array made for them (an `add`'s grouped copy)."""
+        if not blocks:
+            return
+        new_counts = np.array([len(block) for block in blocks], dtype=np.int64)
+        keeps = self._keeps_rows(words, new_counts, blocks[0][0])
+        self.counts[words] += new_counts
+        self._row_bytes[words[keeps]] += new_counts[keeps] * blocks[0][0].nbytes
+        # a view pins its whole base: only where no kept word goes to X^T X later (expected counts) may it stay one
+        owned = not views or self.expected_counts is None
+        for word, block, kept in zip(words.tolist(), blocks, keeps.tolist()):
+            if kept:
+                self.rows.setdefault(word, []).append(block.copy() if owned and block.base is not None else block)
+            else:
+                self._add_to_moment(word, block)
+
+    def _check_expected(self, words: np.ndarray, new_counts: np.ndarray) -> None:
+        if self.expected_counts is None:
+            return
+        over = np.flatnonzero(self.counts[words] + new_counts > self.expected_counts[words])
+        if len(over):
+            word = int(words[over[0]])
+            raise ValueError(f"word {word} gets more than its expected count of {int(self.expected_counts[word])} occurrences; "
+                             "expected_counts must bound each word's occurrences over every add and merge")
 
     def add(self, X: Any, /, **ids: np.ndarray) -> MEVAccumulator:
         X = as_mev_rows(X)
         (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
         word_ids = _word_index(word_ids, self.n_words)
+        if not len(X):
+            return self
         order = np.argsort(word_ids, kind="stable")
         words, counts = np.unique(word_ids[order], return_counts=True)
+        self._check_expected(words, counts)
         # rows of words that go to moments are copied apart, so the copy that stays holds kept rows only
-        as_rows = np.array([self._keeps_rows(int(word), X.shape[1], int(count) * X.shape[1] * X.itemsize)
-                            for word, count in zip(words, counts)], dtype=bool)
-        row_kept = np.repeat(as_rows, counts)
+        row_kept = np.repeat(self._keeps_rows(words, counts, X[0]), counts)
         with _one_blas_thread():
             for part in (order[row_kept], order[~row_kept]):
                 grouped, nonzero = _grouped_rows(X, part)
@@ -723,21 +767,22 @@ class MEVAccumulator(StatefulAccumulator):
                 if not nonzero.all():
                     grouped, grouped_words = grouped[nonzero], grouped_words[nonzero]
                 part_words, starts = np.unique(grouped_words, return_index=True)
-                for word, block in zip(part_words, np.split(grouped, starts[1:])):
-                    self._add_word_rows(int(word), block)
+                self._add_word_blocks(part_words, np.split(grouped, starts[1:]) if len(part_words) else [], views=True)
         return self
 
     def merge(self, other: MEVAccumulator) -> MEVAccumulator:
         if other.n_words != self.n_words:
             raise ValueError(f"cannot merge accumulators over {self.n_words} and {other.n_words} words")
+        other_words = np.flatnonzero(other.counts)
+        self._check_expected(other_words, other.counts[other_words])
         with _one_blas_thread():
             for word, blocks in other.rows.items():
                 for block in blocks:
-                    self._add_word_rows(word, block)
+                    self._add_word_blocks(np.array([word]), [block], views=False)
             for word, moment in other.second_moments.items():
                 if word in self.rows:
                     self._add_to_moment(word, np.zeros((0, moment.shape[0])))
-                self.second_moments[word] = moment + self.second_moments.get(word, 0.0)
+                self.second_moments[word] = np.asfortranarray(moment + self.second_moments.get(word, 0.0))
                 self.row_sums[word] = other.row_sums[word] + self.row_sums.get(word, 0.0)
                 self.counts[word] += other.counts[word]
         self.n_zero += other.n_zero
@@ -748,8 +793,13 @@ class MEVAccumulator(StatefulAccumulator):
         with _one_blas_thread():
             spectra = dict(zip(self.rows, rows_spectra(list(self.rows.values()))))
             for word, moment in self.second_moments.items():
-                spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], moment)
+                spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], _symmetric(moment))
         return dict(sorted(spectra.items()))
+
+
+def _symmetric(upper: np.ndarray) -> np.ndarray:
+    """The symmetric matrix whose upper triangle `upper` holds (as `dsyrk` leaves it)."""
+    return np.triu(upper) + np.triu(upper, 1).T
 
 
 def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd.Series:
@@ -761,7 +811,7 @@ def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd
     if variant not in MEV_VARIANTS:
         raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
     labels, inverse = np.unique(np.asarray(word_ids), return_inverse=True)
-    spectra = MEVAccumulator(len(labels)).add(X, word_ids=inverse).result()
+    spectra = MEVAccumulator(len(labels), expected_counts=np.bincount(inverse, minlength=len(labels))).add(X, word_ids=inverse).result()
     kept = [word for word, spectrum in spectra.items() if spectrum.n >= min_count]
     return pd.Series(
         [spectra[word].mev(variant) for word in kept],

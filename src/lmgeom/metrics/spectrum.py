@@ -457,7 +457,7 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
         np.concatenate(blocks, axis=0, out=stacked[i, :n])
     # means and centring for the whole batch at once (padded rows are zero and stay zero)
     stacked[:, size] = stacked[:, :size].sum(axis=1) / counts[:, None]
-    stacked[:, :size] -= stacked[:, size:] * (np.arange(size) < counts[:, None])[:, :, None]
+    np.subtract(stacked[:, :size], stacked[:, size:], out=stacked[:, :size], where=(np.arange(size) < counts[:, None])[:, :, None])
     augmented_gram = stacked @ stacked.transpose(0, 2, 1)
     centred_gram = augmented_gram[:, :size, :size]
     along_mean = augmented_gram[:, :size, size]

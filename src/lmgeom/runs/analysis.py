@@ -120,6 +120,11 @@ class AnalysisPlan:
     def n_groups(self) -> int:
         return int(self.groups.max(initial=-1)) + 1
 
+    def mev_accumulator(self) -> MEVAccumulator:
+        """An MEV accumulator of the analysed words that knows their counts (the words that will
+        outgrow the row budget go to X^T X from their first rows; the others' rows are never copied again)."""
+        return MEVAccumulator(len(self.words), expected_counts=self.words.words["count"].to_numpy())
+
 
 def plan_analysis(store: RepresentationStore, options: AnalysisOptions = AnalysisOptions()) -> AnalysisPlan:
     """Select rows and words, draw the sampled occurrences and plan the MEV word groups."""
@@ -196,7 +201,7 @@ class LayerAccumulators:
         n_words = len(plan.words)
         return cls(AverageCosineAccumulator(), MeanNormAccumulator(), IntraSentenceAccumulator(),
                    SelfSimilarityAccumulator(n_words), RowSampleAccumulator(plan.sampled_rows),
-                   {group: MEVAccumulator(n_words) for group in groups})
+                   {group: plan.mev_accumulator() for group in groups})
 
     def named(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "norms": self.norms, "intra": self.intra,
@@ -257,9 +262,8 @@ def solve_word_groups(store: RepresentationStore, layer: int, plan: AnalysisPlan
     the system's temporary directory (`tempfile`: TMPDIR), removed when this returns or raises; a
     killed process leaves its `lmgeom-mev-*` folder behind, which nothing reads again (a re-run makes
     its own), so it can simply be deleted."""
-    n_words = len(plan.words)
     with ExitStack() as cleanup:
-        in_memory = {group: MEVAccumulator(n_words) for group in groups[:1]}
+        in_memory = {group: plan.mev_accumulator() for group in groups[:1]}
         spools: dict[int, RowSpool] = {}
         if len(groups) > 1:
             scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="lmgeom-mev-")))
@@ -269,7 +273,7 @@ def solve_word_groups(store: RepresentationStore, layer: int, plan: AnalysisPlan
             if group in in_memory:
                 accumulator = in_memory.pop(group)
             else:
-                accumulator = MEVAccumulator(n_words)
+                accumulator = plan.mev_accumulator()
                 spools[group].drain(accumulator)
             record(accumulator.result())
             del accumulator  # before the next group's rows are read: one group's state at a time

@@ -346,7 +346,9 @@ def _global_states(url: str, meta: dict[str, Any], task: _GlobalTask, chunk_rows
 
 def _word_group_states(url: str, meta: dict[str, Any], task: _WordGroupTask, chunk_rows: int) -> dict[str, Any]:
     store = RepresentationStore(Location.of(url), meta)
-    self_similarity, mev = SelfSimilarityAccumulator(task.n_group_words), MEVAccumulator(task.n_group_words)
+    group_ids = task.local_ids[task.local_ids >= 0]
+    self_similarity = SelfSimilarityAccumulator(task.n_group_words)
+    mev = MEVAccumulator(task.n_group_words, expected_counts=np.bincount(group_ids, minlength=task.n_group_words))
     for start, chunk in stored_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
         require_finite(chunk, name=f"layer {task.layer} of {store.url}", layer=task.layer, row_offset=start)
         ids = task.local_ids[start - task.start : start - task.start + len(chunk)]
