@@ -5,14 +5,16 @@ peak RSS is its own) and returns a row:
 - `read`: one streaming read of every layer (every row, as stored, in the analysis's chunks): the limit.
 - `analysis-no-mev`: the streaming statistics of `analyze_store` (exact and sampled baselines,
   mean norm, SelfSim, IntraSim) over every layer, without MEV.
-- `analysis`: `analyze_store` itself, MEV included (three variants, word groups of `--mev-memory-mb`).
+- `analysis`: `analyze_store` itself, MEV included (three variants, word groups of `--mev-memory-mb`),
+  `--num-workers` layers at once (each in a worker process of its own; default 1: one process).
 - `analysis-ray`: the same analysis as Ray tasks (`analyze_ray`, `--ray-workers` at once, tasks by
   row range and word group, states merged), on a local Ray cluster of `--ray-workers` CPUs that the
   child starts before its clock (or joins at RAY_ADDRESS).
 The kinds alternate (read, no-mev, mev, ray, read, ...) `--repeat` times; the tables show the best
-time of each, its ratio to the best read and the child's CPU time (on a machine shared with other jobs
-the wall time follows their load; the CPU time much less). Peak RSS, sampled every 50 ms while the clock runs, is
-the child's own and the sum over it and every process it started (for Ray: its daemons and workers).
+time of each, its ratio to the best read and the CPU time of the child and of the worker processes it
+waited for (on a machine shared with other jobs the wall time follows their load; the CPU time much
+less). Peak RSS, sampled every 50 ms while the clock runs, is the child's own and the sum over it and
+every process it started (for Ray: its daemons and workers; for `--num-workers`: its workers).
 
 `--shard-overhead` adds what the Ray path costs per extraction shard: a shard of synthetic vectors
 (no model) written by a Ray actor against the same shard written in-process, alternating, so the
@@ -25,7 +27,8 @@ MiniLM-size store (STS, 7 layers x 384). The writer commits chunk by chunk, as
 `write_store_from_arrays` does in one commit (which would hold the 6 GB of the 30x store in memory
 three times). Each store is deleted after it is measured.
 
-Run: python benchmarks/scale.py [--sizes lee:768:1,lee:768:10,...] [--kinds read,analysis,analysis-ray] [--shard-overhead]
+Run: python benchmarks/scale.py [--sizes lee:768:1,lee:768:10,...] [--kinds read,analysis,analysis-ray] [--num-workers 2]
+[--shard-overhead]
 Size: CORPUS:DIM:REPEAT[:LAYERS].
 """
 
@@ -113,10 +116,10 @@ def _analysis_without_mev(store: RepresentationStore) -> None:
             accumulator.result()
 
 
-def _analysis(store: RepresentationStore) -> None:
+def _analysis(store: RepresentationStore, *, num_workers: int) -> None:
     from lmgeom.runs import analyze_store
 
-    analyze_store(store, device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"))
+    analyze_store(store, device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"), num_workers=num_workers)
 
 
 def _analysis_on_ray(store: RepresentationStore) -> None:
@@ -126,13 +129,14 @@ def _analysis_on_ray(store: RepresentationStore) -> None:
     analyze_ray(store, AnalysisOptions(), num_workers=RAY_WORKERS)
 
 
-MEASURES: dict[str, Callable[[RepresentationStore], None]] = {
+MEASURES: dict[str, Callable[..., None]] = {
     "read": _read,
     "analysis-no-mev": _analysis_without_mev,
     "analysis": _analysis,
     "analysis-ray": _analysis_on_ray,
 }
 RAY_WORKERS = int(os.environ.get("LMGEOM_BENCH_RAY_WORKERS", "2"))
+LAYER_WORKER_KINDS = {"analysis"}  # the kinds that take --num-workers (analyze_store's own)
 
 
 class PeakRss:
@@ -190,35 +194,46 @@ def _warm() -> None:
     time.sleep(1.0)  # hold the worker so the next warm-up task starts another one
 
 
-def _child(kind: str, path: str) -> None:
+def _cpu_seconds() -> float:
+    """CPU time of this process (every thread) and of the child processes it has waited for (the
+    analysis's worker processes, joined when their pool shuts down)."""
+    spent = os.times()
+    return spent.user + spent.system + spent.children_user + spent.children_system
+
+
+def _child(kind: str, path: str, num_workers: int) -> None:
     import lmgeom.runs  # noqa: F401  (imported before the clock starts: every kind pays it alike)
 
     if kind.endswith("-ray"):
         start_ray()  # the cluster's start-up is not the analysis
     store = RepresentationStore.open(path)
+    options = {"num_workers": num_workers} if kind in LAYER_WORKER_KINDS else {}
     with PeakRss() as everything:
-        started, cpu_started = time.perf_counter(), time.process_time()
-        MEASURES[kind](store)
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-    print(json.dumps({"kind": kind, "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb": everything.own / 2**20,
-                      "peak_rss_all_mb": everything.total / 2**20}))
+        # a pool's start-up (spawning workers that import lmgeom) is on the clock: the analysis pays it
+        started, cpu_started = time.perf_counter(), _cpu_seconds()
+        MEASURES[kind](store, **options)
+        seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
+    print(json.dumps({"kind": kind, "num_workers": options.get("num_workers", 1), "seconds": seconds,
+                      "cpu_seconds": cpu_seconds, "peak_rss_mb": everything.own / 2**20, "peak_rss_all_mb": everything.total / 2**20}))
 
 
-def measure(kind: str, path: str | Path) -> dict[str, Any]:
-    """One measurement in a fresh process: {"kind", "seconds", "cpu_seconds" (the child's own, every thread:
-    on a machine shared with other jobs it grows far less than the wall time), "peak_rss_mb", "peak_rss_all_mb"}."""
-    done = subprocess.run([sys.executable, __file__, "--child", kind, str(path)], capture_output=True, text=True)
+def measure(kind: str, path: str | Path, *, num_workers: int = 1) -> dict[str, Any]:
+    """One measurement in a fresh process: {"kind", "num_workers" (1 for the kinds without workers), "seconds",
+    "cpu_seconds" (the child's own, every thread, and its worker processes': on a machine shared with other jobs
+    it grows far less than the wall time), "peak_rss_mb", "peak_rss_all_mb"}."""
+    done = subprocess.run([sys.executable, __file__, "--child", kind, str(path), "--num-workers", str(num_workers)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} on {path} failed:\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def store_rows(path: Path, *, kinds: Sequence[str], repeat: int) -> list[dict[str, Any]]:
+def store_rows(path: Path, *, kinds: Sequence[str], repeat: int, num_workers: int = 1) -> list[dict[str, Any]]:
     """The best of `repeat` alternating runs of each kind on one store, with its ratio to the read."""
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for _ in range(repeat):
         for kind in kinds:
-            runs[kind].append(measure(kind, path))
+            runs[kind].append(measure(kind, path, num_workers=num_workers))
             last = runs[kind][-1]
             print(f"  {kind}: {last['seconds']:.2f} s ({last['cpu_seconds']:.2f} s CPU), {last['peak_rss_mb']:.0f} MB ({last['peak_rss_all_mb']:.0f} MB with children)",
                   flush=True)
@@ -309,6 +324,8 @@ def main() -> None:
     parser.add_argument("--no-mev-above-dim", type=int, default=1024,
                         help="leave the MEV row out above this d (its dense d x d eigenproblems take hours until MEV is matrix-free)")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--num-workers", type=int, default=1,
+                        help="the analysis kind: layers analysed at once, each in a worker process (analyze_store's num_workers)")
     parser.add_argument("--dir", type=Path, default=None, help="where the stores are written (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row to this JSON file")
     parser.add_argument("--store", type=Path, default=None, help="measure this existing store instead (kept)")
@@ -317,7 +334,7 @@ def main() -> None:
     parser.add_argument("--shard-overhead-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(*args.child)
+        _child(*args.child, num_workers=args.num_workers)
         return
     if args.shard_overhead_child:
         _shard_overhead_child(args.shard_overhead_child)
@@ -328,7 +345,7 @@ def main() -> None:
         store = RepresentationStore.open(args.store)
         rows += [{"size": str(args.store), "corpus": store.path.name, "repeat": 1, "rows": store.n_tokens, "dim": store.dim,
                  "layers": len(store.layers), "store_gb": store.n_tokens * store.dim * len(store.layers) * 4 / 1e9, **row}
-                for row in store_rows(args.store, kinds=args.kinds.split(","), repeat=args.repeat)]
+                for row in store_rows(args.store, kinds=args.kinds.split(","), repeat=args.repeat, num_workers=args.num_workers)]
         print_table(rows)
         if args.json:
             args.json.write_text(json.dumps({"rows": rows}, indent=1))
@@ -346,7 +363,7 @@ def main() -> None:
             store = write_synthetic_store(path, words[corpus] * repeat, dim=dim, n_layers=n_layers)
             print(f"{spec}: {store.n_tokens:,} rows x {dim} x {n_layers} layers written in {time.perf_counter() - started:.0f} s", flush=True)
             kinds = [k for k in args.kinds.split(",") if not (k == "analysis" and dim > args.no_mev_above_dim)]
-            for row in store_rows(path, kinds=kinds, repeat=args.repeat):
+            for row in store_rows(path, kinds=kinds, repeat=args.repeat, num_workers=args.num_workers):
                 rows.append({"size": spec, "corpus": corpus, "repeat": repeat, "rows": store.n_tokens, "dim": dim,
                              "layers": n_layers, "store_gb": store.n_tokens * dim * n_layers * 4 / 1e9, **row})
             shutil.rmtree(path)
@@ -360,14 +377,15 @@ def main() -> None:
 
 def print_table(rows: list[dict[str, Any]], overhead: dict[str, Any] | None = None) -> None:
     print(f"\n{os.cpu_count()} CPUs; {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}\n")
-    print("| store | rows | d x layers | GB | measured | best s (all) | x read | CPU s (all) | peak RSS MB (with children) |")
+    print("| store | rows | d x layers | GB | measured | best s (all) | x read | CPU s, with workers (all) | peak RSS MB (with children) |")
     print("|---|---:|---|---:|---|---:|---:|---:|---:|")
     for row in rows:
         runs = ", ".join(f"{s:.1f}" for s in row["all_seconds"])
         cpu = ", ".join(f"{s:.1f}" for s in row["all_cpu_seconds"])
         ratio = "" if row["ratio_to_read"] is None else f"{row['ratio_to_read']:.1f}"
+        measured = row["kind"] if row["num_workers"] == 1 else f"{row['kind']}, {row['num_workers']} workers"
         print(f"| {row['corpus']} x{row['repeat']} | {row['rows']:,} | {row['dim']} x {row['layers']} | {row['store_gb']:.1f} | "
-              f"{row['kind']} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['cpu_seconds']:.1f} ({cpu}) | "
+              f"{measured} | {row['seconds']:.1f} ({runs}) | {ratio} | {row['cpu_seconds']:.1f} ({cpu}) | "
               f"{row['peak_rss_mb']:,.0f} ({row['peak_rss_all_mb']:,.0f}) |")
     if overhead:
         local, ray = statistics.median(overhead["local"]), statistics.median(overhead["ray"])

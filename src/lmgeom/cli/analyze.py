@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, number, user_errors
+from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, console, number, user_errors
 
 DEVICE_HELP = ("where the closed-form statistics compute: cpu (numpy), cuda or cuda:N (torch, float64 on the GPU), "
                "auto (cuda when present), torch:cpu (the GPU code path on the CPU); MEV runs on the CPU")
@@ -67,9 +67,9 @@ def register(app: typer.Typer) -> None:
         out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices (MB); words beyond it wait in local scratch files (TMPDIR), solved a group at a time"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
-        engine: str = typer.Option("local", help="local (this process) or ray (tasks by row range and word group on a Ray cluster)"),
+        engine: str = typer.Option("local", help="local (this machine: --num-workers layers at once) or ray (tasks by row range and word group on a Ray cluster)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
-        num_workers: int = typer.Option(2, help="--engine ray: tasks running at once"),
+        num_workers: int = typer.Option(2, help=f"--engine local: {LAYER_WORKERS_HELP}; --engine ray: tasks running at once"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs import analyze_store
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 result = analyze_store(
                     store, min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
                     exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
-                    progress=progress, device=device)
+                    progress=progress, device=device, num_workers=num_workers)
             written = write_contextuality(result, store, out)
         print_contextuality(result)
         console.print("wrote " + ", ".join(written))

@@ -23,6 +23,11 @@ from rich.progress import (
 
 console = Console()
 
+LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its own (at most one per CPU; 1: one after another "
+                      "in this process; the numbers are the same either way); peak memory and scratch disk are about this "
+                      "many times one layer's (its statistics and one MEV word group of --mev-memory-mb, default 512 MB), "
+                      "plus about 0.4 GB of libraries a worker imports in a few seconds before its first layer")
+
 
 class RichProgress:
     """A rich progress bar per stage (with its count, a note such as a rate, elapsed time and ETA),

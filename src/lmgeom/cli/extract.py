@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, number, split_list, user_errors
+from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, console, number, split_list, user_errors
 from lmgeom.store import RepresentationStore
 
 MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
@@ -82,6 +82,7 @@ def register(app: typer.Typer) -> None:
         layers: str = typer.Option("default", help="layers to calibrate and distil static embeddings from: 'default' (0, middle, last), 'all', or e.g. 0,3,6"),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
         seed: int = typer.Option(0, help="seed for sampled statistics"),
+        num_workers: int = typer.Option(2, help=f"contextuality step: {LAYER_WORKERS_HELP}"),
         include: List[Path] = typer.Option([], help="another folder of experiment results to show in the report (repeatable)"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
@@ -93,7 +94,7 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             result = run(model, corpus, out=out, limit=limit, device=device, min_contexts=min_contexts, seed=seed,
                          layers=layers, methods=split_list(methods), include=include, overwrite=overwrite,
-                         progress=progress)
+                         num_workers=num_workers, progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.analysis import ContextualityResult, analyze_store
+from lmgeom.runs.analysis import ContextualityResult, analyze_store, require_num_workers
 from lmgeom.runs.calibration import calibrate_store
 from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.isotropy import measure_isotropy
@@ -139,6 +139,7 @@ def run(
     methods: Sequence[str] = DEFAULT_CALIBRATION_METHODS,
     include: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
+    num_workers: int = 2,
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
@@ -147,7 +148,10 @@ def run(
     embeddings of `layers` (static/), then render report.html with its figures (experiment results
     under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
     and skipped when repeated with the same settings; an interrupted extraction resumes. `out` is a
-    local folder or a file:// URL (`run_folder`)."""
+    local folder or a file:// URL (`run_folder`). `num_workers`: layers the contextuality analysis
+    runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
+    about this many times one layer's memory); not a setting of the step, as it changes no number."""
+    require_num_workers(num_workers)  # before the extraction, which can take hours
     progress = progress or NoProgress()
     out = run_folder(out)
     started = time.perf_counter()
@@ -164,7 +168,8 @@ def run(
         contextuality = ContextualityResult.read(store)
     else:
         started = time.perf_counter()
-        contextuality = analyze_store(store, min_contexts=min_contexts, seed=seed, progress=progress, write_to=True)
+        contextuality = analyze_store(store, min_contexts=min_contexts, seed=seed, progress=progress, write_to=True,
+                                       num_workers=num_workers)
         steps.record("contextuality", settings, started, list(contextuality.written.values()))
     summary = layer_summary(store, contextuality)
     paths += [store.path / "summary.json", *(store.path / name for name in

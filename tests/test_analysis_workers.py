@@ -1,0 +1,112 @@
+"""`analyze_store(num_workers=N)`: layers analysed at once in spawned worker processes give the
+numbers of one process bit for bit (the same code on the same rows), MEV word groups spooled inside
+the workers included; a worker's error reaches the caller with the message it has in-process; a
+worker count below 1 is refused. One pool per test: spawning one costs about 2 s."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pytest
+
+from lmgeom.runs import analyze_store
+from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
+from lmgeom.store import layout, write_store_from_arrays
+from lmgeom.store.location import Location
+from test_analysis_memory import synthetic_store
+
+ANALYSIS = sys.modules["lmgeom.runs.analysis"]
+COUNTS = {f"often{i}": 150 for i in range(3)} | {f"rare{i}": 4 + i % 7 for i in range(60)}
+SMALL_BUDGET_MB = 0.02  # several MEV word groups: all but the first go through a worker's spools
+
+
+class RecordedProgress:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        pass
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        self.notes.append(note)
+
+
+@pytest.fixture
+def pools(monkeypatch: Any) -> list[int]:
+    """The size of every process pool the analysis starts; as many CPUs as it asks for, so that a
+    pool runs on a one-CPU machine too."""
+    sizes: list[int] = []
+
+    class RecordedPool(ProcessPoolExecutor):
+        def __init__(self, max_workers: int, **options: Any) -> None:
+            sizes.append(max_workers)
+            super().__init__(max_workers, **options)
+
+    monkeypatch.setattr(ANALYSIS, "ProcessPoolExecutor", RecordedPool)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    return sizes
+
+
+@pytest.fixture
+def scratch(tmp_path: Any, monkeypatch: Any) -> Any:
+    """TMPDIR, which the spawned workers inherit, made an empty folder of this test's own."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+def test_layers_in_worker_processes_give_the_numbers_of_one_process(tmp_path: Any, pools: list[int], scratch: Any) -> None:
+    store = synthetic_store(tmp_path / "store", dim=24, counts=COUNTS, n_layers=3, sentence_length=6)
+    options = {"min_contexts": 2, "n_samples": 100, "mev_memory_mb": SMALL_BUDGET_MB, "device": "cpu"}
+    assert plan_analysis(store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB)).n_groups >= 2
+
+    one = analyze_store(store, **options)
+    progress = RecordedProgress()
+    parallel = analyze_store(store, **options, num_workers=2, progress=progress)
+    assert pools == [2] and sorted(progress.notes) == ["layer 0", "layer 1", "layer 2"]
+    assert list(os.scandir(scratch)) == []  # every worker removed its spools
+
+    pd.testing.assert_frame_equal(parallel.summary(), one.summary(), check_exact=True)
+    pd.testing.assert_frame_equal(parallel.layers, one.layers, check_exact=True)
+    pd.testing.assert_frame_equal(parallel.words, one.words, check_exact=True)
+    for column in (c for c in one.words if c.startswith("mev_")):
+        assert one.words[column].notna().any()
+        np.testing.assert_array_equal(parallel.words[column].to_numpy(), one.words[column].to_numpy())
+    assert parallel.counts == one.counts and parallel.findings == one.findings
+
+
+def test_an_error_in_a_worker_reaches_the_caller_with_its_message(tmp_path: Any, pools: list[int]) -> None:
+    rng = np.random.default_rng(3)
+    sentences = [["a", "b", "c", "a"], ["b", "c", "a"], ["c", "a", "b"]]
+    layers = [rng.standard_normal((10, 8)).astype(np.float32) for _ in range(3)]
+    store = write_store_from_arrays(tmp_path / "store", layers, sentences)
+    store.location.open_array(layout.LAYERS, "1", mode="r+")[4, 2] = np.nan  # the writer refuses NaN: spoil it after
+
+    with pytest.raises(ValueError, match=r"NaN or inf values \(layer 1, row 4\)") as in_process:
+        analyze_store(store, min_contexts=2, device="cpu")
+    with pytest.raises(ValueError, match="NaN or inf") as in_worker:
+        analyze_store(store, min_contexts=2, device="cpu", num_workers=2)
+    assert pools == [2] and str(in_worker.value) == str(in_process.value)
+
+
+def test_a_worker_count_below_one_is_refused(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="--num-workers must be at least 1"):
+        analyze_store(tmp_path / "no store", num_workers=0)
+
+
+def test_a_store_in_memory_is_analysed_in_this_process(tmp_path: Any, pools: list[int]) -> None:
+    """Worker processes could not read a memory:// store: it is analysed here, whatever `num_workers`."""
+    local = synthetic_store(tmp_path / "store", dim=8, counts={"a": 6, "b": 5}, n_layers=2, sentence_length=3)
+    url = f"memory://lmgeom-tests/{uuid.uuid4().hex}"
+    fsspec.filesystem("memory").put(f"{local.path}/", Location.of(url).root, recursive=True)
+    result = analyze_store(url, min_contexts=2, device="cpu", num_workers=2)
+    assert pools == []
+    pd.testing.assert_frame_equal(result.words, analyze_store(local, min_contexts=2, device="cpu").words, check_exact=True)
