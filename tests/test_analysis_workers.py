@@ -41,7 +41,7 @@ class RecordedProgress:
 @pytest.fixture
 def pools(monkeypatch: Any) -> list[int]:
     """The size of every process pool the analysis starts; as many CPUs as it asks for, so that a
-    pool runs on a one-CPU machine too."""
+    pool runs on a one-CPU machine too, and tiny layers big enough for one."""
     sizes: list[int] = []
 
     class RecordedPool(ProcessPoolExecutor):
@@ -51,6 +51,7 @@ def pools(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(ANALYSIS, "ProcessPoolExecutor", RecordedPool)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(ANALYSIS, "POOL_MIN_LAYER_VALUES", 0)
     return sizes
 
 
@@ -110,3 +111,15 @@ def test_a_store_in_memory_is_analysed_in_this_process(tmp_path: Any, pools: lis
     result = analyze_store(url, min_contexts=2, device="cpu", num_workers=2)
     assert pools == []
     pd.testing.assert_frame_equal(result.words, analyze_store(local, min_contexts=2, device="cpu").words, check_exact=True)
+
+
+def test_layers_too_small_for_a_worker_are_analysed_in_this_process(tmp_path: Any, pools: list[int], monkeypatch: Any) -> None:
+    """Below `POOL_MIN_LAYER_VALUES` analysed values a layer costs less than starting a worker."""
+    local = synthetic_store(tmp_path / "store", dim=8, counts={"a": 6, "b": 5}, n_layers=2, sentence_length=3)
+    analysed_values = 11 * 8  # every row of the two words, d = 8
+    monkeypatch.setattr(ANALYSIS, "POOL_MIN_LAYER_VALUES", analysed_values + 1)
+    analyze_store(local, min_contexts=2, device="cpu", num_workers=2)
+    assert pools == []
+    monkeypatch.setattr(ANALYSIS, "POOL_MIN_LAYER_VALUES", analysed_values)
+    analyze_store(local, min_contexts=2, device="cpu", num_workers=2)
+    assert pools == [2]

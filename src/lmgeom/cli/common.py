@@ -23,10 +23,11 @@ from rich.progress import (
 
 console = Console()
 
-LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its own (at most one per CPU; 1: one after another "
+LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its own (at most one per CPU; 1, or layers of "
+                      "fewer than 2^26 analysed values (rows x d), which cost less than starting a worker: one after another "
                       "in this process; the numbers are the same either way); peak memory and scratch disk are about this "
                       "many times one layer's (its statistics and one MEV word group of --mev-memory-mb, default 512 MB), "
-                      "plus about 0.4 GB of libraries a worker imports in a few seconds before its first layer")
+                      "plus about 0.2 GB of libraries a worker imports in a second or two before its first layer")
 
 
 class RichProgress:

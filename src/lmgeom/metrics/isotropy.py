@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 from lmgeom.metrics.base import RowBlock, StatefulAccumulator, as_float64_rows, in_namespace_of, register_accumulator, row_ids, to_numpy
 from lmgeom.metrics.contextuality import average_cosine, sample_indexes
@@ -499,6 +498,10 @@ def local_isotropy(X: Any, *, n_clusters: int = 8, seed: int = 0) -> LocalIsotro
             f"local isotropy with n_clusters={n_clusters} needs at least that many points, got {len(X)}; "
             "lower n_clusters or pass more rows"
         )
+    # imported here: scikit-learn takes most of a second to import, which `import lmgeom.metrics` (and
+    # every analysis worker) would otherwise pay
+    from sklearn.cluster import KMeans
+
     labels = KMeans(n_clusters=n_clusters, random_state=seed, n_init="auto").fit_predict(X)
     per_cluster = [
         {"cluster": cluster, "size": int((labels == cluster).sum()), **_cluster_measures(X[labels == cluster])}

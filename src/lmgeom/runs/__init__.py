@@ -10,24 +10,34 @@ selection (`selection.py`) and streams a store layer through accumulators with t
 
 from __future__ import annotations
 
-from lmgeom.runs.analysis import (
-    AnalysisOptions,
-    AnalysisState,
-    ContextualityResult,
-    analyze_shard,
-    analyze_store,
-    finish_analysis,
-    plan_analysis,
-)
-from lmgeom.runs.calibration import calibrate_store, fit_store
-from lmgeom.runs.extraction import default_run_dir, extract, extract_model, open_or_extract
-from lmgeom.runs.reporting import render_report
-from lmgeom.runs.job import RunResult, layer_summary, run
+import importlib
+from typing import Any
+
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
-from lmgeom.runs.static import StaticEmbeddings, benchmark_static_embeddings, export_static_embeddings, static_embeddings
-from lmgeom.runs.sts import STSRun, evaluate_sts, run_sts
+# imported now: the function `tally` must shadow its module's name before anything imports the module
 from lmgeom.runs.tally import Feed, tally
+
+# the rest on first use, so that a process that needs one driver (an analysis worker, a CLI command)
+# does not load torch, gensim and the report's libraries for the others
+_EXPORTS = {
+    **dict.fromkeys(["AnalysisOptions", "AnalysisState", "ContextualityResult", "analyze_shard", "analyze_store",
+                     "finish_analysis", "plan_analysis"], "lmgeom.runs.analysis"),
+    **dict.fromkeys(["calibrate_store", "fit_store"], "lmgeom.runs.calibration"),
+    **dict.fromkeys(["default_run_dir", "extract", "extract_model", "open_or_extract"], "lmgeom.runs.extraction"),
+    "render_report": "lmgeom.runs.reporting",
+    **dict.fromkeys(["RunResult", "layer_summary", "run"], "lmgeom.runs.job"),
+    **dict.fromkeys(["RowSelection", "WordSelection", "select_rows", "select_words"], "lmgeom.runs.selection"),
+    **dict.fromkeys(["StaticEmbeddings", "benchmark_static_embeddings", "export_static_embeddings", "static_embeddings"],
+                    "lmgeom.runs.static"),
+    **dict.fromkeys(["STSRun", "evaluate_sts", "run_sts"], "lmgeom.runs.sts"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lmgeom.runs' has no attribute {name!r}")
+
 
 __all__ = [
     "AnalysisOptions",

@@ -35,7 +35,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from gensim.parsing.preprocessing import STOPWORDS
 from scipy.stats import spearmanr
 
 from lmgeom.metrics.base import load_states, save_states
@@ -505,6 +504,9 @@ def _depth_trend(layers: list[int], values: list[float]) -> dict[str, Any]:
 
 
 def _findings(summary: pd.DataFrame, words: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
+    # imported here: importing gensim takes about a second, which every layer worker would pay for nothing
+    from gensim.parsing.preprocessing import STOPWORDS
+
     upper = summary.loc[summary["layer"] >= 1]
     if upper.empty:
         note = "this store has only layer 0 (the embedding output): no findings about contextual layers"
@@ -602,13 +604,13 @@ def analyze_store(
     `device`: where the closed-form statistics compute (see `lmgeom.runs.tally.tally`; MEV runs on
     the CPU); the numbers agree to float64 rounding on every device.
     `num_workers`: layers analysed at once, each in a worker process of its own (at most one per
-    layer and one per CPU, `os.cpu_count()`; 1, and any memory:// store: one layer after another in
-    this process). A worker runs the same code on the same rows, so the numbers are identical to one
-    process's, bit for bit.
+    layer and one per CPU, `os.cpu_count()`; 1, a memory:// store, and layers of fewer than
+    `POOL_MIN_LAYER_VALUES` analysed values: one layer after another in this process). A worker
+    runs the same code on the same rows, so the numbers are identical to one process's, bit for bit.
     Each worker holds one layer's accumulators and one MEV word group (`mev_memory_mb`) and spools
     its layer's other groups to a scratch folder of its own: peak memory and scratch disk are about
     `num_workers` times those of one process, plus the libraries each worker imports before its
-    first layer (about 0.4 GB and a few seconds of CPU: worth it when a layer takes longer)."""
+    first layer (about 0.2 GB and 1-2 s of CPU: worth it when a layer takes longer)."""
     require_num_workers(num_workers)
     store = _open(store)
     progress = progress or NoProgress()
@@ -618,8 +620,7 @@ def analyze_store(
         exclude_first_word=exclude_first_word, seed=seed, n_samples=n_samples,
         layers=None if layers is None else tuple(layers), mev_memory_mb=mev_memory_mb))
     progress.start("analyze layers", len(plan.layers), unit="layers")
-    # a memory:// store lives inside this process, where no worker process could read it
-    pool_size = 1 if store.url.startswith("memory://") else min(num_workers, len(plan.layers), os.cpu_count() or 1)
+    pool_size = _layer_pool_size(store, plan, num_workers)
     if pool_size > 1:
         stats = _analyze_layers_in_pool(store, plan, pool_size=pool_size, chunk_rows=chunk_rows, device=device,
                                         progress=progress)
@@ -632,6 +633,20 @@ def analyze_store(
     if write_to is not False:
         result.write(None if write_to is True else write_to)
     return result
+
+
+# a layer of fewer analysed values (rows x d) than this is analysed in the calling process: at 2^26
+# (175,000 rows at d = 384) one layer takes about as long as starting a worker process (about 2 s of
+# CPU: importing numpy, pandas, scipy and zarr), so below it a pool costs more than it saves
+POOL_MIN_LAYER_VALUES = 2**26
+
+
+def _layer_pool_size(store: RepresentationStore, plan: AnalysisPlan, num_workers: int) -> int:
+    """How many worker processes analyse the layers: 1 (none) for a memory:// store (it lives in this
+    process) or layers too small to pay for a worker's start; else at most one a layer and one a CPU."""
+    if store.url.startswith("memory://") or int(plan.selection.mask.sum()) * store.dim < POOL_MIN_LAYER_VALUES:
+        return 1
+    return min(num_workers, len(plan.layers), os.cpu_count() or 1)
 
 
 def _analyze_layer(store: RepresentationStore, plan: AnalysisPlan, layer: int, *, chunk_rows: int, device: str) -> _LayerStats:
@@ -667,6 +682,11 @@ def _analyze_layer_in_worker(layer: int, *, chunk_rows: int, device: str) -> _La
 def _analyze_layers_in_pool(store: RepresentationStore, plan: AnalysisPlan, *, pool_size: int, chunk_rows: int,
                             device: str, progress: Progress) -> list[_LayerStats]:
     """`_analyze_layer` of each layer of `plan` in `pool_size` worker processes, in layer order."""
+    if device == "auto":  # resolved here, once: a worker told `cpu` never imports torch (1-2 s of its start)
+        from lmgeom.device import resolve_analysis_device
+
+        target = resolve_analysis_device(device)
+        device = "cpu" if target is None else str(target)
     # spawn, not fork: this process has threads (BLAS, the tally's read-ahead), which a fork copies mid-state
     with ProcessPoolExecutor(max_workers=pool_size, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_start_layer_worker, initargs=(store.url, plan)) as pool:
