@@ -202,7 +202,7 @@ def _cpu_seconds() -> float:
 
 
 def _child(kind: str, path: str, num_workers: int) -> None:
-    import lmgeom.runs  # noqa: F401  (imported before the clock starts: every kind pays it alike)
+    import lmgeom.runs.analysis  # noqa: F401  (imported before the clock starts: every kind pays it alike)
 
     if kind.endswith("-ray"):
         start_ray()  # the cluster's start-up is not the analysis
