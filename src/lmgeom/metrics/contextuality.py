@@ -650,7 +650,8 @@ class MEVAccumulator(StatefulAccumulator):
         `merge` (an analysis plan's counts). A word whose rows would outgrow the row budget then goes to
         X^T X from its first rows and the others never do, so kept rows stay views of an `add`'s grouped
         copy (no copy a word). Without it a word keeps rows until they outgrow the budget, and kept rows
-        are copied apart, so that no view pins rows that went to X^T X later."""
+        are copied apart, so that no view pins rows that went to X^T X later. The counts are not part
+        of the state: a loaded accumulator has none."""
         self.expected_counts = None if expected_counts is None else np.asarray(expected_counts, dtype=np.int64)
         if self.expected_counts is not None and self.expected_counts.shape != (self.n_words,):
             raise ValueError(f"expected_counts has shape {self.expected_counts.shape}; it needs one count for each of "
