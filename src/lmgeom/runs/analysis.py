@@ -636,8 +636,8 @@ def analyze_store(
 
 
 # a layer of fewer analysed values (rows x d) than this is analysed in the calling process: at 2^26
-# (175,000 rows at d = 384) one layer takes about as long as starting a worker process (about 2 s of
-# CPU: importing numpy, pandas, scipy and zarr), so below it a pool costs more than it saves
+# (175,000 rows at d = 384) one layer takes about as long as starting a worker process (1.2-1.5 s of
+# CPU measured: importing numpy, pandas, scipy and zarr), so below it a pool costs more than it saves
 POOL_MIN_LAYER_VALUES = 2**26
 
 
