@@ -227,6 +227,31 @@ def test_flat_spectrum_over_its_krylov_budget_goes_the_dense_way(monkeypatch: py
     assert dense_solves == [1]
 
 
+def test_a_flat_word_gives_up_on_lanczos_as_soon_as_its_rate_projects_past_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flat spectrum's residual falls too slowly for the budget: block Lanczos stops after
+    `PROJECTION_MIN_STEPS` steps instead of spending the budget, and the dense route solves the word;
+    a real-like word's rate projects within it and converges matrix-free."""
+    products: list[int] = []
+    images = spectrum_module._ChunkedRows.scatter_images
+
+    def counted(self, block, dtype):  # type: ignore[no-untyped-def]
+        products.append(block.shape[1])
+        return images(self, block, dtype)
+
+    monkeypatch.setattr(spectrum_module._ChunkedRows, "scatter_images", counted)
+    n, d = 400, 512
+    budget = spectrum_module.krylov_budget(n, d)
+    assert spectrum_module.word_route(n, d) == "krylov" and budget > 4 * spectrum_module.PROJECTION_MIN_STEPS * spectrum_module.BLOCK_SIZE
+    X32, X = as_float32(flat(n, d, seed=55) + 1.0)
+    assert spectrum_module._krylov_rows_spectrum(spectrum_module._ChunkedRows([X32]), budget=budget) is None
+    assert len(products) == spectrum_module.PROJECTION_MIN_STEPS and sum(products) < budget
+    assert_matches(occurrence_spectrum(X32), X)
+    products.clear()
+    X32, X = as_float32(anisotropic(n, d, seed=56))
+    assert_matches(spectrum_module._krylov_rows_spectrum(spectrum_module._ChunkedRows([X32]), budget=budget), X)
+    assert sum(products) <= budget
+
+
 def test_moment_path_dense_at_small_width() -> None:
     """Words kept as X^T X at small width: one tridiagonal reduction of C = X^T X - s s^T / n."""
     assert spectrum_module.word_route(200, 60, formed=True) == "scatter"
