@@ -138,8 +138,7 @@ class _RitzProblem:
         self.solution: TopEigenpair | None = None
         self.values = np.zeros(0)
         self.coefficients = np.zeros((0, 0))
-        self.last_residual = np.inf
-        self.residual_history: list[float] = []
+        self.residual_history: list[float] = []  # of the top pair, one a block step
         self.steps_left = 0.0  # block steps to convergence at the recent rate (0 while unknown)
 
     def extend(self, basis: np.ndarray, block: np.ndarray, images: np.ndarray) -> None:
@@ -170,8 +169,8 @@ class _RitzProblem:
         tolerances = self.tolerances
         floor = residual <= max(tolerances.residual_floor * top, tolerances.noise)
         vector_done = not self.need_vector or (gap > 0 and residual <= tolerances.direction_tol * gap)
-        stalled = tolerances.stall_below * top >= residual > tolerances.stall_ratio * self.last_residual
-        self.last_residual = residual
+        last_residual = self.residual_history[-1] if self.residual_history else np.inf
+        stalled = tolerances.stall_below * top >= residual > tolerances.stall_ratio * last_residual
         self.residual_history.append(residual)
         # the residual at which this pair would stop: its floor, or values (and the vector) done
         wanted_residual = min(np.sqrt(tolerances.value_rtol * top * gap) if gap > 0 else tolerances.value_rtol * top,
