@@ -53,9 +53,11 @@ MAX_BASIS = 160
 # With a budget, block Lanczos gives up early (and the word goes the dense way) once, after at least
 # PROJECTION_MIN_STEPS block steps, the residual's rate over the last two steps projects past the
 # budget: a flat spectrum then stops paying for products it would only throw away. Lanczos
-# accelerates, so the projection errs long; measured (2026-12-01): no Lanczos word of real MiniLM
-# layers (STS, Lee) gives up, 150 of the 176 of a flat synthetic layer at d = 768 do (Krylov time
-# 9.1 -> 6.1 s), and a flat 3,000 x 4,096 word still converges matrix-free within its budget.
+# accelerates, so the projection errs long; measured (2026-12-01): no word of real MiniLM layers
+# (STS, Lee) solved on its rows gives up (4 of the 31 held as X^T X on an STS layer do, at no cost:
+# their dense route is one 384 x 384 reduction), 150 of the 176 Lanczos words of a flat synthetic
+# layer at d = 768 do (their time 9.1 -> 6.1 s), and a flat 3,000 x 4,096 word still converges
+# matrix-free within its budget.
 PROJECTION_MIN_STEPS = 3
 # a safety stop far beyond what flat (Gaussian) spectra need at d = 4,096 (about 450); reaching it warns
 MAX_MULTIPLICATIONS = 5000
