@@ -39,37 +39,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'lmgeom.runs' has no attribute {name!r}")
 
 
-__all__ = [
-    "AnalysisOptions",
-    "AnalysisState",
-    "ContextualityResult",
-    "Feed",
-    "NoProgress",
-    "Progress",
-    "RowSelection",
-    "RunResult",
-    "STSRun",
-    "StaticEmbeddings",
-    "WordSelection",
-    "analyze_shard",
-    "analyze_store",
-    "benchmark_static_embeddings",
-    "calibrate_store",
-    "default_run_dir",
-    "evaluate_sts",
-    "export_static_embeddings",
-    "extract",
-    "extract_model",
-    "finish_analysis",
-    "fit_store",
-    "layer_summary",
-    "open_or_extract",
-    "plan_analysis",
-    "render_report",
-    "run",
-    "run_sts",
-    "select_rows",
-    "select_words",
-    "static_embeddings",
-    "tally",
-]
+__all__ = ["Feed", "NoProgress", "Progress", "tally", *_EXPORTS]
