@@ -375,12 +375,13 @@ class ContextualityResult:
         return self.layers.to_dict("records")
 
     def summary(self) -> pd.DataFrame:
-        """One row per layer, one column per metric (raw and adjusted side by side)."""
+        """One row per layer, one column per metric (raw, and adjusted beside it for a metric with a
+        baseline); NaN where a value is undefined (e.g. a centred MEV of words without spread)."""
         wide = self.layers.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
         columns = {}
         for metric in self.layers["metric"].unique():
             columns[metric] = wide[("raw", metric)]
-            if self.layers.loc[self.layers["metric"] == metric, "adjusted"].notna().any():
+            if (self.layers.loc[self.layers["metric"] == metric, "baseline_source"] != "").any():
                 columns[f"{metric}_adjusted"] = wide[("adjusted", metric)]
         table = pd.DataFrame(columns)
         table.insert(0, "layer_name", [layer_name(layer) for layer in table.index])
@@ -491,7 +492,11 @@ def _depth_trend(layers: list[int], values: list[float]) -> dict[str, Any]:
     if len(layers) < 3:
         return {"spearman_rho": None, "p_value": None, "falls_with_depth": None, "monotone_decreasing": None,
                 "note": "fewer than 3 non-input layers"}
-    if np.ptp(values) == 0:
+    undefined = [layer for layer, value in zip(layers, values) if np.isnan(value)]
+    if undefined:
+        return {"spearman_rho": None, "p_value": None, "falls_with_depth": None, "monotone_decreasing": None,
+                "note": f"undefined at layers {undefined}"}
+    if np.ptp(values) <= 1e-12 * np.max(np.abs(values)):  # equal to float64 rounding: ranks would be rounding noise
         return {"spearman_rho": None, "p_value": None, "falls_with_depth": False, "monotone_decreasing": False,
                 "note": "the same value at every non-input layer"}
     rho, p_value = spearmanr(layers, values)
@@ -532,7 +537,9 @@ def _findings(summary: pd.DataFrame, words: pd.DataFrame) -> tuple[dict[str, Any
               for kind, column in (("raw", "self_similarity"), ("adjusted", "self_similarity_adjusted"))}
     findings["self_similarity_depth"] = {"layers": layers, **trends}
     for kind, trend in trends.items():
-        if trend["spearman_rho"] is not None:
+        if trend.get("note", "").startswith("undefined"):
+            statements.append(f"Mean self-similarity ({kind}) falls with depth: {trend['note']}")
+        elif trend["spearman_rho"] is not None:
             statements.append(
                 f"Mean self-similarity ({kind}) falls with depth over layers {layers[0]}-{layers[-1]}: "
                 f"{'yes' if trend['falls_with_depth'] else 'no'} (Spearman rho {trend['spearman_rho']:+.2f}, "
@@ -560,17 +567,31 @@ def _findings(summary: pd.DataFrame, words: pd.DataFrame) -> tuple[dict[str, Any
     findings["static_embedding_variance"] = {}
     for variant in MEV_VARIANTS:
         adjusted = upper.set_index("layer")[f"mev_{variant}_adjusted"]
-        below = bool((adjusted < STATIC_VARIANCE_THRESHOLD).all())
+        # undefined where no analysed word's occurrences vary (centred variants) or the sampled ones do not
+        undefined = adjusted.index[adjusted.isna()].tolist()
+        defined = adjusted.dropna()
+        question = (f"A static embedding explains < {STATIC_VARIANCE_THRESHOLD:.0%} of a word's variance after adjustment "
+                    f"(MEV {variant}) in every non-input layer")
+        raw_max = upper[f"mev_{variant}"].max()
+        cause = ("every occurrence of each analysed word is the same vector" if np.isnan(raw_max)
+                 else "the sampled occurrences do not vary")
         findings["static_embedding_variance"][variant] = {
             "threshold": STATIC_VARIANCE_THRESHOLD,
-            "adjusted_mev_below_threshold_every_non_input_layer": below,
-            "max_adjusted_mev": float(adjusted.max()), "max_adjusted_mev_layer": int(adjusted.idxmax()),
-            "max_raw_mev": float(upper[f"mev_{variant}"].max()),
+            "adjusted_mev_below_threshold_every_non_input_layer": bool((defined < STATIC_VARIANCE_THRESHOLD).all())
+            if defined.size else None,
+            "max_adjusted_mev": float(defined.max()) if defined.size else None,
+            "max_adjusted_mev_layer": int(defined.idxmax()) if defined.size else None,
+            "max_raw_mev": None if np.isnan(raw_max) else float(raw_max),
+            "undefined_layers": undefined,
         }
+        if not defined.size:
+            statements.append(f"{question}: undefined (MEV {variant} is undefined at every non-input layer: {cause})")
+            continue
+        below = bool((defined < STATIC_VARIANCE_THRESHOLD).all())
         statements.append(
-            f"A static embedding explains < {STATIC_VARIANCE_THRESHOLD:.0%} of a word's variance after adjustment "
-            f"(MEV {variant}) in every non-input layer: {'yes' if below else 'no'} "
-            f"(mean adjusted MEV at most {adjusted.max():.3f}, layer {adjusted.idxmax()})"
+            f"{question}: {'yes' if below else 'no'} "
+            f"(mean adjusted MEV at most {defined.max():.3f}, layer {defined.idxmax()}"
+            + (f"; undefined at layers {undefined}" if undefined else "") + ")"
         )
     return findings, statements
 
