@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from lmgeom.corpus.corpus import Corpus, CorpusStream, Item
+from lmgeom.corpus.corpus import Corpus, CorpusStream, Item, iter_lines, require_count
 from lmgeom.corpus.segment import split_sentences
 
 # Where the public data sits on the development machines; override with LMGEOM_DATA.
@@ -31,12 +31,10 @@ def lee_stream() -> CorpusStream:
     path = gensim_test_data() / "lee_background.cor"
 
     def read() -> Iterator[Item]:
-        with path.open(encoding="latin-1") as handle:
-            for paragraph in handle:
-                for line in paragraph.splitlines():
-                    if line.strip():
-                        yield from split_sentences(line.strip())
-    return CorpusStream("lee", read, source=str(path))
+        for line in iter_lines(path, encoding="latin-1"):
+            if line.strip():
+                yield from split_sentences(line.strip())
+    return CorpusStream("lee", read, source=str(path.resolve()))
 
 
 def brown(directory: str | os.PathLike | None = None) -> Corpus:
@@ -50,13 +48,11 @@ def brown_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
 
     def read() -> Iterator[Item]:
         for path in files:
-            with path.open(encoding="utf-8") as handle:
-                for physical in handle:
-                    for line in physical.splitlines():
-                        tokens = line.split()
-                        if tokens:
-                            yield [t.rsplit("/", 1)[0] for t in tokens]
-    return CorpusStream("brown", read, source=str(directory), pretokenized=True)
+            for line in iter_lines(path):
+                tokens = line.split()
+                if tokens:
+                    yield [t.rsplit("/", 1)[0] for t in tokens]
+    return CorpusStream("brown", read, source=str(directory.resolve()), pretokenized=True)
 
 
 def _brown_files(directory: Path) -> list[Path]:
@@ -81,16 +77,14 @@ def sts_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     def read() -> Iterator[Item]:
         seen: set[bytes] = set()  # digests of the sentences so far: distinct sentences only
         for path in files:
-            with path.open(encoding="utf-8") as handle:
-                for physical in handle:
-                    for line in physical.splitlines():
-                        for text in line.split("\t")[:2]:
-                            text = text.strip()
-                            digest = hashlib.sha1(text.encode("utf-8")).digest()
-                            if text and digest not in seen:
-                                seen.add(digest)
-                                yield text
-    return CorpusStream("sts", read, source=str(directory))
+            for line in iter_lines(path):
+                for text in line.split("\t")[:2]:
+                    text = text.strip()
+                    digest = hashlib.sha1(text.encode("utf-8")).digest()
+                    if text and digest not in seen:
+                        seen.add(digest)
+                        yield text
+    return CorpusStream("sts", read, source=str(directory.resolve()))
 
 
 BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts}
@@ -98,7 +92,8 @@ BUILTIN_STREAMS = {"lee": lee_stream, "brown": brown_stream, "sts": sts_stream}
 # No square brackets: the CLI prints errors with rich, which would read "[/CONFIG]" as markup.
 ACCEPTED_SPECS = (
     "lee; brown or brown:DIR (NLTK Brown corpus folder); sts or sts:DIR (folder of STS1*-en-test/STS.input.*.txt); "
-    "hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN; a .jsonl file; or a text file with one sentence per line"
+    "hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN; a .jsonl file; or a text file with one sentence per line "
+    "(a file or folder named lee, brown or sts is written as a path: ./lee)"
 )
 
 
@@ -107,12 +102,13 @@ def load_corpus(
     sample: int | None = None, seed: int = 0,
 ) -> Corpus:
     """Resolve a corpus spec: ``lee``; ``brown[:DIR]``; ``sts[:DIR]``; ``hf:NAME[/CONFIG]:SPLIT:COLUMN``;
-    a ``.jsonl`` file (`field`); any other file, one sentence per line. Then keep the first `limit`
-    sentences, or a seeded uniform `sample` of them (in corpus order)."""
-    corpus = _load(spec, field=field, pretokenized=pretokenized)
-    if sample:
-        corpus = corpus.sample(sample, seed=seed)
-    return corpus.head(limit) if limit else corpus
+    a ``.jsonl`` file (`field`); any other file, one sentence per line. A spec whose part before the
+    first ``:`` is a built-in name is that corpus, whatever the working directory holds: a file or
+    folder of that name is written as a path (``./lee``). Then keep the first `limit` sentences of
+    a seeded uniform `sample` of them (in corpus order); each is at least 1, or None for all."""
+    require_count(limit, "limit")
+    require_count(sample, "sample")
+    return _load(spec, field=field, pretokenized=pretokenized).select(limit=limit, sample=sample, seed=seed)
 
 
 def open_corpus(
@@ -122,10 +118,9 @@ def open_corpus(
     """`load_corpus` as a stream: the same sentences, read from the source on every pass and never
     held whole (a Hugging Face dataset is streamed). A bad spec or a missing file fails here; bad
     sentences fail when a pass reaches them."""
-    stream = _resolve(spec, field=field, pretokenized=pretokenized, streaming=True)
-    if sample:
-        stream = stream.sample(sample, seed=seed)
-    return stream.head(limit) if limit else stream
+    require_count(limit, "limit")
+    require_count(sample, "sample")
+    return _resolve(spec, field=field, pretokenized=pretokenized, streaming=True).select(limit=limit, sample=sample, seed=seed)
 
 
 def _spec_error(spec: str, problem: str) -> str:
@@ -140,7 +135,7 @@ def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> C
     if not spec.strip():
         raise ValueError(_spec_error(spec, "empty corpus spec"))
     name, _, argument = spec.partition(":")
-    if name in BUILTIN_CORPORA and not Path(spec).exists():
+    if name in BUILTIN_CORPORA:  # before any file of that name: ./lee reads a file called lee
         if name == "lee" and argument:
             raise ValueError(_spec_error(spec, "the lee corpus takes no argument (it ships with gensim); write plain 'lee'"))
         try:
@@ -164,6 +159,8 @@ def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> C
         if any(path.glob("STS1*-en-test/STS.input.*.txt")):
             return sts_stream(path)
         raise ValueError(_spec_error(spec, "this folder is neither an NLTK Brown corpus (no cats.txt) nor STS data (no STS1*-en-test/STS.input.*.txt)"))
+    # a file named like a built-in corpus is not named as one: "lee.txt (file)", in meta.json and reports
+    file_name = f"{path.name} (file)" if path.stem in BUILTIN_CORPORA else None
     if path.suffix == ".jsonl":
-        return CorpusStream.from_jsonl(path, field=field)
-    return CorpusStream.from_text_file(path, pretokenized=pretokenized)
+        return CorpusStream.from_jsonl(path, field=field, name=file_name)
+    return CorpusStream.from_text_file(path, pretokenized=pretokenized, name=file_name)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -43,7 +44,48 @@ Item = Union[str, Sequence[str]]  # natural text, or a pre-tokenized sentence's 
 
 def to_sentence(item: Item) -> Sentence:
     """Strings are natural text; lists of strings are pre-tokenized sentences kept as is."""
-    return Sentence.from_text(item) if isinstance(item, str) else Sentence.from_words(list(item))
+    if isinstance(item, str):
+        return Sentence.from_text(item)
+    if not is_words(item):
+        raise ValueError(f"a sentence is a string (natural text) or a list of strings (its words), not {_json_kind(item)}")
+    return Sentence.from_words(list(item))
+
+
+def is_words(item: object) -> bool:
+    """A pre-tokenized sentence: a sequence (not a string) of strings."""
+    return isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and all(isinstance(word, str) for word in item)
+
+
+def _json_kind(value: object, *, words: bool = True) -> str:
+    """What a value is, in JSON's words, with a short excerpt of it: `an object ({"a": 1})`; with
+    `words`, a list is described by its first item that is not a string."""
+    kinds = ((bool, "a boolean"), (type(None), "null"), (str, "a string"), ((int, float), "a number"),
+             (dict, "an object"), ((list, tuple), "a list"))
+    kind = next((name for types, name in kinds if isinstance(value, types)), f"a {type(value).__name__}")
+    if words and isinstance(value, (list, tuple)):
+        bad = next((i for i, word in enumerate(value) if not isinstance(word, str)), None)
+        if bad is not None:
+            return f"{kind} whose item {bad} is {_json_kind(value[bad])}"
+    if value is None:
+        return kind
+    try:
+        excerpt = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        excerpt = repr(value)
+    return f"{kind} ({excerpt[:40]}{'…' if len(excerpt) > 40 else ''})"
+
+
+def require_count(value: int | None, name: str) -> None:
+    """`limit` and `sample` (`--limit`, `--sample`) count sentences: at least 1, or None for the whole corpus."""
+    if value is None:
+        return
+    try:
+        count = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ValueError(f"{name} (--{name}) must be a number of sentences, at least 1, or left out (None) for the "
+                         f"whole corpus; got {value!r}")
 
 
 def _no_words_error(name: str, index: int, sentence: Sentence) -> ValueError:
@@ -118,15 +160,24 @@ class Corpus:
         return CorpusSummary(len(self), self.fingerprint, self.pretokenized)
 
     def head(self, n: int) -> "Corpus":
-        """The first `n` sentences (for quick runs and demos)."""
+        """The first `n` (at least 1) sentences (for quick runs and demos)."""
+        require_count(n, "limit")
         return Corpus(f"{self.name}[:{n}]", self.sentences[:n], self.pretokenized, self.source)
 
     def sample(self, n: int, *, seed: int = 0) -> "Corpus":
-        """`n` sentences drawn uniformly without replacement (seeded), kept in corpus order."""
+        """`n` (at least 1) sentences drawn uniformly without replacement (seeded), kept in corpus order."""
+        require_count(n, "sample")
         if n >= len(self.sentences):
             return self
         keep = np.sort(np.random.default_rng(seed).choice(len(self.sentences), size=n, replace=False))
         return Corpus(f"{self.name}[sample {n}, seed {seed}]", [self.sentences[i] for i in keep], self.pretokenized, self.source)
+
+    def select(self, *, limit: int | None = None, sample: int | None = None, seed: int = 0) -> "Corpus":
+        """The first `limit` sentences of a seeded uniform `sample` of them (None: all), as `load_corpus` keeps them."""
+        require_count(limit, "limit")
+        require_count(sample, "sample")
+        corpus = self if sample is None else self.sample(sample, seed=seed)
+        return corpus if limit is None else corpus.head(limit)
 
     # ---- constructors ------------------------------------------------------------------
     @classmethod
@@ -192,11 +243,13 @@ class CorpusStream:
         return Corpus(self.name, [to_sentence(item) for item in items], pretokenized, self.source)
 
     def head(self, n: int) -> CorpusStream:
-        """The first `n` sentences (named as `Corpus.head` names them)."""
+        """The first `n` (at least 1) sentences (named as `Corpus.head` names them)."""
+        require_count(n, "limit")
         return CorpusStream(f"{self.name}[:{n}]", lambda: itertools.islice(self.read(), n), self.source, self.pretokenized)
 
     def sample(self, n: int, *, seed: int = 0) -> CorpusStream:
         """The sentences `Corpus.sample` draws (seeded, in corpus order); costs one counting pass."""
+        require_count(n, "sample")
         total = sum(1 for _ in self.read())
         if n >= total:
             return self
@@ -213,21 +266,29 @@ class CorpusStream:
                         return
         return CorpusStream(f"{self.name}[sample {n}, seed {seed}]", read, self.source, self.pretokenized)
 
+    def select(self, *, limit: int | None = None, sample: int | None = None, seed: int = 0) -> CorpusStream:
+        """The sentences `Corpus.select` keeps."""
+        require_count(limit, "limit")
+        require_count(sample, "sample")
+        stream = self if sample is None else self.sample(sample, seed=seed)
+        return stream if limit is None else stream.head(limit)
+
     # ---- sources ------------------------------------------------------------------------
     @classmethod
     def from_text_file(cls, path: str | os.PathLike, *, pretokenized: bool = False, name: str | None = None) -> CorpusStream:
-        """One sentence per line; blank lines are skipped. `pretokenized`: words separated by spaces."""
+        """One sentence per line (`iter_lines`); blank lines are skipped. `pretokenized`: words separated by spaces."""
         path = _existing(Path(path))
 
         def read() -> Iterator[Item]:
             for line in iter_lines(path):
                 if line.strip():
                     yield line.split() if pretokenized else line.strip()
-        return cls(name or path.stem, read, source=str(path), pretokenized=pretokenized)
+        return cls(name or path.stem, read, source=str(path.resolve()), pretokenized=pretokenized)
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike, *, field: str = "text", name: str | None = None) -> CorpusStream:
-        """One JSON object per line; `field` holds a string (natural text) or a list of words."""
+        """One JSON object per line (`iter_lines`); `field` holds a string (natural text) or a list of
+        strings (a pre-tokenized sentence's words); anything else is an error naming its line."""
         path = _existing(Path(path))
 
         def read() -> Iterator[Item]:
@@ -238,10 +299,14 @@ class CorpusStream:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{path}: line {number} holds {_json_kind(record, words=False)}, not a JSON object; "
+                                     f"give one object per line, e.g. {{{json.dumps(field)}: \"A sentence.\"}}")
                 if field not in record:
-                    raise ValueError(f"{path}: line {number} has no field {field!r}; pass --field with one of {sorted(record)}")
-                yield record[field]
-        return cls(name or path.stem, read, source=str(path))
+                    fields = f"pass --field with one of {sorted(record)}" if record else "the line is an empty object"
+                    raise ValueError(f"{path}: line {number} has no field {field!r}; {fields}")
+                yield checked_item(record[field], f"{path}: line {number}: field {field!r}")
+        return cls(name or path.stem, read, source=str(path.resolve()))
 
     @classmethod
     def from_hf_dataset(cls, dataset: str, *, split: str = "train", column: str = "text", config: str | None = None,
@@ -255,14 +320,22 @@ class CorpusStream:
 
         def read() -> Iterator[Item]:
             table = datasets.load_dataset(dataset, config, split=split, streaming=streaming)
-            for record in table:
+            for index, record in enumerate(table):
                 if column not in record:
                     raise ValueError(f"dataset {dataset} has no column {column!r}; columns: {sorted(record)}")
                 # strings are natural text (blank ones skipped), lists of strings are pre-tokenized sentences
-                item = record[column]
+                item = checked_item(record[column], f"dataset {dataset} {split}, record {index}: column {column!r}")
                 if not isinstance(item, str) or item.strip():
                     yield item
         return cls(f"{dataset}:{split}:{column}", read, source=f"hf://{dataset}/{config or ''}/{split}/{column}")
+
+
+def checked_item(value: Any, where: str) -> Item:
+    """`value` as a corpus item: a string, or a list of strings; else an error naming `where` it was."""
+    if isinstance(value, str) or is_words(value):
+        return value  # type: ignore[no-any-return]
+    raise ValueError(f"{where} holds {_json_kind(value)}; it must be a string (the sentence), "
+                     "or a list of strings (a pre-tokenized sentence's words)")
 
 
 def _existing(path: Path) -> Path:
@@ -271,14 +344,16 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a UTF-8 text file (a leading BOM dropped), read one at a time and split as
-    `str.splitlines` splits the whole text; invalid UTF-8 names its line and byte offset."""
+def iter_lines(path: Path, *, encoding: str = "utf-8") -> Iterator[str]:
+    """The lines of a text file, read one at a time. A line ends at ``\n`` (``\r\n`` too, both
+    dropped); the other characters `str.splitlines` breaks at (a lone ``\r``, VT, FF, ``\x1c``-``\x1e``,
+    ``\x85``, U+2028, U+2029) stay in their line, where word segmentation reads them as spaces. A
+    leading UTF-8 BOM is dropped; invalid UTF-8 names its line and byte offset."""
     offset = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                text = raw.decode("utf-8-sig" if number == 1 and encoding == "utf-8" else encoding)
             except UnicodeDecodeError as error:
                 start = offset + error.start
                 raise ValueError(
@@ -286,7 +361,7 @@ def iter_lines(path: Path) -> Iterator[str]:
                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from None
             offset += len(raw)
-            yield from text.splitlines()
+            yield text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
 
 
 @dataclass(frozen=True)

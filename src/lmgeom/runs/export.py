@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from lmgeom.calibrate import Calibrator, make_calibrator
-from lmgeom.corpus import Corpus, load_corpus
+from lmgeom.corpus import Corpus, load_corpus, require_count
 from lmgeom.device import resolve_device
 from lmgeom.encoders.registry import NAMED_MODELS, minilm_path
 from lmgeom.metrics.contextuality import average_cosine
@@ -136,13 +136,14 @@ def export_sentence_transformer(
     anything, unless `overwrite` and it is a sentence-transformers model folder)."""
     out = Path(out)
     calibrator = make_calibrator(method, seed=seed)  # an unknown method fails before any model loads
+    require_count(limit, "limit")
+    require_count(sample, "sample")
     # Imported here: sentence-transformers is the optional `st` extra, and this import's error names it.
     from lmgeom.runs.st_calibration import CalibrationModule
 
     _prepare_out(out, overwrite=overwrite)
     if isinstance(fit_on, Corpus):  # the same selection load_corpus makes for a spec
-        corpus = fit_on.sample(sample, seed=seed) if sample else fit_on
-        corpus = corpus.head(limit) if limit else corpus
+        corpus = fit_on.select(limit=limit, sample=sample, seed=seed)
     else:
         corpus = load_corpus(fit_on, field=field, limit=limit, sample=sample, seed=seed)
     st_model = load_sentence_transformer(model, device=device)

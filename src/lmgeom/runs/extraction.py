@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.corpus import load_corpus
+from lmgeom.corpus import load_corpus, require_count
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
@@ -155,6 +155,8 @@ def extract_model(
     `engine="ray"` on `num_workers` Ray actors, each loading the model."""
     from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
 
+    require_count(limit, "limit")
+    require_count(sample, "sample")
     encoder_options: dict[str, Any] = dict(
         device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
         skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,

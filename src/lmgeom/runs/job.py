@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from lmgeom.corpus import require_count
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.analysis import ContextualityResult, analyze_store, require_num_workers
 from lmgeom.runs.calibration import calibrate_store
@@ -152,6 +153,7 @@ def run(
     runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
     about this many times one layer's memory); not a setting of the step, as it changes no number."""
     require_num_workers(num_workers)  # before the extraction, which can take hours
+    require_count(limit, "limit")
     progress = progress or NoProgress()
     out = run_folder(out)
     started = time.perf_counter()
