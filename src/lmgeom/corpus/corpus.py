@@ -333,7 +333,7 @@ class CorpusStream:
 def checked_item(value: Any, where: str) -> Item:
     """`value` as a corpus item: a string, or a list of strings; else an error naming `where` it was."""
     if isinstance(value, str) or is_words(value):
-        return value  # type: ignore[no-any-return]
+        return value
     raise ValueError(f"{where} holds {_json_kind(value)}; it must be a string (the sentence), "
                      "or a list of strings (a pre-tokenized sentence's words)")
 
