@@ -106,7 +106,7 @@ def load_corpus(
     first ``:`` is a built-in name is that corpus, whatever the working directory holds: a file or
     folder of that name is written as a path (``./lee``). Then keep the first `limit` sentences of
     a seeded uniform `sample` of them (in corpus order); each is at least 1, or None for all."""
-    require_count(limit, "limit")
+    require_count(limit, "limit")  # before the corpus is read
     require_count(sample, "sample")
     return _load(spec, field=field, pretokenized=pretokenized).select(limit=limit, sample=sample, seed=seed)
 

@@ -174,8 +174,6 @@ class Corpus:
 
     def select(self, *, limit: int | None = None, sample: int | None = None, seed: int = 0) -> "Corpus":
         """The first `limit` sentences of a seeded uniform `sample` of them (None: all), as `load_corpus` keeps them."""
-        require_count(limit, "limit")
-        require_count(sample, "sample")
         corpus = self if sample is None else self.sample(sample, seed=seed)
         return corpus if limit is None else corpus.head(limit)
 
@@ -268,8 +266,6 @@ class CorpusStream:
 
     def select(self, *, limit: int | None = None, sample: int | None = None, seed: int = 0) -> CorpusStream:
         """The sentences `Corpus.select` keeps."""
-        require_count(limit, "limit")
-        require_count(sample, "sample")
         stream = self if sample is None else self.sample(sample, seed=seed)
         return stream if limit is None else stream.head(limit)
 
@@ -345,7 +341,7 @@ def _existing(path: Path) -> Path:
 
 
 def iter_lines(path: Path, *, encoding: str = "utf-8") -> Iterator[str]:
-    """The lines of a text file, read one at a time. A line ends at ``\n`` (``\r\n`` too, both
+    r"""The lines of a text file, read one at a time. A line ends at ``\n`` (``\r\n`` too, both
     dropped); the other characters `str.splitlines` breaks at (a lone ``\r``, VT, FF, ``\x1c``-``\x1e``,
     ``\x85``, U+2028, U+2029) stay in their line, where word segmentation reads them as spaces. A
     leading UTF-8 BOM is dropped; invalid UTF-8 names its line and byte offset."""

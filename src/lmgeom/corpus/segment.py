@@ -12,6 +12,8 @@ Rules of `segment_words`, in order of priority:
    punctuation is kept, and flagged by `is_punctuation`).
 5. Control and format characters (Unicode Cc, Cf: ``\x12``, zero-width space) separate words
    like spaces: tokenizers drop them, so they could never have a vector.
+Spaces are what `str.isspace` calls whitespace: the line and paragraph separators a line of a
+corpus file may hold (VT, FF, ``\x1c``-``\x1e``, ``\x85``, U+2028, U+2029) included.
 """
 
 from __future__ import annotations
