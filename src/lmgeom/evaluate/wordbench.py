@@ -2,8 +2,8 @@
 (kudkudak/word-embeddings-benchmarks) scores them, in two protocols.
 
 Tasks and metrics:
-- similarity (SimLex-999, MEN, WordSim-353, RW): Spearman between the gold scores and the dot
-  products of the L2-normalised vectors (cosines);
+- similarity (SimLex-999, MEN, WordSim-353, RW): Spearman between the gold scores and the cosines
+  of the two words' vectors;
 - analogy (Google, MSR): 3CosAdd accuracy: a:b :: c:? is answered by the argmax over the whole
   vocabulary of w . (b - a + c), the three question words excluded;
 - relational similarity (SemEval-2012 Task 2): per relation, each rated pair X:Y scores
@@ -95,7 +95,7 @@ class WordLookup:
         if not len(keys):
             raise ValueError("no vectors to score: the vocabulary is empty")
         index: dict[str, int] = {}
-        rows = []
+        rows: list[int] = []
         for row, key in enumerate(keys):
             word = key.lower()
             if word not in index:
@@ -135,19 +135,23 @@ def _check_oov(oov: str) -> None:
 def _spearman(x: np.ndarray, y: Any) -> float:
     if len(x) < 2:
         return math.nan
-    return float(stats.spearmanr(x, y).statistic)
+    with warnings.catch_warnings():  # constant scores (e.g. every word out of vocabulary): NaN
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        return float(stats.spearmanr(x, y).statistic)
 
 
 # ---- similarity --------------------------------------------------------------------------------------
 
 def similarity_score(lookup: WordLookup, pairs: Sequence[tuple[str, str, float]], oov: Oov = "skip") -> Score:
-    """Spearman between gold scores and the dot products of the two words' rows (cosines for covered words)."""
+    """Spearman between gold scores and the cosines of the two words' rows (with the mean vector for
+    a word without one, so its cosine is with the mean's direction, as in `web`'s evaluate_similarity)."""
     _check_oov(oov)
     pairs = [(a.lower(), b.lower(), gold) for a, b, gold in pairs]
     covered = [p for p in pairs if lookup.covers(p[:2])]
     used = covered if oov == "skip" else pairs
     left, right = lookup.rows([p[0] for p in used]), lookup.rows([p[1] for p in used])
-    scores = np.einsum("ij,ij->i", left, right)
+    norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
+    scores = np.einsum("ij,ij->i", left, right) / np.where(norms > 0, norms, 1.0)
     return Score(_spearman(scores, np.array([p[2] for p in used])), len(covered), len(pairs))
 
 
