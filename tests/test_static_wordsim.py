@@ -156,7 +156,7 @@ def test_cli_static_embeddings(store, tmp_path):
     register(app)
     out = tmp_path / "vectors.txt"
     outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--out", str(out),
-                                       "--benchmark", str(pairs)], env={"COLUMNS": "200"})
+                                       "--benchmark", str(pairs), "--data-dir", str(tmp_path)], env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert out.exists() and (store.path / "static" / "2.kv").exists()
     document = json.loads((store.path / "static" / "2.benchmarks.json").read_text())

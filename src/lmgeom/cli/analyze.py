@@ -14,7 +14,28 @@ DEVICE_HELP = ("where the closed-form statistics compute: cpu (numpy), cuda or c
                "auto (cuda when present), torch:cpu (the GPU code path on the CPU); MEV runs on the CPU")
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from lmgeom.runs import ContextualityResult
+
+
+METRIC_NAMES = {"spearman": "Spearman", "accuracy_3cosadd": "3CosAdd", "mean_spearman": "mean ρ", "purity": "purity"}
+
+
+def print_static_benchmarks(scores: pd.DataFrame, title: str) -> None:
+    """One table per vector set, the two protocols side by side with the coverage (fits 80 columns)."""
+    console.print(f"{title}. covered = items whose words all have vectors (matched lowercase); "
+                  "score on covered items only, and on all items with out-of-vocabulary words "
+                  "as the mean unit vector")
+    for label, rows in scores.groupby("vectors", sort=False):
+        table = Table(title=str(label))
+        for column in ("benchmark", "metric", "covered", "%", "covered only", "all (OOV mean)"):
+            table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+        for record in rows.to_dict("records"):
+            table.add_row(record["benchmark"], METRIC_NAMES[record["metric"]],
+                          f"{record['covered']:,}/{record['total']:,}", f"{record['coverage']:.0%}",
+                          number(record["score"], 3), number(record["score_oov_mean"], 3))
+        console.print(table)
 
 
 def print_contextuality(result: ContextualityResult) -> None:
@@ -100,26 +121,24 @@ def register(app: typer.Typer) -> None:
         store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
         layer: int = typer.Option(..., help="layer to distil (0 = embedding output)"),
         out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
-        benchmark: List[Path] = typer.Option([], help="extra word-pair or analogy file (repeatable)"),
+        benchmark: List[Path] = typer.Option([], help="extra benchmark: word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the SemEval2012-2 folder (repeatable)"),
         static_vectors: List[Path] = typer.Option([], help="static vectors to compare (.kv, .bin, word2vec/GloVe text; repeatable)"),
         min_contexts: int = typer.Option(1, help="export words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
+        data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
+                                                      "(default ../shared/data or LMGEOM_DATA)"),
     ) -> None:
-        """Export first-principal-component word vectors of a layer and score them on word benchmarks."""
+        """Export first-principal-component word vectors of a layer and score them on word benchmarks,
+        covered items only and all items (out-of-vocabulary words as the mean vector)."""
         from lmgeom.runs import export_static_embeddings
 
         with user_errors(), RichProgress() as progress:
             exported = export_static_embeddings(
                 store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
-                min_contexts=min_contexts, include_punct=not exclude_punct, progress=progress,
+                min_contexts=min_contexts, include_punct=not exclude_punct, data_dir=data_dir, progress=progress,
             )
-        table = Table(title=f"{exported.embeddings.store_meta.get('model_id')}: static embeddings of layer {layer} "
-                            f"({len(exported.embeddings.words):,} words; layer 0 = embedding output; benchmarks matched lowercase)")
-        for column in ("vectors", "benchmark", "score", "covered / total"):
-            table.add_column(column, justify="right" if column != "vectors" else "left")
-        for record in exported.scores.to_dict("records"):
-            metric = "Spearman" if record["task"] == "similarity" else "3CosAdd acc"
-            table.add_row(record["vectors"], f"{record['benchmark']} ({metric})", number(record["score"], 3),
-                          f"{record['covered']:,} / {record['total']:,} ({record['coverage']:.0%})")
-        console.print(table)
+        print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
+                                                 f"{len(exported.embeddings.words):,} words")
+        for name, reason in exported.skipped.items():
+            console.print(f"skipped {name}: {reason}")
         console.print("wrote " + ", ".join(str(p) for p in exported.paths.values()))

@@ -135,15 +135,6 @@ def evaluate_analogies(vectors: KeyedVectors, path: str | os.PathLike, *, name: 
     }
 
 
-def evaluate_benchmarks(vectors: KeyedVectors, benchmarks: Mapping[str, str | os.PathLike]) -> list[dict[str, Any]]:
-    """One record per benchmark (analogy files are recognised by their ': section' lines)."""
-    records = []
-    for name, path in benchmarks.items():
-        evaluate = evaluate_analogies if is_analogy_file(path) else evaluate_word_pairs
-        records.append(evaluate(vectors, path, name=name))
-    return records
-
-
 def load_static_vectors(path: str | os.PathLike) -> KeyedVectors:
     """Vectors from gensim `.kv`, word2vec binary `.bin`, or text (word2vec with a header, or GloVe without)."""
     path = Path(path)

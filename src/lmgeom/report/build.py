@@ -196,10 +196,13 @@ def build_report(
     if run.static is None:
         page.section("static", "Static embeddings on word benchmarks", missing(run.notes["static"]))
     else:
-        columns = [c for c in ("layer", "vectors", "benchmark", "task", "metric", "score", "covered", "total", "coverage") if c in run.static]
+        columns = [c for c in ("layer", "vectors", "benchmark", "task", "metric", "score", "score_oov_mean", "covered", "total", "coverage")
+                   if c in run.static]
         page.section("static", "Static embeddings on word benchmarks",
                      "<p class=\"note\">First-principal-component, mean and layer-0-mean word vectors; Spearman for "
-                     "similarity, 3CosAdd accuracy for analogies; benchmarks matched lowercase.</p>" + table(run.static[columns], digits=3))
+                     "similarity, 3CosAdd accuracy for analogies, mean Spearman for SemEval-2012 Task 2, purity for "
+                     "categorisation; benchmarks matched lowercase. score: covered items only; score_oov_mean: every "
+                     "item, out-of-vocabulary words as the mean vector.</p>" + table(run.static[columns], digits=3))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
     if run.sts is None:
         page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))

@@ -22,7 +22,10 @@ import numpy as np
 import pandas as pd
 from gensim.models import KeyedVectors
 
-from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
+from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
+from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, find_word_benchmarks,
+                                       read_word_benchmarks)
+from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors
 from lmgeom.metrics.contextuality import WordMeanAccumulator
 from lmgeom.metrics.spectrum import OccurrenceSpectrum
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
@@ -127,6 +130,13 @@ def _restricted_vectors(path: str | os.PathLike[str], words: Sequence[str]) -> K
     return restrict_to_words(load_static_vectors(path), words)
 
 
+def default_word_benchmarks(data_dir: str | os.PathLike[str] | None = None) -> tuple[dict[str, Path], dict[str, str]]:
+    """gensim's SimLex-999, WordSim-353 and Google analogies plus every set of Ethayarajh (2019)'s Table 1
+    found under `data_dir` (default ../shared/data or LMGEOM_DATA); and why each other set is not scored."""
+    found, skipped = find_word_benchmarks(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    return {**GENSIM_BENCHMARKS, **found}, skipped
+
+
 def benchmark_static_embeddings(
     embeddings: StaticEmbeddings,
     *,
@@ -134,12 +144,15 @@ def benchmark_static_embeddings(
     static_vectors: Sequence[str | os.PathLike[str]] = (),
     progress: Progress | None = None,
 ) -> pd.DataFrame:
-    """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary.
+    """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary, in
+    both protocols (`score`: covered items only; `score_oov_mean`: every item, out-of-vocabulary
+    words as the mean unit vector; see `lmgeom.evaluate.wordbench`).
 
-    `benchmarks` defaults to gensim's shipped SimLex-999, WordSim-353 and Google analogies. Given
-    static vectors are restricted to the words the store covers, so every row has the same vocabulary.
+    `benchmarks` defaults to `default_word_benchmarks()`. Given static vectors are restricted to the
+    words the store covers, so every row has the same vocabulary. Categorisation clusterings are
+    seeded with CATEGORISATION_SEED.
     """
-    benchmarks = dict(GENSIM_BENCHMARKS if benchmarks is None else benchmarks)
+    loaded = read_word_benchmarks(default_word_benchmarks()[0] if benchmarks is None else benchmarks)
     candidates: dict[str, Callable[[], KeyedVectors]] = {
         f"{kind} (layer {embeddings.layer if kind != 'layer0_mean' else 0})": partial(embeddings.keyed_vectors, kind)
         for kind in STATIC_KINDS
@@ -151,20 +164,26 @@ def benchmark_static_embeddings(
     records = []
     for label, load in candidates.items():
         vectors = load()
-        for record in evaluate_benchmarks(vectors, benchmarks):
+        for record in evaluate_word_benchmarks(WordLookup.from_keyed_vectors(vectors), loaded):
             records.append({"vectors": label, "layer": embeddings.layer, "n_vectors": len(vectors), **record})
         progress.advance("score vectors", note=label)
     return pd.DataFrame(records)
 
 
-def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike[str]) -> dict[str, Path]:
-    """`<layer>.benchmarks.json` and `.csv` in `directory`."""
+def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike[str], *,
+                     skipped: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """`<layer>.benchmarks.json` (with why any benchmark was `skipped`) and `.csv` in `directory`."""
     directory = Path(directory)
     payload = {
         "layer": embeddings.layer,
         "n_words": len(embeddings.words),
         "static_embedding": "first right singular vector of the uncentred occurrence matrix, unit length, sign with the mean",
         "case": "benchmarks matched case-insensitively to the most frequent casing in the store",
+        "protocols": {"score": "oov=skip: covered items only",
+                      "score_oov_mean": "oov=mean: every item, out-of-vocabulary words as the mean of the "
+                                        "L2-normalised vectors (the web package's protocol)"},
+        "categorisation_seed": CATEGORISATION_SEED,
+        "skipped": dict(skipped or {}),
         "records": scores.to_dict("records"),
     }
     return {
@@ -179,6 +198,7 @@ class StaticEmbeddingRun:
     embeddings: StaticEmbeddings
     scores: pd.DataFrame
     paths: dict[str, Path]
+    skipped: dict[str, str]  # benchmark -> why it was not scored
 
 
 def export_static_embeddings(
@@ -190,11 +210,13 @@ def export_static_embeddings(
     static_vectors: Sequence[str | os.PathLike[str]] = (),
     min_contexts: int = 1,
     include_punct: bool = False,
+    data_dir: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
 ) -> StaticEmbeddingRun:
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
-    or `text_path`), and score them on gensim's benchmarks plus `benchmarks` next to `static_vectors`;
-    the scores go to STORE/static/<layer>.benchmarks.json and .csv."""
+    or `text_path`), and score them on `default_word_benchmarks(data_dir)` plus `benchmarks` next to
+    `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
+    A benchmark missing from `data_dir` is skipped, its reason kept in the JSON."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     for path in [*benchmarks, *static_vectors]:
@@ -206,8 +228,10 @@ def export_static_embeddings(
     progress.advance(f"distil layer {layer}")
     directory = store.path / "static"
     saved = embeddings.save(directory, text_path=text_path)
-    scores = benchmark_static_embeddings(
-        embeddings, benchmarks={**GENSIM_BENCHMARKS, **{Path(path).stem: path for path in benchmarks}},
-        static_vectors=static_vectors, progress=progress,
-    )
-    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory)})
+    found, skipped = default_word_benchmarks(data_dir)
+    given = {Path(path).stem: path for path in benchmarks}
+    skipped = {name: reason for name, reason in skipped.items() if name not in given}
+    scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
+                                         progress=progress)
+    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory, skipped=skipped)},
+                              skipped)
