@@ -69,3 +69,24 @@ def test_bars_fit_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch) -> None
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
     assert all(len(line) <= 80 for line in plain.replace("\r", "\n").splitlines())
     assert not any(line.strip().startswith(("1,172", "words/s")) for line in plain.splitlines())
+
+
+def test_help_imports_no_heavy_library() -> None:
+    """`lmgeom --help` builds every command without loading torch, scikit-learn, zarr or pandas (each
+    command imports what it needs when it runs), so it answers in well under a second."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lmgeom.cli.main; "
+            "print(sorted(m for m in ('torch', 'sklearn', 'zarr', 'pandas', 'transformers', 'scipy') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+def test_help_defaults_match_the_library() -> None:
+    from lmgeom.calibrate import METHOD_NAMES, METHODS
+    from lmgeom.cli import calibrate
+    from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
+
+    assert calibrate.EVAL_ROWS_DEFAULT == f"{REPORT_MAX_ROWS:,}"
+    assert tuple(METHODS) == METHOD_NAMES

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from lmgeom.calibrate import METHODS
+from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.cli.common import RichProgress, console, user_errors
 
 
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     @export_app.command("sentence-transformers")
     def sentence_transformers_command(
         model: str = typer.Argument(..., help="minilm, or a sentence-transformers model folder (with modules.json)"),
-        method: str = typer.Option(..., "--method", "-m", help=f"the calibrator: {', '.join(METHODS)}"),
+        method: str = typer.Option(..., "--method", "-m", help=f"the calibrator: {', '.join(METHOD_NAMES)}"),
         fit_on: str = typer.Option("lee", "--fit-on", help="corpus whose pooled sentence vectors the calibrator is fitted on: lee, brown[:DIR], sts[:DIR], a text file (one sentence per line), a .jsonl file, hf:NAME:SPLIT:COLUMN"),
         out: Path = typer.Option(..., "--out", "-o", help="folder for the exported sentence-transformers model"),
         limit: Optional[int] = typer.Option(None, help="fit on the first N sentences of the corpus"),

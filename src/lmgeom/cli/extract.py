@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.table import Table
 
 from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, console, number, split_list, user_errors
-from lmgeom.store import RepresentationStore
+
+if TYPE_CHECKING:
+    from lmgeom.store import RepresentationStore
 
 MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
 CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"

@@ -31,11 +31,11 @@ def register(app: typer.Typer) -> None:
         markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the summary table as markdown"),
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
-        from lmgeom.calibrate import METHODS
+        from lmgeom.calibrate import METHOD_NAMES
         from lmgeom.runs.sts import combination, run_sts
 
         with user_errors():
-            methods = list(METHODS) if method.strip() == "all" else split_list(method)
+            methods = list(METHOD_NAMES) if method.strip() == "all" else split_list(method)
             try:
                 combinations = [combination([int(x) for x in split_list(text)]) for text in combine]
             except ValueError:
