@@ -52,9 +52,9 @@ def register(app: typer.Typer) -> None:
         layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", help="layer to calibrate, repeatable (default: all; 0 = embedding output)"),
         include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
         include_special: bool = typer.Option(False, help="also fit and measure on special tokens (CLS/SEP/BOS), when stored"),
-        eval_rows: Optional[int] = typer.Option(None, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
-        fit_rows: int = typer.Option(FIT_MAX_ROWS, help="seeded subsample that cie and flow fit on (the others stream over all rows)"),
-        seed: int = typer.Option(0, help="seed for subsamples, k-means and the flow"),
+        eval_rows: Optional[int] = typer.Option(None, min=2, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
+        fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample that cie and flow fit on (the others stream over all rows)"),
+        seed: int = typer.Option(0, min=0, help="seed for subsamples, k-means and the flow"),
     ) -> None:
         """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; writes
         STORE/calibration.json + .csv and STORE/calibrators/<method>-L<layer>.*"""

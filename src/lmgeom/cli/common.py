@@ -28,6 +28,10 @@ from rich.progress import (
 
 console = Console()
 
+MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
+MEV_ADJ_NOTE = "MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released figures) minus its baseline"
+"""The one MEV column of the CLI's per-layer tables (`lmgeom run`, `lmgeom report`), and its note."""
+
 LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its own (at most one per CPU; 1, or layers of "
                       "fewer than 2^26 analysed values (rows x d), which cost less than starting a worker: one after another "
                       "in this process; the numbers are the same either way); peak memory and scratch disk are about this "
@@ -149,6 +153,28 @@ def user_errors() -> Iterator[None]:
     except (ValueError, FileNotFoundError, ImportError, OSError, IndexError) as error:
         console.print(f"[bold red]error:[/] {escape(str(error))}")
         raise typer.Exit(code=2) from None
+
+
+def below(high: float) -> Callable[[float | None], float | None]:
+    """An option's callback refusing values of `high` or more (typer's `max` admits `high` itself)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not value < high:
+            raise typer.BadParameter(f"{value} is not below {high}")
+        return value
+
+    return check
+
+
+def above(low: float) -> Callable[[float | None], float | None]:
+    """An option's callback refusing values of `low` or less (typer's `min` admits `low` itself)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not value > low:
+            raise typer.BadParameter(f"{value} is not above {low}")
+        return value
+
+    return check
 
 
 def number(value: float | None, digits: int = 4) -> str:
