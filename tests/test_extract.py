@@ -247,10 +247,39 @@ def test_choose_windows_takes_the_window_with_most_context():
         starts = rng.integers(0, n_content, size=40)
         units = [np.arange(s, min(s + int(rng.integers(1, 3)), n_content)) for s in starts]
         assert choose_windows(units, windows).tolist() == [most_context(u, windows) for u in units]
-    with pytest.raises(ValueError, match="more than one window"):
-        choose_windows([np.array([0, 9])], [(0, 5), (4, 9)])
-    with pytest.raises(ValueError, match="more than one window"):
-        choose_windows([np.array([2, 6])], [(0, 5)])
+    # a word longer than every window: the window holding most of its pieces (ties to the earlier)
+    assert choose_windows([np.arange(0, 10)], [(0, 5), (4, 9), (5, 10)]).tolist() == [0]
+    assert choose_windows([np.arange(3, 10)], [(0, 5), (4, 9), (5, 10)]).tolist() == [1]
+    assert choose_windows([np.arange(2, 7)], [(0, 5)]).tolist() == [0]
+
+
+def test_a_word_longer_than_a_window_is_pooled_from_one_window_and_counted():
+    """A word of more pieces than a window holds (one 'word' of 150 hyphenated parts) no longer stops the
+    extraction: its vector is the mean of its pieces in the window holding most of them, the sentence
+    records it as truncated, and every other word is as before."""
+    encoder = load_encoder("tiny-bert", device="cpu", max_length=16)
+    long_word = "-".join(f"{a}{b}" for a, b in zip("abcdefghijklmnopqrst" * 3, "qwertyuiopasdfghjklz" * 3))
+    text = f"The {long_word} ran far away."
+    sentence = Corpus.from_list([text]).sentences[0]
+    result = encoder.encode([sentence])[0]
+    assert result.words == [w.text for w in sentence.words] and result.n_truncated == 1
+    tokenizer, model = encoder.tokenizer, encoder.model
+    enc = tokenizer(text, return_offsets_mapping=True)
+    content_ids, offsets = enc["input_ids"][1:-1], enc["offset_mapping"][1:-1]
+    capacity = 16 - 2
+    n = len(content_ids)
+    starts = list(range(0, n - capacity, capacity // 2)) + [n - capacity]
+    word = sentence.words[1]
+    pieces = [i for i, (s, e) in enumerate(offsets) if s < word.end and e > word.start]
+    assert len(pieces) > capacity
+    held = [sum(a <= p < a + capacity for p in pieces) for a in starts]
+    start = starts[int(np.argmax(held))]
+    inside = [p for p in pieces if start <= p < start + capacity]
+    assert result.n_pieces[1] == len(inside) == capacity
+    ids = [tokenizer.cls_token_id, *content_ids[start : start + capacity], tokenizer.sep_token_id]
+    with torch.no_grad():
+        states = torch.stack(model(torch.tensor([ids]), output_hidden_states=True).hidden_states)[:, 0]
+    np.testing.assert_allclose(result.vectors[:, 1], states[:, [1 + p - start for p in inside]].mean(dim=1).numpy(), atol=1e-5)
 
 
 # ---- store: resume, refusal, reading -------------------------------------------------------

@@ -284,7 +284,7 @@ ALLOWED = {
     "finetune": {"encoders", "calibrate", "metrics"},
     "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs", "report"},
 }
-SHARED = {"_version", "atomic", "device", "progress"}
+SHARED = {"_lazy", "_version", "atomic", "device", "progress"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lmgeom import _lazy as lazy
 from lmgeom._version import __version__
 
 _EXPORTS = {
@@ -31,8 +32,6 @@ __all__ = ["__version__", *_EXPORTS, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
     if name in _MODULES:
         return importlib.import_module(_MODULES[name])
-    raise AttributeError(f"module 'lmgeom' has no attribute {name!r}")
+    return lazy.load(__name__, _EXPORTS, name)

@@ -11,7 +11,12 @@ def resolve_device(device: str = "auto") -> torch.device:
     """`auto` picks CUDA when present, else CPU; asking for CUDA without it is an error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):  # torch's own error for a malformed device string
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {device!r} (--device): use auto, cpu, cuda, cuda:N or mps")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA device is available; use --device cpu or auto")
     return resolved

@@ -10,43 +10,39 @@ Method notes: docs/calibration.md.
 
 from __future__ import annotations
 
-from lmgeom.calibrate._base import Calibrator
-from lmgeom.calibrate.cluster import ClusterIsotropy
-from lmgeom.calibrate.conceptor import ConceptorNegation
-from lmgeom.calibrate.flow import FlowCalibrator
-from lmgeom.calibrate.io import load_calibrator, save_calibrator
-from lmgeom.calibrate.linear import AllButTheTop, Standardize, Whitening
+from typing import TYPE_CHECKING, Any
 
-METHODS: dict[str, type[Calibrator]] = {
-    "whitening": Whitening,
-    "abtt": AllButTheTop,
-    "cie": ClusterIsotropy,
-    "flow": FlowCalibrator,
-    "standardize": Standardize,
-    "conceptor": ConceptorNegation,
+from lmgeom import _lazy as lazy
+
+if TYPE_CHECKING:
+    from lmgeom.calibrate._base import Calibrator
+    from lmgeom.calibrate.cluster import ClusterIsotropy
+    from lmgeom.calibrate.conceptor import ConceptorNegation
+    from lmgeom.calibrate.flow import FlowCalibrator
+    from lmgeom.calibrate.io import load_calibrator, save_calibrator
+    from lmgeom.calibrate.linear import AllButTheTop, Standardize, Whitening
+    from lmgeom.calibrate.registry import METHODS, make_calibrator
+
+METHOD_NAMES = ("whitening", "abtt", "cie", "flow", "standardize", "conceptor")
+"""The calibrators' CLI names, in the order `METHODS` holds them (known without importing torch)."""
+
+FIT_MAX_ROWS = 100_000
+"""Rows (a seeded subsample) that the calibrators which do not stream (cie, flow) fit on by default."""
+
+# the calibrators on first use: the CLI lists METHOD_NAMES without loading torch and scikit-learn
+_EXPORTS = {
+    "Calibrator": "lmgeom.calibrate._base",
+    "ClusterIsotropy": "lmgeom.calibrate.cluster",
+    "ConceptorNegation": "lmgeom.calibrate.conceptor",
+    "FlowCalibrator": "lmgeom.calibrate.flow",
+    **dict.fromkeys(["load_calibrator", "save_calibrator"], "lmgeom.calibrate.io"),
+    **dict.fromkeys(["AllButTheTop", "Standardize", "Whitening"], "lmgeom.calibrate.linear"),
+    **dict.fromkeys(["METHODS", "make_calibrator"], "lmgeom.calibrate.registry"),
 }
 
 
-def make_calibrator(method: str, *, seed: int = 0) -> Calibrator:
-    """A calibrator with its default settings by CLI name (whitening, abtt, cie, flow, standardize, conceptor)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(METHODS)}")
-    estimator = METHODS[method]()
-    if "random_state" in estimator.get_params():
-        estimator.set_params(random_state=seed)
-    return estimator
+def __getattr__(name: str) -> Any:
+    return lazy.load(__name__, _EXPORTS, name)
 
 
-__all__ = [
-    "METHODS",
-    "AllButTheTop",
-    "Calibrator",
-    "ClusterIsotropy",
-    "ConceptorNegation",
-    "FlowCalibrator",
-    "Standardize",
-    "Whitening",
-    "load_calibrator",
-    "make_calibrator",
-    "save_calibrator",
-]
+__all__ = ["FIT_MAX_ROWS", "METHOD_NAMES", *_EXPORTS]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, console, number, user_errors
+from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, above, console, number, user_errors
 
 DEVICE_HELP = ("where the closed-form statistics compute: cpu (numpy), cuda or cuda:N (torch, float64 on the GPU), "
                "auto (cuda when present), torch:cpu (the GPU code path on the CPU); MEV runs on the CPU")
@@ -79,18 +79,18 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract` (a folder or an fsspec URL)"),
-        min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
+        min_contexts: int = typer.Option(5, min=1, help="analyse words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out (as the paper did)"),
         exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word (decoders without BOS put outlier activations there)"),
         include_special: bool = typer.Option(False, help="also analyse special tokens (CLS/SEP/BOS), when the store kept them"),
-        seed: int = typer.Option(0, help="seed for the sampled baselines"),
-        samples: int = typer.Option(1000, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
+        seed: int = typer.Option(0, min=0, help="seed for the sampled baselines"),
+        samples: int = typer.Option(1000, min=2, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
         out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
-        mev_memory_mb: float = typer.Option(512, help="memory for per-word occurrence matrices (MB); words beyond it wait in local scratch files (TMPDIR), solved a group at a time"),
+        mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory for per-word occurrence matrices (MB); words beyond it wait in local scratch files (TMPDIR), solved a group at a time"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
         engine: str = typer.Option("local", help="local (this machine: --num-workers layers at once) or ray (tasks by row range and word group on a Ray cluster)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
-        num_workers: int = typer.Option(2, help=f"--engine local: {LAYER_WORKERS_HELP}; --engine ray: tasks running at once"),
+        num_workers: int = typer.Option(2, min=1, help=f"--engine local: {LAYER_WORKERS_HELP}; --engine ray: tasks running at once"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs import analyze_store
@@ -119,11 +119,11 @@ def register(app: typer.Typer) -> None:
     @app.command("static-embeddings")
     def static_embeddings_command(
         store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
-        layer: int = typer.Option(..., help="layer to distil (0 = embedding output)"),
+        layer: int = typer.Option(..., min=0, help="layer to distil (0 = embedding output)"),
         out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
         benchmark: List[Path] = typer.Option([], help="extra benchmark: word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the SemEval2012-2 folder (repeatable)"),
         static_vectors: List[Path] = typer.Option([], help="static vectors to compare (.kv, .bin, word2vec/GloVe text; repeatable)"),
-        min_contexts: int = typer.Option(1, help="export words occurring in at least this many distinct sentences"),
+        min_contexts: int = typer.Option(1, min=1, help="export words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
                                                       "(default ../shared/data or LMGEOM_DATA)"),

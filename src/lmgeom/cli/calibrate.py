@@ -7,10 +7,8 @@ from typing import Any, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.calibrate import METHODS
+from lmgeom.calibrate import FIT_MAX_ROWS, METHOD_NAMES
 from lmgeom.cli.common import RichProgress, console, split_list, user_errors
-from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
-from lmgeom.runs.calibration import FIT_MAX_ROWS
 from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = {
@@ -39,28 +37,34 @@ def print_records(records: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+# isotropy_report's row cap (lmgeom.metrics.isotropy.REPORT_MAX_ROWS, a test checks it), written here so
+# that `--help` does not import the metrics
+EVAL_ROWS_DEFAULT = "20,000"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_command(
         store: str = typer.Argument(..., metavar="STORE-OR-MODEL", help="a store written by `lmgeom extract`, or a model (then --corpus is extracted into runs/<model>-<corpus> first)"),
         corpus: str = typer.Option("lee", help="corpus to extract when a model is given instead of a store"),
         device: str = typer.Option("auto", help="device for that extraction: auto, cpu, cuda"),
-        method: str = typer.Option(",".join(METHODS), "--methods", "--method", "-m", help=f"comma-separated methods: {', '.join(METHODS)}"),
+        method: str = typer.Option(",".join(METHOD_NAMES), "--methods", "--method", "-m", help=f"comma-separated methods: {', '.join(METHOD_NAMES)}"),
         layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", help="layer to calibrate, repeatable (default: all; 0 = embedding output)"),
         include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
         include_special: bool = typer.Option(False, help="also fit and measure on special tokens (CLS/SEP/BOS), when stored"),
-        eval_rows: int = typer.Option(REPORT_MAX_ROWS, help="seeded subsample of rows on which isotropy is measured"),
-        fit_rows: int = typer.Option(FIT_MAX_ROWS, help="seeded subsample that cie and flow fit on (the others stream over all rows)"),
-        seed: int = typer.Option(0, help="seed for subsamples, k-means and the flow"),
+        eval_rows: Optional[int] = typer.Option(None, min=2, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
+        fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample that cie and flow fit on (the others stream over all rows)"),
+        seed: int = typer.Option(0, min=0, help="seed for subsamples, k-means and the flow"),
     ) -> None:
         """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; writes
         STORE/calibration.json + .csv and STORE/calibrators/<method>-L<layer>.*"""
+        from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
         from lmgeom.runs import calibrate_store
 
         with user_errors(), RichProgress() as progress:
             result = calibrate_store(
                 store, corpus=corpus, device=device, methods=split_list(method), layers=layer or None,
-                include_punct=include_punct, include_special=include_special, eval_rows=eval_rows, fit_rows=fit_rows,
+                include_punct=include_punct, include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows, fit_rows=fit_rows,
                 seed=seed, progress=progress,
             )
         print_records(result.records)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import time
 from types import TracebackType
-from typing import Iterator
+from typing import Callable, Iterator
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Column
+from rich.text import Text
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -22,6 +27,10 @@ from rich.progress import (
 )
 
 console = Console()
+
+MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
+MEV_ADJ_NOTE = "MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released figures) minus its baseline"
+"""The one MEV column of the CLI's per-layer tables (`lmgeom run`, `lmgeom report`), and its note."""
 
 LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its own (at most one per CPU; 1, or layers of "
                       "fewer than 2^26 analysed values (rows x d), which cost less than starting a worker: one after another "
@@ -31,39 +40,109 @@ LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its 
 
 
 class RichProgress:
-    """A rich progress bar per stage (with its count, a note such as a rate, elapsed time and ETA),
-    satisfying `lmgeom.progress.Progress`. Use as a context manager."""
+    """Progress of each stage, satisfying `lmgeom.progress.Progress`. Use as a context manager.
 
-    def __init__(self) -> None:
-        # only the note (a rate, a layer) may wrap onto a second line on a narrow terminal; counts and times never shrink
+    On a terminal: a rich bar per stage (its count, elapsed time, ETA and a note such as a rate), fitted
+    to the terminal's width (the bar shrinks and the note is cut, so a line never wraps). Elsewhere (output
+    piped to a file or a log): plain lines, one when a stage starts, then at most one every
+    `interval` seconds and one when it completes, written as they happen (a live bar is drawn only at the
+    end when the output is not a terminal)."""
+
+    def __init__(self, *, interval: float = 10.0) -> None:
+        self._lines: LineProgress | None = None if console.is_terminal else LineProgress(interval=interval)
+        narrow = console.width < 100
+        # counts and times never shrink; the note (a rate, a layer) is cut to what is left of the line
         self._bars = Progress(
             TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
-            BarColumn(bar_width=16),
+            BarColumn(bar_width=6 if narrow else 16),
             MofNCompleteColumn(table_column=Column(no_wrap=True)),
             TimeElapsedColumn(table_column=Column(no_wrap=True, min_width=7)),
             TextColumn("ETA"),
             TimeRemainingColumn(table_column=Column(no_wrap=True, min_width=7)),
-            TextColumn("{task.fields[note]}", table_column=Column(overflow="fold")),
+            _NoteColumn(table_column=Column(min_width=0)),
             console=console,
             transient=False,
         )
         self._tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> RichProgress:
-        self._bars.__enter__()
+        if self._lines is None:
+            self._bars.__enter__()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        self._bars.__exit__(kind, error, trace)
+        if self._lines is None:
+            self._bars.__exit__(kind, error, trace)
 
     def start(self, stage: str, total: int, *, unit: str = "items") -> None:
-        if stage in self._tasks:
+        if self._lines is not None:
+            self._lines.start(stage, total, unit=unit)
+        elif stage in self._tasks:
             self._bars.reset(self._tasks[stage], total=total, note="")
         else:
             self._tasks[stage] = self._bars.add_task(f"{stage} ({unit})", total=total, note="")
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-        self._bars.update(self._tasks[stage], advance=n, note=note)
+        if self._lines is not None:
+            self._lines.advance(stage, n, note=note)
+        else:
+            self._bars.update(self._tasks[stage], advance=n, note=note)
+
+
+class _NoteColumn(ProgressColumn):
+    """A stage's note on one line, cut with an ellipsis to the width the other columns leave: the
+    column itself may shrink (rich shrinks wrappable columns first), its text never wraps."""
+
+    def render(self, task: Task) -> Text:
+        return Text(str(task.fields.get("note", "")), no_wrap=True, overflow="ellipsis")
+
+
+class LineProgress:
+    """Progress as plain lines (for logs): `stage: done/total unit (percent), elapsed, ETA; note`, one when a
+    stage starts, at most one every `interval` seconds while it runs, and one when it completes."""
+
+    def __init__(self, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._stages: dict[str, _LineStage] = {}
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        now = self._clock()
+        self._stages[stage] = _LineStage(total=total, unit=unit, started=now, printed=now)
+        console.print(f"{escape(stage)}: started, {total:,} {escape(unit)}", soft_wrap=True, highlight=False)
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        state = self._stages[stage]
+        state.done += n
+        now = self._clock()
+        finished = state.total > 0 and state.done >= state.total
+        if not finished and now - state.printed < self.interval:
+            return
+        state.printed = now
+        elapsed = now - state.started
+        parts = [f"{state.done:,}/{state.total:,} {state.unit}"]
+        if state.total > 0:
+            parts[0] += f" ({100 * min(state.done / state.total, 1):.0f} %)"
+        parts.append(f"{_clock_time(elapsed)} elapsed")
+        if not finished and state.done > 0 and state.total > state.done:
+            parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
+        line = f"{stage}: " + ", ".join(parts) + (f"; {note}" if note else "")
+        console.print(escape(line), soft_wrap=True, highlight=False)
+
+
+@dataclasses.dataclass
+class _LineStage:
+    total: int
+    unit: str
+    started: float
+    printed: float
+    done: int = 0
+
+
+def _clock_time(seconds: float) -> str:
+    """h:mm:ss, as rich's bars show times."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 @contextlib.contextmanager
@@ -74,6 +153,28 @@ def user_errors() -> Iterator[None]:
     except (ValueError, FileNotFoundError, ImportError, OSError, IndexError) as error:
         console.print(f"[bold red]error:[/] {escape(str(error))}")
         raise typer.Exit(code=2) from None
+
+
+def below(high: float) -> Callable[[float | None], float | None]:
+    """An option's callback refusing values of `high` or more (typer's `max` admits `high` itself)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not value < high:
+            raise typer.BadParameter(f"{value} is not below {high}")
+        return value
+
+    return check
+
+
+def above(low: float) -> Callable[[float | None], float | None]:
+    """An option's callback refusing values of `low` or less (typer's `min` admits `low` itself)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not value > low:
+            raise typer.BadParameter(f"{value} is not above {low}")
+        return value
+
+    return check
 
 
 def number(value: float | None, digits: int = 4) -> str:

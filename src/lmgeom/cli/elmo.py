@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, above, below, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -19,19 +19,19 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", "-o", help="folder for checkpoint.pt, options.json, weights.hdf5, training.json"),
         corpus: str = typer.Option("brown", "--corpus", "-c", help="brown[:DIR] (fixed file split) or any corpus spec (every tenth sentence held out)"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-        epochs: int = typer.Option(2, help="passes over the training sentences"),
-        batch_tokens: int = typer.Option(2000, help="padded tokens per batch"),
-        learning_rate: float = typer.Option(2e-3, help="Adam learning rate"),
-        vocab_size: int = typer.Option(20000, help="softmax classes including <S>, </S>, <UNK>"),
-        negative_samples: int = typer.Option(0, help="sampled softmax candidates per batch (0: full softmax)"),
-        lstm_dim: int = typer.Option(512, help="LSTM cell size"),
-        projection_dim: int = typer.Option(128, help="LSTM projection (each direction's output) size"),
-        n_layers: int = typer.Option(2, help="LSTM layers per direction"),
-        dropout: float = typer.Option(0.1, help="dropout on LSTM inputs and the softmax input"),
-        seed: int = typer.Option(0, help="seed for initialisation, batch order and dropout"),
-        max_steps: Optional[int] = typer.Option(None, help="stop after this many steps in all (checkpointed; re-run to continue)"),
-        checkpoint_every: int = typer.Option(200, help="steps between checkpoints"),
-        threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)"),
+        epochs: int = typer.Option(2, min=1, help="passes over the training sentences"),
+        batch_tokens: int = typer.Option(2000, min=1, help="padded tokens per batch"),
+        learning_rate: float = typer.Option(2e-3, callback=above(0), help="Adam learning rate"),
+        vocab_size: int = typer.Option(20000, min=4, help="softmax classes including <S>, </S>, <UNK>"),
+        negative_samples: int = typer.Option(0, min=0, help="sampled softmax candidates per batch (0: full softmax)"),
+        lstm_dim: int = typer.Option(512, min=1, help="LSTM cell size"),
+        projection_dim: int = typer.Option(128, min=1, help="LSTM projection (each direction's output) size"),
+        n_layers: int = typer.Option(2, min=1, help="LSTM layers per direction"),
+        dropout: float = typer.Option(0.1, min=0.0, callback=below(1), help="dropout on LSTM inputs and the softmax input"),
+        seed: int = typer.Option(0, min=0, help="seed for initialisation, batch order and dropout"),
+        max_steps: Optional[int] = typer.Option(None, min=1, help="stop after this many steps in all (checkpointed; re-run to continue)"),
+        checkpoint_every: int = typer.Option(200, min=1, help="steps between checkpoints"),
+        threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch (default: torch's choice)"),
         overwrite: bool = typer.Option(False, help="discard a run with other settings in --out"),
     ) -> None:
         """Train a biLM (resumes from --out's checkpoint), then report held-out perplexity."""

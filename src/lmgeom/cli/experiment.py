@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import RichProgress, above, console, split_list, user_errors
 
 experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022) and layers (Peters et al. 2018).",
                              no_args_is_help=True)
@@ -53,11 +53,11 @@ def calibration_command(
     features: str = typer.Option("top", "--features", help="frozen features: top, static (layer 0), layer:N or mix"),
     heads: str = typer.Option("logreg,mlp", "--heads", "--head", help="frozen heads: logreg (ridge for regression), mlp"),
     pooling: str = typer.Option("mean", "--pooling", help="sentence vector: mean of pieces, or last piece"),
-    max_train: Optional[int] = typer.Option(None, "--max-train", help="seeded subsample of N training examples (per seed)"),
-    max_eval: Optional[int] = typer.Option(None, "--max-eval", help="seeded subsample of N evaluation examples (the same for every seed)"),
-    epochs: int = typer.Option(3, "--epochs", help="fine-tuning regime: epochs"),
-    batch_size: int = typer.Option(32, "--batch-size", help="fine-tuning regime: sentences per step"),
-    learning_rate: float = typer.Option(2e-5, "--learning-rate", help="fine-tuning regime: AdamW learning rate"),
+    max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training examples (per seed)"),
+    max_eval: Optional[int] = typer.Option(None, "--max-eval", min=1, help="seeded subsample of N evaluation examples (the same for every seed)"),
+    epochs: int = typer.Option(3, "--epochs", min=1, help="fine-tuning regime: epochs"),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="fine-tuning regime: sentences per step"),
+    learning_rate: float = typer.Option(2e-5, "--learning-rate", callback=above(0), help="fine-tuning regime: AdamW learning rate"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
@@ -83,8 +83,8 @@ def layers_command(
     features: str = typer.Option("layer:all,top,mix,static", "--features", help="comma list: layer:all, layer:N, top, mix, static"),
     seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
     pooling: str = typer.Option("mean", "--pooling", help="sentence vector for sentence tasks: mean of pieces, or last piece"),
-    max_train: Optional[int] = typer.Option(None, "--max-train", help="seeded subsample of N training sentences (per seed)"),
-    max_eval: Optional[int] = typer.Option(None, "--max-eval", help="seeded subsample of N evaluation sentences"),
+    max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training sentences (per seed)"),
+    max_eval: Optional[int] = typer.Option(None, "--max-eval", min=1, help="seeded subsample of N evaluation sentences"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Which layer, or learned mix of layers, serves the task? A linear probe per feature set."""

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from lmgeom.calibrate import METHODS
+from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.cli.common import RichProgress, console, user_errors
 
 
@@ -19,14 +19,14 @@ def register(app: typer.Typer) -> None:
     @export_app.command("sentence-transformers")
     def sentence_transformers_command(
         model: str = typer.Argument(..., help="minilm, or a sentence-transformers model folder (with modules.json)"),
-        method: str = typer.Option(..., "--method", "-m", help=f"the calibrator: {', '.join(METHODS)}"),
+        method: str = typer.Option(..., "--method", "-m", help=f"the calibrator: {', '.join(METHOD_NAMES)}"),
         fit_on: str = typer.Option("lee", "--fit-on", help="corpus whose pooled sentence vectors the calibrator is fitted on: lee, brown[:DIR], sts[:DIR], a text file (one sentence per line), a .jsonl file, hf:NAME:SPLIT:COLUMN"),
         out: Path = typer.Option(..., "--out", "-o", help="folder for the exported sentence-transformers model"),
         limit: Optional[int] = typer.Option(None, help="fit on the first N sentences of the corpus (N ≥ 1; default: all)"),
         sample: Optional[int] = typer.Option(None, help="fit on a seeded uniform sample of N sentences (N ≥ 1; default: all)"),
         field: str = typer.Option("text", help="the text field of a .jsonl corpus"),
-        seed: int = typer.Option(0, help="seed for --sample and the calibrator (k-means, the flow)"),
-        batch_size: int = typer.Option(32, help="sentences per forward pass while encoding the fit corpus"),
+        seed: int = typer.Option(0, min=0, help="seed for --sample and the calibrator (k-means, the flow)"),
+        batch_size: int = typer.Option(32, min=1, help="sentences per forward pass while encoding the fit corpus"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N (for encoding the fit corpus)"),
         overwrite: bool = typer.Option(False, help="replace a sentence-transformers model already in --out"),
     ) -> None:

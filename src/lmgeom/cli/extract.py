@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, console, number, split_list, user_errors
-from lmgeom.store import RepresentationStore
+from lmgeom.cli.common import LAYER_WORKERS_HELP, MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, number, split_list, user_errors
+
+if TYPE_CHECKING:
+    from lmgeom.store import RepresentationStore
 
 MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
 CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"
@@ -22,7 +24,9 @@ def print_store(store: RepresentationStore) -> None:
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
         f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
-           f"{meta['n_unaligned_words']} words without tokenizer pieces left out" if meta.get("max_length") else
+           f"{meta['n_unaligned_words']} words without tokenizer pieces left out"
+           + (f", {meta['n_truncated_words']} words longer than a window pooled from one window's pieces"
+              if meta.get("n_truncated_words") else "") if meta.get("max_length") else
            "words are the model's own tokens")
     )
 
@@ -37,7 +41,7 @@ def register(app: typer.Typer) -> None:
         pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
         sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences, kept in order (N ≥ 1; default: all)"),
-        seed: int = typer.Option(0, help="seed for --sample"),
+        seed: int = typer.Option(0, min=0, help="seed for --sample"),
         pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last"),
         keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
         prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
@@ -45,17 +49,17 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", help="storage dtype: float32 or float16"),
         compute_dtype: Optional[str] = typer.Option(None, help="model dtype: default float32 on CPU, float16 on CUDA"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-        max_length: Optional[int] = typer.Option(None, help="window length in pieces (default: the model's maximum)"),
-        max_batch_tokens: int = typer.Option(8192, help="padded tokens per forward batch"),
-        chunk_sentences: Optional[int] = typer.Option(None, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
+        max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
+        max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch"),
+        chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
         revision: Optional[str] = typer.Option(None, help="Hub revision"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
         engine: str = typer.Option("local", help="local (this process) or ray (shards on a Ray cluster's actors)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
-        num_workers: int = typer.Option(1, help="--engine ray: actors, each holding one model"),
-        gpus_per_worker: float = typer.Option(0.0, help="--engine ray: GPUs per actor"),
-        shard_sentences: Optional[int] = typer.Option(None, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
+        num_workers: int = typer.Option(1, min=1, help="--engine ray: actors, each holding one model"),
+        gpus_per_worker: float = typer.Option(0.0, min=0.0, help="--engine ray: GPUs per actor"),
+        shard_sentences: Optional[int] = typer.Option(None, min=1, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.runs import extract_model
@@ -78,11 +82,11 @@ def register(app: typer.Typer) -> None:
         out: Optional[str] = typer.Option(None, help="run directory or file:// URL (default runs/<model>-<corpus>)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
         device: str = typer.Option("auto", help="auto, cpu, cuda"),
-        min_contexts: int = typer.Option(5, help="analyse words occurring in at least this many distinct sentences"),
+        min_contexts: int = typer.Option(5, min=1, help="analyse words occurring in at least this many distinct sentences"),
         layers: str = typer.Option("default", help="layers to calibrate and distil static embeddings from: 'default' (0, middle, last), 'all', or e.g. 0,3,6"),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
-        seed: int = typer.Option(0, help="seed for sampled statistics"),
-        num_workers: int = typer.Option(2, help=f"contextuality step: {LAYER_WORKERS_HELP}"),
+        seed: int = typer.Option(0, min=0, help="seed for sampled statistics"),
+        num_workers: int = typer.Option(2, min=1, help=f"contextuality step: {LAYER_WORKERS_HELP}"),
         include: List[Path] = typer.Option([], help="another folder of experiment results to show in the report (repeatable)"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
     ) -> None:
@@ -105,13 +109,13 @@ def register(app: typer.Typer) -> None:
             row = summary.loc[record["layer"]]
             table.add_row(str(record["layer"]), f"{record['mean_norm']:.2f}", number(record["average_cosine"], 3),
                           number(row["self_similarity_adjusted"], 3), number(row["intra_sentence_similarity_adjusted"], 3),
-                          number(row["mev_svd_ratio_adjusted"], 3))
+                          number(row[MEV_ADJ_COLUMN], 3))
         console.print(table)
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:
             console.print(f"  • {statement}")
         if result.steps_skipped:
             console.print(f"skipped (already done with these settings): {', '.join(result.steps_skipped)}")
-        console.print(f"MEV adj = svd_ratio variant; every table is in {result.store.path}:")
+        console.print(f"{MEV_ADJ_NOTE}; every table is in {result.store.path}:")
         for path in result.paths:
             console.print(f"  {path}")

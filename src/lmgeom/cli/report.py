@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -17,13 +17,16 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Argument(..., metavar="RUN", help="a run directory written by `lmgeom run`"),
         include: List[Path] = typer.Option([], help="another folder of experiment results.json files (repeatable)"),
         out: Optional[Path] = typer.Option(None, help="HTML file to write (default RUN/report.html)"),
-        explorer_words: int = typer.Option(2000, help="words in the word explorer (the most frequent analysed ones)"),
-        neighbours: int = typer.Option(10, help="nearest neighbours per word and layer in the word explorer"),
+        explorer_words: int = typer.Option(2000, min=1, help="words in the word explorer (the most frequent analysed ones)"),
+        neighbours: int = typer.Option(10, min=1, help="nearest neighbours per word and layer in the word explorer"),
     ) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
         from lmgeom.report import load_run
         from lmgeom.runs import render_report
 
+        if neighbours >= explorer_words:
+            raise typer.BadParameter(f"{neighbours} neighbours need more than {neighbours} other words; give fewer than "
+                                     f"--explorer-words ({explorer_words})", param_hint="--neighbours")
         with user_errors():
             with RichProgress() as progress:
                 path = render_report(run_dir, include=include, out=out, explorer_words=explorer_words,
@@ -37,9 +40,10 @@ def register(app: typer.Typer) -> None:
                     values = [run.metric("anisotropy_exact").get(layer), run.metric("self_similarity").get(layer),
                               run.metric("self_similarity", "adjusted").get(layer),
                               run.metric("intra_sentence_similarity").get(layer),
-                              run.metric("mev_uncentred", "adjusted").get(layer)]
+                              run.metric(MEV_ADJ_COLUMN.removesuffix("_adjusted"), "adjusted").get(layer)]
                     table.add_row(str(layer), *(f"{v:.3f}" if v is not None else "—" for v in values))
                 console.print(table)
+                console.print(MEV_ADJ_NOTE)
             for section, note in run.notes.items():
                 console.print(f"[dim]{section}: {note}[/]")
             console.print(f"wrote {path}")

@@ -24,18 +24,18 @@ def register(app: typer.Typer) -> None:
         method: str = typer.Option("none", "--methods", "--method", help=f"comma list of none, {CALIBRATORS}, or 'all'; 'none' is always included"),
         fit_on: str = typer.Option("transductive", "--fit-on", help="fit calibrators on the evaluated sentences ('transductive') or on a corpus (lee, brown, a file, ...); comma list for several"),
         split: str = typer.Option("test", help="test, dev or train (SemEval STS12-16 exist only as test; SICK dev = TRIAL)"),
-        limit_pairs: Optional[int] = typer.Option(None, help="evaluate a seeded random subset of N pairs per dataset"),
+        limit_pairs: Optional[int] = typer.Option(None, min=1, help="evaluate a seeded random subset of N pairs per dataset"),
         special: bool = typer.Option(True, "--special/--no-special", help="include special tokens (CLS/SEP/BOS) in the sentence mean"),
-        seed: int = typer.Option(0, help="seed for --limit-pairs and the calibrators"),
+        seed: int = typer.Option(0, min=0, help="seed for --limit-pairs and the calibrators"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the summary table as markdown"),
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
-        from lmgeom.calibrate import METHODS
+        from lmgeom.calibrate import METHOD_NAMES
         from lmgeom.runs.sts import combination, run_sts
 
         with user_errors():
-            methods = list(METHODS) if method.strip() == "all" else split_list(method)
+            methods = list(METHOD_NAMES) if method.strip() == "all" else split_list(method)
             try:
                 combinations = [combination([int(x) for x in split_list(text)]) for text in combine]
             except ValueError:

@@ -6,9 +6,9 @@ imported on first use, so the store and the analyses can use `EncodedSentence` w
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from lmgeom import _lazy as lazy
 from lmgeom.encoders.base import EncodedSentence, Encoder
 
 _LAZY = {
@@ -24,6 +24,4 @@ __all__ = ["EncodedSentence", "Encoder", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lmgeom.encoders' has no attribute {name!r}")
+    return lazy.load(__name__, _LAZY, name)

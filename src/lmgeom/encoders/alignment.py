@@ -166,7 +166,10 @@ def plan_windows(n_content: int, capacity: int) -> list[tuple[int, int]]:
 
 def choose_windows(units: Sequence[np.ndarray], windows: Sequence[tuple[int, int]]) -> np.ndarray:
     """For each unit (a set of piece indexes), the window holding all its pieces where it has most
-    context: the largest min(pieces before it, pieces after it) in that window; ties go to the earlier."""
+    context: the largest min(pieces before it, pieces after it) in that window; ties go to the earlier.
+    A unit longer than any window (a word of more pieces than a window holds) takes the window holding
+    most of its pieces (ties: the earlier); the pieces outside it are left out of its vector (the encoder
+    counts such words as truncated)."""
     if len(windows) == 1 and units and all(pieces.size for pieces in units):
         # a sentence in one window (nearly all of them): its only window, if it holds every piece
         pieces = np.concatenate(units)
@@ -182,7 +185,8 @@ def choose_windows(units: Sequence[np.ndarray], windows: Sequence[tuple[int, int
                 if score > best_score:
                     best, best_score = w, score
         if best < 0:
-            raise ValueError(f"a word spans {hi - lo + 1} pieces, more than one window holds; raise --max-length")
+            held = [int(((pieces >= start) & (pieces < stop)).sum()) for start, stop in windows]
+            best = int(np.argmax(held))
         choice[u] = best
     return choice
 

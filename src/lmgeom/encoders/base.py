@@ -20,6 +20,7 @@ class EncodedSentence:
     n_pieces: np.ndarray  # (n_tokens,) pieces pooled into each token
     n_windows: int
     n_unaligned: int = 0  # words left out because the tokenizer dropped all their characters
+    n_truncated: int = 0  # words of more pieces than a window holds: pooled from the pieces of one window
 
 
 class Encoder(Protocol):

@@ -126,7 +126,11 @@ class HFEncoder:
         self.prepend_bos = prepend_bos
         self.skip_unaligned = skip_unaligned
         self.device = torch.device(device)
-        self.max_length = max_length or model_max_length(model, tokenizer)
+        limit = model_max_length(model, tokenizer)
+        if max_length is not None and not 2 <= max_length <= limit:
+            raise ValueError(f"max_length {max_length} (--max-length) is outside 2..{limit}: this model takes at most {limit} "
+                             f"pieces; give a window length within that (longer sentences are split into windows)")
+        self.max_length = max_length or limit
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         config: Any = model.config
@@ -169,6 +173,7 @@ class HFEncoder:
                             specials=np.full(len(sentences), self.keep_special))
         pooled = self._pool(windows, units, self.pooling)
         n_pieces = units.counts.astype(np.int16)
+        word_pieces = np.diff(chunk.piece_bounds)  # a word's pieces; more than it pooled when longer than a window
         encoded = []
         for index, sentence in enumerate(sentences):
             start, stop = int(units.bounds[index]), int(units.bounds[index + 1])
@@ -183,6 +188,8 @@ class HFEncoder:
                          + self.tokenizer.convert_ids_to_tokens(ids[len(ids) - n_suffix :].tolist()))
             is_special = np.ones(stop - start, dtype=bool)
             is_special[n_prefix : n_prefix + len(kept)] = False
+            pooled_pieces = units.counts[start + n_prefix : start + n_prefix + len(kept)]
+            n_truncated = int((pooled_pieces < word_pieces[chunk.word_bounds[index] : chunk.word_bounds[index + 1]]).sum())
             encoded.append(EncodedSentence(
                 vectors=pooled[:, start:stop],
                 words=words,
@@ -190,6 +197,7 @@ class HFEncoder:
                 n_pieces=n_pieces[start:stop],
                 n_windows=int(windows.first[index + 1] - windows.first[index]),
                 n_unaligned=len(sentence.words) - len(kept),
+                n_truncated=n_truncated,
             ))
         return encoded
 
@@ -238,6 +246,10 @@ class HFEncoder:
         n_sentences = len(specials)
         counts = np.diff(piece_bounds)
         window = unit_windows(windows, unit_sentence, piece_bounds, pieces)
+        inside = (pieces >= np.repeat(windows.start[window], counts)) & (pieces < np.repeat(windows.stop[window], counts))
+        if not inside.all():  # words longer than a window: the pieces of their window only
+            counts = np.bincount(np.repeat(np.arange(len(counts)), counts)[inside], minlength=len(counts))
+            pieces = pieces[inside]
         positions = pieces + np.repeat(chunk.n_prefix[unit_sentence] - windows.start[window], counts)
         if not specials.any():
             return _Units(window, counts, positions, np.searchsorted(unit_sentence, np.arange(n_sentences + 1)))

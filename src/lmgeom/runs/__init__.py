@@ -10,9 +10,9 @@ selection (`selection.py`) and streams a store layer through accumulators with t
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from lmgeom import _lazy as lazy
 from lmgeom.progress import NoProgress, Progress
 # imported now: the function `tally` must shadow its module's name before anything imports the module
 from lmgeom.runs.tally import Feed, tally
@@ -34,9 +34,7 @@ _EXPORTS = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lmgeom.runs' has no attribute {name!r}")
+    return lazy.load(__name__, _EXPORTS, name)
 
 
 __all__ = ["Feed", "NoProgress", "Progress", "tally", *_EXPORTS]

@@ -543,7 +543,7 @@ def _findings(summary: pd.DataFrame, words: pd.DataFrame) -> tuple[dict[str, Any
             statements.append(
                 f"Mean self-similarity ({kind}) falls with depth over layers {layers[0]}-{layers[-1]}: "
                 f"{'yes' if trend['falls_with_depth'] else 'no'} (Spearman rho {trend['spearman_rho']:+.2f}, "
-                f"p {trend['p_value']:.2g}; strictly monotone: {'yes' if trend['monotone_decreasing'] else 'no'})"
+                f"p {trend['p_value']:.2g}; strictly decreasing: {'yes' if trend['monotone_decreasing'] else 'no'})"
             )
 
     last = layers[-1]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from lmgeom.calibrate import METHODS, Calibrator, make_calibrator
+from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
@@ -18,8 +18,6 @@ from lmgeom.runs.selection import RowSelection, select_rows
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore
 
-# Calibrators without partial_fit (k-means, the flow) fit on a seeded subsample of this many rows.
-FIT_MAX_ROWS = 100_000
 # The measures recorded before/after; counts (n_points, dim) are settings, not measures.
 REPORT_MEASURES = (
     "log_partition_isotropy",

@@ -116,6 +116,7 @@ class ShardPartWriter:
             "n_tokens": sizes,
             "n_windows": [e.n_windows for e in encoded],
             "n_unaligned": [e.n_unaligned for e in encoded],
+            "n_truncated": [e.n_truncated for e in encoded],
             "first_row": first_row + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
         }))
         self.n_rows += n_rows

@@ -128,6 +128,7 @@ class StoreWriter:
             "n_tokens": [len(e.words) for e in encoded],
             "n_windows": [e.n_windows for e in encoded],
             "n_unaligned": [e.n_unaligned for e in encoded],
+            "n_truncated": [e.n_truncated for e in encoded],
             "first_row": row_starts,
         })
         chunk = self.progress["chunks"]
@@ -314,5 +315,6 @@ def index_words(tokens: pd.DataFrame, sentences: pd.DataFrame) -> tuple[pd.DataF
         n_vocab=len(vocab), n_windows=int(sentences["n_windows"].sum()),
         n_long_sentences=int((sentences["n_windows"] > 1).sum()),
         n_unaligned_words=int(sentences["n_unaligned"].sum()),
+        n_truncated_words=int(sentences["n_truncated"].sum()) if "n_truncated" in sentences else 0,
     )
     return vocab, counts

@@ -1,0 +1,95 @@
+"""The CLI's progress: plain lines for logs (not a terminal), bars that fit an 80-column terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from rich.console import Console
+
+from lmgeom.cli import common
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def captured(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+    out = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=out, width=80, force_terminal=False, color_system=None))
+    return out
+
+
+def test_lines_at_start_every_interval_and_at_the_end(captured: io.StringIO) -> None:
+    clock = FakeClock()
+    lines = common.LineProgress(interval=10.0, clock=clock)
+    lines.start("extract lee", 4000, unit="sentences")
+    for _ in range(3):  # 3 s: no line before the interval has passed
+        clock.now += 1.0
+        lines.advance("extract lee", 100, note="100 sentences/s")
+    clock.now += 8.0  # 11 s after the start: a line with the count, the share, the elapsed time and the ETA
+    lines.advance("extract lee", 100, note="36 sentences/s")
+    clock.now += 1.0
+    lines.advance("extract lee", 3600, note="done")  # complete: a line at once
+    assert captured.getvalue().splitlines() == [
+        "extract lee: started, 4,000 sentences",
+        "extract lee: 400/4,000 sentences (10 %), 0:00:11 elapsed, ETA 0:01:39; 36 sentences/s",
+        "extract lee: 4,000/4,000 sentences (100 %), 0:00:12 elapsed; done",
+    ]
+
+
+def test_rich_progress_writes_lines_when_not_a_terminal(captured: io.StringIO) -> None:
+    with common.RichProgress() as progress:
+        progress.start("calibrate", 2, unit="fits")
+        progress.advance("calibrate", note="L0 whitening [x]")
+        progress.advance("calibrate", note="L0 abtt")
+    text = captured.getvalue().splitlines()
+    assert text[0] == "calibrate: started, 2 fits"
+    assert text[-1].startswith("calibrate: 2/2 fits (100 %), 0:00:")
+    assert text[-1].endswith("; L0 abtt")
+    assert not any("━" in line for line in text)  # no bar in a log
+
+
+def test_bars_fit_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=out, width=80, force_terminal=True, color_system=None))
+    with common.RichProgress() as progress:
+        progress.start("extract lee", 2680, unit="sentences")
+        progress.advance("extract lee", 1024, note="47 sentences/s, 1,172 words/s, 3 chunks committed")
+    rendered = [line for line in out.getvalue().replace("\r", "\n").splitlines() if "extract" in line]
+    final = rendered[-1]
+    assert "1024/2680" in final and "47 sentences/s" in final  # the rate is kept, cut only at its end
+    # one line (nothing wrapped onto the next), at most 80 columns once the terminal's control codes are removed
+    import re
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert all(len(line) <= 80 for line in plain.replace("\r", "\n").splitlines())
+    assert not any(line.strip().startswith(("1,172", "words/s")) for line in plain.splitlines())
+
+
+def test_help_imports_no_heavy_library() -> None:
+    """`lmgeom --help` builds every command without loading torch, scikit-learn, zarr or pandas (each
+    command imports what it needs when it runs), so it answers in well under a second."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, lmgeom.cli.main; "
+            "print(sorted(m for m in ('torch', 'sklearn', 'zarr', 'pandas', 'transformers', 'scipy') if m in sys.modules), "
+            "os.environ['OMP_WAIT_POLICY'])")
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert loaded == "[] PASSIVE"  # and OpenMP's idle threads sleep (set before torch loads), unless the user set it
+
+
+def test_help_defaults_match_the_library() -> None:
+    from lmgeom.calibrate import METHOD_NAMES, METHODS
+    from lmgeom.cli import calibrate
+    from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
+
+    assert calibrate.EVAL_ROWS_DEFAULT == f"{REPORT_MAX_ROWS:,}"
+    assert tuple(METHODS) == METHOD_NAMES
