@@ -216,21 +216,21 @@ def extract_sharded(
     shard_sentences = shard_sentences or default_shard_sentences(summary.n_sentences, chunk_sentences, num_workers=num_workers)
     settings = store_settings(encoder_settings, source, summary, dtype=dtype, chunk_sentences=chunk_sentences,
                               shard_sentences=shard_sentences)
-    writer = ShardedStoreWriter(location, settings=settings, overwrite=overwrite)
-    stage = f"extract {source.name}"
-    progress.start(stage, summary.n_sentences, unit="sentences")
-    if not writer.complete:
-        done = writer.finished()
-        if done:
-            progress.advance(stage, sum(int(m["n_sentences"]) for m in done.values()), note=f"resumed: {len(done)} shards done")
-        shards = cut_shards(source, writer.shards, summary, skip=done)
-        if engine == "ray":
-            _encode_on_ray(ray, workers, location.url, settings, shards, progress, stage)
-        else:
-            for shard in shards:
-                encode_shard(encoder, location.url, settings, shard.number, shard.first_sentence, shard.sentences)
-                progress.advance(stage, len(shard.sentences), note=f"shard {shard.number}")
-        writer.finalize()
+    with ShardedStoreWriter(location, settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
+        stage = f"extract {source.name}"
+        progress.start(stage, summary.n_sentences, unit="sentences")
+        if not writer.complete:
+            done = writer.finished()
+            if done:
+                progress.advance(stage, sum(int(m["n_sentences"]) for m in done.values()), note=f"resumed: {len(done)} shards done")
+            shards = cut_shards(source, writer.shards, summary, skip=done)
+            if engine == "ray":
+                _encode_on_ray(ray, workers, location.url, settings, shards, progress, stage)
+            else:
+                for shard in shards:
+                    encode_shard(encoder, location.url, settings, shard.number, shard.first_sentence, shard.sentences)
+                    progress.advance(stage, len(shard.sentences), note=f"shard {shard.number}")
+            writer.finalize()
     return RepresentationStore.open(location)
 
 
