@@ -123,13 +123,20 @@ def test_cli_overwrite_on_a_folder_of_other_files_exits_2_and_keeps_them(tmp_pat
     folder = tmp_path / "mine"
     before = user_folder(folder)
     for command in (["extract", "tiny-bert", "--corpus", str(corpus), "--out", str(folder), "--overwrite"],
-                    ["run", "--model", "tiny-bert", "--corpus", str(corpus), "--out", str(folder), "--overwrite"]):
+                    ["run", "--model", "tiny-bert", "--corpus", str(corpus), "--out", str(folder), "--overwrite"],
+                    # refused before Ray starts
+                    ["extract", "tiny-bert", "--corpus", str(corpus), "--out", str(folder), "--overwrite", "--engine", "ray"]):
         result = runner.invoke(app, command)
         output = flat(result.output)
         assert result.exit_code == 2, result.output
         assert output.startswith("error:") and "is not empty and holds no lmgeom store" in output
         assert "notes.txt" in output and "--overwrite" not in output
         assert contents(folder) == before
+    url = f"memory://lmgeom-tests/{uuid.uuid4().hex}"  # a URL: the sharded writer
+    Location.of(url).write_bytes(b"mine", "notes.txt")
+    result = runner.invoke(app, ["extract", "tiny-bert", "--corpus", str(corpus), "--out", url, "--overwrite"])
+    assert result.exit_code == 2 and "it holds notes.txt" in flat(result.output) and "--overwrite" not in flat(result.output)
+    assert Location.of(url).listdir() == ["notes.txt"]
 
 
 def test_overwrite_removes_a_store_whole_complete_or_interrupted(tmp_path):

@@ -63,6 +63,7 @@ from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks, require_finite, 
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
+from lmgeom.store.writer import require_store_or_empty
 
 ENGINES = ("local", "ray")
 EncoderFactory = Callable[[], Encoder]
@@ -197,6 +198,7 @@ def extract_sharded(
     if engine == "ray" and location.url.startswith("memory://"):
         raise ValueError("a memory:// store lives inside one process, so Ray workers cannot write it; "
                          "use a folder every worker sees or an object store URL (s3://, gs://)")
+    require_store_or_empty(location)  # a folder of other files is refused before Ray or a model starts
     source = open_corpus(corpus) if isinstance(corpus, str) else corpus
     summary = source.summary()  # a pass over a stream (free in memory), before any model loads
     if engine == "ray":

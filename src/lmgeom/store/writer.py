@@ -37,10 +37,10 @@ def claim_out(location: Location, *, overwrite: bool) -> StoreLock:
     folder holding anything but an lmgeom store is refused, with or without `overwrite`, before anything
     is written to it; with `overwrite`, a store there (complete or interrupted) is removed whole (with
     what was written next to it, such as a run's results) under the lock."""
-    _require_store_or_empty(location)
+    require_store_or_empty(location)
     lock = StoreLock.acquire(location)
     try:
-        _require_store_or_empty(location)  # again, now that no other writer can change it
+        require_store_or_empty(location)  # again, now that no other writer can change it
         if overwrite and location.exists(layout.META):
             _remove_store(location)
     except BaseException:
@@ -49,7 +49,7 @@ def claim_out(location: Location, *, overwrite: bool) -> StoreLock:
     return lock
 
 
-def _require_store_or_empty(location: Location) -> None:
+def require_store_or_empty(location: Location) -> None:
     """Nothing but a store whose meta.json lmgeom wrote, or a writer's lock, may be at `location`."""
     entries = [name for name in location.listdir() if not is_lock_file(name)]
     if not entries or _holds_lmgeom_meta(location):
