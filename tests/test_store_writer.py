@@ -71,6 +71,7 @@ def test_finalize_from_memory_equals_finalize_from_committed_parts(tmp_path):
         writer = StoreWriter(tmp_path / f"parts{committed_before}", settings=settings)
         for chunk, parts in zip(chunks[:committed_before], encoded):
             writer.commit(parts, [s.text for s in chunk])
+        writer.close()  # the run stops (releasing the store's lock) and another resumes it
         writer = StoreWriter(tmp_path / f"parts{committed_before}", settings=settings)
         for chunk, parts in zip(chunks[committed_before:], encoded[committed_before:]):
             writer.commit(parts, [s.text for s in chunk])
@@ -93,6 +94,7 @@ def test_rows_written_as_whole_chunk_files_read_back_through_zarr(tmp_path, monk
     writer = StoreWriter(tmp_path / "s", settings=settings)
     for number, (chunk, block) in enumerate(zip(sizes, blocks)):
         if number == 3:
+            writer.close()
             writer = StoreWriter(tmp_path / "s", settings=settings)
         encoded, start = [], 0
         for n in chunk:

@@ -836,6 +836,7 @@ def _open(store: RepresentationStore | str | os.PathLike[str]) -> Representation
 
 
 def _result(store: RepresentationStore, plan: AnalysisPlan, stats: list[_LayerStats]) -> ContextualityResult:
+    store.check_unchanged()  # every layer is read: the numbers are of the store opened, not of one rewritten since
     records = [record for layer_stats in stats for record in _layer_records(layer_stats)]
     words = pd.concat([_word_frame(layer_stats, plan.words.words) for layer_stats in stats], ignore_index=True)
     result = ContextualityResult(

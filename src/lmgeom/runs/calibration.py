@@ -133,6 +133,7 @@ def calibrate_store(
                 for measure in REPORT_MEASURES
             )
             progress.advance("calibrate", note=f"done: L{layer} {method}")
+    store.check_unchanged()
     paths: list[Path] = []
     if save:
         settings = {

@@ -63,6 +63,7 @@ from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks, require_finite, 
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
+from lmgeom.store.writer import require_store_or_empty
 
 ENGINES = ("local", "ray")
 EncoderFactory = Callable[[], Encoder]
@@ -197,6 +198,7 @@ def extract_sharded(
     if engine == "ray" and location.url.startswith("memory://"):
         raise ValueError("a memory:// store lives inside one process, so Ray workers cannot write it; "
                          "use a folder every worker sees or an object store URL (s3://, gs://)")
+    require_store_or_empty(location)  # a folder of other files is refused before Ray or a model starts
     source = open_corpus(corpus) if isinstance(corpus, str) else corpus
     summary = source.summary()  # a pass over a stream (free in memory), before any model loads
     if engine == "ray":
@@ -216,21 +218,21 @@ def extract_sharded(
     shard_sentences = shard_sentences or default_shard_sentences(summary.n_sentences, chunk_sentences, num_workers=num_workers)
     settings = store_settings(encoder_settings, source, summary, dtype=dtype, chunk_sentences=chunk_sentences,
                               shard_sentences=shard_sentences)
-    writer = ShardedStoreWriter(location, settings=settings, overwrite=overwrite)
-    stage = f"extract {source.name}"
-    progress.start(stage, summary.n_sentences, unit="sentences")
-    if not writer.complete:
-        done = writer.finished()
-        if done:
-            progress.advance(stage, sum(int(m["n_sentences"]) for m in done.values()), note=f"resumed: {len(done)} shards done")
-        shards = cut_shards(source, writer.shards, summary, skip=done)
-        if engine == "ray":
-            _encode_on_ray(ray, workers, location.url, settings, shards, progress, stage)
-        else:
-            for shard in shards:
-                encode_shard(encoder, location.url, settings, shard.number, shard.first_sentence, shard.sentences)
-                progress.advance(stage, len(shard.sentences), note=f"shard {shard.number}")
-        writer.finalize()
+    with ShardedStoreWriter(location, settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
+        stage = f"extract {source.name}"
+        progress.start(stage, summary.n_sentences, unit="sentences")
+        if not writer.complete:
+            done = writer.finished()
+            if done:
+                progress.advance(stage, sum(int(m["n_sentences"]) for m in done.values()), note=f"resumed: {len(done)} shards done")
+            shards = cut_shards(source, writer.shards, summary, skip=done)
+            if engine == "ray":
+                _encode_on_ray(ray, workers, location.url, settings, shards, progress, stage)
+            else:
+                for shard in shards:
+                    encode_shard(encoder, location.url, settings, shard.number, shard.first_sentence, shard.sentences)
+                    progress.advance(stage, len(shard.sentences), note=f"shard {shard.number}")
+            writer.finalize()
     return RepresentationStore.open(location)
 
 

@@ -54,29 +54,29 @@ def extract(
         "pretokenized": corpus.pretokenized,
         "chunk_sentences": chunk_sentences,
     }
-    writer = StoreWriter(Path(out), settings=settings, overwrite=overwrite)
-    stage = f"extract {corpus.name}"
-    progress.start(stage, len(corpus), unit="sentences")
-    if writer.complete:
-        progress.advance(stage, len(corpus), note="already extracted")
-        return RepresentationStore.open(out)
-    if writer.sentences_done:
-        progress.advance(stage, writer.sentences_done, note="resumed")
-    rate = _Rate()
-    # Each chunk is written in a background thread while the next one is encoded; a chunk counts
-    # (and is reported) only once its commit has finished.
-    with ThreadPoolExecutor(max_workers=1) as background:
-        pending: tuple[Future[None], int, int] | None = None
-        for first in range(writer.sentences_done, len(corpus), chunk_sentences):
-            sentences = corpus.sentences[first : first + chunk_sentences]
-            encoded = encoder.encode(sentences, first_index=first)
+    with StoreWriter(Path(out), settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
+        stage = f"extract {corpus.name}"
+        progress.start(stage, len(corpus), unit="sentences")
+        if writer.complete:
+            progress.advance(stage, len(corpus), note="already extracted")
+            return RepresentationStore.open(out)
+        if writer.sentences_done:
+            progress.advance(stage, writer.sentences_done, note="resumed")
+        rate = _Rate()
+        # Each chunk is written in a background thread while the next one is encoded; a chunk counts
+        # (and is reported) only once its commit has finished.
+        with ThreadPoolExecutor(max_workers=1) as background:
+            pending: tuple[Future[None], int, int] | None = None
+            for first in range(writer.sentences_done, len(corpus), chunk_sentences):
+                sentences = corpus.sentences[first : first + chunk_sentences]
+                encoded = encoder.encode(sentences, first_index=first)
+                if pending is not None:
+                    _finish(pending, progress, stage, rate)
+                n_words = sum(int((~e.is_special).sum()) for e in encoded)
+                pending = (background.submit(writer.commit, encoded, [s.text for s in sentences]), len(sentences), n_words)
             if pending is not None:
                 _finish(pending, progress, stage, rate)
-            n_words = sum(int((~e.is_special).sum()) for e in encoded)
-            pending = (background.submit(writer.commit, encoded, [s.text for s in sentences]), len(sentences), n_words)
-        if pending is not None:
-            _finish(pending, progress, stage, rate)
-    writer.finalize()
+        writer.finalize()
     return RepresentationStore.open(out)
 
 

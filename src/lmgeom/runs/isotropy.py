@@ -58,6 +58,7 @@ def measure_isotropy(
         records.extend({"layer": layer, "measure": name, "value": value, "n_rows": len(sample)}
                        for name, value in measures.items() if name not in ("n_points", "n_used", "dim"))
         progress.advance("isotropy", note=f"layer {layer}")
+    store.check_unchanged()
     settings = {"layers": layers, "eval_rows": len(sample), "n_clusters": n_clusters, "seed": seed, **selection.options()}
     paths: list[Path] = []
     if write:

@@ -107,6 +107,7 @@ def static_embeddings(
         means = WordMeanAccumulator(len(words))
         tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows)
         layer0_mean = means.result()[ordered]
+    store.check_unchanged()
     return StaticEmbeddings(
         layer=layer,
         words=words["word"].to_numpy()[ordered].tolist(),

@@ -34,13 +34,13 @@ def write_store_from_arrays(
         "dtype": "float16" if hidden[0].dtype == np.float16 else "float32",
         "corpus_name": corpus.name, "corpus_fingerprint": corpus.fingerprint,
     }
-    writer = StoreWriter(path, settings=settings, overwrite=overwrite)
     encoded, row = [], 0
     for index, words in enumerate(words_per_sentence):
         stack = np.stack([h[row : row + len(words)] for h in hidden])
         special = np.asarray(is_special[index], dtype=bool) if is_special is not None else np.zeros(len(words), dtype=bool)
         encoded.append(EncodedSentence(stack, list(words), special, np.ones(len(words), dtype=np.int16), 1))
         row += len(words)
-    writer.commit(encoded, [s.text for s in corpus.sentences])
-    writer.finalize()
+    with StoreWriter(path, settings=settings, overwrite=overwrite) as writer:
+        writer.commit(encoded, [s.text for s in corpus.sentences])
+        writer.finalize()
     return RepresentationStore.open(path)

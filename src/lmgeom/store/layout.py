@@ -2,7 +2,8 @@
 
 ```
 RUN/
-  meta.json            settings, counts, "complete"; written first, completed last
+  meta.json            settings, counts, "complete", "generation"; written first, completed last
+  lock.json            the writer's lock while one writes: host, pid, start (`lmgeom.store.lock`)
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
   layers/<l>/          one zarr array per layer, rows = stored tokens, layer 0 = embedding output
@@ -22,6 +23,7 @@ STORE_SCHEMA_VERSION = 1
 LAYER_NOTE = "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l"
 META = "meta.json"
 PROGRESS = "progress.json"
+LOCK = "lock.json"
 PARTS = "parts"
 LAYERS = "layers"
 TOKENS = "tokens.parquet"

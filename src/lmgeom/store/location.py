@@ -87,13 +87,11 @@ class Location:
             return []
         return sorted(posixpath.basename(entry.rstrip("/")) for entry in self.fs.ls(self.path(*parts), detail=False))
 
-    def is_empty(self) -> bool:
-        return not self.listdir()
-
-    def remove(self, *parts: str) -> None:
-        """Delete a file or a folder (recursively); nothing if it does not exist."""
-        if self.exists(*parts):
-            self.fs.rm(self.path(*parts), recursive=True)
+    def remove(self, name: str, *parts: str) -> None:
+        """Delete a file or a folder (recursively) below the root; nothing if it does not exist. The root
+        itself is never removed here: what may be removed is the caller's to decide, entry by entry."""
+        if self.exists(name, *parts):
+            self.fs.rm(self.path(name, *parts), recursive=True)
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """All of `data` or nothing: a rename on a local disk, one PUT on an object store."""

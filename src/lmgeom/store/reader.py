@@ -13,6 +13,7 @@ import zarr
 
 from lmgeom.store import layout
 from lmgeom.store.location import Location
+from lmgeom.store.lock import describe, live_holder
 from lmgeom.store.sharded import ShardedArray, open_sharded_layer
 
 
@@ -44,6 +45,8 @@ class RepresentationStore:
             raise FileNotFoundError(f"{location} is not an lmgeom store (no {layout.META}); create one with `lmgeom extract`")
         meta = location.read_json(layout.META)
         if not meta.get("complete"):
+            if (writer := live_holder(location)) is not None:
+                raise ValueError(f"{location} is being written ({describe(writer)}); open it once that extraction has finished")
             done = location.read_json(layout.PROGRESS)["n_sentences"] if location.exists(layout.PROGRESS) else 0
             raise ValueError(
                 f"{location} is an unfinished extraction ({done or 'some'} sentences committed); re-run the same "
@@ -153,6 +156,20 @@ class RepresentationStore:
         if len(matches) == 0:
             raise ValueError(f"word {word!r} does not occur in {self.url}")
         return self._rows_by_word_id[int(self.vocab.at[matches[0], "word_id"])]
+
+    # ---- generation -------------------------------------------------------------------------
+    def check_unchanged(self) -> None:
+        """Raise if the store is no longer the one opened: a writer created it anew since (another
+        `generation` in meta.json, as `--overwrite` writes), or it is no longer complete. Whatever was
+        read from it before may then mix two stores; call this once the reading is done."""
+        try:
+            now = self.location.read_json(layout.META) if self.location.exists(layout.META) else {"generation": "none (removed)"}
+        except ValueError:
+            now = {"generation": "none (unreadable)"}
+        before, after = self.meta.get("generation"), now.get("generation")
+        if after != before or not now.get("complete"):
+            change = f"generation {before} → {after}" if after != before else f"generation {before}, now incomplete"
+            raise ValueError(f"{self.url} was rewritten while it was being read ({change}); re-run the command")
 
     def sentence_rows(self, sentence_id: int) -> np.ndarray:
         """Row indexes of one sentence's stored tokens."""

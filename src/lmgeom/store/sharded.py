@@ -34,7 +34,8 @@ import zarr
 from lmgeom._version import __version__
 from lmgeom.store import layout
 from lmgeom.store.location import Location
-from lmgeom.store.writer import StoreExistsError, _settings_mismatch, index_words
+from lmgeom.store.lock import HoldsLock
+from lmgeom.store.writer import StoreExistsError, _settings_mismatch, claim_out, index_words
 
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
@@ -57,10 +58,11 @@ def shard_ranges(n_sentences: int, shard_sentences: int) -> list[range]:
     return [range(first, min(first + shard_sentences, n_sentences)) for first in range(0, n_sentences, shard_sentences)]
 
 
-def store_meta(settings: dict[str, Any], *, created: str, complete: bool, **extra: Any) -> dict[str, Any]:
+def store_meta(settings: dict[str, Any], *, created: str, generation: str, complete: bool, **extra: Any) -> dict[str, Any]:
     return {
         "schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__, "layer_note": layout.LAYER_NOTE,
-        "layout": LAYOUT_NAME, **settings, "settings": settings, "created": created, "complete": complete, **extra,
+        "layout": LAYOUT_NAME, **settings, "settings": settings, "created": created, "generation": generation,
+        "complete": complete, **extra,
     }
 
 
@@ -132,19 +134,27 @@ class ShardPartWriter:
         return manifest
 
 
-class ShardedStoreWriter:
+class ShardedStoreWriter(HoldsLock):
     """The driver's side of a sharded store: its meta.json, which shards are done, and finishing.
 
     `settings` identify the run as for `StoreWriter` (they include `shard_sentences` and
-    `n_corpus_sentences`, which fix the shards); re-opening with other settings is refused unless `overwrite`."""
+    `n_corpus_sentences`, which fix the shards); re-opening with other settings is refused unless `overwrite`.
+    The driver holds the store's lock (`claim_out`) until `finalize` or `close`; shard workers write parts under it."""
 
     def __init__(self, location: Location, *, settings: dict[str, Any], overwrite: bool = False) -> None:
         if settings.get("dtype") not in layout.STORAGE_DTYPES:
             raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
         self.location = location
         self.settings = dict(settings)
-        if overwrite:
-            location.remove()
+        self.lock = claim_out(location, overwrite=overwrite)
+        try:
+            self._open()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self) -> None:
+        location = self.location
         if location.exists(layout.META):
             existing = location.read_json(layout.META)
             if existing.get("settings") != self.settings:
@@ -152,12 +162,13 @@ class ShardedStoreWriter:
                                                           complete=bool(existing.get("complete"))))
             self.complete = bool(existing.get("complete"))
             self.created = str(existing.get("created"))
-        elif not location.is_empty():
-            raise StoreExistsError(f"{location} is not empty and holds no lmgeom store; pass --overwrite or choose another --out")
+            self.generation = str(existing.get("generation") or uuid.uuid4().hex)
         else:
             self.complete = False
             self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            location.write_json(store_meta(self.settings, created=self.created, complete=False), layout.META)
+            self.generation = uuid.uuid4().hex
+            location.write_json(store_meta(self.settings, created=self.created, generation=self.generation, complete=False),
+                                layout.META)
 
     @property
     def shards(self) -> list[range]:
@@ -170,9 +181,11 @@ class ShardedStoreWriter:
                 for shard in range(len(self.shards)) if shard_manifest_name(shard) in names}
 
     def finalize(self, **extra_meta: Any) -> None:
-        """Global tables from the shards their manifests name, then meta.json with the shard index."""
+        """Global tables from the shards their manifests name, then meta.json with the shard index; releases the lock."""
         if self.complete:
+            self.close()
             return
+        self.lock.require_held()
         manifests = self.finished()
         missing = [shard for shard in range(len(self.shards)) if shard not in manifests]
         if missing:
@@ -196,11 +209,13 @@ class ShardedStoreWriter:
         self.location.write_parquet(vocab, layout.VOCAB)
         self.complete = True
         self.location.write_json(store_meta(
-            self.settings, created=self.created, complete=True, shards=index, **counts, **extra_meta,
+            self.settings, created=self.created, generation=self.generation, complete=True, shards=index, **counts,
+            **extra_meta,
         ), layout.META)
         named = {entry["part"] for entry in index} | {shard_manifest_name(shard) for shard in manifests}
         for stray in set(self.location.listdir(SHARDS)) - named:
             self.location.remove(SHARDS, stray)
+        self.close()
 
 
 class ShardedArray:

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -20,20 +21,71 @@ from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.store import layout
+from lmgeom.store.location import Location
+from lmgeom.store.lock import HoldsLock, StoreLock, is_lock_file
 
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
 
 
 class StoreExistsError(ValueError):
-    """The output directory holds another run."""
+    """The output directory holds another run, or files that are not a store."""
 
 
-class StoreWriter:
+def claim_out(location: Location, *, overwrite: bool) -> StoreLock:
+    """The lock on a writer's `--out` (`lmgeom.store.lock`), once what is there may be written: a
+    folder holding anything but an lmgeom store is refused, with or without `overwrite`, before anything
+    is written to it; with `overwrite`, a store there (complete or interrupted) is removed whole (with
+    what was written next to it, such as a run's results) under the lock."""
+    require_store_or_empty(location)
+    lock = StoreLock.acquire(location)
+    try:
+        require_store_or_empty(location)  # again, now that no other writer can change it
+        if overwrite and location.exists(layout.META):
+            _remove_store(location)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def require_store_or_empty(location: Location) -> None:
+    """Nothing but a store whose meta.json lmgeom wrote, or a writer's lock, may be at `location`."""
+    entries = [name for name in location.listdir() if not is_lock_file(name)]
+    if not entries or _holds_lmgeom_meta(location):
+        return
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    why = f"its {layout.META} is not one lmgeom wrote" if layout.META in entries else f"no {layout.META}"
+    raise StoreExistsError(f"{location} is not empty and holds no lmgeom store ({why}): it holds {shown}; nothing "
+                           "was changed there. Choose another --out (a new or empty folder)")
+
+
+def _holds_lmgeom_meta(location: Location) -> bool:
+    try:
+        meta = json.loads(location.read_bytes(layout.META).decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "lmgeom_version" in meta
+
+
+def _remove_store(location: Location) -> None:
+    """Remove the store at `location` whole, but for its lock. Its meta.json is first replaced by the
+    meta of no run (readers find the store incomplete and of another generation; writers resume nothing
+    from it) and removed last, so a removal cut short leaves a store that `--overwrite` removes."""
+    location.write_json({"schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__,
+                         "generation": uuid.uuid4().hex, "complete": False, "settings": {}}, layout.META)
+    for name in location.listdir():
+        if name != layout.META and not is_lock_file(name):
+            location.remove(name)
+    location.remove(layout.META)
+
+
+class StoreWriter(HoldsLock):
     """Append chunks of encoded sentences; each `commit` is atomic, so a killed run resumes.
 
     `settings` are what makes two runs the same run (model, pooling, corpus fingerprint, chunking,
-    dtype, ...): re-opening a directory with other settings is refused unless `overwrite`.
+    dtype, ...): re-opening a directory with other settings is refused unless `overwrite`. The writer
+    holds the store's lock (`claim_out`) until `finalize` or `close` (use it in a `with` block).
     """
 
     def __init__(self, path: str | Path, *, settings: dict[str, Any], overwrite: bool = False) -> None:
@@ -43,8 +95,14 @@ class StoreWriter:
             raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
         self.n_layers = int(self.settings["n_layers"])
         self.dim = int(self.settings["dim"])
-        if overwrite and self.path.exists():
-            shutil.rmtree(self.path)
+        self.lock = claim_out(Location.of(self.path), overwrite=overwrite)
+        try:
+            self._open()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self) -> None:
         meta_path = self.path / layout.META
         if meta_path.exists():
             existing = layout.read_json(meta_path)
@@ -52,12 +110,11 @@ class StoreWriter:
                 raise StoreExistsError(_settings_mismatch(self.path, existing.get("settings", {}), self.settings, complete=bool(existing.get("complete"))))
             self.complete = bool(existing.get("complete"))
             self.created = existing.get("created")
-        elif self.path.exists() and any(self.path.iterdir()):
-            raise StoreExistsError(f"{self.path} is not empty and holds no lmgeom store; pass --overwrite or choose another --out")
+            self.generation = existing.get("generation") or uuid.uuid4().hex
         else:
             self.complete = False
             self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.generation = uuid.uuid4().hex
             self._write_meta()
             for layer in range(self.n_layers):
                 _create_layer_array(layout.layer_path(self.path, layer), rows=self.chunk_rows, dim=self.dim,
@@ -103,6 +160,7 @@ class StoreWriter:
         """Append one chunk (rows to every layer, then its tables), then record it as committed."""
         if self.complete:
             raise ValueError(f"{self.path} is complete; nothing more can be appended")
+        self.lock.require_held()
         first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
         n_rows = sum(len(e.words) for e in encoded)
         for layer, (array, block) in enumerate(zip(self.arrays, _chunk_rows(encoded, self.n_layers, self.dim))):
@@ -140,9 +198,11 @@ class StoreWriter:
         atomic_write_text(self.path / layout.PROGRESS, json.dumps(self.progress))
 
     def finalize(self, **extra_meta: Any) -> None:
-        """Merge the chunk tables, build the vocabulary, and mark the store complete."""
+        """Merge the chunk tables, build the vocabulary, mark the store complete, and release its lock."""
         if self.complete:
+            self.close()
             return
+        self.lock.require_held()
         parts = [self._tables.get(c) or self._read_tables(c) for c in range(self.progress["chunks"])]
         tokens = pd.concat([part[0] for part in parts], ignore_index=True)
         sentences = pd.concat([part[1] for part in parts], ignore_index=True)
@@ -154,6 +214,7 @@ class StoreWriter:
         self._write_meta(**counts, **extra_meta)
         shutil.rmtree(self.path / layout.PARTS, ignore_errors=True)
         (self.path / layout.PROGRESS).unlink(missing_ok=True)
+        self.close()
 
     def _read_tables(self, chunk: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The tokens and sentences tables of a chunk committed by an earlier (interrupted) run."""
@@ -168,6 +229,7 @@ class StoreWriter:
             **self.settings,
             "settings": self.settings,
             "created": self.created,
+            "generation": self.generation,
             "complete": self.complete,
             **counts,
         }
@@ -179,6 +241,9 @@ _MODEL_SETTINGS = ("model_id", "model_class", "model_fingerprint", "n_layers", "
 
 
 def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
+    if not stored:  # the mark `_remove_store` leaves while it removes a store
+        return (f"{path} holds what is left of a store whose removal (--overwrite) was interrupted; pass --overwrite "
+                "again to remove the rest, or choose another --out")
     changed = sorted(k for k in set(stored) | set(requested) if stored.get(k) != requested.get(k))
     run = "finished" if complete else "interrupted"
     if not any(key in _MODEL_SETTINGS for key in changed):
