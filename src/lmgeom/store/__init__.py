@@ -6,7 +6,11 @@ Extraction (corpus -> encoder -> store) is driven by `lmgeom.runs.extract`.
 from __future__ import annotations
 
 from lmgeom.store.arrays import write_store_from_arrays
+from lmgeom.store.integrity import CorruptStore, Verification, verify_store
 from lmgeom.store.reader import RepresentationStore
 from lmgeom.store.writer import StoreExistsError, StoreWriter
 
-__all__ = ["RepresentationStore", "StoreExistsError", "StoreWriter", "write_store_from_arrays"]
+__all__ = [
+    "CorruptStore", "RepresentationStore", "StoreExistsError", "StoreWriter", "Verification", "verify_store",
+    "write_store_from_arrays",
+]

@@ -2,7 +2,9 @@
 
 ```
 RUN/
-  meta.json            settings, counts, "complete"; written first, completed last
+  meta.json            settings, counts, "complete"; written first, completed last (then also
+                       "integrity": the tables' sizes and SHA-256, checksums.json's SHA-256)
+  checksums.json       SHA-256 of every chunk file, by its path below RUN (written when complete)
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
   layers/<l>/          one zarr array per layer, rows = stored tokens, layer 0 = embedding output
@@ -27,6 +29,8 @@ LAYERS = "layers"
 TOKENS = "tokens.parquet"
 SENTENCES = "sentences.parquet"
 VOCAB = "vocab.parquet"
+CHECKSUMS = "checksums.json"
+SHARDS = "shards"
 STORAGE_DTYPES = ("float32", "float16")
 
 

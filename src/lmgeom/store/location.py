@@ -87,6 +87,25 @@ class Location:
             return []
         return sorted(posixpath.basename(entry.rstrip("/")) for entry in self.fs.ls(self.path(*parts), detail=False))
 
+    def files(self) -> dict[str, int]:
+        """Every file below the folder: its path relative to the folder ('/'-separated) -> its size in bytes,
+        in one listing (a walk of the folder on a local disk, one recursive listing on an object store)."""
+        if not self.is_local:
+            prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
+            return {path[len(prefix):]: int(info["size"]) for path, info in self.fs.find(self.root, detail=True).items()
+                    if info.get("type") == "file" and path.startswith(prefix)}
+        found, folders = {}, [""]
+        while folders:
+            folder = folders.pop()
+            with os.scandir(os.path.join(self.root, folder)) as entries:
+                for entry in entries:
+                    path = f"{folder}/{entry.name}" if folder else entry.name
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(path)
+                    elif entry.is_file():
+                        found[path] = entry.stat().st_size
+        return found
+
     def is_empty(self) -> bool:
         return not self.listdir()
 
