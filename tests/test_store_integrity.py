@@ -5,13 +5,13 @@ and sharded stores."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import uuid
 from pathlib import Path
 
 import fsspec
+import google_crc32c
 import numpy as np
 import pandas as pd
 import pytest
@@ -45,6 +45,10 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "s"
 
 
+def crc32c(data: bytes) -> str:
+    return f"{google_crc32c.value(data):08x}"
+
+
 def chunk(path: Path, layer: int, index: int) -> Path:
     return path / "layers" / str(layer) / "c" / str(index) / "0"
 
@@ -70,17 +74,43 @@ def test_an_intact_store_reads_bit_identically_and_verifies(store):
     assert len(list((store / "layers" / "0" / "c").iterdir())) == 6  # ceil(23 / 4) chunk files a layer
     checksums = json.loads((store / "checksums.json").read_text())
     assert sorted(checksums) == sorted(f"layers/{layer}/c/{index}/0" for layer in range(3) for index in range(6))
-    # each recorded digest is the SHA-256 of the file's bytes; a full chunk file is 4 rows x 3 x 4 bytes
+    # each recorded checksum is the CRC32C of the file's bytes; a full chunk file is 4 rows x 3 x 4 bytes
     for name, digest in checksums.items():
         data = (store / name).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == digest and len(data) == ROWS * 3 * 4
+        assert crc32c(data) == digest and len(data) == ROWS * 3 * 4
     tables = opened.meta["integrity"]["tables"]
     assert tables["vocab.parquet"] == {"size": (store / "vocab.parquet").stat().st_size,
-                                       "digest": hashlib.sha256((store / "vocab.parquet").read_bytes()).hexdigest()}
+                                       "digest": crc32c((store / "vocab.parquet").read_bytes())}
     result = verify_store(store)
     assert result.ok and result.checksums and result.checked == 3 * 6 + 3 and result.problems == []
     code, output = cli("verify", str(store))
     assert code == 0 and "all 21 files" in output
+
+
+def test_checksums_of_a_resumed_extraction_are_those_of_its_files(tmp_path, monkeypatch):
+    # chunks written by an interrupted writer are read back when finishing, the rest checksummed as written
+    monkeypatch.setattr(StoreWriter, "chunk_rows", property(lambda self: ROWS))
+    from lmgeom.encoders.base import EncodedSentence
+
+    arrays = hidden(seed=3, n_layers=2)
+    settings = {"model_id": "synthetic", "n_layers": 2, "dim": 3, "dtype": "float32"}
+    row = 0
+    writer = StoreWriter(tmp_path / "s", settings=settings)
+    for number, words in enumerate(WORDS):
+        if number == 3:  # another process resumes: the chunk the first one left open is completed by it
+            writer = StoreWriter(tmp_path / "s", settings=settings)
+        vectors = np.stack([a[row : row + len(words)] for a in arrays])
+        row += len(words)
+        writer.commit([EncodedSentence(vectors, words, np.zeros(len(words), dtype=bool),
+                                       np.ones(len(words), dtype=np.int16), 1)], [" ".join(words)])
+    writer.finalize()
+    store = RepresentationStore.open(tmp_path / "s")
+    for layer, expected in enumerate(arrays):
+        assert np.asarray(store.layer(layer)[:]).tobytes() == expected.tobytes()
+    checksums = json.loads((tmp_path / "s" / "checksums.json").read_text())
+    assert len(checksums) == 2 * 6
+    assert all(crc32c((tmp_path / "s" / name).read_bytes()) == value for name, value in checksums.items())
+    assert verify_store(tmp_path / "s").ok
 
 
 def test_a_deleted_chunk_file_is_refused_naming_it(store):
@@ -171,15 +201,15 @@ def test_a_store_written_without_checksums_opens_and_verify_says_so(store):
 
 def test_damaged_checksums_are_reported_not_trusted(store):
     checksums = json.loads((store / "checksums.json").read_text())
-    checksums["layers/0/c/0/0"] = "0" * 64
+    checksums["layers/0/c/0/0"] = "0" * 8
     (store / "checksums.json").write_text(json.dumps(checksums))
     result = verify_store(store)
     assert len(result.problems) == 1 and "checksums.json is damaged" in result.problems[0]
     # a checksummed path leading out of the store, with meta.json made to match: refused
-    checksums["../outside"] = "0" * 64
+    checksums["../outside"] = "0" * 8
     (store / "checksums.json").write_text(json.dumps(checksums))
     meta = json.loads((store / "meta.json").read_text())
-    meta["integrity"]["checksums"] = hashlib.sha256((store / "checksums.json").read_bytes()).hexdigest()
+    meta["integrity"]["checksums"] = crc32c((store / "checksums.json").read_bytes())
     (store / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(CorruptStore, match=r"checksummed file '\.\./outside' does not lie inside the store"):
         verify_store(store)

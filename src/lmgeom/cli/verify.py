@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     def verify_command(
         store: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`: a folder or an fsspec URL"),
     ) -> None:
-        """Recompute the SHA-256 of every chunk file and table of a store and compare them with those recorded
+        """Recompute the CRC32C of every chunk file and table of a store and compare them with those recorded
         when it was finished; name each damaged or missing file. Exit 0 when all match, 2 otherwise."""
         from lmgeom.store import verify_store
 
@@ -28,4 +28,4 @@ def register(app: typer.Typer) -> None:
             console.print(f"checksums absent: {escape(result.store)} was written without them, so only its files' presence "
                           "and sizes were checked (all present at their size); re-extract it with --overwrite to record them")
             return
-        console.print(f"all {result.checked:,} files of {escape(result.store)} match their recorded SHA-256")
+        console.print(f"all {result.checked:,} files of {escape(result.store)} match their recorded CRC32C")

@@ -3,8 +3,8 @@
 ```
 RUN/
   meta.json            settings, counts, "complete"; written first, completed last (then also
-                       "integrity": the tables' sizes and SHA-256, checksums.json's SHA-256)
-  checksums.json       SHA-256 of every chunk file, by its path below RUN (written when complete)
+                       "integrity": the tables' sizes and CRC32C, checksums.json's CRC32C)
+  checksums.json       CRC32C of every chunk file, by its path below RUN (written when complete)
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
   layers/<l>/          one zarr array per layer, rows = stored tokens, layer 0 = embedding output

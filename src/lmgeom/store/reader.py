@@ -55,19 +55,14 @@ class RepresentationStore:
         return store
 
     def _check(self) -> None:
-        """The tables against meta.json, and every layer's chunk files present at their size (one listing)."""
-        for _, problem in table_problems(self.location, self.meta, self._files):
+        """The tables against meta.json, and every layer's chunk files present at their size."""
+        for _, problem in table_problems(self.location, self.meta, self.location.files(recursive=False)):
             raise CorruptStore(self.location, problem, self.meta)
         for layer in self.layers:
             shape = self.layer(layer).shape
             if shape != (self.n_tokens, self.dim):
                 raise CorruptStore(self.location, f"layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim})",
                                    self.meta)
-
-    @cached_property
-    def _files(self) -> dict[str, int]:
-        """Every file of the store with its size, listed once: what the checks of each layer's chunk files read."""
-        return self.location.files()
 
     # ---- shape ------------------------------------------------------------------------------
     @property
@@ -94,9 +89,9 @@ class RepresentationStore:
             raise IndexError(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
         if layer not in self._arrays:
             if "shards" in self.meta:  # written in shards: the parts the shard index names
-                self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer, self._files)
+                self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer)
             else:
-                self._arrays[layer] = open_checked_layer(self.location, self.meta, self._files, layer)[0]
+                self._arrays[layer] = open_checked_layer(self.location, self.meta, layer)[0]
         return self._arrays[layer]
 
     @cached_property

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -212,7 +212,7 @@ class ShardedStoreWriter:
 
 
 def part_digests(part: Location, arrays: Sequence[zarr.Array]) -> dict[str, str]:
-    """{path below the part: SHA-256} of every chunk file of a part's layer arrays."""
+    """{path below the part: CRC32C} of every chunk file of a part's layer arrays."""
     return digests(part, [path for layer, array in enumerate(arrays) for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")])
 
 
@@ -262,12 +262,11 @@ class ShardedArray:
         return out
 
 
-def open_sharded_layer(location: Location, meta: dict[str, Any], layer: int, files: Mapping[str, int]) -> ShardedArray:
+def open_sharded_layer(location: Location, meta: dict[str, Any], layer: int) -> ShardedArray:
     """Layer `layer` of a complete sharded store, over the parts its shard index names (each inside
-    the store, its chunk files present at their size in `files`, the store's listing, and its rows
-    as many as the index says)."""
+    the store, its chunk files present at their size, and its rows as many as the index says)."""
     index = meta["shards"]
-    parts = open_checked_layer(location, meta, files, layer)
+    parts = open_checked_layer(location, meta, layer)
     for entry, part in zip(index, parts):
         if part.shape[0] != int(entry["n_rows"]):
             raise CorruptStore(location, f"layer {layer} of shard part {entry['part']} has {part.shape[0]:,} rows, the "
