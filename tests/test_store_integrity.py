@@ -128,7 +128,7 @@ def test_a_deleted_chunk_file_is_refused_naming_it(store):
     code, output = cli("analyze", str(store), "--min-contexts", "1")
     assert code == 2 and output.count("error:") == 1 and flat(named) in flat(output)
     code, output = cli("verify", str(store))
-    assert code == 2 and flat(named) in flat(output) and output.count("damaged:") == 1
+    assert code == 2 and flat(named) in flat(output) and output.count("problem:") == 1
 
 
 def test_a_truncated_chunk_file_is_refused_naming_it(store):
@@ -154,7 +154,7 @@ def test_verify_finds_a_flipped_byte_and_names_every_damaged_file(store):
     result = verify_store(store)
     assert len(result.problems) == 2 and str(chunk(store, 2, 0)) in " ".join(result.problems)
     code, output = cli("verify", str(store))
-    assert code == 2 and output.count("damaged:") == 2 and "2 damaged or missing" in output
+    assert code == 2 and output.count("problem:") == 2 and "2 damaged or missing" in output
     assert flat(str(path)) in flat(output) and "--overwrite" in output
 
 

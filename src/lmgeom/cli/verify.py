@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             result = verify_store(store)
         for problem in result.problems:
-            console.print(f"[bold red]damaged:[/] {escape(problem)}")
+            console.print(f"[bold red]problem:[/] {escape(problem)}")
         if not result.ok:
             console.print(f"{len(result.problems)} damaged or missing file(s) in {escape(result.store)}; {escape(result.advice)}")
             raise typer.Exit(code=2)

@@ -11,7 +11,7 @@ On demand (`verify_store`, `lmgeom verify STORE`): every chunk file's and table'
 those recorded when the store was written: chunk checksums in `checksums.json` (its own in
 `meta.json`), the tables' sizes and checksums in `meta.json`'s `integrity` entry. CRC32C (Zarr's own
 checksum, `google-crc32c`, which Zarr requires) detects every burst of up to 32 damaged bits and
-misses other damage with odds of 2^-32, at about 20 GB/s a core: a damage check, not a seal (whoever
+misses other damage with odds of 2^-32, at about 20 GB/s a core (measured): a damage check, not a seal (whoever
 can rewrite a chunk can rewrite checksums.json).
 
 Every path read from a store's metadata (a shard part, a checksummed file) must lie inside the
@@ -96,7 +96,8 @@ def chunk_problems(store: Location, files: Mapping[str, int], array: zarr.Array,
 def table_problems(store: Location, meta: Mapping[str, Any], files: Mapping[str, int]) -> Iterator[tuple[str, str]]:
     """(name, problem) for each table that is missing, is not the size meta.json records, has other
     row counts than meta.json's, or (the vocabulary, small) has another digest."""
-    recorded = meta.get("integrity", {}).get("tables", {})
+    integrity = meta.get("integrity")
+    recorded = integrity.get("tables", {}) if isinstance(integrity, dict) else {}
     for name, count in _TABLE_COUNTS:
         if name not in files:
             yield name, f"{name} is missing"
@@ -203,7 +204,7 @@ def verify_store(path: str | os.PathLike[str] | Location) -> Verification:
                 found.setdefault(name, f"{location.child(name)} is missing")
         for name, digest in digests(location, present).items():
             if digest != recorded[name]:
-                found[name] = f"{location.child(name)} is damaged ({DIGEST} differs from the one recorded)"
+                found[name] = f"{location.child(name)} is damaged (its {DIGEST} differs from the one recorded)"
         result.checked = len(present)
     result.problems = list(found.values())
     return result
@@ -212,8 +213,8 @@ def verify_store(path: str | os.PathLike[str] | Location) -> Verification:
 def layer_arrays(location: Location, meta: Mapping[str, Any], layer: int) -> list[tuple[str, zarr.Array]]:
     """(folder below the store, array) of each array holding layer `layer`: one, or one per shard part."""
     if "shards" in meta:
-        folders = [posixpath.join(layout.SHARDS, inside(location, entry["part"], what="shard part", meta=meta), layout.LAYERS, str(layer))
-                   for entry in meta["shards"]]
+        parts = [inside(location, entry["part"], what="shard part", meta=meta) for entry in meta["shards"]]
+        folders = [posixpath.join(layout.SHARDS, part, layout.LAYERS, str(layer)) for part in parts]
     else:
         folders = [posixpath.join(layout.LAYERS, str(layer))]
     arrays = []
@@ -240,13 +241,15 @@ def _recorded_digests(location: Location, meta: Mapping[str, Any], files: Mappin
                       found: dict[str, str]) -> dict[str, str]:
     """{path: digest} of every file the store records a digest of (checksums.json's own digest checked first)."""
     integrity = meta["integrity"]
-    recorded = {name: str(entry["digest"]) for name, entry in integrity.get("tables", {}).items()}
+    recorded = {inside(location, name, what="checksummed file", meta=meta): str(entry["digest"])
+                for name, entry in integrity.get("tables", {}).items()}
     if layout.CHECKSUMS not in files:
         found[layout.CHECKSUMS] = f"{location.child(layout.CHECKSUMS)} is missing: the chunk files cannot be verified"
         return recorded
     if file_digest(location, layout.CHECKSUMS) != integrity.get("checksums"):
-        found[layout.CHECKSUMS] = (f"{location.child(layout.CHECKSUMS)} is damaged ({DIGEST} differs from the one "
+        found[layout.CHECKSUMS] = (f"{location.child(layout.CHECKSUMS)} is damaged (its {DIGEST} differs from the one "
                                    "meta.json records): the chunk files cannot be verified")
         return recorded
     chunks = location.read_json(layout.CHECKSUMS)
-    return {**recorded, **{inside(location, name, what="checksummed file", meta=meta): str(digest) for name, digest in chunks.items()}}
+    return {**recorded, **{inside(location, name, what="checksummed file", meta=meta): str(digest)
+                           for name, digest in chunks.items()}}

@@ -213,7 +213,8 @@ class ShardedStoreWriter:
 
 def part_digests(part: Location, arrays: Sequence[zarr.Array]) -> dict[str, str]:
     """{path below the part: CRC32C} of every chunk file of a part's layer arrays."""
-    return digests(part, [path for layer, array in enumerate(arrays) for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")])
+    return digests(part, [path for layer, array in enumerate(arrays)
+                          for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")])
 
 
 class ShardedArray:
