@@ -27,6 +27,7 @@ from lmgeom.cli import elmo  # noqa: E402
 from lmgeom.cli import report  # noqa: E402
 from lmgeom.cli import export  # noqa: E402
 from lmgeom.cli import experiment  # noqa: E402
+from lmgeom.cli import verify  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -36,3 +37,4 @@ elmo.register(app)
 report.register(app)
 export.register(app)
 experiment.register(app)
+verify.register(app)

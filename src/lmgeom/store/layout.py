@@ -2,8 +2,10 @@
 
 ```
 RUN/
-  meta.json            settings, counts, "complete", "generation"; written first, completed last
+  meta.json            settings, counts, "complete", "generation"; written first, completed last (then also
+                       "integrity": the tables' sizes and CRC32C, checksums.json's CRC32C)
   lock.json            the writer's lock while one writes: host, pid, start (`lmgeom.store.lock`)
+  checksums.json       CRC32C of every chunk file, by its path below RUN (written when complete)
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
   layers/<l>/          one zarr array per layer, rows = stored tokens, layer 0 = embedding output
@@ -29,6 +31,8 @@ LAYERS = "layers"
 TOKENS = "tokens.parquet"
 SENTENCES = "sentences.parquet"
 VOCAB = "vocab.parquet"
+CHECKSUMS = "checksums.json"
+SHARDS = "shards"
 STORAGE_DTYPES = ("float32", "float16")
 
 

@@ -87,6 +87,36 @@ class Location:
             return []
         return sorted(posixpath.basename(entry.rstrip("/")) for entry in self.fs.ls(self.path(*parts), detail=False))
 
+    def files(self, *, recursive: bool = True) -> dict[str, int]:
+        """Every file below the folder (or only directly in it): its path relative to the folder
+        ('/'-separated) -> its size in bytes, in one listing (a walk on a local disk, one listing
+        request, paged, on an object store); empty when the folder does not exist."""
+        if not self.is_local:
+            if not self.exists():
+                return {}
+            prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
+            entries = self.fs.find(self.root, detail=True) if recursive else {
+                entry["name"]: entry for entry in self.fs.ls(self.root, detail=True)}
+            return {path[len(prefix):]: int(info["size"]) for path, info in entries.items()
+                    if info.get("type") == "file" and path.startswith(prefix)}
+        found: dict[str, int] = {}
+        folders = [""]
+        while folders:
+            folder = folders.pop()
+            try:
+                listing = os.scandir(os.path.join(self.root, folder))
+            except FileNotFoundError:
+                continue
+            with listing as entries:
+                for entry in entries:
+                    path = f"{folder}/{entry.name}" if folder else entry.name
+                    if entry.is_dir(follow_symlinks=False):
+                        if recursive:
+                            folders.append(path)
+                    elif entry.is_file():
+                        found[path] = entry.stat().st_size
+        return found
+
     def remove(self, name: str, *parts: str) -> None:
         """Delete a file or a folder (recursively) below the root; nothing if it does not exist. The root
         itself is never removed here: what may be removed is the caller's to decide, entry by entry."""

@@ -12,6 +12,7 @@ import pandas as pd
 import zarr
 
 from lmgeom.store import layout
+from lmgeom.store.integrity import CorruptStore, open_checked_layer, table_problems
 from lmgeom.store.location import Location
 from lmgeom.store.lock import describe, live_holder
 from lmgeom.store.sharded import ShardedArray, open_sharded_layer
@@ -57,21 +58,14 @@ class RepresentationStore:
         return store
 
     def _check(self) -> None:
-        for name in (layout.TOKENS, layout.SENTENCES, layout.VOCAB):
-            if not self.location.exists(name):
-                raise ValueError(f"corrupt store {self.url}: {name} is missing; re-run the extraction with --overwrite")
+        """The tables against meta.json, and every layer's chunk files present at their size."""
+        for _, problem in table_problems(self.location, self.meta, self.location.files(recursive=False)):
+            raise CorruptStore(self.location, problem, self.meta)
         for layer in self.layers:
-            try:
-                shape = self.layer(layer).shape
-            except Exception as error:  # zarr raises several types for a missing or broken array
-                raise ValueError(
-                    f"corrupt store {self.url}: layer {layer} cannot be opened ({error}); re-run the extraction with --overwrite"
-                ) from None
+            shape = self.layer(layer).shape
             if shape != (self.n_tokens, self.dim):
-                raise ValueError(
-                    f"corrupt store {self.url}: layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim}); "
-                    "re-run the extraction with --overwrite"
-                )
+                raise CorruptStore(self.location, f"layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim})",
+                                   self.meta)
 
     # ---- shape ------------------------------------------------------------------------------
     @property
@@ -92,14 +86,15 @@ class RepresentationStore:
 
     # ---- arrays -----------------------------------------------------------------------------
     def layer(self, layer: int) -> zarr.Array | ShardedArray:
-        """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches."""
+        """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches. Opening it checks that
+        each of its chunk files exists and has its size (Zarr would read a missing one as zeros)."""
         if layer not in self.layers:
             raise IndexError(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
         if layer not in self._arrays:
             if "shards" in self.meta:  # written in shards: the parts the shard index names
                 self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer)
             else:
-                self._arrays[layer] = self.location.open_array(layout.LAYERS, str(layer))
+                self._arrays[layer] = open_checked_layer(self.location, self.meta, layer)[0]
         return self._arrays[layer]
 
     @cached_property

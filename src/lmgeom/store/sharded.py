@@ -33,6 +33,7 @@ import zarr
 
 from lmgeom._version import __version__
 from lmgeom.store import layout
+from lmgeom.store.integrity import CorruptStore, chunk_files, digests, inside, open_checked_layer, record
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock
 from lmgeom.store.writer import StoreExistsError, _settings_mismatch, claim_out, index_words
@@ -40,7 +41,7 @@ from lmgeom.store.writer import StoreExistsError, _settings_mismatch, claim_out,
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
 
-SHARDS = "shards"
+SHARDS = layout.SHARDS
 LAYOUT_NAME = "sharded"
 
 
@@ -82,7 +83,8 @@ class ShardPartWriter:
         part = location.child(SHARDS, self.part)
         self.arrays = [
             zarr.create_array(part.zarr_store(layout.LAYERS, str(layer), read_only=False), shape=(0, dim),
-                              chunks=(chunk_rows(dim), dim), dtype=dtype, compressors=None, overwrite=True)
+                              chunks=(chunk_rows(dim), dim), dtype=dtype, compressors=None, overwrite=True,
+                              config={"write_empty_chunks": True})  # every chunk has its file, as the reader checks
             for layer in range(n_layers)
         ]
 
@@ -129,7 +131,7 @@ class ShardPartWriter:
         part.write_parquet(pd.concat(self.tokens, ignore_index=True), layout.TOKENS)
         part.write_parquet(pd.concat(self.sentences, ignore_index=True), layout.SENTENCES)
         manifest = {"shard": self.shard, "part": self.part, "first_sentence": self.first_sentence,
-                    "n_sentences": self.n_sentences, "n_rows": self.n_rows}
+                    "n_sentences": self.n_sentences, "n_rows": self.n_rows, "chunks": part_digests(part, self.arrays)}
         self.location.write_json(manifest, SHARDS, shard_manifest_name(self.shard))
         return manifest
 
@@ -191,9 +193,11 @@ class ShardedStoreWriter(HoldsLock):
         if missing:
             raise ValueError(f"{self.location}: shards {missing[:5]} are not written yet; re-run the extraction to write them")
         index, tokens, sentences, first_row = [], [], [], 0
+        chunks: dict[str, str] = {}
         for shard in range(len(self.shards)):
             manifest = manifests[shard]
-            part = self.location.child(SHARDS, manifest["part"])
+            name = inside(self.location, manifest["part"], what="shard part", meta=self.settings)
+            part = self.location.child(SHARDS, name)
             tokens.append(part.read_parquet(layout.TOKENS))
             table = part.read_parquet(layout.SENTENCES)
             table["first_row"] += first_row
@@ -201,21 +205,32 @@ class ShardedStoreWriter(HoldsLock):
             index.append({"part": manifest["part"], "first_row": first_row, "n_rows": manifest["n_rows"],
                           "first_sentence": manifest["first_sentence"], "n_sentences": manifest["n_sentences"]})
             first_row += int(manifest["n_rows"])
+            # digested by the worker that wrote the part; a part written without them is read once here
+            part_chunks = manifest.get("chunks") or part_digests(part, [part.open_array(layout.LAYERS, str(layer))
+                                                                        for layer in range(int(self.settings["n_layers"]))])
+            chunks.update({f"{SHARDS}/{name}/{path}": digest for path, digest in part_chunks.items()})
         token_table = pd.concat(tokens, ignore_index=True)
         sentence_table = pd.concat(sentences, ignore_index=True)
         vocab, counts = index_words(token_table, sentence_table)
         self.location.write_parquet(token_table, layout.TOKENS)
         self.location.write_parquet(sentence_table, layout.SENTENCES)
         self.location.write_parquet(vocab, layout.VOCAB)
+        integrity = record(self.location, chunks)
         self.complete = True
         self.location.write_json(store_meta(
             self.settings, created=self.created, generation=self.generation, complete=True, shards=index, **counts,
-            **extra_meta,
+            integrity=integrity, **extra_meta,
         ), layout.META)
         named = {entry["part"] for entry in index} | {shard_manifest_name(shard) for shard in manifests}
         for stray in set(self.location.listdir(SHARDS)) - named:
             self.location.remove(SHARDS, stray)
         self.close()
+
+
+def part_digests(part: Location, arrays: Sequence[zarr.Array]) -> dict[str, str]:
+    """{path below the part: CRC32C} of every chunk file of a part's layer arrays."""
+    return digests(part, [path for layer, array in enumerate(arrays)
+                          for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")])
 
 
 class ShardedArray:
@@ -265,7 +280,12 @@ class ShardedArray:
 
 
 def open_sharded_layer(location: Location, meta: dict[str, Any], layer: int) -> ShardedArray:
-    """Layer `layer` of a complete sharded store, over the parts its shard index names."""
+    """Layer `layer` of a complete sharded store, over the parts its shard index names (each inside
+    the store, its chunk files present at their size, and its rows as many as the index says)."""
     index = meta["shards"]
-    parts = [location.child(SHARDS, entry["part"]).open_array(layout.LAYERS, str(layer)) for entry in index]
+    parts = open_checked_layer(location, meta, layer)
+    for entry, part in zip(index, parts):
+        if part.shape[0] != int(entry["n_rows"]):
+            raise CorruptStore(location, f"layer {layer} of shard part {entry['part']} has {part.shape[0]:,} rows, the "
+                                         f"shard index {int(entry['n_rows']):,}", meta)
     return ShardedArray(parts, [int(entry["first_row"]) for entry in index], int(meta["dim"]))

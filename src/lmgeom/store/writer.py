@@ -21,6 +21,7 @@ from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.store import layout
+from lmgeom.store.integrity import checksum, chunk_files, digests, record
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock, StoreLock, is_lock_file
 
@@ -136,6 +137,8 @@ class StoreWriter(HoldsLock):
         # the tables of the chunks this writer commits, kept for `finalize` (a few MB per million words)
         self._tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
         self._open_chunks: list[OpenChunk | None] = [None] * self.n_layers
+        # CRC32C of the chunk files this writer wrote whole, by layer and chunk index, for checksums.json
+        self._checksums: list[dict[int, str]] = [{} for _ in range(self.n_layers)]
         self.progress = layout.read_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
         if self.complete:
             return
@@ -169,7 +172,7 @@ class StoreWriter(HoldsLock):
                 raise ValueError(f"layer {layer}, row {bad}: the model produced NaN/inf; use a float32 compute dtype")
             array.resize((first_row + n_rows, self.dim))
             self._open_chunks[layer] = _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False),
-                                                   self._open_chunks[layer])
+                                                   self._open_chunks[layer], self._checksums[layer])
         tokens = pd.DataFrame({
             "sentence_id": np.repeat(np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64),
                                      [len(e.words) for e in encoded]),
@@ -210,8 +213,18 @@ class StoreWriter(HoldsLock):
         _write_parquet_atomic(tokens, self.path / layout.TOKENS)
         _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
         _write_parquet_atomic(vocab, self.path / layout.VOCAB)
+        # chunk files written whole by this writer were checksummed as written; others (an earlier,
+        # interrupted run's, or written through Zarr) are read once here
+        location, chunks, unread = Location.of(self.path), {}, []
+        for layer, array in enumerate(self.arrays):
+            for index, (path, _) in enumerate(chunk_files(array, f"{layout.LAYERS}/{layer}")):
+                if index in self._checksums[layer]:
+                    chunks[path] = self._checksums[layer][index]
+                else:
+                    unread.append(path)
+        integrity = record(location, {**chunks, **digests(location, unread)})
         self.complete = True
-        self._write_meta(**counts, **extra_meta)
+        self._write_meta(**counts, integrity=integrity, **extra_meta)
         shutil.rmtree(self.path / layout.PARTS, ignore_errors=True)
         (self.path / layout.PROGRESS).unlink(missing_ok=True)
         self.close()
@@ -307,8 +320,10 @@ OpenChunk = tuple[int, np.ndarray]
 """The last, partly filled chunk of a layer: its index and the rows written to it so far."""
 
 
-def _write_rows(array: Any, start: int, block: np.ndarray, open_chunk: OpenChunk | None) -> OpenChunk | None:
-    """Write `block` at row `start`, chunk by chunk, and return the layer's open (partly filled) chunk.
+def _write_rows(array: Any, start: int, block: np.ndarray, open_chunk: OpenChunk | None,
+                checksums: dict[int, str]) -> OpenChunk | None:
+    """Write `block` at row `start`, chunk by chunk, and return the layer's open (partly filled) chunk;
+    `checksums` gets the CRC32C of each chunk file written whole (by chunk index).
 
     A raw local array (`_raw_chunk_path`) gets whole chunk files: a commit's first chunk is completed
     from `open_chunk` (the rows the previous commit left in it; read back once when another run
@@ -339,7 +354,9 @@ def _write_rows(array: Any, start: int, block: np.ndarray, open_chunk: OpenChunk
         path.parent.mkdir(parents=True, exist_ok=True)
         # a temporary file renamed over the chunk, as zarr writes; `_recover` removes leftovers
         partial = path.with_name(f"{path.name}.partial")
-        np.ascontiguousarray(rows).tofile(partial)
+        contiguous = np.ascontiguousarray(rows)
+        contiguous.tofile(partial)
+        checksums[index] = checksum(contiguous)
         os.replace(partial, path)
     return open_chunk
 
