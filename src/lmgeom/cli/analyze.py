@@ -101,7 +101,10 @@ def register(app: typer.Typer) -> None:
         layer: int = typer.Option(..., help="layer to distil (0 = embedding output)"),
         out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
         benchmark: List[Path] = typer.Option([], help="extra word-pair or analogy file (repeatable)"),
-        static_vectors: List[Path] = typer.Option([], help="static vectors to compare (.kv, .bin, word2vec/GloVe text; repeatable)"),
+        static_vectors: List[Path] = typer.Option([], help="static vectors to compare (word2vec .bin, word2vec/GloVe text; repeatable)"),
+        trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(
+            "also load gensim .kv files given to --static-vectors: a .kv is a Python pickle, and loading one can "
+            "run arbitrary code, so pass this only for files you made yourself (word2vec format needs no trust)")),
         min_contexts: int = typer.Option(1, help="export words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
     ) -> None:
@@ -111,7 +114,7 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             exported = export_static_embeddings(
                 store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
-                min_contexts=min_contexts, include_punct=not exclude_punct, progress=progress,
+                trust_pickle=trust_pickle, min_contexts=min_contexts, include_punct=not exclude_punct, progress=progress,
             )
         table = Table(title=f"{exported.embeddings.store_meta.get('model_id')}: static embeddings of layer {layer} "
                             f"({len(exported.embeddings.words):,} words; layer 0 = embedding output; benchmarks matched lowercase)")

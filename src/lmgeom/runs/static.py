@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from gensim.models import KeyedVectors
 
-from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors
+from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, evaluate_benchmarks, load_static_vectors, static_vectors_format
 from lmgeom.metrics.contextuality import WordMeanAccumulator
 from lmgeom.metrics.spectrum import OccurrenceSpectrum
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
@@ -123,8 +123,8 @@ def restrict_to_words(vectors: KeyedVectors, words: Sequence[str]) -> KeyedVecto
     return restricted
 
 
-def _restricted_vectors(path: str | os.PathLike[str], words: Sequence[str]) -> KeyedVectors:
-    return restrict_to_words(load_static_vectors(path), words)
+def _restricted_vectors(path: str | os.PathLike[str], words: Sequence[str], trust_pickle: bool) -> KeyedVectors:
+    return restrict_to_words(load_static_vectors(path, trust_pickle=trust_pickle), words)
 
 
 def benchmark_static_embeddings(
@@ -132,12 +132,15 @@ def benchmark_static_embeddings(
     *,
     benchmarks: Mapping[str, str | os.PathLike[str]] | None = None,
     static_vectors: Sequence[str | os.PathLike[str]] = (),
+    trust_pickle: bool = False,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary.
 
     `benchmarks` defaults to gensim's shipped SimLex-999, WordSim-353 and Google analogies. Given
-    static vectors are restricted to the words the store covers, so every row has the same vocabulary.
+    static vectors are restricted to the words the store covers, so every row has the same vocabulary;
+    they are read by `lmgeom.evaluate.load_static_vectors` (a gensim `.kv` is a pickle, which can run
+    code: refused unless `trust_pickle`).
     """
     benchmarks = dict(GENSIM_BENCHMARKS if benchmarks is None else benchmarks)
     candidates: dict[str, Callable[[], KeyedVectors]] = {
@@ -145,7 +148,7 @@ def benchmark_static_embeddings(
         for kind in STATIC_KINDS
     }
     for path in static_vectors:
-        candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words)
+        candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words, trust_pickle)
     progress = progress or NoProgress()
     progress.start("score vectors", len(candidates), unit="vector sets")
     records = []
@@ -188,18 +191,22 @@ def export_static_embeddings(
     text_path: str | os.PathLike[str] | None = None,
     benchmarks: Sequence[str | os.PathLike[str]] = (),
     static_vectors: Sequence[str | os.PathLike[str]] = (),
+    trust_pickle: bool = False,
     min_contexts: int = 1,
     include_punct: bool = False,
     progress: Progress | None = None,
 ) -> StaticEmbeddingRun:
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
     or `text_path`), and score them on gensim's benchmarks plus `benchmarks` next to `static_vectors`;
-    the scores go to STORE/static/<layer>.benchmarks.json and .csv."""
+    the scores go to STORE/static/<layer>.benchmarks.json and .csv. A `.kv` among `static_vectors` is
+    a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`)."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist")
+    for path in static_vectors:  # before the distillation: a refused file fails at once
+        static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
     embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, include_punct=include_punct)
@@ -208,6 +215,6 @@ def export_static_embeddings(
     saved = embeddings.save(directory, text_path=text_path)
     scores = benchmark_static_embeddings(
         embeddings, benchmarks={**GENSIM_BENCHMARKS, **{Path(path).stem: path for path in benchmarks}},
-        static_vectors=static_vectors, progress=progress,
+        static_vectors=static_vectors, trust_pickle=trust_pickle, progress=progress,
     )
     return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory)})
