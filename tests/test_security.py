@@ -4,7 +4,10 @@ temporary files a killed or failed write leaves behind are removed by the next r
 
 from __future__ import annotations
 
+import json
 import pickle
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,8 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.analyze import register
 from lmgeom.evaluate import load_static_vectors
-from lmgeom.runs import export_static_embeddings
+from lmgeom.report.figures import Chart, Series, plotly_figure
+from lmgeom.runs import analyze_store, export_static_embeddings, render_report
 from lmgeom.store import write_store_from_arrays
 
 SENTENCES = [
@@ -105,3 +109,89 @@ def test_the_cli_compares_a_trusted_kv(tmp_path: Path) -> None:
                                        str(tmp_path / "mine.kv"), "--trust-pickle"], env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert "static: mine.kv" in outcome.output
+
+
+# ---- words render as text in the report's charts ---------------------------------------------------
+
+LINK = "<a href='https://x'>w</a>"
+BOLD = '<b>bold</b> <span style="color:red">red</span> & co'
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_every_string_of_a_plotly_chart_is_escaped() -> None:
+    chart = Chart("c", f"title {LINK}", f"model {BOLD}", f"x {LINK}", f"y {LINK}", [Series(LINK, [0.0, 1.0], [0.5, 0.25])])
+    figure = plotly_figure(chart)
+    layout = figure["layout"]
+    assert layout["title"]["text"] == ("title &lt;a href='https://x'&gt;w&lt;/a&gt;<br><sup>model &lt;b&gt;bold&lt;/b&gt; "
+                                       '&lt;span style="color:red"&gt;red&lt;/span&gt; &amp; co</sup>')
+    assert layout["xaxis"]["title"]["text"] == "x &lt;a href='https://x'&gt;w&lt;/a&gt;"
+    assert layout["yaxis"]["title"]["text"] == "y &lt;a href='https://x'&gt;w&lt;/a&gt;"
+    assert figure["data"][0]["name"] == "&lt;a href='https://x'&gt;w&lt;/a&gt;"
+    tags = {tag for text in _strings(figure) for tag in re.findall(r"<\s*/?\s*([a-zA-Z]+)", text)}
+    assert tags <= {"br", "sup"}  # only the chart's own markup
+
+
+def hostile_run(directory: Path) -> Path:
+    """An analysed run whose most frequent word is a link and whose model id is markup."""
+    rng = np.random.default_rng(4)
+    vocabulary = [LINK, "<b>bold</b>", "cat", "dog", "car", "bus", "tree"]
+    sentences = [[vocabulary[i] for i in rng.choice(len(vocabulary), size=6, p=[0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1])]
+                 for _ in range(40)]
+    n_rows = sum(map(len, sentences))
+    hidden = [rng.normal(size=(n_rows, 6)) + layer for layer in range(3)]
+    store = write_store_from_arrays(directory, hidden, sentences, model_id=BOLD)
+    analyze_store(store, min_contexts=2, n_samples=100, seed=0).write()
+    render_report(directory, explorer_neighbours=3)
+    return directory
+
+
+def test_a_report_escapes_words_and_names_in_its_charts(tmp_path: Path) -> None:
+    run = hostile_run(tmp_path / "run")
+    page = (run / "report.html").read_text()
+    figures = json.loads(re.search(r"const LMGEOM_FIGURES = (\{.*?\});\n", page, re.S).group(1))  # type: ignore[union-attr]
+    assert figures
+    for figure in figures.values():
+        assert "&lt;b&gt;bold&lt;/b&gt;" in figure["layout"]["title"]["text"]
+        assert not [text for text in _strings(figure) if "<b>" in text or "<span" in text or "<a href" in text]
+    explorer = json.loads((run / "explorer.json").read_text())["data"]
+    assert explorer["words"][0] == LINK  # the word the explorer's own chart is titled with
+
+
+def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(tmp_path: Path) -> None:
+    executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if executable is None:
+        pytest.skip("no Chromium found (install it: `bash scripts/install.sh --test` or `apt-get install chromium`)")
+    from playwright.sync_api import sync_playwright  # a test dependency: missing, it fails rather than skips
+
+    run = hostile_run(tmp_path / "run")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto((run / "report.html").as_uri())
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 1")
+            page.fill("#explorer-word", LINK)
+            page.wait_for_selector("#explorer-chart .gtitle")
+            title = page.text_content("#explorer-chart .gtitle")
+            assert title is not None and title.startswith(f'"{LINK}" across layers')
+            assert BOLD in title  # the caption names the model
+            page_titles = page.eval_on_selector_all(".js-plotly-plot .gtitle", "nodes => nodes.map(n => n.textContent)")
+            assert len(page_titles) >= 2 and all(BOLD in text for text in page_titles)
+            # no markup rendered in any chart: no SVG links, no bold or styled pieces
+            assert page.eval_on_selector_all(".js-plotly-plot svg a", "nodes => nodes.length") == 0
+            styled = page.eval_on_selector_all(".js-plotly-plot .gtitle tspan[style]", "nodes => nodes.map(n => n.getAttribute('style'))")
+            assert not [style for style in styled if "bold" in style or "red" in style], styled
+            assert errors == []
+        finally:
+            browser.close()
