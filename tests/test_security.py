@@ -5,9 +5,14 @@ temporary files a killed or failed write leaves behind are removed by the next r
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +200,111 @@ def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(tmp_path: Pat
             assert errors == []
         finally:
             browser.close()
+
+
+# ---- analysis workers die with their parent -----------------------------------------------------
+
+POOL_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import lmgeom.runs.analysis as analysis
+    from lmgeom.runs import analyze_store
+
+    if __name__ == "__main__":
+        analysis.POOL_MIN_LAYER_VALUES = 0  # a pool even for this small store
+        os.cpu_count = lambda: 8
+        analyze_store(sys.argv[1], min_contexts=2, n_samples=100, mev_memory_mb=0.02, device="cpu", num_workers=2,
+                      write_to=False)
+""")
+
+WATCH_SCRIPT = textwrap.dedent("""
+    import multiprocessing, pathlib, sys, time
+    from lmgeom.runs.workers import exit_when_parent_ends
+
+    def child():
+        exit_when_parent_ends(multiprocessing.parent_process())  # the portable half, without prctl
+        pathlib.Path(sys.argv[1]).touch()  # watching
+        time.sleep(120)
+
+    if __name__ == "__main__":
+        process = multiprocessing.get_context("spawn").Process(target=child)
+        process.start()
+        print(process.pid, flush=True)
+        time.sleep(120)
+""")
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of a running process (None when it is gone or a zombie), from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+    return None if state in ("Z", "X") else int(ppid)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and _parent_of(int(entry.name)) == pid]
+
+
+def _wait_until_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := [pid for pid in pids if _parent_of(pid) is not None]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def pool_store(directory: Path, n_sentences: int = 1500) -> Path:
+    rng = np.random.default_rng(0)
+    weights = 1.0 / np.arange(1, 301)
+    sentences = [[f"w{i}" for i in rng.choice(300, size=8, p=weights / weights.sum())] for _ in range(n_sentences)]
+    n_rows = sum(map(len, sentences))
+    write_store_from_arrays(directory, [rng.normal(size=(n_rows, 32)).astype(np.float32) for _ in range(4)], sentences)
+    return directory
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes through /proc (Linux)")
+
+
+@needs_proc
+def test_killing_the_parent_of_an_analysis_pool_leaves_no_worker(tmp_path: Path) -> None:
+    store = pool_store(tmp_path / "store")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    (tmp_path / "pool.py").write_text(POOL_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "pool.py"), str(store)], env={**os.environ, "TMPDIR": str(scratch)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        # both workers past their initializer, inside a layer each (a worker still importing its libraries
+        # when its parent dies ends too, once its bootstrap finds its parent's data cut short)
+        while not (len(children := _children(parent.pid)) >= 3 and len(list(scratch.glob("lmgeom-mev-*"))) >= 2):
+            assert parent.poll() is None, f"the analysis ended before it was killed: {parent.stdout.read()!r}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the pool did not start in 120 s"
+            time.sleep(0.02)
+        parent.kill()
+        parent.wait()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    # the workers and multiprocessing's resource tracker, all children of the killed process
+    assert _wait_until_gone(children, 5) == []
+
+
+@needs_proc
+def test_a_worker_without_prctl_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    (tmp_path / "watch.py").write_text(WATCH_SCRIPT)
+    watching = tmp_path / "watching"
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "watch.py"), str(watching)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())  # type: ignore[union-attr]
+        deadline = time.monotonic() + 60
+        while not watching.exists():
+            assert time.monotonic() < deadline and _parent_of(child) == parent.pid, "the child did not start"
+            time.sleep(0.02)
+        parent.kill()
+        parent.wait()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert _wait_until_gone([child], 5) == []

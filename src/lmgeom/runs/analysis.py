@@ -58,6 +58,7 @@ from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.spool import RowSpool
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, RowSink, row_range, stored_row_bytes, tally
+from lmgeom.runs.workers import die_with_parent
 from lmgeom.store import RepresentationStore
 
 ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
@@ -667,6 +668,7 @@ _worker_analysis: tuple[str, AnalysisPlan] | None = None
 
 def _start_layer_worker(store_url: str, plan: AnalysisPlan) -> None:
     global _worker_analysis
+    die_with_parent()  # a killed caller leaves no worker behind
     _worker_analysis = (store_url, plan)
 
 
