@@ -4,6 +4,7 @@ temporary files a killed or failed write leaves behind are removed by the next r
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -11,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ import typer
 from gensim.models import KeyedVectors
 from typer.testing import CliRunner
 
+from lmgeom.atomic import atomic_write, atomic_write_text, owner_tag
 from lmgeom.cli.analyze import register
 from lmgeom.evaluate import load_static_vectors
 from lmgeom.report.figures import Chart, Series, plotly_figure
@@ -159,8 +162,13 @@ def hostile_run(directory: Path) -> Path:
     return directory
 
 
-def test_a_report_escapes_words_and_names_in_its_charts(tmp_path: Path) -> None:
-    run = hostile_run(tmp_path / "run")
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hostile_run(tmp_path_factory.mktemp("hostile") / "run")
+
+
+def test_a_report_escapes_words_and_names_in_its_charts(hostile: Path) -> None:
+    run = hostile
     page = (run / "report.html").read_text()
     figures = json.loads(re.search(r"const LMGEOM_FIGURES = (\{.*?\});\n", page, re.S).group(1))  # type: ignore[union-attr]
     assert figures
@@ -171,13 +179,13 @@ def test_a_report_escapes_words_and_names_in_its_charts(tmp_path: Path) -> None:
     assert explorer["words"][0] == LINK  # the word the explorer's own chart is titled with
 
 
-def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(tmp_path: Path) -> None:
+def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(hostile: Path) -> None:
     executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if executable is None:
         pytest.skip("no Chromium found (install it: `bash scripts/install.sh --test` or `apt-get install chromium`)")
     from playwright.sync_api import sync_playwright  # a test dependency: missing, it fails rather than skips
 
-    run = hostile_run(tmp_path / "run")
+    run = hostile
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
@@ -263,17 +271,41 @@ def pool_store(directory: Path, n_sentences: int = 1500) -> Path:
     return directory
 
 
+HOST = owner_tag().split("@", 1)[1]
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TMPDIR (this process's and any it starts) made an empty folder of this test's own."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def spooling_analysis(directory: Path) -> None:
+    """An analysis whose MEV word groups go through a scratch folder (a small `mev_memory_mb`)."""
+    store = pool_store(directory, n_sentences=200)
+    analyze_store(store, min_contexts=2, n_samples=50, mev_memory_mb=0.01, layers=[1], write_to=False)
+
+
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes through /proc (Linux)")
 
 
 @needs_proc
-def test_killing_the_parent_of_an_analysis_pool_leaves_no_worker(tmp_path: Path) -> None:
+def test_killing_the_parent_of_an_analysis_pool_leaves_no_worker_and_the_next_run_no_scratch(tmp_path: Path,
+                                                                                            scratch: Path) -> None:
     store = pool_store(tmp_path / "store")
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
     (tmp_path / "pool.py").write_text(POOL_SCRIPT)
-    parent = subprocess.Popen([sys.executable, str(tmp_path / "pool.py"), str(store)], env={**os.environ, "TMPDIR": str(scratch)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "pool.py"), str(store)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         # both workers past their initializer, inside a layer each (a worker still importing its libraries
@@ -289,6 +321,11 @@ def test_killing_the_parent_of_an_analysis_pool_leaves_no_worker(tmp_path: Path)
             parent.kill()
     # the workers and multiprocessing's resource tracker, all children of the killed process
     assert _wait_until_gone(children, 5) == []
+    # killed mid-layer, the workers left their scratch folders, named for them; the next analysis removes them
+    left = [folder.name for folder in scratch.glob("lmgeom-mev-*")]
+    assert len(left) >= 2 and all(int(name.split("-")[2].split("@")[0]) in children for name in left), left
+    spooling_analysis(tmp_path / "next")
+    assert list(scratch.iterdir()) == []
 
 
 @needs_proc
@@ -308,3 +345,61 @@ def test_a_worker_without_prctl_exits_when_its_parent_is_killed(tmp_path: Path) 
         if parent.poll() is None:
             parent.kill()
     assert _wait_until_gone([child], 5) == []
+
+
+# ---- what killed or failed writes leave behind ---------------------------------------------------
+
+def test_the_next_analysis_removes_scratch_folders_of_ended_processes_only(tmp_path: Path, scratch: Path) -> None:
+    pid = dead_pid()
+    stale = scratch / f"lmgeom-mev-{pid}@{HOST}-k1ll3d_x"
+    mine = scratch / f"lmgeom-mev-{os.getpid()}@{HOST}-running"
+    parents = scratch / f"lmgeom-mev-{os.getppid()}@{HOST}-parent"
+    elsewhere = scratch / f"lmgeom-mev-{pid}@other-host.example-abc"
+    untagged = scratch / "lmgeom-mev-abc123"
+    for folder in (stale, mine, parents, elsewhere, untagged):
+        folder.mkdir()
+        (folder / "group-1.rows").write_bytes(b"\0" * 64)
+    spooling_analysis(tmp_path / "store")
+    assert sorted(p.name for p in scratch.iterdir()) == sorted(p.name for p in (mine, parents, elsewhere, untagged))
+    assert (mine / "group-1.rows").exists()
+
+
+def _no_space(tmp: Path) -> None:
+    with open(tmp, "wb") as handle:
+        handle.write(b"half of it")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
+
+def test_an_atomic_write_that_fails_leaves_no_temporary_file_and_the_old_file(tmp_path: Path) -> None:
+    target = tmp_path / "out" / "results.json"
+    atomic_write_text(target, "old")
+    with pytest.raises(OSError) as error:
+        atomic_write(target, _no_space)
+    assert error.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in target.parent.iterdir()) == ["results.json"] and target.read_text() == "old"
+
+
+def test_the_next_write_in_a_folder_removes_temporary_files_of_ended_writers(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    killed = folder / f".summary.json.{dead_pid()}@{HOST}.tmp"
+    running = folder / f".report.html.{os.getppid()}@{HOST}.tmp"  # a live writer's: kept
+    other_host = folder / f".summary.json.{dead_pid()}@elsewhere.tmp"
+    for path in (killed, running, other_host):
+        path.write_text("partial")
+    atomic_write_text(folder / "calibration.json", "{}")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["calibration.json", running.name, other_host.name])
+
+
+def test_a_chunk_write_that_fails_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    replace = os.replace
+
+    def no_space(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> None:
+        if re.fullmatch(r"\d+\.partial", Path(source).name):  # the writer's raw chunk files (zarr's carry a uuid)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(source))
+        replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(OSError, match="No space"):
+        small_store(tmp_path / "store")
+    assert (tmp_path / "store").exists() and not list((tmp_path / "store").rglob("*.partial"))

@@ -273,8 +273,12 @@ def _write_rows(array: Any, start: int, block: np.ndarray, open_chunk: OpenChunk
         path.parent.mkdir(parents=True, exist_ok=True)
         # a temporary file renamed over the chunk, as zarr writes; `_recover` removes leftovers
         partial = path.with_name(f"{path.name}.partial")
-        np.ascontiguousarray(rows).tofile(partial)
-        os.replace(partial, path)
+        try:
+            np.ascontiguousarray(rows).tofile(partial)
+            os.replace(partial, path)
+        except BaseException:  # a full disk: no half chunk left behind
+            partial.unlink(missing_ok=True)
+            raise
     return open_chunk
 
 
