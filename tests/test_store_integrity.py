@@ -98,6 +98,7 @@ def test_checksums_of_a_resumed_extraction_are_those_of_its_files(tmp_path, monk
     writer = StoreWriter(tmp_path / "s", settings=settings)
     for number, words in enumerate(WORDS):
         if number == 3:  # another process resumes: the chunk the first one left open is completed by it
+            writer.close()
             writer = StoreWriter(tmp_path / "s", settings=settings)
         vectors = np.stack([a[row : row + len(words)] for a in arrays])
         row += len(words)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from lmgeom._version import __version__
+from lmgeom.atomic import atomic_write
 
 if TYPE_CHECKING:
     from lmgeom.calibrate._base import Calibrator
@@ -42,7 +43,6 @@ def calibrator_path(estimator: "Calibrator", path: str | os.PathLike) -> Path:
 def save_calibrator(estimator: "Calibrator", path: str | os.PathLike) -> Path:
     """Write a fitted calibrator; returns the path written (suffix added when missing)."""
     path = calibrator_path(estimator, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = {
         "class": type(estimator).__name__,
         "params": estimator.get_params(),
@@ -50,14 +50,15 @@ def save_calibrator(estimator: "Calibrator", path: str | os.PathLike) -> Path:
         "format_version": FORMAT_VERSION,
     }
     state = estimator._fitted_state()
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        if estimator._save_format == "torch":
-            torch.save({"header": header, "state": state}, handle)
-        else:
-            np.savez(handle, __header__=np.array(json.dumps(header)), **state)
-    os.replace(tmp, path)
-    return path
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            if estimator._save_format == "torch":
+                torch.save({"header": header, "state": state}, handle)
+            else:
+                np.savez(handle, __header__=np.array(json.dumps(header)), **state)
+
+    return atomic_write(path, write)
 
 
 def load_calibrator(path: str | os.PathLike) -> "Calibrator":

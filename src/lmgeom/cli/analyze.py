@@ -122,7 +122,10 @@ def register(app: typer.Typer) -> None:
         layer: int = typer.Option(..., min=0, help="layer to distil (0 = embedding output)"),
         out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
         benchmark: List[Path] = typer.Option([], help="extra benchmark: word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the SemEval2012-2 folder (repeatable)"),
-        static_vectors: List[Path] = typer.Option([], help="static vectors to compare (.kv, .bin, word2vec/GloVe text; repeatable)"),
+        static_vectors: List[Path] = typer.Option([], help="static vectors to compare (word2vec .bin, word2vec/GloVe text; repeatable)"),
+        trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(
+            "also load gensim .kv files given to --static-vectors: a .kv is a Python pickle, and loading one can "
+            "run arbitrary code, so pass this only for files you made yourself (word2vec format needs no trust)")),
         min_contexts: int = typer.Option(1, min=1, help="export words occurring in at least this many distinct sentences"),
         exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
@@ -135,7 +138,8 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             exported = export_static_embeddings(
                 store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
-                min_contexts=min_contexts, include_punct=not exclude_punct, data_dir=data_dir, progress=progress,
+                trust_pickle=trust_pickle, min_contexts=min_contexts, include_punct=not exclude_punct, data_dir=data_dir,
+                progress=progress,
             )
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
                                                  f"{len(exported.embeddings.words):,} words")

@@ -135,14 +135,34 @@ def evaluate_analogies(vectors: KeyedVectors, path: str | os.PathLike, *, name: 
     }
 
 
-def load_static_vectors(path: str | os.PathLike) -> KeyedVectors:
-    """Vectors from gensim `.kv`, word2vec binary `.bin`, or text (word2vec with a header, or GloVe without)."""
+def static_vectors_format(path: str | os.PathLike, *, trust_pickle: bool = False) -> str:
+    """How `load_static_vectors` reads `path`: "word2vec_binary" (`.bin`), "word2vec_text" (word2vec
+    with a header, or GloVe without), or "pickle" (a gensim `.kv`, or any file that starts as a Python
+    pickle), which only `trust_pickle=True` allows: unpickling a file can run any code it carries."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"static vectors file {path} does not exist")
-    if path.suffix == ".kv":
+    with open(path, "rb") as handle:
+        start = handle.read(2)
+    if path.suffix.lower() == ".kv" or (start[:1] == b"\x80" and start[1:] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+        if not trust_pickle:
+            raise ValueError(
+                f"static vectors file {path} is a Python pickle (gensim .kv), and loading a pickle can run "
+                "arbitrary code; save it as word2vec format (KeyedVectors.save_word2vec_format(PATH, binary=True) "
+                "or lmgeom's own <layer>.txt) and give that file, or, for a .kv you made yourself, pass "
+                "--trust-pickle (trust_pickle=True)")
+        return "pickle"
+    return "word2vec_binary" if path.suffix.lower() == ".bin" else "word2vec_text"
+
+
+def load_static_vectors(path: str | os.PathLike, *, trust_pickle: bool = False) -> KeyedVectors:
+    """Vectors from word2vec binary `.bin` or text (word2vec with a header, or GloVe without), which
+    cannot run code; a gensim `.kv` (a pickle) only with `trust_pickle=True` (`static_vectors_format`)."""
+    path = Path(path)
+    kind = static_vectors_format(path, trust_pickle=trust_pickle)
+    if kind == "pickle":
         return KeyedVectors.load(str(path))
-    if path.suffix == ".bin":
+    if kind == "word2vec_binary":
         return KeyedVectors.load_word2vec_format(str(path), binary=True)
     with open(path, encoding="utf-8") as handle:
         first = handle.readline().split()

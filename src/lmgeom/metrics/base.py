@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, TypeVar, Uni
 import array_api_compat
 import numpy as np
 
+from lmgeom.atomic import atomic_write
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -124,12 +126,12 @@ def save_states(path: str | os.PathLike, states: Mapping[str, Accumulator], *, h
         arrays[f"{name}/{_CLASS_KEY}"] = np.array(type(accumulator).__name__)
         for field, value in accumulator.state_dict().items():
             arrays[f"{name}/{field}"] = np.asarray(value)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        np.savez(handle, **arrays)
-    os.replace(tmp, path)
-    return path
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle, so numpy does not append ".npz" to the temporary name
+            np.savez(handle, **arrays)
+
+    return atomic_write(path, write)
 
 
 def load_states(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -5,6 +5,7 @@ The matplotlib copies (PNG and SVG) use the Agg backend, so no display or browse
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import textwrap
@@ -165,6 +166,15 @@ def calibration_charts(run: RunData) -> list[Chart]:
 # ---- Plotly ---------------------------------------------------------------------------------------
 
 
+def plotly_text(text: Any) -> str:
+    """`text` as Plotly shows it literally. Plotly renders a subset of HTML (`<b>`, `<br>`, `<sup>`,
+    `<span style>`, `<a href>`) in titles, axis titles, legend names, hover labels and annotations, and
+    decodes `&amp;`, `&lt;`, `&gt;` and numeric entities (not `&quot;`): every word, name and label
+    goes through this before it joins the tags a chart adds itself. (The explorer's script has the
+    same rule as `esc` in `lmgeom.report.html.EXPLORER_SCRIPT`.)"""
+    return html.escape(str(text), quote=False)
+
+
 def plotly_figure(chart: Chart) -> dict[str, Any]:
     """{data, layout} for Plotly.newPlot (plain JSON; NaN becomes a gap)."""
     import plotly.graph_objects as go
@@ -173,12 +183,12 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     subtitle_lines = textwrap.wrap(chart.subtitle, 140)
     for series in chart.series:
         figure.add_trace(go.Scatter(
-            x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=series.name, mode="lines+markers",
+            x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
             line={"dash": "dash" if series.dash else "solid"},
         ))
     figure.update_layout(
-        title={"text": f"{chart.title}<br><sup>{'<br>'.join(subtitle_lines)}</sup>"},
-        xaxis_title=chart.x_label, yaxis_title=chart.y_label, template="plotly_white", height=420,
+        title={"text": f"{plotly_text(chart.title)}<br><sup>{'<br>'.join(map(plotly_text, subtitle_lines))}</sup>"},
+        xaxis_title=plotly_text(chart.x_label), yaxis_title=plotly_text(chart.y_label), template="plotly_white", height=420,
         margin={"t": 64 + 14 * len(subtitle_lines), "l": 60, "r": 20, "b": 60}, legend={"orientation": "h", "y": -0.22},
     )
     if chart.integer_x:

@@ -117,7 +117,9 @@ EXPLORER_SCRIPT = """
   const out = document.getElementById('explorer-result');
   const lookup = new Map(data.words.map((w, i) => [w.toLowerCase(), i]));
   const fmt = v => (v === null || v === undefined) ? '—' : v.toFixed(4);
-  const esc = s => String(s).replace(/[&<>"']/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;'}[c]));
+  // one escape for the page and the chart: Plotly renders tags in titles and decodes only &amp; &lt;
+  // &gt; and numeric entities, so quotes become numeric ones (Python's side: figures.plotly_text)
+  const esc = s => String(s).replace(/[&<>"']/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&#34;', "'": '&#39;'}[c]));
   const columns = %COLUMNS%;
   function show() {
     const typed = input.value.trim();
@@ -155,7 +157,7 @@ EXPLORER_SCRIPT = """
                     ['mev_uncentred', 'MEV uncentred'], ['mev_centred', 'MEV centred'], ['mev_svd_ratio', 'MEV SVD ratio']]
       .filter(t => m[t[0]]).map(t => ({x: data.layers, y: m[t[0]], name: t[1], mode: 'lines+markers', type: 'scatter'}));
     Plotly.newPlot('explorer-chart', traces, {
-      title: {text: '"' + word + '" across layers<br><sup>' + data.caption + '</sup>'}, template: 'plotly_white',
+      title: {text: '"' + esc(word) + '" across layers<br><sup>' + esc(data.caption) + '</sup>'}, template: 'plotly_white',
       xaxis: {title: {text: 'layer (layer 0 = embedding output)'}, dtick: 1}, yaxis: {title: {text: 'value'}},
       height: 380, margin: {t: 70, l: 60, r: 20, b: 50}}, {responsive: true, displaylogo: false});
   }

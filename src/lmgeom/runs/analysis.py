@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -56,8 +55,9 @@ from lmgeom.metrics.contextuality import (
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
-from lmgeom.runs.spool import RowSpool
+from lmgeom.runs.spool import RowSpool, scratch_folder
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, RowSink, row_range, stored_row_bytes, tally
+from lmgeom.runs.workers import die_with_parent
 from lmgeom.store import RepresentationStore
 
 ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
@@ -263,14 +263,13 @@ def solve_word_groups(store: RepresentationStore, layer: int, plan: AnalysisPlan
     in turn, the later ones from their own file in one sequential read, and dropped before the next:
     memory holds one group's state at a time (`mev_memory_mb`), the local disk the other groups' rows
     until each is solved (at most the analysed rows as stored). The spools live in a fresh folder of
-    the system's temporary directory (`tempfile`: TMPDIR), removed when this returns or raises; a
-    killed process leaves its `lmgeom-mev-*` folder behind, which nothing reads again (a re-run makes
-    its own), so it can simply be deleted."""
+    the system's temporary directory (`lmgeom.runs.spool.scratch_folder`: TMPDIR), removed when this
+    returns or raises; the folder of a killed process is removed by the next one made on its host."""
     with ExitStack() as cleanup:
         in_memory = {group: plan.mev_accumulator() for group in groups[:1]}
         spools: dict[int, RowSpool] = {}
         if len(groups) > 1:
-            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="lmgeom-mev-")))
+            scratch = Path(cleanup.enter_context(scratch_folder()))
             spools = {group: cleanup.enter_context(RowSpool(scratch / f"group-{group}.rows")) for group in groups[1:]}
         tally(store, layer, [*feeds, *mev_feeds(plan, {**in_memory, **spools})], rows=rows, chunk_rows=chunk_rows, device=device)
         for group in groups:
@@ -688,6 +687,7 @@ _worker_analysis: tuple[str, AnalysisPlan] | None = None
 
 def _start_layer_worker(store_url: str, plan: AnalysisPlan) -> None:
     global _worker_analysis
+    die_with_parent()  # a killed caller leaves no worker behind
     _worker_analysis = (store_url, plan)
 
 

@@ -6,18 +6,38 @@
 hands the rows of every group it does not hold in memory to a `RowSpool`, a file of that group's
 rows alone, and each group is then solved from its own file in one sequential read
 (`lmgeom.runs.analysis.solve_word_groups`).
+
+The spools of a layer live in a scratch folder of the system's temporary directory (TMPDIR),
+`lmgeom-mev-<pid>@<host>-<random>` (`scratch_folder`), removed when the layer is done; a folder
+whose process was killed is removed by the next `scratch_folder` of any process on that host.
 """
 
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import tempfile
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from lmgeom.atomic import owner_tag, remove_abandoned
 from lmgeom.runs.tally import RowSink
+
+SCRATCH_PREFIX = "lmgeom-mev-"
+_SCRATCH = re.compile(rf"^{SCRATCH_PREFIX}(?P<pid>\d+)@(?P<host>[A-Za-z0-9._-]+)-[a-z0-9_]+$")
+
+
+def scratch_folder() -> tempfile.TemporaryDirectory[str]:
+    """A fresh scratch folder in TMPDIR named for this process (a context manager: the folder and
+    its files go when it exits, also on an error), after removing the scratch folders of this host's
+    processes that have ended (killed mid-layer, they never removed their own)."""
+    remove_abandoned(Path(tempfile.gettempdir()), _SCRATCH, partial(shutil.rmtree, ignore_errors=True))
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{owner_tag()}-")
 
 
 class RowSpool:

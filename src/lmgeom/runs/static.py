@@ -25,7 +25,7 @@ from gensim.models import KeyedVectors
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, find_word_benchmarks,
                                        read_word_benchmarks)
-from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors
+from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors, static_vectors_format
 from lmgeom.metrics.contextuality import WordMeanAccumulator
 from lmgeom.metrics.spectrum import OccurrenceSpectrum
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
@@ -127,8 +127,8 @@ def restrict_to_words(vectors: KeyedVectors, words: Sequence[str]) -> KeyedVecto
     return restricted
 
 
-def _restricted_vectors(path: str | os.PathLike[str], words: Sequence[str]) -> KeyedVectors:
-    return restrict_to_words(load_static_vectors(path), words)
+def _restricted_vectors(path: str | os.PathLike[str], words: Sequence[str], trust_pickle: bool) -> KeyedVectors:
+    return restrict_to_words(load_static_vectors(path, trust_pickle=trust_pickle), words)
 
 
 def default_word_benchmarks(data_dir: str | os.PathLike[str] | None = None) -> tuple[dict[str, Path], dict[str, str]]:
@@ -143,6 +143,7 @@ def benchmark_static_embeddings(
     *,
     benchmarks: Mapping[str, str | os.PathLike[str]] | None = None,
     static_vectors: Sequence[str | os.PathLike[str]] = (),
+    trust_pickle: bool = False,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary, in
@@ -152,6 +153,8 @@ def benchmark_static_embeddings(
     `benchmarks` defaults to `default_word_benchmarks()`. Given static vectors are restricted to the
     words the store covers, so every row has the same vocabulary. Categorisation clusterings are
     seeded with CATEGORISATION_SEED.
+    Given static vectors are read by `lmgeom.evaluate.load_static_vectors` (a gensim `.kv` is a pickle,
+    which can run code: refused unless `trust_pickle`).
     """
     loaded = read_word_benchmarks(default_word_benchmarks()[0] if benchmarks is None else benchmarks)
     candidates: dict[str, Callable[[], KeyedVectors]] = {
@@ -159,7 +162,7 @@ def benchmark_static_embeddings(
         for kind in STATIC_KINDS
     }
     for path in static_vectors:
-        candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words)
+        candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words, trust_pickle)
     progress = progress or NoProgress()
     progress.start("score vectors", len(candidates), unit="vector sets")
     records = []
@@ -209,6 +212,7 @@ def export_static_embeddings(
     text_path: str | os.PathLike[str] | None = None,
     benchmarks: Sequence[str | os.PathLike[str]] = (),
     static_vectors: Sequence[str | os.PathLike[str]] = (),
+    trust_pickle: bool = False,
     min_contexts: int = 1,
     include_punct: bool = False,
     data_dir: str | os.PathLike[str] | None = None,
@@ -217,12 +221,15 @@ def export_static_embeddings(
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
     or `text_path`), and score them on `default_word_benchmarks(data_dir)` plus `benchmarks` next to
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
-    A benchmark missing from `data_dir` is skipped, its reason kept in the JSON."""
+    A benchmark missing from `data_dir` is skipped, its reason kept in the JSON. A `.kv` among
+    `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`)."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist")
+    for path in static_vectors:  # before the distillation: a refused file fails at once
+        static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
     embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, include_punct=include_punct)
@@ -233,6 +240,6 @@ def export_static_embeddings(
     given = {Path(path).stem: path for path in benchmarks}
     skipped = {name: reason for name, reason in skipped.items() if name not in given}
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
-                                         progress=progress)
+                                         trust_pickle=trust_pickle, progress=progress)
     return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory, skipped=skipped)},
                               skipped)

@@ -355,9 +355,13 @@ def _write_rows(array: Any, start: int, block: np.ndarray, open_chunk: OpenChunk
         # a temporary file renamed over the chunk, as zarr writes; `_recover` removes leftovers
         partial = path.with_name(f"{path.name}.partial")
         contiguous = np.ascontiguousarray(rows)
-        contiguous.tofile(partial)
+        try:
+            contiguous.tofile(partial)
+            os.replace(partial, path)
+        except BaseException:  # a full disk: no half chunk left behind
+            partial.unlink(missing_ok=True)
+            raise
         checksums[index] = checksum(contiguous)
-        os.replace(partial, path)
     return open_chunk
 
 
