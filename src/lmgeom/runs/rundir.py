@@ -128,10 +128,8 @@ def require_run(directory: str | os.PathLike[str]) -> None:
     if not location.exists():
         raise FileNotFoundError(f"{directory}: no such directory; give a run directory written by `lmgeom run`")
     if not is_run(directory):
-        raise ValueError(
-            f"{directory} is not a run directory: a run is a folder written by `lmgeom run` (or a store from "
-            f"`lmgeom extract` with its results), holding {', '.join(_RUN_MARKERS[:4])} or other result files"
-        )
+        raise ValueError(f"{directory} is not a run directory: a run is a folder written by `lmgeom run` (or a store "
+                         f"from `lmgeom extract`), holding {layout.META} or result files such as {CONTEXTUALITY.name}")
 
 
 def read_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any] | None:
