@@ -171,6 +171,10 @@ def test_readers_name_a_file_that_does_not_read(tmp_path: Path):
     assert "calibration.csv" in (rundir.problem(tmp_path, "calibration.csv") or "")
     assert rundir.problem(tmp_path, "static/1.benchmarks.json") == "static/1.benchmarks.json is missing"
     assert not rundir.is_run(tmp_path / "absent") and rundir.is_run(tmp_path)  # isotropy.json makes a run
+    rundir.write_json(tmp_path / "sts-only" / "minilm.json", "sts", {"settings": {}, "records": []})
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.json").write_text('{"kind": "mine"}')
+    assert rundir.is_run(tmp_path / "sts-only") and not rundir.is_run(tmp_path / "other")
 
 
 def test_result_files_are_named_in_one_place():

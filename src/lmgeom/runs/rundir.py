@@ -117,9 +117,19 @@ def _regenerate(spec: ResultFile | None) -> str:
 
 
 def is_run(directory: str | os.PathLike[str]) -> bool:
-    """Whether `directory` is a run: it holds a store's meta.json or a result file of the driver."""
+    """Whether `directory` is a run: it holds a store's meta.json, a result file of the driver, or
+    STS results (`lmgeom sts --out DIR/NAME.json`)."""
     location = Location.of(directory)
-    return any(location.exists(name) for name in _RUN_MARKERS)
+    return any(location.exists(name) for name in _RUN_MARKERS) or any(
+        _is_sts(location.child(name).url) for name in location.listdir() if name.endswith(".json"))
+
+
+def _is_sts(path: str) -> bool:
+    try:
+        document = read_json(path)
+    except ResultFileError:
+        return False
+    return document is not None and document.get("kind") == STS.kind
 
 
 def require_run(directory: str | os.PathLike[str]) -> None:
