@@ -157,7 +157,7 @@ def read_experiments(files: Sequence[Path], *, part: str = "records") -> pd.Data
     frames = []
     for path in files:
         try:
-            document = read_json(path)
+            document = rundir.read_experiment_results(path)
         except rundir.ResultFileError:
             continue
         if part == "summaries":

@@ -142,19 +142,34 @@ def require_run(directory: str | os.PathLike[str]) -> None:
                          f"from `lmgeom extract`), holding {layout.META} or result files such as {CONTEXTUALITY.name}")
 
 
+def _parse(path: str | os.PathLike[str], spec: ResultFile | None) -> Any:
+    location = Location.of(path)
+    if not location.exists():
+        return None
+    try:
+        return json.loads(location.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ResultFileError(f"{path} is truncated or not JSON ({error}); {_regenerate(spec)}") from None
+
+
+def read_experiment_results(path: str | os.PathLike[str]) -> dict[str, Any] | list[Any] | None:
+    """An experiment's results.json: a document with `records` (and `summaries`), or a list of
+    records; None when there is none."""
+    document = _parse(path, EXPERIMENT_RESULTS)
+    if document is not None and not isinstance(document, (dict, list)):
+        raise ResultFileError(f"{path} holds neither a JSON object nor a list of records; {_regenerate(EXPERIMENT_RESULTS)}")
+    return document
+
+
 def read_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any] | None:
     """The result document at `path` (a local path or an fsspec URL), or None when there is none.
 
     With `kind`, the document must be of that kind, at the schema version this lmgeom reads, and hold
     the keys its readers use; without it, any JSON object is returned."""
-    location = Location.of(path)
     spec = KINDS.get(kind) if kind else None
-    if not location.exists():
+    document = _parse(path, spec)
+    if document is None:
         return None
-    try:
-        document = json.loads(location.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ResultFileError(f"{path} is truncated or not JSON ({error}); {_regenerate(spec)}") from None
     if not isinstance(document, dict):
         raise ResultFileError(f"{path} holds no JSON object; {_regenerate(spec)}")
     if not kind:
