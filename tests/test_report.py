@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 from lmgeom.cli.report import register
 from lmgeom.runs import analyze_store, calibrate_store, layer_summary, render_report
 from lmgeom.runs.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
-from lmgeom.runs.results import write_json
+from lmgeom.runs.rundir import write_json
 from lmgeom.report import build_report, load_run
 from lmgeom.report.compare import COMPARED
-from lmgeom.report.explorer import EXPLORER_FILE
+from lmgeom.runs.rundir import EXPLORER
 from lmgeom.runs.explorer import explorer_data
 from lmgeom.report.figures import run_charts
 from lmgeom.store import write_store_from_arrays
@@ -229,7 +229,7 @@ def test_explorer_data_is_cached_with_provenance_and_recomputed_for_other_settin
                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"
     shutil.copytree(full_run, run)
-    cached = json.loads((run / EXPLORER_FILE).read_text())
+    cached = json.loads((run / EXPLORER.name).read_text())
     assert cached["kind"] == "word_explorer" and cached["model_id"] == "synthetic-4"
     assert cached["settings"]["neighbours"] == N_NEIGHBOURS and cached["corpus_fingerprint"]
 
@@ -247,7 +247,7 @@ def test_explorer_data_is_cached_with_provenance_and_recomputed_for_other_settin
     assert calls == []  # served from the cache
     explorer_data(load_run(run), k=N_NEIGHBOURS + 1)
     assert calls == [0, 1, 2, 3]  # one distillation per layer
-    assert json.loads((run / EXPLORER_FILE).read_text())["settings"]["neighbours"] == N_NEIGHBOURS + 1
+    assert json.loads((run / EXPLORER.name).read_text())["settings"]["neighbours"] == N_NEIGHBOURS + 1
 
 
 # ---- files: figures, self-contained page, missing inputs -------------------------------------------
@@ -356,7 +356,7 @@ def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[P
     from playwright.sync_api import sync_playwright  # a test dependency: missing, it fails rather than skips
 
     compare = comparison[0] / "compare.html"
-    data = json.loads((full_run / EXPLORER_FILE).read_text())["data"]
+    data = json.loads((full_run / EXPLORER.name).read_text())["data"]
     word = data["words"][1]
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -413,7 +413,7 @@ def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -
 
     result = run("tiny-bert", "lee", out=tmp_path / "run", limit=120, device="cpu", min_contexts=3)
     report = result.store.path / "report.html"
-    data = json.loads((result.store.path / EXPLORER_FILE).read_text())["data"]
+    data = json.loads((result.store.path / EXPLORER.name).read_text())["data"]
     word, last = data["words"][0], str(data["layers"][-1])
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -460,7 +460,7 @@ def test_nan_values_become_gaps_not_errors(tmp_path: Path, full_run: Path) -> No
         if record["metric"] == "mev_centred" and record["layer"] == 1:
             record["raw"] = None
     (run / "contextuality.json").write_text(json.dumps(document))
-    (run / EXPLORER_FILE).unlink()  # no store layers here: the explorer says neighbours need them
+    (run / EXPLORER.name).unlink()  # no store layers here: the explorer says neighbours need them
     figures = page_figures(render_report(run).read_text())
     centred = next(t for t in figures["chart-mev"]["data"] if t["name"].startswith("centred"))
     assert centred["y"][1] is None and not any(isinstance(v, float) and math.isnan(v) for v in centred["y"])

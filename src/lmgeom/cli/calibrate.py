@@ -56,8 +56,8 @@ def register(app: typer.Typer) -> None:
         fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample that cie and flow fit on (the others stream over all rows)"),
         seed: int = typer.Option(0, min=0, help="seed for subsamples, k-means and the flow"),
     ) -> None:
-        """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; writes
-        STORE/calibration.json + .csv and STORE/calibrators/<method>-L<layer>.*"""
+        """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; merges the records
+        into STORE/calibration.json + .csv by (layer, method) and saves STORE/calibrators/<method>-L<layer>.*"""
         from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
         from lmgeom.runs import calibrate_store
 

@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
         from lmgeom.report import load_run
         from lmgeom.runs import render_report
+        from lmgeom.runs.rundir import FIGURES
 
         if neighbours >= explorer_words:
             raise typer.BadParameter(f"{neighbours} neighbours need more than {neighbours} other words; give fewer than "
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
             for section, note in run.notes.items():
                 console.print(f"[dim]{section}: {note}[/]")
             console.print(f"wrote {path}")
-            console.print(f"figures in {run.path / 'figures'}")
+            console.print(f"figures in {FIGURES.at(run.path)}")
 
     @app.command("compare")
     def compare_command(

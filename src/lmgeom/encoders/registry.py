@@ -51,6 +51,11 @@ def is_elmo_folder(path: Path) -> bool:
     return False
 
 
+def is_model_folder(path: Path) -> bool:
+    """A local folder `load_encoder` loads: a transformers model (config.json), GGUF weights, or ELMo."""
+    return path.is_dir() and ((path / "config.json").is_file() or any(path.glob("*.gguf")) or is_elmo_folder(path))
+
+
 def is_elmo_model(name_or_path: str) -> bool:
     """Whether `load_encoder` would load this model as ELMo (the shipped `elmo-brown` or an ELMo folder)."""
     return name_or_path == "elmo-brown" or is_elmo_folder(Path(name_or_path))

@@ -21,9 +21,8 @@ from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
 from lmgeom.atomic import atomic_write_text
+from lmgeom.runs.rundir import FIGURES, REPORT
 
-FIGURES_DIR = "figures"
-REPORT_FILE = "report.html"
 N_WORDS_SHOWN = 10
 
 
@@ -148,8 +147,8 @@ def build_report(
     shows RUN/explorer.json, which `lmgeom.runs.render_report` computes from the store.
     """
     run = load_run(run_dir, include=include)
-    out_path = Path(out) if out is not None else run.path / REPORT_FILE
-    figures_dir = run.path / FIGURES_DIR
+    out_path = Path(out) if out is not None else REPORT.at(run.path)
+    figures_dir = FIGURES.at(run.path)
     charts = [(chart, save_figure(chart, figures_dir)) for chart in run_charts(run)]
     relative = {chart.name: [os.path.relpath(p, out_path.parent) for p in paths] for chart, paths in charts}
     figure_of = {chart.name: (chart, relative[chart.name]) for chart, _ in charts}

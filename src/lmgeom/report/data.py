@@ -7,7 +7,6 @@ writes it; a file of the wrong kind is an error naming the file.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -16,40 +15,26 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import read_json
+
 # Which command writes each optional result (shown in the report where a file is missing).
 PRODUCERS = {
-    "summary": "lmgeom run (writes summary.json)",
-    "contextuality": "lmgeom analyze RUN (or lmgeom run)",
-    "words": "lmgeom analyze RUN (writes contextuality_words.csv)",
-    "calibration": "lmgeom calibrate RUN --method whitening,abtt",
-    "static": "lmgeom static-embeddings RUN --layer L",
-    "sts": "lmgeom sts MODEL --data DIR --out RUN/sts.json",
-    "experiments": "an experiment that writes RUN/experiments/NAME/results.json",
-    "explorer": "lmgeom report RUN on a run whose store is present",
-    "isotropy": "lmgeom run (writes isotropy.json: global and local isotropy of every layer)",
+    "summary": rundir.SUMMARY.producer,
+    "contextuality": rundir.CONTEXTUALITY.producer,
+    "words": rundir.CONTEXTUALITY_WORDS.producer,
+    "calibration": rundir.CALIBRATION.producer,
+    "static": rundir.STATIC.producer,
+    "sts": rundir.STS.producer,
+    "experiments": rundir.EXPERIMENTS.producer,
+    "explorer": rundir.EXPLORER.producer,
+    "isotropy": rundir.ISOTROPY.producer,
 }
-
-# result files of other kinds at the top of a run directory (the explorer cache can be tens of MB)
-OTHER_RESULT_FILES = {"meta.json", "progress.json", "summary.json", "contextuality.json", "calibration.json", "explorer.json",
-                      "isotropy.json", "run.json"}
 EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
 
 
 def layer_label(layer: int) -> str:
     return "embedding output" if layer == 0 else f"block {layer}"
-
-
-def read_result_json(path: Path, *, kind: str | None = None) -> dict[str, Any] | None:
-    """A result JSON document, or None if the file does not exist."""
-    if not path.exists():
-        return None
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); re-run the command that wrote it") from error
-    if kind is not None and document.get("kind") != kind:
-        raise ValueError(f"{path} holds kind {document.get('kind')!r}, expected {kind!r}; was it overwritten by another command?")
-    return document
 
 
 @dataclass
@@ -126,15 +111,10 @@ def _frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(records)).fillna(value=math.nan) if records else pd.DataFrame(list(records))
 
 
-def _read_meta(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "meta.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-
-
 def _read_static(run_dir: Path) -> pd.DataFrame | None:
     frames = []
-    for path in sorted((run_dir / "static").glob("*.benchmarks.json")):
-        document = read_result_json(path, kind="static_embedding_benchmarks")
+    for path in sorted(run_dir.glob(rundir.STATIC_BENCHMARKS.pattern)):
+        document = read_json(path, rundir.STATIC_BENCHMARKS.kind)
         assert document is not None
         frames.append(_frame(document.get("records", [])))
     return pd.concat(frames, ignore_index=True).sort_values(["layer", "vectors", "benchmark"], kind="stable") if frames else None
@@ -144,13 +124,13 @@ def _read_sts(run_dir: Path) -> pd.DataFrame | None:
     """Records of every JSON of kind 'sts' at the top of the run directory."""
     frames = []
     for path in sorted(run_dir.glob("*.json")):
-        if path.name in OTHER_RESULT_FILES:
+        if path.name in rundir.RESERVED_NAMES:
             continue
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            document = read_json(path)
+        except rundir.ResultFileError:
             continue
-        if isinstance(document, dict) and document.get("kind") == "sts":
+        if document is not None and document.get("kind") == rundir.STS.kind:
             frame = _frame(document.get("records", []))
             frame.insert(0, "file", path.name)
             frames.append(frame)
@@ -159,12 +139,13 @@ def _read_sts(run_dir: Path) -> pd.DataFrame | None:
 
 def experiment_result_files(run_dir: Path, include: Sequence[str | os.PathLike] = ()) -> list[Path]:
     """RUN/experiments/*/results.json plus, per included folder, its results.json or */results.json."""
-    files = sorted((run_dir / "experiments").glob("*/results.json"))
+    files = sorted(run_dir.glob(rundir.EXPERIMENT_RESULTS.pattern))
+    results = Path(rundir.EXPERIMENT_RESULTS.name).name
     for directory in map(Path, include):
         if not directory.is_dir():
-            raise FileNotFoundError(f"--include {directory}: no such directory (give a folder holding results.json files)")
-        direct = directory / "results.json"
-        files.extend([direct] if direct.exists() else sorted(directory.glob("*/results.json")))
+            raise FileNotFoundError(f"--include {directory}: no such directory (give a folder holding {results} files)")
+        direct = directory / results
+        files.extend([direct] if direct.exists() else sorted(directory.glob(f"*/{results}")))
     return list(dict.fromkeys(files))
 
 
@@ -176,8 +157,8 @@ def read_experiments(files: Sequence[Path], *, part: str = "records") -> pd.Data
     frames = []
     for path in files:
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            document = rundir.read_experiment_results(path)
+        except rundir.ResultFileError:
             continue
         if part == "summaries":
             records = document.get("summaries", []) if isinstance(document, dict) else []
@@ -224,13 +205,13 @@ def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = No
     return table
 
 
-def _read_records(run_dir: Path, name: str, kind: str, notes: dict[str, str], *, section: str,
+def _read_records(run_dir: Path, spec: rundir.ResultFile, notes: dict[str, str], *, section: str,
                   part: str = "records") -> tuple[dict[str, Any] | None, pd.DataFrame | None]:
     """(document, its `part` as a frame) of an optional result file; a missing one is noted with the
     command that writes it."""
-    document = read_result_json(run_dir / name, kind=kind)
+    document = read_json(spec.at(run_dir), spec.kind)
     if document is None:
-        notes[section] = f"no {name} in {run_dir}; run `{PRODUCERS[section]}`"
+        notes[section] = f"no {spec.name} in {run_dir}; run `{PRODUCERS[section]}`"
         return None, None
     return document, _frame(document[part])
 
@@ -240,29 +221,24 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory written by `lmgeom run`")
+    rundir.require_run(run_dir)
     notes: dict[str, str] = {}
 
-    _, summary = _read_records(run_dir, "summary.json", "layer_summary", notes, section="summary", part="layers")
+    _, summary = _read_records(run_dir, rundir.SUMMARY, notes, section="summary", part="layers")
 
-    contextuality = read_result_json(run_dir / "contextuality.json", kind="contextuality")
-    layers = _frame(contextuality["records"]) if contextuality else None
-    if contextuality is None:
-        notes["contextuality"] = f"no contextuality.json in {run_dir}; run `{PRODUCERS['contextuality']}`"
+    contextuality, layers = _read_records(run_dir, rundir.CONTEXTUALITY, notes, section="contextuality")
 
-    words_path = run_dir / "contextuality_words.csv"
-    words = pd.read_csv(words_path, keep_default_na=False, na_values=[""]) if words_path.exists() else None
+    words = rundir.read_words(run_dir)
     if words is None:
-        notes["words"] = f"no contextuality_words.csv in {run_dir}; run `{PRODUCERS['words']}`"
-    elif len(words):
-        words["word"] = words["word"].astype(str)
+        notes["words"] = f"no {rundir.CONTEXTUALITY_WORDS.name} in {run_dir}; run `{PRODUCERS['words']}`"
 
-    calibration_doc, calibration = _read_records(run_dir, "calibration.json", "calibration", notes, section="calibration")
+    calibration_doc, calibration = _read_records(run_dir, rundir.CALIBRATION, notes, section="calibration")
 
-    _, isotropy = _read_records(run_dir, "isotropy.json", "isotropy", notes, section="isotropy")
+    _, isotropy = _read_records(run_dir, rundir.ISOTROPY, notes, section="isotropy")
 
     static = _read_static(run_dir)
     if static is None:
-        notes["static"] = f"no static/<layer>.benchmarks.json in {run_dir}; run `{PRODUCERS['static']}`"
+        notes["static"] = f"no {rundir.STATIC_BENCHMARKS.name} in {run_dir}; run `{PRODUCERS['static']}`"
     sts = _read_sts(run_dir)
     if sts is None:
         notes["sts"] = f"no STS results JSON in {run_dir}; run `{PRODUCERS['sts']}`"
@@ -270,11 +246,11 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
     experiments = read_experiments(experiment_files)
     experiment_tests = read_experiments(experiment_files, part="summaries")
     if experiments is None:
-        notes["experiments"] = f"no readable experiments/*/results.json in {run_dir} (nor in --include folders)"
+        notes["experiments"] = f"no readable {rundir.EXPERIMENT_RESULTS.pattern} in {run_dir} (nor in --include folders)"
 
     return RunData(
         path=run_dir,
-        meta=_read_meta(run_dir),
+        meta=rundir.read_store_meta(run_dir),
         summary=summary,
         contextuality=contextuality,
         layers=layers,
@@ -301,7 +277,7 @@ def context_specific_words(words: pd.DataFrame, layer: int, *, n: int = 10) -> t
 
 def step_seconds(run_dir: Path) -> dict[str, float]:
     """Seconds each step of `lmgeom run` took, as RUN/run.json records them (empty without it)."""
-    document = read_result_json(run_dir / "run.json", kind="run")
+    document = read_json(rundir.RUN.at(run_dir), rundir.RUN.kind)
     if document is None:
         return {}
     return {name: float(step["seconds"]) for name, step in document.get("steps", {}).items()}

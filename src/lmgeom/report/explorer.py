@@ -6,10 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from lmgeom.metrics.contextuality import MEV_VARIANTS
-from lmgeom.report.data import read_result_json
+from lmgeom.runs.rundir import EXPLORER, read_json
 
-EXPLORER_FILE = "explorer.json"
-EXPLORER_KIND = "word_explorer"
 # the per-word metrics the explorer shows across layers (columns of contextuality_words.csv)
 WORD_COLUMNS = ("self_similarity", "self_similarity_adjusted",
                 *(f"mev_{v}{suffix}" for v in MEV_VARIANTS for suffix in ("", "_adjusted")))
@@ -17,5 +15,5 @@ WORD_COLUMNS = ("self_similarity", "self_similarity_adjusted",
 
 def read_explorer(run_dir: Path) -> dict[str, Any] | None:
     """The explorer payload cached in RUN/explorer.json, or None when there is none."""
-    document = read_result_json(run_dir / EXPLORER_FILE, kind=EXPLORER_KIND)
+    document = read_json(EXPLORER.at(run_dir), EXPLORER.kind)
     return None if document is None else dict(document["data"])

@@ -22,7 +22,6 @@ rounding).
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -53,7 +52,8 @@ from lmgeom.metrics.contextuality import (
     sample_indexes,
 )
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.results import LAYER_NOTE, write_json, write_records_csv
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.spool import RowSpool, scratch_folder
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, RowSink, row_range, stored_row_bytes, tally
@@ -64,7 +64,6 @@ ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact base
 STATIC_VARIANCE_THRESHOLD = 0.05  # the paper: a static embedding explains < 5% of the variance
 N_LEAST_SELF_SIMILAR = 10
 DEFAULT_MEV_MEMORY_MB = 512
-CONTEXTUALITY_FILE = "contextuality.json"
 
 DEFINITIONS = {
     "anisotropy_exact": "mean cosine over all ordered pairs of distinct analysed occurrences (closed form, exact)",
@@ -402,14 +401,17 @@ class ContextualityResult:
     def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None) -> ContextualityResult:
         """The result written by `write` for `store` (default: next to the store)."""
         target = Path(directory) if directory is not None else store.path
-        document = json.loads((target / CONTEXTUALITY_FILE).read_text(encoding="utf-8"))
+        document, words = rundir.read_json(rundir.CONTEXTUALITY.at(target), "contextuality"), rundir.read_words(target)
+        if document is None or words is None:
+            raise FileNotFoundError(f"no {rundir.CONTEXTUALITY.name} and {rundir.CONTEXTUALITY_WORDS.name} in {target}; "
+                                    f"run `{rundir.CONTEXTUALITY.producer}`")
         counts = dict(document["counts"])
         for key in ("zero_vectors_excluded_by_layer", "mean_norm_by_layer"):
             counts[key] = {int(layer): value for layer, value in counts[key].items()}
         records = pd.DataFrame(document["records"]).astype({"raw": float, "baseline": float, "adjusted": float})
         return cls(
             layers=records,
-            words=pd.read_csv(target / "contextuality_words.csv", keep_default_na=False, na_values=[""], dtype={"word": str}),
+            words=words,
             findings=document["findings"],
             statements=document["statements"],
             settings=document["settings"],
@@ -427,9 +429,9 @@ class ContextualityResult:
         else:
             raise ValueError("give a directory to write to (this result has no store path)")
         self.written = {
-            "json": write_json(target / CONTEXTUALITY_FILE, "contextuality", self.to_json(), store_meta=self.store_meta),
-            "layers_csv": write_records_csv(target / "contextuality_layers.csv", self.records),
-            "words_csv": write_records_csv(target / "contextuality_words.csv", self.words.to_dict("records")),
+            "json": write_json(rundir.CONTEXTUALITY.at(target), "contextuality", self.to_json(), store_meta=self.store_meta),
+            "layers_csv": write_records_csv(rundir.CONTEXTUALITY_LAYERS.at(target), self.records),
+            "words_csv": write_records_csv(rundir.CONTEXTUALITY_WORDS.at(target), self.words.to_dict("records")),
         }
         return self.written
 

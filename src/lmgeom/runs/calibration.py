@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -13,7 +15,8 @@ from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, MomentAccumulator, isotropy_report
 from lmgeom.runs.extraction import open_or_extract
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.results import write_json, write_records_csv
+from lmgeom.runs.rundir import (CALIBRATION, CALIBRATION_CSV, CALIBRATOR, CALIBRATORS, ResultFileError, read_json,
+                                write_json, write_records_csv)
 from lmgeom.runs.selection import RowSelection, select_rows
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore
@@ -38,11 +41,63 @@ REPORT_MEASURES = (
 
 @dataclass
 class CalibrationResult:
-    """The store calibrated, the tidy before/after records, and the files written."""
+    """The store calibrated, the tidy before/after records and the fits of this call (one per layer
+    and method: its options), and the files written."""
 
     store: RepresentationStore
     records: list[dict[str, Any]]
+    fits: list[dict[str, Any]]
     paths: list[Path]
+
+
+def _key(item: dict[str, Any]) -> tuple[int, str]:
+    return int(item["layer"]), str(item["method"])
+
+
+def _method_order(method: str) -> int:
+    return list(METHODS).index(method) if method in METHODS else len(METHODS)
+
+
+def _order(item: dict[str, Any]) -> tuple[int, int]:
+    layer, method = _key(item)
+    return layer, _method_order(method)
+
+
+def read_calibration(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """DIR/calibration.json with its `fits` (for a file written without them: the file's settings
+    for each of its (layer, method)), or None when there is none."""
+    document = read_json(CALIBRATION.at(directory), "calibration")
+    if document is not None and "fits" not in document:
+        shared = {key: value for key, value in document["settings"].items() if key not in ("layers", "methods")}
+        keys = dict.fromkeys(_key(record) for record in document["records"])
+        document["fits"] = [{"layer": layer, "method": method, **shared} for layer, method in keys]
+    return document
+
+
+def holds_fits(directory: str | os.PathLike[str], fits: Sequence[dict[str, Any]]) -> bool:
+    """Whether DIR/calibration.json still holds each of these fits (a later fit of the same layer and
+    method with other options replaces one)."""
+    try:
+        document = read_calibration(directory)
+    except ResultFileError:
+        return False
+    return document is not None and all(fit in document["fits"] for fit in fits)
+
+
+def merge_calibration(document: dict[str, Any] | None, fits: list[dict[str, Any]],
+                      records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The payload of calibration.json with these fits and records merged into `document`'s by
+    (layer, method): a fit of a (layer, method) replaces that one's fit and records, the others stay.
+    `settings` holds the layers and methods of every fit, and each option all the fits share."""
+    replaced = {_key(fit) for fit in fits}
+    kept_fits = [fit for fit in (document or {}).get("fits", []) if _key(fit) not in replaced]
+    kept_records = [record for record in (document or {}).get("records", []) if _key(record) not in replaced]
+    all_fits = sorted([*kept_fits, *fits], key=_order)
+    options = [{key: value for key, value in fit.items() if key not in ("layer", "method")} for fit in all_fits]
+    shared = {key: value for key, value in options[0].items() if all(option.get(key) == value for option in options)}
+    settings = {"methods": sorted({str(fit["method"]) for fit in all_fits}, key=_method_order),
+                "layers": sorted({int(fit["layer"]) for fit in all_fits}), **shared}
+    return {"settings": settings, "fits": all_fits, "records": sorted([*kept_records, *records], key=_order)}
 
 
 def fit_store(
@@ -90,8 +145,10 @@ def calibrate_store(
 
     One record per (layer, method, measure) with the value `before` and `after` calibration, both
     measured on the same seeded subsample of `eval_rows` selected rows. With `save`, fitted
-    calibrators go to STORE/calibrators/<method>-L<layer>.npz|.pt and the records to
-    STORE/calibration.json and calibration.csv.
+    calibrators go to STORE/calibrators/<method>-L<layer>.npz|.pt and the records are merged into
+    STORE/calibration.json and calibration.csv by (layer, method): a re-fit of a (layer, method)
+    replaces that one's records and calibrator, the others (such as those `run` wrote) stay. The
+    file's `fits` record the options of each (layer, method) it holds.
 
     `store` may be a store, a store's path, or a model name (then `corpus` is extracted with it into
     runs/<model>-<corpus> first, or resumed there; `device` is where that model runs)."""
@@ -104,13 +161,16 @@ def calibrate_store(
     layers = list(store.layers if layers is None else layers)
     for layer in layers:
         store.layer(layer)  # raises a clear IndexError for a layer the store lacks
+    previous = _previous_calibration(store) if save else None
     selection = select_rows(store.tokens, include_special=include_special, include_punct=include_punct)
     eval_sample = sample_indexes(selection.rows, eval_rows, seed)
     n_selected = len(selection.rows)
     n_fit = {method: n_selected if issubclass(METHODS[method], MomentCalibrator) else min(n_selected, fit_rows)
              for method in methods}
+    options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed}
     progress.start("calibrate", len(layers) * len(methods), unit="fits")
     records: list[dict[str, Any]] = []
+    fits: list[dict[str, Any]] = []
     for layer in layers:
         X_eval = as_float64_rows(store.rows(layer, eval_sample), name="store rows", layer=layer)
         before = isotropy_report(X_eval, seed=seed, max_rows=None)
@@ -119,7 +179,8 @@ def calibrate_store(
                                   selection=selection)
             after = isotropy_report(estimator.transform(X_eval), seed=seed, max_rows=None)
             if save:
-                estimator.save(store.path / "calibrators" / f"{method}-L{layer}")
+                estimator.save(CALIBRATOR.at(store.path, method=method, layer=layer))
+            fits.append({"layer": layer, "method": method, **options})
             records.extend(
                 {
                     "layer": layer,
@@ -136,13 +197,20 @@ def calibrate_store(
     store.check_unchanged()
     paths: list[Path] = []
     if save:
-        settings = {
-            "methods": list(methods), "layers": layers, **selection.options(),
-            "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed,
-        }
+        merged = merge_calibration(previous, fits, records)
         paths = [
-            write_json(store.path / "calibration.json", "calibration", {"settings": settings, "records": records}, store_meta=store.meta),
-            write_records_csv(store.path / "calibration.csv", records),
-            store.path / "calibrators",
+            write_json(CALIBRATION.at(store.path), "calibration", merged, store_meta=store.meta),
+            write_records_csv(CALIBRATION_CSV.at(store.path), merged["records"]),
+            CALIBRATORS.at(store.path),
         ]
-    return CalibrationResult(store, records, paths)
+    return CalibrationResult(store, records, fits, paths)
+
+
+def _previous_calibration(store: RepresentationStore) -> dict[str, Any] | None:
+    """The store's calibration.json to merge into; one that does not read holds nothing to keep, and
+    is replaced (with a warning naming it)."""
+    try:
+        return read_calibration(store.path)
+    except ResultFileError as error:
+        warnings.warn(f"{error}; it is replaced by this calibration's records", stacklevel=3)
+        return None

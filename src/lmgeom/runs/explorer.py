@@ -10,20 +10,18 @@ analysis is recomputed.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from lmgeom.atomic import atomic_write_text
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.report.data import RunData
-from lmgeom.report.explorer import EXPLORER_FILE, EXPLORER_KIND, WORD_COLUMNS
-from lmgeom.runs.results import provenance
+from lmgeom.report.explorer import WORD_COLUMNS
+from lmgeom.runs.rundir import CONTEXTUALITY_WORDS, EXPLORER, ResultFileError, read_json, write_json
 from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
 from lmgeom.runs.static import first_pc_vectors
-from lmgeom.store import RepresentationStore
+from lmgeom.store import RepresentationStore, layout
 
 DEFAULT_TOP_WORDS = 2000
 DEFAULT_NEIGHBOURS = 10
@@ -51,7 +49,7 @@ def nearest_neighbours(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
 
 def _analysis_fingerprint(run: RunData) -> str:
     """Changes whenever the analysis that chose the words is re-run with other results."""
-    path = run.path / "contextuality_words.csv"
+    path = CONTEXTUALITY_WORDS.at(run.path)
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
 
 
@@ -75,10 +73,10 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
     """Explorer payload: the chosen words, their metrics by layer, and per layer a list aligned with the
     words of [neighbour word indexes, cosines (3 decimals)], best first (null for a word without a vector)."""
     if run.words is None or run.words.empty:
-        raise ValueError(f"no contextuality_words.csv in {run.path}; run `lmgeom analyze {run.path}` first")
+        raise ValueError(f"no {CONTEXTUALITY_WORDS.name} in {run.path}; run `lmgeom analyze {run.path}` first")
     chosen = top_words(run.words, top_n)
     payload: dict[str, Any] = {"words": chosen, **_word_metrics(run.words, chosen), "neighbours": {}}
-    if not (run.path / "meta.json").exists() or not (run.path / "layers").is_dir():
+    if not (run.path / layout.META).exists() or not (run.path / layout.LAYERS).is_dir():
         payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need its extracted layers"
         return payload
     store = RepresentationStore.open(run.path)
@@ -111,17 +109,17 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
 def explorer_data(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = DEFAULT_NEIGHBOURS,
                   refresh: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """The cached RUN/explorer.json when it was made with these settings from this analysis, else computed and cached."""
-    path = run.path / EXPLORER_FILE
+    path = EXPLORER.at(run.path)
     settings = {"format": EXPLORER_FORMAT, "top_words": top_n, "neighbours": k, "analysis_sha256": _analysis_fingerprint(run),
                 "vectors": "first principal component of each word's occurrences (lmgeom.runs.static)"}
-    if path.exists() and not refresh:
+    if not refresh:
         try:
-            cached = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            cached = {}
-        if cached.get("kind") == EXPLORER_KIND and cached.get("settings") == settings:
+            cached = read_json(path, EXPLORER.kind)
+        except ResultFileError:
+            cached = None  # a damaged cache is computed again
+        if cached is not None and cached["settings"] == settings:
             return dict(cached["data"])
     data = compute_explorer(run, top_n=top_n, k=k, progress=progress)
-    document = {"kind": EXPLORER_KIND, **provenance(run.meta), "settings": settings, "data": data}
-    atomic_write_text(path, json.dumps(document, separators=(",", ":")) + "\n")  # compact: it can hold 600k neighbours
+    # compact: it can hold 600k neighbours
+    write_json(path, EXPLORER.kind, {"settings": settings, "data": data}, store_meta=run.meta, compact=True)
     return data

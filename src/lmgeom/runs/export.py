@@ -24,7 +24,7 @@ from lmgeom.encoders.registry import NAMED_MODELS, minilm_path
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import isoscore
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.results import write_json
+from lmgeom.runs.rundir import write_json
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

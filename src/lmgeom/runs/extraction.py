@@ -16,7 +16,7 @@ from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.store import RepresentationStore, StoreWriter, layout
-from lmgeom.store.location import Location
+from lmgeom.store.location import Location, is_url
 
 
 def extract(
@@ -185,7 +185,17 @@ def extract_model(
 def open_or_extract(store_or_model: str, *, corpus: str = "lee", device: str = "auto",
                     progress: Progress | None = None) -> RepresentationStore:
     """Open the store at `store_or_model`; anything else names a model, extracted on `corpus` into
-    runs/<model>-<corpus> first (or resumed from there)."""
+    runs/<model>-<corpus> first (or resumed from there). An existing folder that is neither a store
+    nor a model folder is refused (a named model wins over a folder of its name)."""
     if layout.is_store(store_or_model):
         return RepresentationStore.open(store_or_model)
+    from lmgeom.encoders.registry import NAMED_MODELS, is_model_folder  # torch: only where a model may be loaded
+
+    folder = Path(store_or_model)
+    if store_or_model not in NAMED_MODELS and not is_url(store_or_model) and folder.is_dir() and not is_model_folder(folder):
+        raise FileNotFoundError(
+            f"{store_or_model} is neither a store (it has no {layout.META}: write one with `lmgeom extract MODEL "
+            f"--out {store_or_model}`) nor a model folder (no config.json, GGUF file, or ELMo options and weights); "
+            "give a store, a model folder, a Hugging Face id or a named model"
+        )
     return extract_model(store_or_model, corpus, device=device, progress=progress)

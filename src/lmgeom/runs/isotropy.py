@@ -10,11 +10,9 @@ from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, isotropy_report, local_isotropy
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.results import write_json, write_records_csv
+from lmgeom.runs.rundir import ISOTROPY, ISOTROPY_CSV, write_json, write_records_csv
 from lmgeom.runs.selection import select_rows
 from lmgeom.store import RepresentationStore
-
-ISOTROPY_FILE = "isotropy.json"
 
 
 @dataclass
@@ -62,6 +60,6 @@ def measure_isotropy(
     settings = {"layers": layers, "eval_rows": len(sample), "n_clusters": n_clusters, "seed": seed, **selection.options()}
     paths: list[Path] = []
     if write:
-        paths = [write_json(store.path / ISOTROPY_FILE, "isotropy", {"settings": settings, "records": records}, store_meta=store.meta),
-                 write_records_csv(store.path / "isotropy.csv", records)]
+        paths = [write_json(ISOTROPY.at(store.path), "isotropy", {"settings": settings, "records": records}, store_meta=store.meta),
+                 write_records_csv(ISOTROPY_CSV.at(store.path), records)]
     return IsotropyResult(records, settings, paths)

@@ -7,17 +7,18 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from lmgeom.corpus import require_count
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.analysis import ContextualityResult, analyze_store, require_num_workers
-from lmgeom.runs.calibration import calibrate_store
+from lmgeom.runs.calibration import calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.isotropy import measure_isotropy
 from lmgeom.runs.reporting import render_report
 from lmgeom.runs.static import export_static_embeddings
-from lmgeom.runs.results import write_json
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import write_json
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location, is_url
 
@@ -38,13 +39,12 @@ def layer_summary(store: RepresentationStore, contextuality: ContextualityResult
         for layer in contextuality.settings["layers"]
     ]
     if write:
-        write_json(store.path / "summary.json", "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
+        write_json(rundir.SUMMARY.at(store.path), "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
                    store_meta=store.meta)
     return records
 
 
 DEFAULT_CALIBRATION_METHODS = ("whitening", "abtt")
-RUN_FILE = "run.json"
 
 
 def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list[int]:
@@ -68,33 +68,41 @@ def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list
 
 
 class _Steps:
-    """The run's record of finished steps (RUN/run.json): a step whose settings and output files are
-    unchanged is skipped when the run is repeated or resumed."""
+    """The run's record of finished steps (RUN/run.json): a step whose settings are unchanged and
+    whose outputs are all there and read as what they should be (a JSON result of its kind and
+    schema, a CSV table) is skipped when the run is repeated or resumed; any other step is redone."""
 
     def __init__(self, store: RepresentationStore) -> None:
         self.store = store
-        self.path = store.path / RUN_FILE
+        self.path = rundir.RUN.at(store.path)
         identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created")}
         self.identity = identity
         self.document: dict[str, Any] = {"steps": {}}
-        if self.path.exists():
-            previous = json.loads(self.path.read_text(encoding="utf-8"))
-            if previous.get("store") == identity:
-                self.document = previous
+        try:
+            previous = rundir.read_json(self.path, "run")
+        except rundir.ResultFileError:
+            previous = None  # an unreadable record: every step is checked again by running it
+        if previous is not None and previous.get("store") == identity:
+            self.document = previous
         self.ran: list[str] = []
         self.skipped: list[str] = []
 
-    def done(self, name: str, settings: dict[str, Any]) -> bool:
+    def done(self, name: str, settings: dict[str, Any], *, holds: Callable[[Any], bool] | None = None) -> bool:
+        """Whether step `name` finished with these settings; `holds` checks what the step recorded
+        it left in a file that other commands also write (`record`'s `holds`)."""
         step = self.document["steps"].get(name)
         finished = (step is not None and step["settings"] == json.loads(json.dumps(settings))
-                    and all((self.store.path / path).exists() for path in step["outputs"]))
+                    and all(rundir.problem(self.store.path, path) is None for path in step["outputs"])
+                    and (holds is None or holds(step.get("holds"))))
         if finished:
             self.skipped.append(name)
         return finished
 
-    def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Path]) -> None:
-        self.document["steps"][name] = {"settings": settings, "seconds": round(time.perf_counter() - started, 3),
-                                        "outputs": [str(Path(path).relative_to(self.store.path)) for path in outputs]}
+    def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Path], *,
+               holds: Any = None) -> None:
+        step = {"settings": settings, "seconds": round(time.perf_counter() - started, 3),
+                "outputs": [str(Path(path).relative_to(self.store.path)) for path in outputs]}
+        self.document["steps"][name] = {**step, **({"holds": holds} if holds is not None else {})}
         self.ran.append(name)
         write_json(self.path, "run", {"store": self.identity, "steps": self.document["steps"]}, store_meta=self.store.meta)
 
@@ -174,21 +182,23 @@ def run(
                                        num_workers=num_workers)
         steps.record("contextuality", settings, started, list(contextuality.written.values()))
     summary = layer_summary(store, contextuality)
-    paths += [store.path / "summary.json", *(store.path / name for name in
-              ("contextuality.json", "contextuality_layers.csv", "contextuality_words.csv"))]
+    paths += [rundir.SUMMARY.at(store.path), *(spec.at(store.path) for spec in
+              (rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS))]
 
     settings = {"seed": seed}
     if not steps.done("isotropy", settings):
         started = time.perf_counter()
         steps.record("isotropy", settings, started, measure_isotropy(store, seed=seed, progress=progress).paths)
-    paths.append(store.path / "isotropy.json")
+    paths.append(rundir.ISOTROPY.at(store.path))
 
+    # calibration.json also takes the fits of `lmgeom calibrate`: the step is done while the file
+    # still holds the fits it made (merged, never replaced, by a later calibration of other layers)
     settings = {"layers": per_layer, "methods": list(methods), "seed": seed}
-    if not steps.done("calibration", settings):
+    if not steps.done("calibration", settings, holds=lambda fits: fits is not None and holds_fits(store.path, fits)):
         started = time.perf_counter()
         calibrated = calibrate_store(store, methods=methods, layers=per_layer, seed=seed, progress=progress)
-        steps.record("calibration", settings, started, calibrated.paths)
-    paths.append(store.path / "calibration.json")
+        steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
+    paths.append(rundir.CALIBRATION.at(store.path))
 
     settings = {"layers": per_layer}
     if not steps.done("static_embeddings", settings):
@@ -196,7 +206,7 @@ def run(
         written = [path for layer in per_layer
                    for path in export_static_embeddings(store, layer=layer, progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written)
-    paths += [store.path / "static" / f"{layer}.benchmarks.json" for layer in per_layer]
+    paths += [rundir.STATIC_BENCHMARKS.at(store.path, layer=layer) for layer in per_layer]
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()

@@ -30,7 +30,7 @@ from lmgeom.metrics.contextuality import WordMeanAccumulator
 from lmgeom.metrics.spectrum import OccurrenceSpectrum
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.results import write_json, write_records_csv
+from lmgeom.runs.rundir import write_json, write_records_csv
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore
 

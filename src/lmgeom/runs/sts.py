@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from lmgeom.evaluate.sts import headline_grid, markdown_table, score_dataset, su
 from lmgeom.evaluate.sts_data import STSDataset, find_datasets
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.results import write_json, write_records_csv, write_text
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import write_json, write_records_csv, write_text
 
 if TYPE_CHECKING:
     from lmgeom.encoders.hf import HFEncoder
@@ -37,6 +39,11 @@ CALIBRATION_METHODS = (NO_CALIBRATION, *METHODS)
 # Sentences per call to the encoder: bounds the (all layers x sentences x dim) array it returns
 # before the layers that are not needed are dropped.
 ENCODE_CHUNK_SENTENCES = 1024
+# The settings every record of one results file shares: a run with other values writes another file.
+SHARED_SETTINGS = ("model", "datasets", "split", "limit_pairs", "pooling", "special_tokens", "seed")
+# The settings whose values add up when results are merged, and the record keys that name one of them.
+MERGED_SETTINGS = ("layers", "methods", "fit_on")
+RECORD_KEY = ("layer", "method", "fit_on")
 
 
 
@@ -251,16 +258,29 @@ def run_sts(
     progress: Progress | None = None,
 ) -> STSRun:
     """`lmgeom sts`: read every STS set found under `data`, load `model`, evaluate, and write the
-    records (`out`: JSON + a CSV beside it) and the summary table (`markdown`) when asked."""
+    records (`out`: JSON + a CSV beside it) and the summary table (`markdown`) when asked.
+
+    An `out` that already holds STS results of the same model, datasets and options takes these
+    records merged in by (layer, method, fit_on): a re-evaluated one replaces its records, the others
+    stay (so a run directory's STS file gathers several calls); a file of other results is refused."""
     from lmgeom.encoders.hf import HFEncoder
     from lmgeom.encoders.registry import load_encoder
 
+    previous = _previous_results(out) if out is not None else None  # before the model loads
     methods = resolve_methods(methods)
     # corpora load (and a bad spec fails) before the model does
     sources = resolve_fit_sources(list(fit_on)) if len(methods) > 1 else []
     datasets = find_datasets(data, split=split)
     if limit_pairs is not None:
         datasets = [d.sample(limit_pairs, seed=seed) for d in datasets]
+    shared = {
+        "model": model,
+        "datasets": [{"name": d.name, "split": d.split, "n_pairs": len(d), "source": d.source} for d in datasets],
+        "split": split, "limit_pairs": limit_pairs, "pooling": "mean",
+        "special_tokens": "included" if include_special else "excluded", "seed": seed,
+    }
+    if previous is not None and out is not None:
+        _require_shared(previous, shared, path=out)  # before the model runs
     encoder = load_encoder(model, device=device)
     if not isinstance(encoder, HFEncoder):
         raise ValueError(f"{model} is not a transformers model; the STS evaluation pools tokenizer pieces, which ELMo has not")
@@ -268,18 +288,67 @@ def run_sts(
     records = evaluate_sts(encoder, datasets, layers=selections, methods=methods, fit_on=sources or TRANSDUCTIVE,
                            include_special=include_special, seed=seed, progress=progress)
     settings = {
-        "model": model, "data": str(data),
-        "datasets": [{"name": d.name, "split": d.split, "n_pairs": len(d), "source": d.source} for d in datasets],
+        **shared, "data": str(data),
         "layers": [{"name": s.name, "indexes": list(s.indexes)} for s in selections], "methods": methods,
         "fit_on": [{"name": f.name, "n_sentences": len(f.sentences) if f.sentences else None} for f in sources],
-        "split": split, "limit_pairs": limit_pairs, "pooling": "mean",
-        "special_tokens": "included" if include_special else "excluded", "seed": seed,
     }
     paths: list[Path] = []
     if out is not None:
         out = Path(out)
-        paths.append(write_json(out, "sts", {"settings": settings, "records": records}, store_meta={"model_id": encoder.model_id}))
-        paths.append(write_records_csv(out.with_suffix(".csv"), records))
+        merged = merge_sts(previous, settings, records, path=out)
+        paths.append(write_json(out, rundir.STS.kind, merged, store_meta={"model_id": encoder.model_id}))
+        paths.append(write_records_csv(out.with_suffix(".csv"), merged["records"]))
     if markdown is not None:
         paths.append(write_text(markdown, markdown_table(*summary_table(records))))
     return STSRun(records, settings, encoder.model_id, headline_grid(records), paths)
+
+
+def _previous_results(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The STS results already at `out` (None when there are none); a result file of a run, or a file
+    that is not STS results, is refused rather than overwritten."""
+    out = Path(out)
+    if out.name in rundir.RESERVED_NAMES and rundir.is_run(out.parent):
+        raise ValueError(f"--out {out}: {out.name} is a file of the run in {out.parent}; give another name, "
+                         f"such as {out.parent / rundir.STS.name}")
+    try:
+        document = rundir.read_json(out)
+    except rundir.ResultFileError as error:
+        raise ValueError(f"--out {out} exists and is not STS results ({error}); give another --out or delete it") from None
+    if document is not None and document.get("kind") != rundir.STS.kind:
+        raise ValueError(f"--out {out} holds results of kind {document.get('kind')!r}, not STS results; "
+                         "give another --out")
+    return document
+
+
+def merge_sts(document: dict[str, Any] | None, settings: dict[str, Any], records: list[dict[str, Any]], *,
+              path: str | os.PathLike[str] = "the results file") -> dict[str, Any]:
+    """The payload of an STS results file with `records` merged into `document`'s by (layer, method,
+    fit_on); `document` must share `SHARED_SETTINGS` with `settings`."""
+    if document is None:
+        return {"settings": settings, "records": records}
+    _require_shared(document, settings, path=path)
+    held = document["settings"]
+
+    def key(record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(record[name] for name in RECORD_KEY)
+
+    replaced = {key(record) for record in records}
+    kept = [record for record in document["records"] if key(record) not in replaced]
+    union = {name: list({_settings_key(item): item for item in [*held[name], *settings[name]]}.values())
+             for name in MERGED_SETTINGS}
+    return {"settings": {**settings, **union}, "records": [*kept, *records]}
+
+
+def _require_shared(document: dict[str, Any], settings: dict[str, Any], *, path: str | os.PathLike[str]) -> None:
+    """Refuse to merge into results made with other `SHARED_SETTINGS` (those in `settings`)."""
+    held = document["settings"]
+    differ = [name for name in SHARED_SETTINGS if name in settings and held.get(name) != rundir.jsonable(settings[name])]
+    if differ:
+        values = "; ".join(f"{name} {held.get(name)!r} there, {settings[name]!r} here" for name in differ)
+        raise ValueError(f"{path} holds STS results with other settings ({values}); give another --out to keep "
+                         "both, or delete it")
+
+
+def _settings_key(item: Any) -> str:
+    """An item of a settings list as a key (dicts are not hashable)."""
+    return json.dumps(rundir.jsonable(item), sort_keys=True)

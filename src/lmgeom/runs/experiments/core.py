@@ -18,7 +18,7 @@ from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
 from lmgeom.runs.experiments.features import FeatureCache
-from lmgeom.runs.results import write_json
+from lmgeom.runs.rundir import write_json
 
 EVAL_SUBSAMPLE_SEED = 0  # the evaluation subsample is the same for every seed, so tests can pair them
 N_RESAMPLES = 2000
