@@ -37,10 +37,9 @@ def resolve_analysis_device(device: str = "cpu") -> torch.device | None:
     `torch:cpu` (the GPU's code path, for tests and comparisons)."""
     if device == "torch:cpu":
         return torch.device("cpu")
-    try:
-        resolved = resolve_device(device)
-    except RuntimeError as error:  # torch's own message for a malformed device string
-        raise ValueError(f"unknown --device {device!r} ({error}); use cpu, cuda, cuda:N, auto or torch:cpu") from None
+    if not device.startswith(("cpu", "cuda", "auto")):
+        raise ValueError(f"unknown --device {device!r} for the analysis; use cpu, cuda, cuda:N, auto or torch:cpu")
+    resolved = resolve_device(device)
     if resolved.type not in ("cpu", "cuda"):
         raise ValueError(f"the analysis runs on cpu or cuda, not {resolved.type}; use cpu, cuda, cuda:N, auto or torch:cpu")
     return None if resolved.type == "cpu" else resolved
