@@ -471,3 +471,18 @@ def test_no_module_imports_itself_through_others():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_run_device_cpu_reaches_every_step_when_cuda_is_present(tmp_path, monkeypatch):
+    """`run(device="cpu")` on a machine with CUDA computes every step on the CPU: with CUDA reported
+    present (but not usable, as in this CPU build of torch), any step left on `auto` would try the GPU
+    and fail."""
+    import torch
+
+    from lmgeom.device import resolve_analysis_device
+    from lmgeom.runs import run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_analysis_device("auto") == torch.device("cuda")  # what a step left on auto would use
+    result = run("tiny-gpt2", "lee", out=tmp_path / "run", limit=40, device="cpu", min_contexts=3)
+    assert result.steps_run[:2] == ["extract", "contextuality"] and (tmp_path / "run" / "report.html").exists()

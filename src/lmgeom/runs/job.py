@@ -179,7 +179,7 @@ def run(
     else:
         started = time.perf_counter()
         contextuality = analyze_store(store, min_contexts=min_contexts, seed=seed, progress=progress, write_to=True,
-                                       num_workers=num_workers)
+                                       num_workers=num_workers, device=device)
         steps.record("contextuality", settings, started, list(contextuality.written.values()))
     summary = layer_summary(store, contextuality)
     paths += [rundir.SUMMARY.at(store.path), *(spec.at(store.path) for spec in
