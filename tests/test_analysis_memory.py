@@ -21,25 +21,14 @@ from lmgeom.runs import Feed, analyze_store, tally
 from lmgeom.runs.analysis import AnalysisOptions, mev_feeds, plan_analysis, solve_word_groups, word_spectra
 from lmgeom.runs.selection import select_rows
 from lmgeom.runs.spool import RowSpool
-from lmgeom.store import RepresentationStore, write_store_from_arrays
+from lmgeom.store import RepresentationStore
+
+from helpers import synthetic_store
 
 TALLY = sys.modules["lmgeom.runs.tally"]  # the module (`lmgeom.runs.tally` the attribute is the function)
 
 
 RTOL = {"uncentred": 1e-9, "centred": 1e-9, "svd_ratio": 1e-6}  # MEV's own (tests/test_mev_spectrum.py)
-
-
-def synthetic_store(path: Any, *, dim: int, counts: dict[str, int], dtype: type = np.float32, seed: int = 0,
-                    sentence_length: int = 10, n_layers: int = 1) -> RepresentationStore:
-    """Each word's occurrences shuffled into sentences; row = offset + the word's centre + noise (more
-    noise in each further layer)."""
-    rng = np.random.default_rng(seed)
-    words = rng.permutation(np.repeat(np.array(list(counts)), list(counts.values())))
-    sentences = [list(words[start:start + sentence_length]) for start in range(0, len(words), sentence_length)]
-    centres = {word: rng.standard_normal(dim) for word in counts}
-    mean = np.stack([centres[word] for word in words]) + 2.0
-    layers = [mean + (0.7 + 0.3 * layer) * rng.standard_normal((len(words), dim)) for layer in range(n_layers)]
-    return write_store_from_arrays(path, [rows.astype(dtype) for rows in layers], sentences)
 
 
 def held_bytes(accumulator: MEVAccumulator) -> int:

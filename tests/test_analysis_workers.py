@@ -20,7 +20,8 @@ from lmgeom.runs import analyze_store
 from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
 from lmgeom.store import layout, write_store_from_arrays
 from lmgeom.store.location import Location
-from test_analysis_memory import synthetic_store
+
+from helpers import synthetic_store
 
 ANALYSIS = sys.modules["lmgeom.runs.analysis"]
 COUNTS = {f"often{i}": 150 for i in range(3)} | {f"rare{i}": 4 + i % 7 for i in range(60)}
@@ -64,6 +65,7 @@ def scratch(tmp_path: Any, monkeypatch: Any) -> Any:
     return folder
 
 
+@pytest.mark.processes
 def test_layers_in_worker_processes_give_the_numbers_of_one_process(tmp_path: Any, pools: list[int], scratch: Any) -> None:
     store = synthetic_store(tmp_path / "store", dim=24, counts=COUNTS, n_layers=3, sentence_length=6)
     options = {"min_contexts": 2, "n_samples": 100, "mev_memory_mb": SMALL_BUDGET_MB, "device": "cpu"}
@@ -84,6 +86,7 @@ def test_layers_in_worker_processes_give_the_numbers_of_one_process(tmp_path: An
     assert parallel.counts == one.counts and parallel.findings == one.findings
 
 
+@pytest.mark.processes
 def test_an_error_in_a_worker_reaches_the_caller_with_its_message(tmp_path: Any, pools: list[int]) -> None:
     rng = np.random.default_rng(3)
     sentences = [["a", "b", "c", "a"], ["b", "c", "a"], ["c", "a", "b"]]
@@ -113,6 +116,7 @@ def test_a_store_in_memory_is_analysed_in_this_process(tmp_path: Any, pools: lis
     pd.testing.assert_frame_equal(result.words, analyze_store(local, min_contexts=2, device="cpu").words, check_exact=True)
 
 
+@pytest.mark.processes
 def test_layers_too_small_for_a_worker_are_analysed_in_this_process(tmp_path: Any, pools: list[int], monkeypatch: Any) -> None:
     """Below `POOL_MIN_LAYER_VALUES` analysed values a layer costs less than starting a worker."""
     local = synthetic_store(tmp_path / "store", dim=8, counts={"a": 6, "b": 5}, n_layers=2, sentence_length=3)

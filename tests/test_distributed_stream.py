@@ -8,7 +8,6 @@ import json
 import uuid
 from typing import Any, Iterator
 
-import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -17,41 +16,14 @@ from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus, CorpusStream, load_corpus, open_corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.progress import NoProgress
 from lmgeom.runs import extract, run
 from lmgeom.runs.distributed import extract_sharded
 from lmgeom.store import RepresentationStore
 from lmgeom.store.location import Location
-from test_store_fsspec import CrashingEncoder
+
+from helpers import CrashingEncoder, ReadAhead, assert_same_store
 
 CHUNK, SHARD = 4, 8  # 40 sentences: 5 shards of 2 chunks
-
-
-class ReadAhead:
-    """A corpus stream over given texts that records, for each pass, how many sentences it has
-    handed out beyond those of finished shards (reported through the progress, as the driver sees them)."""
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
-        self.finished = 0
-        self.passes: list[int] = []  # per pass: the most sentences read and not yet finished
-
-    def read(self) -> Iterator[str]:
-        self.passes.append(0)
-        for count, text in enumerate(self.texts, start=1):
-            self.passes[-1] = max(self.passes[-1], count - self.finished)
-            yield text
-
-    def stream(self, name: str, source: str) -> CorpusStream:
-        return CorpusStream(name, self.read, source)
-
-    def progress(self) -> NoProgress:
-        outer = self
-
-        class Finished(NoProgress):
-            def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-                outer.finished += n
-        return Finished()
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +39,6 @@ def encoder() -> Encoder:
 @pytest.fixture(scope="module")
 def local_store(tmp_path_factory: pytest.TempPathFactory, encoder: Encoder, corpus: Corpus) -> RepresentationStore:
     return extract(encoder, corpus, tmp_path_factory.mktemp("local") / "run", chunk_sentences=CHUNK)
-
-
-def assert_same_store(a: RepresentationStore, b: RepresentationStore, *, atol: float) -> None:
-    for table in ("tokens", "sentences", "vocab"):
-        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
-    assert a.layers == b.layers
-    for layer in a.layers:
-        np.testing.assert_allclose(np.asarray(b.layer(layer)[:]), np.asarray(a.layer(layer)[:]), rtol=0, atol=atol)
 
 
 def test_the_driver_holds_one_shard_of_the_stream_at_a_time(encoder, corpus, local_store):

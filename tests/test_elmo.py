@@ -520,6 +520,7 @@ def test_an_elmo_folder_is_a_model_for_extract_and_run(tmp_path):
     assert (tmp_path / "run" / "contextuality.json").exists() and (tmp_path / "run" / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_the_shipped_elmo_brown_loads_and_embeds():
     """The built-in model: its options and weights load through `load_encoder`, its recorded training
     matches, and its vectors are those of `embed_sentences` of the loaded biLM."""

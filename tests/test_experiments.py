@@ -18,7 +18,9 @@ from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 from lmgeom.runs.experiments import run_calibration, run_layers
 from lmgeom.runs.experiments.core import task_data
 from lmgeom.runs.experiments.features import FeatureCache
-from lmgeom.runs.experiments.heads import ProbeOptions, fit_probe
+from lmgeom.runs.experiments.heads import fit_probe
+
+from helpers import FAST_PROBE, synthetic_layers
 
 MODEL = "tiny-bert"
 SMALL = {"max_train": 60, "max_eval": 40}
@@ -131,32 +133,21 @@ def test_the_feature_cache_encodes_each_text_once(tmp_path: Path) -> None:
     np.testing.assert_array_equal(cache.word_vectors(words), np.concatenate([e.vectors for e in encoded], axis=1))
 
 
-FAST = ProbeOptions(batch_size=500, learning_rate=0.05, epochs=30)  # few steps: the test runs on a loaded machine
-
-
-def synthetic_layers(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Three layers of 4 dims; only layer 1 carries the (linearly separable) label."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 3, 3000)
-    layers = rng.normal(size=(3000, 3, 1, 4))
-    layers[:, 1, 0, :3] += 4.0 * np.eye(3)[labels]
-    return layers.astype(np.float32), labels
-
-
+@pytest.mark.processes
 def test_the_probe_learns_the_informative_layer_and_repeats_in_a_new_process() -> None:
     X, y = synthetic_layers(0)
     mixed = fit_probe(X[:2500], y[:2500], {"test": X[2500:]}, regression=False, n_classes=3, seed=0, metric=matthews,
-                      options=FAST)
+                      options=FAST_PROBE)
     assert np.argmax(mixed.mix_weights) == 1 and sum(mixed.mix_weights) == pytest.approx(1.0)
     assert np.mean(mixed.predictions["test"] == y[2500:]) > 0.95
     noise = fit_probe(X[:2500, [0]], y[:2500], {"test": X[2500:, [0]]}, regression=False, n_classes=3, seed=0,
-                      metric=matthews, options=FAST)
+                      metric=matthews, options=FAST_PROBE)
     assert np.mean(noise.predictions["test"] == y[2500:]) < 0.6
-    code = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from test_experiments import synthetic_layers; "
-            "from test_experiments import FAST; from lmgeom.runs.experiments.heads import fit_probe; "
+    code = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from helpers import FAST_PROBE, synthetic_layers; "
+            "from lmgeom.runs.experiments.heads import fit_probe; "
             "from lmgeom.evaluate.tasks import matthews; "
             "X, y = synthetic_layers(0); r = fit_probe(X[:2500], y[:2500], {'t': X[2500:]}, regression=False, n_classes=3, "
-            "seed=0, metric=matthews, options=FAST); print(r.mix_weights)")
+            "seed=0, metric=matthews, options=FAST_PROBE); print(r.mix_weights)")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1])
     assert json.loads(other.stdout) == mixed.mix_weights

@@ -113,6 +113,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tiny_st: Path) -> dict:
     return {"results": results, "encoded": encoded, "modules": modules, "root": root}
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_minilm_export_encodes_as_lmgeom_transforms_the_pooled_vectors(exported: dict) -> None:
     result = exported["results"]["minilm-white"]
     assert exported["modules"]["minilm-white"] == ["Transformer", "Pooling", "CalibrationModule", "Normalize"]
@@ -132,6 +134,8 @@ def test_minilm_export_encodes_as_lmgeom_transforms_the_pooled_vectors(exported:
     assert record["isotropy_of_fit_vectors"]["after"]["isoscore"] > record["isotropy_of_fit_vectors"]["before"]["isoscore"]
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_without_normalize_the_export_whitens_the_fit_corpus(exported: dict, tiny_st: Path) -> None:
     result = exported["results"]["tiny-white"]
     assert exported["modules"]["tiny-white"] == ["Transformer", "Pooling", "CalibrationModule"]
@@ -148,6 +152,8 @@ def test_without_normalize_the_export_whitens_the_fit_corpus(exported: dict, tin
                                rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_flow_calibrator_round_trips(exported: dict, tiny_st: Path) -> None:
     result = exported["results"]["tiny-flow"]
     original = SentenceTransformer(str(tiny_st / "st"), device="cpu")

@@ -46,7 +46,7 @@ def reference_word_vectors(encoder, sentence, *, pooling: str = "mean") -> np.nd
     return np.stack(vectors, axis=1)
 
 
-@pytest.fixture(scope="module", params=["tiny-bert", "tiny-gpt2", "tiny-llama", "minilm"])
+@pytest.fixture(scope="module", params=["tiny-bert", "tiny-gpt2", "tiny-llama", pytest.param("minilm", marks=pytest.mark.slow)])
 def encoder(request):
     return load_encoder(request.param, device="cpu")
 
@@ -143,7 +143,7 @@ def test_smollm2_gguf_alignment_byte_level_bpe():
         np.testing.assert_allclose(result.vectors, reference_word_vectors(encoder, sentence), atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", "minilm"])
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", pytest.param("minilm", marks=pytest.mark.slow)])
 def test_chunk_tokenized_at_once_equals_each_sentence_aligned_by_characters(model):
     from lmgeom.corpus import lee
     from lmgeom.encoders.alignment import tokenize_chunk

@@ -156,6 +156,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.processes
 def test_same_results_for_a_fixed_seed_in_two_processes():
     spec = json.dumps({"texts": TEXTS, "labels": LABELS.tolist()})
     env = {"PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
 
 from lmgeom.corpus import load_corpus  # noqa: E402
 from lmgeom.corpus.corpus import Corpus, Sentence  # noqa: E402
@@ -31,7 +32,8 @@ from lmgeom.runs.distributed import analyze_ray, extract_sharded  # noqa: E402
 from lmgeom.store import RepresentationStore  # noqa: E402
 from lmgeom.store.location import Location  # noqa: E402
 from lmgeom.store.sharded import SHARDS  # noqa: E402
-from test_distributed_stream import ReadAhead  # noqa: E402
+
+from helpers import ReadAhead, assert_same_store  # noqa: E402
 
 CHUNK = 8
 SHARD = 16  # 48 sentences: shards [0, 16), [16, 32), [32, 48) of two chunks each
@@ -72,13 +74,6 @@ def ray_store(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Represe
     return RepresentationStore.open(out)
 
 
-def assert_same_store(a: RepresentationStore, b: RepresentationStore) -> None:
-    for table in ("tokens", "sentences", "vocab"):
-        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
-    for layer in a.layers:
-        np.testing.assert_allclose(np.asarray(b.layer(layer)[:]), np.asarray(a.layer(layer)[:]), rtol=0, atol=1e-5)
-
-
 class KillingEncoder:
     """The tiny model in a Ray actor whose process dies (os._exit) on reaching sentence `kill_at`,
     the first time only (a marker file remembers it across the restarted actor)."""
@@ -101,7 +96,7 @@ class KillingEncoder:
 def test_ray_extraction_with_two_workers_equals_the_local_engine(ray_store, local_store):
     assert ray_store.meta["layout"] == "sharded"
     assert [(s["first_sentence"], s["n_sentences"]) for s in ray_store.meta["shards"]] == [(0, 16), (16, 16), (32, 16)]
-    assert_same_store(local_store, ray_store)
+    assert_same_store(local_store, ray_store, atol=1e-5)
     # word ids are global: one vocabulary over all shards, in the local engine's order
     assert ray_store.tokens["word_id"].max() == len(ray_store.vocab) - 1
 
@@ -115,7 +110,7 @@ def test_the_driver_streams_the_corpus_holding_only_the_shards_in_flight(cluster
     # when a worker is free, so it never holds more than 2 shards' sentences (the corpus has 48)
     assert len(reader.passes) == 2 and reader.passes[0] == len(corpus)
     assert CHUNK < reader.passes[1] <= 2 * CHUNK
-    assert_same_store(local_store, store)
+    assert_same_store(local_store, store, atol=1e-5)
 
 
 def test_extract_model_on_ray_streams_the_corpus_spec(cluster, local_store, tmp_path, monkeypatch):
@@ -128,7 +123,7 @@ def test_extract_model_on_ray_streams_the_corpus_spec(cluster, local_store, tmp_
     store = extraction.extract_model("tiny-bert", "lee", limit=48, out=tmp_path / "api", device="cpu", engine="ray",
                                      num_workers=2, chunk_sentences=CHUNK, shard_sentences=SHARD)
     assert [(s["first_sentence"], s["n_sentences"]) for s in store.meta["shards"]] == [(0, 16), (16, 16), (32, 16)]
-    assert_same_store(local_store, store)
+    assert_same_store(local_store, store, atol=1e-5)
 
 
 def test_cli_analyze_on_ray_gives_the_local_engine_numbers(ray_store, local_store, tmp_path):
@@ -170,7 +165,7 @@ def test_a_killed_worker_shard_is_redone(cluster, corpus, local_store, tmp_path)
     store = extract_sharded(partial(KillingEncoder, 20, str(marker)), corpus, tmp_path / "retried", engine="ray",
                             chunk_sentences=CHUNK, shard_sentences=SHARD, num_workers=2, max_retries=2)
     assert marker.exists()
-    assert_same_store(local_store, store)
+    assert_same_store(local_store, store, atol=1e-5)
 
     # without retries the run stops; the re-run skips the finished shards and redoes the killed one
     marker = tmp_path / "killed-again"
@@ -190,4 +185,4 @@ def test_a_killed_worker_shard_is_redone(cluster, corpus, local_store, tmp_path)
     parts = {entry["part"][:6]: entry["part"] for entry in resumed.meta["shards"]}
     for name, manifest in before.items():  # finished shards were kept, not rewritten
         assert parts[name[:6]] == manifest["part"]
-    assert_same_store(local_store, resumed)
+    assert_same_store(local_store, resumed, atol=1e-5)

@@ -351,6 +351,7 @@ def _browser() -> str:
     return executable
 
 
+@pytest.mark.browser
 def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
     executable = _browser()
     from playwright.sync_api import sync_playwright  # a test dependency: missing, it fails rather than skips
@@ -404,6 +405,7 @@ def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[P
             browser.close()
 
 
+@pytest.mark.browser
 def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     """`lmgeom run` on tiny-bert: its report.html has every chart drawn, and the explorer answers."""
     executable = _browser()

@@ -83,6 +83,7 @@ def two_processes(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict,
     return first, second, out
 
 
+@pytest.mark.processes
 def test_tiny_tokenizers_and_fingerprints_are_the_same_in_every_process(two_processes: tuple[dict, dict, Path]) -> None:
     first, second, _ = two_processes
     assert first == second
@@ -180,6 +181,7 @@ def test_resume_with_another_model_is_refused_with_a_clear_message(tmp_path: Pat
     assert store.meta["n_sentences"] == 20
 
 
+@pytest.mark.processes
 def test_extraction_interrupted_in_one_process_resumes_in_another(two_processes: tuple[dict, dict, Path], tmp_path: Path) -> None:
     resumed = RepresentationStore.open(two_processes[2])
     reference = extract(load_encoder("tiny-bert", device="cpu"), load_corpus("lee", limit=N_SENTENCES), tmp_path / "once", chunk_sentences=6)

@@ -105,6 +105,7 @@ def test_three_shards_merged_equal_one_pass(fixed_store, case, tmp_path):
     assert_same_numbers(_result_numbers(finish_analysis(fixed_store, merged)), _result_numbers(one_pass))
 
 
+@pytest.mark.processes
 def test_shard_states_load_and_merge_in_another_process(fixed_store, tmp_path):
     options = _options(EXPECTED["first_word_punct_groups"])
     for index, rows in enumerate([(0, 50), (50, 211), (211, fixed_store.n_tokens)]):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
 
 import fsspec
 import numpy as np
@@ -14,14 +13,16 @@ import pandas as pd
 import pytest
 
 from lmgeom.corpus import load_corpus
-from lmgeom.corpus.corpus import Corpus, Sentence
-from lmgeom.encoders.base import EncodedSentence, Encoder
+from lmgeom.corpus.corpus import Corpus
+from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import load_encoder
 from lmgeom.runs import extract
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.store import RepresentationStore
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import SHARDS, ShardPartWriter
+
+from helpers import CrashingEncoder, assert_same_store
 
 CHUNK = 8
 
@@ -43,33 +44,6 @@ def local_store(tmp_path_factory: pytest.TempPathFactory, encoder: Encoder, corp
 
 def memory_url() -> str:
     return f"memory://lmgeom-tests/{uuid.uuid4().hex}"
-
-
-def assert_same_store(a: RepresentationStore, b: RepresentationStore, *, atol: float) -> None:
-    for table in ("tokens", "sentences", "vocab"):
-        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
-    assert a.layers == b.layers
-    for layer in a.layers:
-        np.testing.assert_allclose(np.asarray(b.layer(layer)[:]), np.asarray(a.layer(layer)[:]), rtol=0, atol=atol)
-
-
-class CrashingEncoder:
-    """The tiny model, stopping with an error once it reaches sentence `crash_at` (after the chunks
-    before it were written), as a killed process would; records the first sentence of each chunk."""
-
-    def __init__(self, inner: Encoder, crash_at: int | None) -> None:
-        self.inner, self.crash_at = inner, crash_at
-        self.model_id, self.n_layers, self.dim = inner.model_id, inner.n_layers, inner.dim
-        self.chunks: list[int] = []
-
-    def settings(self) -> dict[str, Any]:
-        return self.inner.settings()
-
-    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
-        if self.crash_at is not None and first_index <= self.crash_at < first_index + len(sentences):
-            raise KeyboardInterrupt("killed mid-shard")
-        self.chunks.append(first_index)
-        return self.inner.encode(sentences, first_index=first_index)
 
 
 def test_memory_store_equals_the_local_store_and_is_analysed_in_place(local_store, encoder, corpus, tmp_path):

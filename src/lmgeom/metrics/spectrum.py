@@ -53,16 +53,18 @@ MAX_BASIS = 160
 # With a budget, block Lanczos gives up early (and the word goes the dense way) once, after at least
 # PROJECTION_MIN_STEPS block steps, the residual's rate over the last two steps projects past the
 # budget: a flat spectrum then stops paying for products it would only throw away. Lanczos
-# accelerates, so the projection errs long; measured (2026-12-01): no word of real MiniLM layers
-# (STS, Lee) solved on its rows gives up (4 of the 31 held as X^T X on an STS layer do, at no cost:
-# their dense route is one 384 x 384 reduction), 150 of the 176 Lanczos words of a flat synthetic
-# layer at d = 768 do (their time 9.1 -> 6.1 s), and a flat 3,000 x 4,096 word still converges
-# matrix-free within its budget.
+# accelerates, so the projection errs long: fewer steps would send words that would converge to
+# the dense route, more would spend products on flat spectra. With 3, words of real MiniLM layers
+# solved on their rows converge as before (a few held as X^T X give up, where the dense route is
+# one d x d reduction), most words of a flat synthetic layer give up after 3 steps, and a flat
+# 3,000 x 4,096 word still converges matrix-free within its budget (docs/performance.md).
 PROJECTION_MIN_STEPS = 3
 # a safety stop far beyond what flat (Gaussian) spectra need at d = 4,096 (about 450); reaching it warns
 MAX_MULTIPLICATIONS = 5000
-# Route costs, in flops of a one-thread float64 GEMM, fitted on this machine kind (2026-12-01,
-# docs/performance.md "MEV at MiniLM width"). A dense route forms the n x n Gram matrix (n <= d, a
+# Route costs, in flops of a one-thread float64 GEMM, the constants fitted to timings of single real
+# MiniLM words and synthetic words at d = 768 and 1,536 on one x86-64 core (docs/performance.md, "MEV
+# routes"): they only choose the cheaper route, so an error in them costs time, not accuracy (every
+# route meets the same tolerances). A dense route forms the n x n Gram matrix (n <= d, a
 # batched product: 2 n^2 d flops) or the d x d scatter matrix (n > d, a rank-k update: n d^2 flops)
 # and reduces it to tridiagonal form once (LAPACK sytrd on m = min(n, d): 4/3 m^3 flops at about a
 # third of GEMM speed, half of them matrix-vector work).

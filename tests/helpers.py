@@ -1,0 +1,99 @@
+"""Pieces several test modules share: synthetic stores and data, an encoder that stops mid-run, a
+corpus stream that records how far the driver reads ahead, and the store comparison.
+
+Test modules import this module (`from helpers import ...`; pytest puts `tests/` on `sys.path`) and
+never each other (tests/test_layout_rules.py checks it). Fixtures live in tests/conftest.py."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmgeom.corpus import CorpusStream
+from lmgeom.corpus.corpus import Sentence
+from lmgeom.encoders.base import EncodedSentence, Encoder
+from lmgeom.progress import NoProgress
+from lmgeom.runs.experiments.heads import ProbeOptions
+from lmgeom.store import RepresentationStore, write_store_from_arrays
+
+
+def synthetic_store(path: Any, *, dim: int, counts: dict[str, int], dtype: type = np.float32, seed: int = 0,
+                    sentence_length: int = 10, n_layers: int = 1) -> RepresentationStore:
+    """Each word's occurrences shuffled into sentences; row = offset + the word's centre + noise (more
+    noise in each further layer)."""
+    rng = np.random.default_rng(seed)
+    words = rng.permutation(np.repeat(np.array(list(counts)), list(counts.values())))
+    sentences = [list(words[start:start + sentence_length]) for start in range(0, len(words), sentence_length)]
+    centres = {word: rng.standard_normal(dim) for word in counts}
+    mean = np.stack([centres[word] for word in words]) + 2.0
+    layers = [mean + (0.7 + 0.3 * layer) * rng.standard_normal((len(words), dim)) for layer in range(n_layers)]
+    return write_store_from_arrays(path, [rows.astype(dtype) for rows in layers], sentences)
+
+
+def assert_same_store(a: RepresentationStore, b: RepresentationStore, *, atol: float) -> None:
+    """The same tables exactly, the same layers, every layer's vectors within `atol`."""
+    for table in ("tokens", "sentences", "vocab"):
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+    assert a.layers == b.layers
+    for layer in a.layers:
+        np.testing.assert_allclose(np.asarray(b.layer(layer)[:]), np.asarray(a.layer(layer)[:]), rtol=0, atol=atol)
+
+
+class CrashingEncoder:
+    """The tiny model, stopping with an error once it reaches sentence `crash_at` (after the chunks
+    before it were written), as a killed process would; records the first sentence of each chunk."""
+
+    def __init__(self, inner: Encoder, crash_at: int | None) -> None:
+        self.inner, self.crash_at = inner, crash_at
+        self.model_id, self.n_layers, self.dim = inner.model_id, inner.n_layers, inner.dim
+        self.chunks: list[int] = []
+
+    def settings(self) -> dict[str, Any]:
+        return self.inner.settings()
+
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
+        if self.crash_at is not None and first_index <= self.crash_at < first_index + len(sentences):
+            raise KeyboardInterrupt("killed mid-shard")
+        self.chunks.append(first_index)
+        return self.inner.encode(sentences, first_index=first_index)
+
+
+class ReadAhead:
+    """A corpus stream over given texts that records, for each pass, how many sentences it has
+    handed out beyond those of finished shards (reported through the progress, as the driver sees them)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.finished = 0
+        self.passes: list[int] = []  # per pass: the most sentences read and not yet finished
+
+    def read(self) -> Iterator[str]:
+        self.passes.append(0)
+        for count, text in enumerate(self.texts, start=1):
+            self.passes[-1] = max(self.passes[-1], count - self.finished)
+            yield text
+
+    def stream(self, name: str, source: str) -> CorpusStream:
+        return CorpusStream(name, self.read, source)
+
+    def progress(self) -> NoProgress:
+        outer = self
+
+        class Finished(NoProgress):
+            def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+                outer.finished += n
+        return Finished()
+
+
+FAST_PROBE = ProbeOptions(batch_size=500, learning_rate=0.05, epochs=30)  # few steps: a probe test stays short
+
+
+def synthetic_layers(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three layers of 4 dims; only layer 1 carries the (linearly separable) label."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, 3000)
+    layers = rng.normal(size=(3000, 3, 1, 4))
+    layers[:, 1, 0, :3] += 4.0 * np.eye(3)[labels]
+    return layers.astype(np.float32), labels
