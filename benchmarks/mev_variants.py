@@ -6,7 +6,9 @@ uncentred problem of a frequent word has a wide gap (the mean direction holds ab
 energy, the Marchenko-Pastur bulk tops out at (sqrt(n) + sqrt(d))^2), while the centred one is a
 flat Marchenko-Pastur spectrum, the hard case for block Lanczos.
 
-Timed, round-robin (norm pass, mev per variant, all three; median of --repeats):
+Timed, round-robin (norm pass, mev per variant, all three; median of --repeats), in wall-clock
+seconds and in CPU seconds of this process (one thread: on a shared machine the CPU time is what the
+work costs, the wall time adds the waits for a core):
 - norm pass: `np.sqrt(np.einsum("ij,ij->i", X, X))` (one read of X, no temporary);
 - `mev(X, ids, variant=v)` for v in MEV_VARIANTS: the array-level function (grouping copy and solve);
 - all three: `MEVAccumulator(...).add(X, word_ids=ids).result()` and the three values of each
@@ -87,10 +89,11 @@ class Counters:
         return counts
 
 
-def timed(call: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
+def timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds of this process, value) of `call()`."""
+    start, cpu = time.perf_counter(), time.process_time()
     value = call()
-    return time.perf_counter() - start, value
+    return time.perf_counter() - start, time.process_time() - cpu, value
 
 
 def main() -> None:
@@ -115,23 +118,26 @@ def main() -> None:
         cases[f"mev {variant}"] = lambda variant=variant: {variant: mev(X, word_ids, variant=variant)}
     cases["all three"] = lambda: all_variants(X, word_ids)
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpu_times: dict[str, list[float]] = {name: [] for name in cases}
     effort: dict[str, tuple[int, int]] = {}
     values: dict[str, dict[str, pd.Series]] = {}
     with threadpool_limits(limits=1):
         for _ in range(args.repeats):
             for name, call in cases.items():
                 counters.take()
-                elapsed, value = timed(call)
+                elapsed, cpu, value = timed(call)
                 times[name].append(elapsed)
+                cpu_times[name].append(cpu)
                 effort[name] = counters.take()
                 values[name] = value
-    norm = float(np.median(times["norm pass"]))
+    norm, norm_cpu = float(np.median(times["norm pass"])), float(np.median(cpu_times["norm pass"]))
     reference = values["all three"]
-    print(f"{'case':<16} {'median s':>9} {'x norm pass':>12} {'runs (s)':<26} {'products':>9} {'gave up':>8} {'max rel diff to all':>20}")
+    print(f"{'case':<16} {'wall s':>8} {'x norm':>7} {'CPU s':>8} {'x norm':>7} {'wall runs (s)':<22} "
+          f"{'products':>9} {'gave up':>8} {'max rel diff to all':>20}")
     for name, elapsed in times.items():
-        median = float(np.median(elapsed))
+        median, cpu = float(np.median(elapsed)), float(np.median(cpu_times[name]))
         runs = ", ".join(f"{t:.2f}" for t in elapsed)
-        line = f"{name:<16} {median:>9.3f} {median / norm:>12.1f} {runs:<26}"
+        line = f"{name:<16} {median:>8.3f} {median / norm:>7.1f} {cpu:>8.3f} {cpu / norm_cpu:>7.1f} {runs:<22}"
         if name != "norm pass":
             products, gave_up = effort[name]
             diffs = [float(np.nanmax(np.abs(series / reference[variant].loc[series.index] - 1)))
