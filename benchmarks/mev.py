@@ -135,7 +135,9 @@ def interleaved_results(accumulator: MEVAccumulator, compared: Any, repeats: int
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for module, elapsed in ((compared, times[0]), (current_spectrum, times[1])):
-            contextuality.rows_spectra, contextuality.moment_spectrum = module.rows_spectra, module.moment_spectrum
+            # every variant, as `analyze` solves them (a spectrum.py older than `variants=` takes no such parameter)
+            contextuality.rows_spectra = lambda words, variants=None, module=module: module.rows_spectra(words)
+            contextuality.moment_spectrum = lambda n, s, m, variants=None, module=module: module.moment_spectrum(n, s, m)
             start = time.perf_counter()
             accumulator.result()
             elapsed.append(time.perf_counter() - start)

@@ -18,7 +18,7 @@ rows' own library (a word's unit sums stay on the GPU that computed them).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Sequence
 
 import array_api_compat
 import numpy as np
@@ -38,7 +38,7 @@ from lmgeom.metrics.base import (
     to_numpy,
 )
 # MEV_VARIANTS and OccurrenceSpectrum are re-exported here, where MEV is computed
-from lmgeom.metrics.spectrum import CHUNK_BYTES, MEV_VARIANTS, OccurrenceSpectrum, moment_spectrum, rows_spectra
+from lmgeom.metrics.spectrum import CHUNK_BYTES, MEV_VARIANTS, OccurrenceSpectrum, moment_spectrum, mev_variants, rows_spectra
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,6 +628,8 @@ class MEVAccumulator(StatefulAccumulator):
     start and the kept rows stay views of that copy; without, a word's kept rows are copied into arrays
     of their own. Either way the state is what `mev_state_bytes` counts: no view keeps rows alive that
     the state no longer holds.
+    `variants`: the MEV variants `result()` solves for (`OccurrenceSpectrum`: the others' eigenproblems
+    are skipped); like `expected_counts` not part of the state (a loaded accumulator solves for all).
     """
 
     # the per-word dictionaries, flattened into arrays for `state_dict`
@@ -635,8 +637,10 @@ class MEVAccumulator(StatefulAccumulator):
         "n_words", "counts", "n_zero", "row_words", "row_blocks", "moment_words", "moment_blocks", "sum_words", "sum_blocks",
     )
 
-    def __init__(self, n_words: int, *, expected_counts: np.ndarray | None = None) -> None:
+    def __init__(self, n_words: int, *, expected_counts: np.ndarray | None = None,
+                 variants: Sequence[str] = MEV_VARIANTS) -> None:
         self.n_words = int(n_words)
+        self.variants = mev_variants(variants)
         self.rows: dict[int, list[np.ndarray]] = {}
         # X^T X of the words kept as moments: Fortran-ordered, only the upper triangle is kept up to date
         self.second_moments: dict[int, np.ndarray] = {}
@@ -696,6 +700,7 @@ class MEVAccumulator(StatefulAccumulator):
         self.second_moments = {int(w): np.array(m, order="F") for w, m in zip(state["moment_words"], state["moment_blocks"])}
         self.row_sums = {int(w): np.array(s) for w, s in zip(state["sum_words"], state["sum_blocks"]) if int(w) in self.second_moments}
         self._set_expected_counts(None)
+        self.variants = MEV_VARIANTS
         for word, blocks in self.rows.items():
             self._row_bytes[word] = sum(block.nbytes for block in blocks)
 
@@ -792,9 +797,9 @@ class MEVAccumulator(StatefulAccumulator):
     def result(self) -> dict[int, OccurrenceSpectrum]:
         """Word id -> spectrum, for every word with at least one non-zero occurrence."""
         with _one_blas_thread():
-            spectra = dict(zip(self.rows, rows_spectra(list(self.rows.values()))))
+            spectra = dict(zip(self.rows, rows_spectra(list(self.rows.values()), variants=self.variants)))
             for word, moment in self.second_moments.items():
-                spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], _symmetric(moment))
+                spectra[word] = moment_spectrum(int(self.counts[word]), self.row_sums[word], _symmetric(moment), variants=self.variants)
         return dict(sorted(spectra.items()))
 
 
@@ -806,13 +811,15 @@ def _symmetric(upper: np.ndarray) -> np.ndarray:
 def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd.Series:
     """Each word's maximum explainable variance (see `OccurrenceSpectrum` for the three variants).
 
-    `variant` is required: the three definitions give different numbers and are never mixed.
-    Returns a Series indexed by word, for words with at least `min_count` non-zero occurrences.
+    `variant` is required: the three definitions give different numbers and are never mixed. Only
+    that variant is solved (`MEVAccumulator(variants=...)`). Returns a Series indexed by word, for
+    words with at least `min_count` non-zero occurrences.
     """
     if variant not in MEV_VARIANTS:
         raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
     labels, inverse = np.unique(np.asarray(word_ids), return_inverse=True)
-    spectra = MEVAccumulator(len(labels), expected_counts=np.bincount(inverse, minlength=len(labels))).add(X, word_ids=inverse).result()
+    accumulator = MEVAccumulator(len(labels), expected_counts=np.bincount(inverse, minlength=len(labels)), variants=(variant,))
+    spectra = accumulator.add(X, word_ids=inverse).result()
     kept = [word for word, spectrum in spectra.items() if spectrum.n >= min_count]
     return pd.Series(
         [spectra[word].mev(variant) for word in kept],

@@ -37,6 +37,43 @@ from scipy.linalg.blas import dsyrk
 
 MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
 
+
+def mev_variants(variants: Sequence[str]) -> tuple[str, ...]:
+    """The MEV variants asked for (`variants`), checked, in `MEV_VARIANTS` order."""
+    if isinstance(variants, str) or not all(isinstance(variant, str) for variant in variants):
+        raise ValueError(f"variants must be a sequence of MEV variant names such as ('centred',); got {variants!r}")
+    unknown = [variant for variant in variants if variant not in MEV_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"variants must name at least one of {', '.join(MEV_VARIANTS)}; got {tuple(variants)!r}")
+    return tuple(variant for variant in MEV_VARIANTS if variant in variants)
+
+
+@dataclass(frozen=True)
+class _Needed:
+    """What the requested `variants` need solved: the top eigenvalue of X^T X (uncentred, svd_ratio),
+    its vector v1 (svd_ratio), the top eigenvalue of C (centred), tr C (centred, svd_ratio). The
+    eigenproblems asked for are X^T X (if `top`) then C (if `centred_top`), in that order."""
+
+    variants: tuple[str, ...]
+    top: bool
+    direction: bool
+    centred_top: bool
+    spread: bool
+
+    @classmethod
+    def of(cls, variants: Sequence[str]) -> _Needed:
+        variants = mev_variants(variants)
+        return cls(variants, top="uncentred" in variants or "svd_ratio" in variants, direction="svd_ratio" in variants,
+                   centred_top="centred" in variants, spread="centred" in variants or "svd_ratio" in variants)
+
+    @property
+    def need_vector(self) -> list[bool]:
+        """`top_eigenpairs`' need_vector for the eigenproblems asked for."""
+        return [self.direction] * self.top + [False] * self.centred_top
+
+
+_EVERY_VARIANT = _Needed.of(MEV_VARIANTS)
+
 # Centred variance this small relative to the raw second moment means the occurrences are one
 # vector repeated (to float64 precision): there is no spread for a centred MEV to explain.
 _NO_SPREAD_RELATIVE = 1e-10
@@ -292,6 +329,9 @@ class OccurrenceSpectrum:
       centred MEV   = top eigenvalue of C / trace(C)    (PCA; a later version of the original code)
       svd_ratio MEV = v1' C v1 / trace(C)               (= var(X v1) / sum_j var(X[:, j]): TruncatedSVD's
                                                          explained_variance_ratio_[0], used for the released figures)
+    A spectrum solved for some `variants` only holds NaN where none of them needs a field: the
+    uncentred variant alone skips v1 and C's eigenproblem, the centred one alone X^T X's and v1,
+    svd_ratio alone C's eigenproblem (`n`, `frobenius_sq` and `mean` are always there).
     """
 
     n: int
@@ -302,12 +342,16 @@ class OccurrenceSpectrum:
     centred_along_direction: float
     direction: np.ndarray
     mean: np.ndarray
+    variants: tuple[str, ...] = MEV_VARIANTS
 
     def mev(self, variant: str) -> float:
-        if variant == "uncentred":
-            return self.top_eigenvalue / self.frobenius_sq
         if variant not in MEV_VARIANTS:
             raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
+        if variant not in self.variants:
+            raise ValueError(f"this spectrum was solved for the MEV variants {', '.join(self.variants)} only; "
+                             f"include {variant!r} in the variants asked for")
+        if variant == "uncentred":
+            return self.top_eigenvalue / self.frobenius_sq
         if self.centred_total <= _NO_SPREAD_RELATIVE * self.frobenius_sq:
             return float("nan")
         if variant == "centred":
@@ -315,26 +359,37 @@ class OccurrenceSpectrum:
         return self.centred_along_direction / self.centred_total
 
 
-def _occurrence_spectrum(n: int, mean: np.ndarray, *, top: float, direction: np.ndarray, frobenius_sq: float,
-                         centred_top: float, centred_total: float, centred_along: float) -> OccurrenceSpectrum:
-    direction = direction / np.linalg.norm(direction)
-    if mean @ direction < 0:
-        direction = -direction
+def _occurrence_spectrum(n: int, mean: np.ndarray, *, top: float, direction: np.ndarray | None, frobenius_sq: float,
+                         centred_top: float, centred_total: float, centred_along: float,
+                         variants: tuple[str, ...]) -> OccurrenceSpectrum:
+    """The spectrum of the fields given (NaN, or a `direction` of None: not solved for `variants`)."""
+    if direction is None:
+        direction = np.full(len(mean), np.nan)
+    else:
+        direction = direction / np.linalg.norm(direction)
+        if mean @ direction < 0:
+            direction = -direction
     return OccurrenceSpectrum(
-        n=n, top_eigenvalue=top, frobenius_sq=frobenius_sq, centred_top_eigenvalue=max(centred_top, 0.0),
-        centred_total=max(centred_total, 0.0), centred_along_direction=max(centred_along, 0.0),
-        direction=direction, mean=mean,
+        n=n, top_eigenvalue=top, frobenius_sq=frobenius_sq, centred_top_eigenvalue=_nonnegative(centred_top),
+        centred_total=_nonnegative(centred_total), centred_along_direction=_nonnegative(centred_along),
+        direction=direction, mean=mean, variants=variants,
     )
+
+
+def _nonnegative(value: float) -> float:
+    """`value` with negative rounding cut to 0 (NaN, a field not solved, stays NaN)."""
+    return value if np.isnan(value) else max(value, 0.0)
 
 
 WordRows = np.ndarray | Sequence[np.ndarray]
 
 
-def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
+def rows_spectra(words_rows: Sequence[WordRows], *, variants: Sequence[str] = MEV_VARIANTS) -> list[OccurrenceSpectrum]:
     """The spectrum of each word's occurrence matrix (non-zero float32 or float64 rows, as one array
     or a list of blocks), in order, each by the route `word_route` finds cheapest: words of few rows
     through their Gram matrices in batches, words of many rows (at small d) through their scatter
-    matrix, the others matrix-free."""
+    matrix, the others matrix-free. Only what the MEV `variants` need is solved (`OccurrenceSpectrum`)."""
+    needed = _Needed.of(variants)
     words_blocks = [[rows] if isinstance(rows, np.ndarray) else list(rows) for rows in words_rows]
     counts = [sum(len(block) for block in blocks) for blocks in words_blocks]
     dims = [blocks[0].shape[1] for blocks in words_blocks]
@@ -342,15 +397,15 @@ def rows_spectra(words_rows: Sequence[WordRows]) -> list[OccurrenceSpectrum]:
     spectra: list[OccurrenceSpectrum | None] = [None] * len(words_blocks)
     gram = [i for i, route in enumerate(routes) if route == "gram"]
     for indexes in _dense_batches(counts, dims, gram):
-        for i, spectrum in zip(indexes, _gram_spectra([words_blocks[i] for i in indexes])):
+        for i, spectrum in zip(indexes, _gram_spectra([words_blocks[i] for i in indexes], needed)):
             spectra[i] = spectrum
     for i, blocks in enumerate(words_blocks):
         if spectra[i] is None:
             rows = _ChunkedRows(blocks)
             if routes[i] == "krylov":
-                spectra[i] = _krylov_rows_spectrum(rows, budget=krylov_budget(counts[i], dims[i]))
+                spectra[i] = _krylov_rows_spectrum(rows, budget=krylov_budget(counts[i], dims[i]), needed=needed)
             if spectra[i] is None:  # the scatter route, or a flat spectrum that overran its Krylov budget
-                spectra[i] = rows.scatter_spectrum() if counts[i] > dims[i] else _gram_spectra([blocks])[0]
+                spectra[i] = rows.scatter_spectrum(needed) if counts[i] > dims[i] else _gram_spectra([blocks], needed)[0]
     return [spectrum for spectrum in spectra if spectrum is not None]
 
 
@@ -424,17 +479,19 @@ class _ChunkedRows:
             images += chunk_images
         return images.astype(np.float64, copy=False)
 
-    def spread(self, direction: np.ndarray) -> tuple[float, float]:
-        """(tr C, v' C v) from explicitly centred float64 rows (accurate when the mean dominates)."""
+    def spread(self, direction: np.ndarray | None) -> tuple[float, float]:
+        """(tr C, v' C v) from explicitly centred float64 rows (accurate when the mean dominates);
+        v' C v is NaN without a `direction`."""
         total, along = 0.0, 0.0
         for chunk in self.chunks():
             centred = chunk - self.mean
-            projections = centred @ direction
             total += float(np.einsum("ij,ij->", centred, centred))
-            along += float(projections @ projections)
-        return total, along
+            if direction is not None:
+                projections = centred @ direction
+                along += float(projections @ projections)
+        return total, along if direction is not None else float("nan")
 
-    def scatter_spectrum(self) -> OccurrenceSpectrum:
+    def scatter_spectrum(self, needed: _Needed) -> OccurrenceSpectrum:
         """The spectrum from the scatter matrix C of the explicitly centred rows (accurate when the
         mean dominates; X^T X = C + n m m^T adds a positive rank one, no cancellation)."""
         upper = np.zeros((self.dim, self.dim), order="F")
@@ -443,10 +500,11 @@ class _ChunkedRows:
             # a rank-k update of the upper triangle, in place: half the flops of a full product
             upper = dsyrk(1.0, centred.T, beta=1.0, c=upper, overwrite_c=1)
         scatter = np.triu(upper) + np.triu(upper, 1).T
-        top, centred_top, direction = _scatter_tops(self.n, self.mean, scatter)
+        top, centred_top, direction = _scatter_tops(self.n, self.mean, scatter, needed)
         return _occurrence_spectrum(
             self.n, self.mean, top=top, direction=direction, frobenius_sq=self.frobenius_sq, centred_top=centred_top,
-            centred_total=float(np.trace(scatter)), centred_along=float(direction @ scatter @ direction),
+            centred_total=float(np.trace(scatter)) if needed.spread else np.nan,
+            centred_along=float(direction @ scatter @ direction) if direction is not None else np.nan, variants=needed.variants,
         )
 
 
@@ -469,7 +527,7 @@ def _dense_batches(counts: Sequence[int], dims: Sequence[int], indexes: list[int
         start = stop
 
 
-def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[OccurrenceSpectrum]:
+def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]], needed: _Needed) -> list[OccurrenceSpectrum]:
     """Spectra of words of similar row counts from their n x n Gram matrices.
 
     Each word's rows are centred explicitly (accurate when the mean dominates), zero-padded to a
@@ -479,7 +537,9 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
     m; Xc], whose non-zero eigenvalues are those of X^T X = Xc^T Xc + n m m^T: small batches take
     one batched `eigh` of B B^T and `eigvalsh` of the centred Gram matrices, larger words one
     tridiagonal reduction of their own B B^T for both tops (`_bordered_tops`). The direction
-    v1 = B^T y is one more product, and Xc v1 = (A A^T y)[:n] needs none."""
+    v1 = B^T y is one more product, and Xc v1 = (A A^T y)[:n] needs none. Without svd_ratio among the
+    `needed` variants there is no direction (no eigenvectors, no product), and each top not asked
+    for is skipped."""
     word_counts = [sum(len(block) for block in blocks) for blocks in words_blocks]
     size = max(word_counts)
     dim = words_blocks[0][0].shape[1]
@@ -501,98 +561,127 @@ def _gram_spectra(words_blocks: Sequence[Sequence[np.ndarray]]) -> list[Occurren
     bordered[:, 1:, 1:] = centred_gram
     bordered[:, 0, 1:] = bordered[:, 1:, 0] = roots[:, None] * along_mean
     bordered[:, 0, 0] = counts * mean_sq
+    tops, centred_tops = np.full(len(counts), np.nan), np.full(len(counts), np.nan)
+    top_vectors = np.zeros((len(counts), size + 1))
     if size + 1 <= BATCHED_EIGH_LIMIT:
-        values, vectors = np.linalg.eigh(bordered)
-        tops, top_vectors = values[:, -1], vectors[:, :, -1]
-        centred_tops = np.linalg.eigvalsh(centred_gram)[:, -1]
+        if needed.direction:
+            values, vectors = np.linalg.eigh(bordered)
+            tops, top_vectors = values[:, -1], vectors[:, :, -1]
+        elif needed.top:
+            tops = np.linalg.eigvalsh(bordered)[:, -1]
+        if needed.centred_top:
+            centred_tops = np.linalg.eigvalsh(centred_gram)[:, -1]
     else:  # one tridiagonal reduction per word, on its own (unpadded) rows
-        tops, centred_tops, top_vectors = np.empty(len(counts)), np.empty(len(counts)), np.zeros((len(counts), size + 1))
         for i, n in enumerate(word_counts):
-            tops[i], centred_tops[i], top_vectors[i, : n + 1] = _bordered_tops(bordered[i, : n + 1, : n + 1])
-    # v1 = B^T y = Xc^T y[1:] + sqrt(n) y[0] m, normalised
-    coefficients = np.concatenate([top_vectors[:, 1:], (roots * top_vectors[:, 0])[:, None]], axis=1)
-    directions = (coefficients[:, None, :] @ stacked)[:, 0]
-    norms = np.linalg.norm(directions, axis=1)
-    directions /= norms[:, None]
-    coefficients /= norms[:, None]
-    along = (augmented_gram @ coefficients[:, :, None])[:, :size, 0]  # Xc v1
+            tops[i], centred_tops[i], vector = _bordered_tops(bordered[i, : n + 1, : n + 1], needed)
+            if vector is not None:
+                top_vectors[i, : n + 1] = vector
     centred_totals = np.einsum("wkk->w", centred_gram)
     means = stacked[:, size].copy()
-    # what `_occurrence_spectrum` does word by word (v1 . mean >= 0, no negative rounding), for the
-    # whole batch: with thousands of words of a few rows each, per-word numpy calls cost more than the rest
-    directions *= np.where(np.einsum("wd,wd->w", means, directions) < 0, -1.0, 1.0)[:, None]
+    centred_alongs = np.full(len(counts), np.nan)
+    directions = np.full((len(counts), dim), np.nan)
+    if needed.direction:
+        # v1 = B^T y = Xc^T y[1:] + sqrt(n) y[0] m, normalised
+        coefficients = np.concatenate([top_vectors[:, 1:], (roots * top_vectors[:, 0])[:, None]], axis=1)
+        directions = (coefficients[:, None, :] @ stacked)[:, 0]
+        norms = np.linalg.norm(directions, axis=1)
+        directions /= norms[:, None]
+        coefficients /= norms[:, None]
+        along = (augmented_gram @ coefficients[:, :, None])[:, :size, 0]  # Xc v1
+        centred_alongs = np.einsum("wj,wj->w", along, along)
+        # what `_occurrence_spectrum` does word by word (v1 . mean >= 0, no negative rounding), for the
+        # whole batch: with thousands of words of a few rows each, per-word numpy calls cost more than the rest
+        directions *= np.where(np.einsum("wd,wd->w", means, directions) < 0, -1.0, 1.0)[:, None]
     fields = zip(word_counts, tops.tolist(), (centred_totals + counts * mean_sq).tolist(),
-                 np.maximum(centred_tops, 0.0).tolist(), np.maximum(centred_totals, 0.0).tolist(),
-                 np.einsum("wj,wj->w", along, along).tolist(), directions, means)
+                 np.maximum(centred_tops, 0.0).tolist(),
+                 (np.maximum(centred_totals, 0.0) if needed.spread else np.full(len(counts), np.nan)).tolist(),
+                 centred_alongs.tolist(), directions, means)
     return [OccurrenceSpectrum(n=n, top_eigenvalue=top, frobenius_sq=frobenius_sq, centred_top_eigenvalue=centred_top,
-                               centred_total=centred_total, centred_along_direction=centred_along, direction=direction, mean=mean)
+                               centred_total=centred_total, centred_along_direction=centred_along, direction=direction, mean=mean,
+                               variants=needed.variants)
             for n, top, frobenius_sq, centred_top, centred_total, centred_along, direction, mean in fields]
 
 
-def _krylov_rows_spectrum(rows: _ChunkedRows, *, budget: int | None) -> OccurrenceSpectrum | None:
-    """Block Lanczos on C = Xc^T Xc and X^T X = C + s s^T / n: one product with the centred rows Xc
-    per step serves both, and C is accurate even when the mean dominates. float32 rows get float32
-    steps first, down to float32 noise, then float64 steps from the leading Ritz vectors. None when
-    both phases together need more than `budget` products."""
+def _krylov_rows_spectrum(rows: _ChunkedRows, *, budget: int | None,
+                          needed: _Needed = _EVERY_VARIANT) -> OccurrenceSpectrum | None:
+    """Block Lanczos on C = Xc^T Xc and X^T X = C + s s^T / n, each if `needed`: one product with the
+    centred rows Xc per step serves both, and C is accurate even when the mean dominates. float32 rows
+    get float32 steps first, down to float32 noise, then float64 steps from the leading Ritz vectors.
+    None when both phases together need more than `budget` products."""
     n, row_sum = rows.n, rows.row_sum
 
     def operators(dtype: type[np.floating]) -> BlockOperator:
         def apply(block: np.ndarray) -> list[np.ndarray]:
             scatter_images = rows.scatter_images(block, dtype)
-            return [scatter_images + np.outer(row_sum, row_sum @ block) / n, scatter_images]
+            uncentred = [scatter_images + np.outer(row_sum, row_sum @ block) / n] if needed.top else []
+            return uncentred + ([scatter_images] if needed.centred_top else [])
         return apply
 
     start = start_block(row_sum)
     if rows.float32:
-        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True, True], budget=budget,
+        rough = top_eigenpairs(operators(np.float32), start, need_vector=[True] * len(needed.need_vector), budget=budget,
                                tolerances=Tolerances(noise=FLOAT32_NOISE * rows.spread_estimate, warn=False,
                                                      stall_ratio=FLOAT32_STALL, stall_below=FLOAT32_STALL_BELOW))
         if rough is None:
             return None
-        start = np.concatenate([pair.leading[:, : BLOCK_SIZE // 2] for pair in rough], axis=1)
+        start = np.concatenate([pair.leading[:, : BLOCK_SIZE // len(rough)] for pair in rough], axis=1)
         if budget is not None:
             budget -= max(pair.multiplications for pair in rough)
-    refined = top_eigenpairs(operators(np.float64), start, need_vector=[True, False], budget=budget)
+    refined = top_eigenpairs(operators(np.float64), start, need_vector=needed.need_vector, budget=budget)
     if refined is None:
         return None
-    uncentred, scatter = refined
-    direction = uncentred.vector / np.linalg.norm(uncentred.vector)
-    # tr C = ||X||_F^2 - |s|^2 / n and v' C v = v' X^T X v - (s . v)^2 / n (the first term is the Rayleigh
-    # quotient, the top value) lose digits to cancellation when the mean dominates: within
-    # _CANCELLATION_LIMIT they stay exact to ~1e-10, beyond it a float64 pass over the centred rows
-    centred_total = rows.spread_estimate
-    along = uncentred.value - float(row_sum @ direction) ** 2 / n
-    if rows.frobenius_sq > _CANCELLATION_LIMIT * centred_total or uncentred.value > _CANCELLATION_LIMIT * along:
-        centred_total, along = rows.spread(direction)
+    uncentred = refined[0] if needed.top else None
+    top = uncentred.value if uncentred is not None else np.nan
+    centred_top = refined[-1].value if needed.centred_top else np.nan
+    direction = uncentred.vector / np.linalg.norm(uncentred.vector) if uncentred is not None and needed.direction else None
+    centred_total, along = np.nan, np.nan
+    if needed.spread:
+        # tr C = ||X||_F^2 - |s|^2 / n and v' C v = v' X^T X v - (s . v)^2 / n (the first term is the Rayleigh
+        # quotient, the top value) lose digits to cancellation when the mean dominates: within
+        # _CANCELLATION_LIMIT they stay exact to ~1e-10, beyond it a float64 pass over the centred rows
+        centred_total = rows.spread_estimate
+        if direction is not None:
+            along = top - float(row_sum @ direction) ** 2 / n
+        if rows.frobenius_sq > _CANCELLATION_LIMIT * centred_total or (direction is not None and top > _CANCELLATION_LIMIT * along):
+            centred_total, along = rows.spread(direction)
     return _occurrence_spectrum(
-        n, rows.mean, top=uncentred.value, direction=direction, frobenius_sq=rows.frobenius_sq,
-        centred_top=scatter.value, centred_total=centred_total, centred_along=along,
+        n, rows.mean, top=top, direction=direction, frobenius_sq=rows.frobenius_sq,
+        centred_top=centred_top, centred_total=centred_total, centred_along=along, variants=needed.variants,
     )
 
 
-def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray) -> OccurrenceSpectrum:
+def moment_spectrum(n: int, row_sum: np.ndarray, second_moment: np.ndarray, *,
+                    variants: Sequence[str] = MEV_VARIANTS) -> OccurrenceSpectrum:
     """The spectrum from X^T X (d x d) and the row sum, for words kept as moments (n > d), the way
     the cost model finds cheaper: one tridiagonal reduction of C = X^T X - s s^T / n, or block
-    Lanczos on X^T X and C (the dense route after all if the spectrum is too flat for its budget)."""
+    Lanczos on X^T X and C (the dense route after all if the spectrum is too flat for its budget).
+    Only what the MEV `variants` need is solved (`OccurrenceSpectrum`)."""
+    needed = _Needed.of(variants)
     mean = row_sum / n
     dim = len(row_sum)
     pairs = None
     if word_route(n, dim, formed=True) == "krylov":
         def apply(block: np.ndarray) -> list[np.ndarray]:
             images = second_moment @ block
-            return [images, images - np.outer(row_sum, row_sum @ block) / n]
+            centred = [images - np.outer(row_sum, row_sum @ block) / n] if needed.centred_top else []
+            return ([images] if needed.top else []) + centred
 
-        pairs = top_eigenpairs(apply, start_block(row_sum), need_vector=[True, False], budget=krylov_budget(n, dim, formed=True))
+        pairs = top_eigenpairs(apply, start_block(row_sum), need_vector=needed.need_vector, budget=krylov_budget(n, dim, formed=True))
+    direction: np.ndarray | None
     if pairs is None:  # the dense route, chosen, or cheaper after all for a spectrum too flat for the budget
-        top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n)
+        top, centred_top, direction = _scatter_tops(n, mean, second_moment - np.outer(row_sum, row_sum) / n, needed)
     else:
-        top, direction, centred_top = pairs[0].value, pairs[0].vector, pairs[1].value
-    direction = direction / np.linalg.norm(direction)
+        top, centred_top = pairs[0].value if needed.top else np.nan, pairs[-1].value if needed.centred_top else np.nan
+        direction = pairs[0].vector if needed.direction else None
+    if direction is not None:
+        direction = direction / np.linalg.norm(direction)
     frobenius_sq = float(np.trace(second_moment))
     return _occurrence_spectrum(
         n, mean, top=top, direction=direction, frobenius_sq=frobenius_sq, centred_top=centred_top,
-        centred_total=frobenius_sq - float(row_sum @ row_sum) / n,
-        centred_along=float(direction @ second_moment @ direction) - float(row_sum @ direction) ** 2 / n,
+        centred_total=frobenius_sq - float(row_sum @ row_sum) / n if needed.spread else np.nan,
+        centred_along=(float(direction @ second_moment @ direction) - float(row_sum @ direction) ** 2 / n
+                       if direction is not None else np.nan),
+        variants=needed.variants,
     )
 
 
@@ -644,20 +733,27 @@ def _top_pair(reflectors: np.ndarray, tau: np.ndarray, diagonal: np.ndarray,
     return top, np.concatenate([vector[:1], rest[:, 0]])
 
 
-def _bordered_tops(bordered: np.ndarray) -> tuple[float, float, np.ndarray]:
+def _bordered_tops(bordered: np.ndarray, needed: _Needed) -> tuple[float, float, np.ndarray | None]:
     """(top eigenvalue, top eigenvalue of the trailing block bordered[1:, 1:], top unit eigenvector)
-    of a symmetric PSD matrix, from one reduction."""
+    of a symmetric PSD matrix, from one reduction; each NaN (None) unless `needed` (top, centred_top,
+    direction)."""
     reflectors, tau, diagonal, off_diagonal = _tridiagonal(bordered)
-    top, vector = _top_pair(reflectors, tau, diagonal, off_diagonal)
-    trailing = _tridiagonal_top(diagonal[1:], off_diagonal[1:])[0] if len(diagonal) > 1 else 0.0
+    top, vector = np.nan, None
+    if needed.direction:
+        top, vector = _top_pair(reflectors, tau, diagonal, off_diagonal)
+    elif needed.top:
+        top = _tridiagonal_top(diagonal, off_diagonal)[0]
+    trailing = np.nan
+    if needed.centred_top:
+        trailing = _tridiagonal_top(diagonal[1:], off_diagonal[1:])[0] if len(diagonal) > 1 else 0.0
     return top, trailing, vector
 
 
-def _scatter_tops(n: int, mean: np.ndarray, scatter: np.ndarray) -> tuple[float, float, np.ndarray]:
+def _scatter_tops(n: int, mean: np.ndarray, scatter: np.ndarray, needed: _Needed) -> tuple[float, float, np.ndarray | None]:
     """(top of X^T X = C + n m m^T, top of C, unit v1) from the scatter matrix C, one reduction: a
     reflector H with H m = -+|m| e1 puts the rank one in the first row and column, H X^T X H =
     H C H + n |m|^2 e1 e1^T, and the reduction of H C H keeps e1, so its tridiagonal form T gives C's
-    top and T + n |m|^2 e1 e1^T (still tridiagonal) X^T X's."""
+    top and T + n |m|^2 e1 e1^T (still tridiagonal) X^T X's. Each NaN (None) unless `needed`."""
     householder = mean.astype(np.float64, copy=True)
     norm = float(np.linalg.norm(householder))
     householder[0] += np.copysign(norm, householder[0])
@@ -668,8 +764,10 @@ def _scatter_tops(n: int, mean: np.ndarray, scatter: np.ndarray) -> tuple[float,
         image -= (householder @ image / scale) * householder
         scatter = scatter - np.outer(householder, image) - np.outer(image, householder)
     reflectors, tau, diagonal, off_diagonal = _tridiagonal(scatter)
-    centred_top = _tridiagonal_top(diagonal, off_diagonal)[0]
+    centred_top = _tridiagonal_top(diagonal, off_diagonal)[0] if needed.centred_top else np.nan
     diagonal[0] += n * norm**2
+    if not needed.direction:
+        return _tridiagonal_top(diagonal, off_diagonal)[0] if needed.top else np.nan, centred_top, None
     top, vector = _top_pair(reflectors, tau, diagonal, off_diagonal)
     if scale > 0:
         vector -= (2 * float(householder @ vector) / scale) * householder
