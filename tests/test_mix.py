@@ -67,13 +67,13 @@ def test_gradients_reach_weights_and_gamma(layers):
     assert not any(p.requires_grad for p in frozen.parameters())
 
 
-def test_l2_penalty_pulls_towards_uniform():
+def test_l2_penalty_is_bilm_tf_sum_of_squares():
     assert ScalarMix(4).l2_penalty().item() == 0.0
-    assert ScalarMix(4, initial_weights=[2.0] * 4).l2_penalty().item() == 0.0  # uniform after softmax
-    mix = ScalarMix(3, initial_weights=[1.0, 0.0, -1.0])
-    assert mix.l2_penalty().item() == pytest.approx(2.0)
+    assert ScalarMix(4, initial_weights=[2.0] * 4).l2_penalty().item() == pytest.approx(16.0)  # not centred
+    mix = ScalarMix(3, initial_weights=[1.0, 0.5, -2.0])
+    assert mix.l2_penalty().item() == pytest.approx(1.0 + 0.25 + 4.0)
     mix.l2_penalty().backward()
-    torch.testing.assert_close(mix.weights.grad, torch.tensor([2.0, 0.0, -2.0]))
+    torch.testing.assert_close(mix.weights.grad, torch.tensor([2.0, 1.0, -4.0]))
 
 
 def test_bad_input():

@@ -41,9 +41,10 @@ class ScalarMix(nn.Module):
         return torch.softmax(self.weights, dim=0)
 
     def l2_penalty(self) -> torch.Tensor:
-        """sum_j (w_j - mean(w))^2: zero exactly when the layer weights are uniform (softmax does not
-        see a shift of w), growing as they move apart; multiply by your lambda and add to the loss."""
-        return ((self.weights - self.weights.mean()) ** 2).sum()
+        """sum_j w_j^2 of the pre-softmax weights, bilm-tf's `weight_layers` regulariser (its
+        `l2_coef * reduce_sum(square(W))`, W starting at zero = uniform): multiply by your lambda and
+        add to the loss; a large lambda holds the weights at zero, the softmax at uniform."""
+        return (self.weights**2).sum()
 
     def forward(self, layers: Sequence[torch.Tensor] | torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """`layers`: a list of `num_layers` tensors (..., time, dim) or one stacked tensor

@@ -29,16 +29,41 @@ def parse_seed_option(text: str) -> int | list[int]:
     return values
 
 
-def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str) -> None:
-    """Mean ± std over seeds per configuration and its Holm-corrected p against the baseline (80 columns)."""
+def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str,
+                    trivial: list[dict[str, Any]] | None = None) -> None:
+    """Mean ± std over seeds per configuration, its Holm-corrected p against the baseline and its test
+    against the trivial baselines, which follow the table."""
+    from lmgeom.runs.experiments.core import trivial_lines, trivial_verdict
+
     table = Table(title=title)
-    for column in ("split", "head", varying, "metric", "mean ± std", "p (Holm)"):
+    for column in ("split", "head", varying, "metric", "mean ± std", "p (Holm)", "vs trivial"):
         table.add_column(column, justify="right" if column in ("mean ± std", "p (Holm)") else "left")
     for s in summaries:
         p = "" if s.get("p_holm") is None else f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}"
         table.add_row(str(s["split"]), str(s.get("head", "")), str(s[varying]), str(s["metric"]),
-                      f"{s['mean']:.4f} ± {s['std']:.4f}", p)
+                      f"{s['mean']:.4f} ± {s['std']:.4f}", p, trivial_verdict(s))
     console.print(table)
+    for line in trivial_lines(trivial or []):
+        console.print(f"trivial baseline: {line}")
+
+
+def parse_mix_l2(text: str) -> list[float | None]:
+    """`none` (no lambda term) or numbers >= 0, comma-separated."""
+    values: list[float | None] = []
+    for item in split_list(text):
+        try:
+            values.append(None if item.lower() == "none" else float(item))
+        except ValueError:
+            raise ValueError(f"--mix-l2 takes a comma list of numbers >= 0 or none (e.g. 1,0.001), got {item!r}") from None
+    return values
+
+
+def parse_on_off(text: str, option: str) -> list[bool]:
+    choices = {"off": False, "on": True}
+    unknown = [item for item in split_list(text) if item.lower() not in choices]
+    if unknown:
+        raise ValueError(f"{option} takes a comma list of off and on (e.g. off,on), got {unknown[0]!r}")
+    return [choices[item.lower()] for item in split_list(text)]
 
 
 @experiment_app.command("calibration")
@@ -68,7 +93,8 @@ def calibration_command(
                                  regime=regime, features=features, heads=split_list(heads), pooling=pooling,
                                  max_train=max_train, max_eval=max_eval, device=device, progress=progress,
                                  finetune_options={"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate})
-    print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})")
+    print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})",
+                    result.trivial_baselines)
     for note in result.notes:
         console.print(f"note: {note}")
     console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
@@ -86,14 +112,19 @@ def layers_command(
     max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training sentences (per seed)"),
     max_eval: Optional[int] = typer.Option(None, "--max-eval", min=1, help="seeded subsample of N evaluation sentences"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
+    mix_l2: str = typer.Option("none", "--mix-l2", help="comma list of lambdas for the mix: lambda * sum w^2 on its weights (bilm-tf); none = only the probe's weight decay; each value is one mix"),
+    mix_layer_norm: str = typer.Option("off", "--mix-layer-norm", help="comma list of off, on: layer-normalise each layer before mixing; off,on runs both"),
+    standardize: bool = typer.Option(True, "--standardize/--raw", help="z-score every layer with training statistics (default; a deviation from Peters et al.) or feed raw layers"),
 ) -> None:
     """Which layer, or learned mix of layers, serves the task? A linear probe per feature set."""
     from lmgeom.runs.experiments import run_layers
 
     with user_errors(), RichProgress() as progress:
         result = run_layers(model, task, data, out=out, features=split_list(features), seeds=parse_seed_option(seeds),
-                            pooling=pooling, max_train=max_train, max_eval=max_eval, device=device, progress=progress)
-    print_summaries(result.summaries, "features", f"{model} on {task}: layers (linear probe)")
+                            pooling=pooling, max_train=max_train, max_eval=max_eval, device=device,
+                            mix_l2=parse_mix_l2(mix_l2), mix_layer_norm=parse_on_off(mix_layer_norm, "--mix-layer-norm"),
+                            standardize=standardize, progress=progress)
+    print_summaries(result.summaries, "features", f"{model} on {task}: layers (linear probe)", result.trivial_baselines)
     console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
 
 

@@ -27,12 +27,15 @@ from lmgeom.runs.experiments.core import (
     CellStore,
     ExperimentResult,
     TaskData,
+    compare_with_trivial,
     geometry,
     parse_seeds,
     prefixed,
     resolve_task,
     summarise,
     task_data,
+    task_trivial_baselines,
+    trivial_rows,
     write_results,
 )
 from lmgeom.runs.experiments.features import FeatureCache, pooling_note
@@ -128,6 +131,8 @@ def run_calibration(
         cells += _finetuned(model, data_, store, methods, seed_list, pooling, device, finetune_options or {}, progress)
     summaries = summarise(cells, data_, baseline=lambda row: None if row["method"] == "none" else {"method": "none"},
                           family_key="method")
+    trivial = task_trivial_baselines(data_)
+    compare_with_trivial(summaries, cells, data_, trivial, family_key="method", reference="none")
     settings: dict[str, Any] = {"model": model, "task": the_task.name, "data": str(data), "methods": methods, "seeds": seed_list,
                 "regime": regime, "features": features, "heads": list(heads),
                 "pooling": WORD_VECTORS_NOTE if tagging else pooling_note(pooling),
@@ -137,7 +142,8 @@ def run_calibration(
         settings["train_words"] = {seed: int(len(data_.labels(the_task.train_split, rows))) for seed, rows in data_.train_rows.items()}
         settings["eval_words"] = {s: int(len(data_.labels(s, rows))) for s, rows in data_.eval_rows.items()}
     return write_results(out, "experiment-calibration", cells=cells, summaries=summaries, notes=notes, settings=settings,
-                         varying="method", title=f"Calibration experiment: {model} on {the_task.name}")
+                         varying="method", title=f"Calibration experiment: {model} on {the_task.name}",
+                         trivial=trivial_rows(trivial))
 
 
 def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, methods: list[str], seeds: list[int],

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from lmgeom.atomic import atomic_write_text
+from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
 from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
@@ -201,13 +202,7 @@ def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str
     if records.empty:
         return []
     keys = [k for k in CONFIG_KEYS if k in records]
-    predictions: dict[tuple[str, ...], dict[int, np.ndarray]] = {}
-    for cell in cells:
-        for split, values in cell.predictions.items():
-            if not cell.records:
-                continue
-            config = {k: str(cell.records[0][k]) for k in keys if k not in ("split", "metric")}
-            predictions.setdefault(_config_id(config, split), {})[cell.seed] = np.asarray(values)
+    predictions = _predictions(cells, keys)
     summaries = []
     for group_keys, group in records.groupby(keys, sort=True, dropna=False):
         row = dict(zip(keys, group_keys))
@@ -223,6 +218,18 @@ def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str
     first_seen = {value: i for i, value in reversed(list(enumerate(records[family_key].astype(str))))}
     return sorted(summaries, key=lambda s: (str(s["split"]), str(s["metric"]), str(s.get("head", "")),
                                             first_seen.get(str(s[family_key]), 0)))
+
+
+def _predictions(cells: list[Cell], keys: list[str]) -> dict[tuple[str, ...], dict[int, np.ndarray]]:
+    """Per configuration and split (`_config_id`), the predictions of each seed."""
+    predictions: dict[tuple[str, ...], dict[int, np.ndarray]] = {}
+    for cell in cells:
+        for split, values in cell.predictions.items():
+            if not cell.records:
+                continue
+            config = {k: str(cell.records[0][k]) for k in keys if k not in ("split", "metric")}
+            predictions.setdefault(_config_id(config, split), {})[cell.seed] = np.asarray(values)
+    return predictions
 
 
 def _config_id(config: dict[str, Any], split: str) -> tuple[str, ...]:
@@ -261,13 +268,103 @@ def _holm(summaries: list[dict[str, Any]], family_key: str) -> None:
             summary["significant"] = bool(adjusted < 0.05)
 
 
+# ---- trivial baselines -------------------------------------------------------------------------
+
+
+def task_trivial_baselines(data: TaskData) -> dict[int, list[TrivialBaseline]]:
+    """Per seed, the task's trivial baselines fitted on that seed's training rows (the same rows, so
+    the same baselines, for every seed without --max-train) and scored on the evaluation rows."""
+    fitted: dict[bytes, list[TrivialBaseline]] = {}
+    result = {}
+    for seed, rows in data.train_rows.items():
+        key = np.asarray(rows).tobytes()
+        if key not in fitted:
+            fitted[key] = trivial_baselines(data.task, rows, data.eval_rows)
+        result[seed] = fitted[key]
+    return result
+
+
+def trivial_rows(trivial: dict[int, list[TrivialBaseline]]) -> list[dict[str, Any]]:
+    """results.json's `trivial_baselines`: one row per (baseline, split, metric), mean over seeds."""
+    values: dict[tuple[str, str, str], dict[int, float]] = {}
+    rules: dict[str, str] = {}
+    for seed, baselines in trivial.items():
+        for baseline in baselines:
+            rules[baseline.name] = baseline.rule
+            for split, scores in baseline.scores.items():
+                for metric, value in scores.items():
+                    values.setdefault((baseline.name, split, metric), {})[seed] = value
+    return [{"baseline": name, "rule": rules[name], "split": split, "metric": metric,
+             "value": float(np.mean(list(per_seed.values()))), "values_per_seed": per_seed}
+            for (name, split, metric), per_seed in values.items()]
+
+
+def compare_with_trivial(summaries: list[dict[str, Any]], cells: list[Cell], data: TaskData,
+                         trivial: dict[int, list[TrivialBaseline]], *, family_key: str, reference: str,
+                         n_resamples: int = N_RESAMPLES) -> None:
+    """Test every summary row against the strongest trivial baseline of its split and metric, seed by
+    seed (its p: the largest over seeds; it beats the baseline when every seed does), and flag rows
+    `uninformative` that do not beat it or whose family's `reference` row (none, top) does not."""
+    if not summaries or not any(trivial.values()):
+        return
+    keys = [k for k in CONFIG_KEYS if k in summaries[0]]
+    predictions = _predictions(cells, keys)
+    for summary in summaries:
+        split, metric = str(summary["split"]), str(summary["metric"])
+        config = {k: str(summary[k]) for k in keys if k not in ("split", "metric")}
+        ours = predictions.get(_config_id(config, split), {})
+        truth = data.labels(split, data.eval_rows[split]) if split in data.eval_rows else None
+        tests = []
+        for seed, prediction in sorted(ours.items()):
+            candidates = [b for b in trivial.get(seed, []) if split in b.scores and metric in b.scores[split]]
+            if truth is None or not candidates:
+                continue
+            strongest = max(candidates, key=lambda b: b.scores[split][metric])
+            value = strongest.scores[split][metric]
+            beats, test = beats_baseline(metric, truth, prediction, strongest.predictions[split], value,
+                                       n_resamples=n_resamples, seed=0)
+            tests.append((seed, strongest.name, value, beats, test))
+        if not tests:
+            continue
+        summary["trivial"] = {"baseline": tests[0][1], "value": float(np.mean([t[2] for t in tests])),
+                              "p_value": max(t[4].p_value for t in tests), "beats": all(t[3] for t in tests),
+                              "test": f"{tests[0][4].test}, per seed {[t[0] for t in tests]}; "
+                                      "p: the largest over seeds; beats: every seed at 0.05",
+                              "p_per_seed": {t[0]: t[4].p_value for t in tests}}
+    family_beats: dict[tuple[Any, ...], bool] = {}
+    for summary in summaries:
+        if str(summary[family_key]) == reference and "trivial" in summary:
+            family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+            family_beats[family] = summary["trivial"]["beats"]
+    for summary in summaries:
+        if "trivial" not in summary:
+            continue
+        family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+        reasons = []
+        if not summary["trivial"]["beats"]:
+            reasons.append("does not beat the trivial baseline")
+        if not family_beats.get(family, True):
+            reasons.append(f"{reference} does not beat the trivial baseline")
+        summary["uninformative"] = bool(reasons)
+        if reasons:
+            summary["uninformative_reason"] = "; ".join(reasons)
+
+
+def trivial_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per (split, metric): each trivial baseline's value."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        grouped.setdefault((row["split"], row["metric"]), []).append(f"{row['baseline']} {row['value']:.4f}")
+    return [f"{split} {metric}: {', '.join(values)}" for (split, metric), values in grouped.items()]
+
+
 # ---- output files -------------------------------------------------------------------------------
 
 
 def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
     """One row per configuration and metric: mean ± std over seeds, difference to the baseline, p, Holm p."""
     header = ["task", "split", "features", "head", varying if varying != "features" else "method", "metric",
-              "mean ± std", "seeds", "Δ vs baseline", "p", "p (Holm)"]
+              "mean ± std", "seeds", "Δ vs baseline", "p", "p (Holm)", "vs trivial"]
     header = list(dict.fromkeys(header))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
@@ -282,9 +379,21 @@ def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
                 return f"{s['p_value']:.3g}" if s.get("p_value") is not None else ""
             if name == "p (Holm)":
                 return f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}" if s.get("p_holm") is not None else ""
+            if name == "vs trivial":
+                return trivial_verdict(s)
             return str(s.get(name, ""))
         lines.append("| " + " | ".join(cell(name) for name in header) + " |")
-    return "\n".join(lines) + "\n\n* significant at 0.05 after Holm's correction.\n"
+    return "\n".join(lines) + ("\n\n* significant at 0.05 after Holm's correction. vs trivial: the one-sided test "
+                               "against the strongest trivial baseline (p, the largest over seeds); uninformative: "
+                               "the row, or its family's baseline row, does not beat it.\n")
+
+
+def trivial_verdict(summary: dict[str, Any]) -> str:
+    """`p=… beats`, `p=… uninformative`, or empty without a trivial baseline."""
+    trivial = summary.get("trivial")
+    if not trivial:
+        return ""
+    return f"p={trivial['p_value']:.3g} {'uninformative' if summary.get('uninformative') else 'beats'}"
 
 
 def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, title: str) -> list[Path]:
@@ -323,17 +432,23 @@ class ExperimentResult:
     notes: list[str]
     out: Path
     paths: list[Path]
+    trivial_baselines: list[dict[str, Any]] = field(default_factory=list)
 
 
 def write_results(out: Path, kind: str, *, cells: list[Cell], summaries: list[dict[str, Any]], notes: list[str],
-                  settings: dict[str, Any], varying: str, title: str) -> ExperimentResult:
+                  settings: dict[str, Any], varying: str, title: str,
+                  trivial: list[dict[str, Any]] | None = None) -> ExperimentResult:
     records = [r for cell in cells for r in cell.records]
     extras = [{"config": cell.config, "seed": cell.seed, **cell.extra} for cell in cells if cell.extra]
+    trivial = trivial or []
     paths = [write_json(out / "results.json", kind, {"settings": settings, "notes": notes, "records": records,
-                                                      "summaries": summaries, "cells": extras})]
+                                                      "summaries": summaries, "trivial_baselines": trivial,
+                                                      "cells": extras})]
     table = markdown_table(summaries, varying)
     note_lines = "".join(f"- {note}\n" for note in notes)
+    trivial_text = ("Trivial baselines (fitted on the training data, scored on the evaluation examples):\n\n"
+                    + "".join(f"- {line}\n" for line in trivial_lines(trivial)) + "\n") if trivial else ""
     paths.append(Path(out / "results.md"))
-    atomic_write_text(out / "results.md", f"# {title}\n\n{table}\n{note_lines}")
+    atomic_write_text(out / "results.md", f"# {title}\n\n{table}\n{trivial_text}{note_lines}")
     paths.extend(write_figures(summaries, out, varying=varying, title=title))
-    return ExperimentResult(records, summaries, notes, out, paths)
+    return ExperimentResult(records, summaries, notes, out, paths, trivial)

@@ -63,19 +63,47 @@ def fit_predict_sklearn(head: str, regression: bool, X_train: np.ndarray, y_trai
 # ---- the linear probe of the layer experiment ------------------------------------------------
 
 
+STANDARDIZE_NOTE = ("each layer standardised (z-scored per feature) with training statistics before the probe or the "
+                    "mix: a calibration of its own, and a deviation from Peters et al. (2018), who mix raw layers")
+RAW_NOTE = "raw layers (not standardised), as Peters et al. (2018) mix them"
+
+
 @dataclass
 class ProbeOptions:
+    """The linear probe. `mix_l2` is Peters et al.'s lambda: `mix_l2 * sum_j w_j^2` on the ScalarMix's
+    pre-softmax weights added to the loss, as bilm-tf's `weight_layers` does, the mix's weights and
+    gamma then left out of the Adam weight decay (bilm-tf regularises neither otherwise); None adds no
+    lambda term and the weight decay covers the mix as every other parameter. `mix_layer_norm`
+    normalises each layer of a unit (a word, a sentence vector, a pair) before mixing; `standardize`
+    z-scores every layer with training statistics first."""
+
     epochs: int = 40
     batch_size: int = 256
     learning_rate: float = 3e-3
     weight_decay: float = 1e-4
     patience: int = 4
     validation_fraction: float = VALIDATION_FRACTION
+    mix_l2: float | None = None
+    mix_layer_norm: bool = False
+    standardize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mix_l2 is not None and not (np.isfinite(self.mix_l2) and self.mix_l2 >= 0):
+            raise ValueError(f"--mix-l2 must be a number >= 0, got {self.mix_l2}")
 
     def describe(self) -> str:
         return (f"linear, Adam lr={self.learning_rate}, weight decay={self.weight_decay}, at most {self.epochs} epochs, "
                 f"early stopping (patience {self.patience}) on a seeded {self.validation_fraction:.0%} slice of train; "
-                "each layer standardised with training statistics")
+                + ("each layer standardised with training statistics" if self.standardize else "raw layers"))
+
+    def describe_mix(self) -> str:
+        """How a ScalarMix of these options is regularised and normalised."""
+        l2 = ("no lambda term (the probe's weight decay covers the mix weights and gamma)" if self.mix_l2 is None else
+              f"lambda={self.mix_l2:g}: lambda * sum_j w_j^2 on the pre-softmax weights added to the mean loss of a batch "
+              "(bilm-tf's weight_layers), weights and gamma without weight decay")
+        norm = ("each layer of a unit layer-normalised before mixing (per unit; bilm-tf pools the statistics over the "
+                "batch's tokens)" if self.mix_layer_norm else "no layer norm")
+        return f"{l2}; {norm}"
 
 
 @dataclass
@@ -87,11 +115,26 @@ class ProbeResult:
 
 
 class _Probe(torch.nn.Module):
-    def __init__(self, n_layers: int, pair: bool, dim: int, n_outputs: int) -> None:
+    def __init__(self, n_layers: int, pair: bool, dim: int, n_outputs: int, *, mix_l2: float | None = None,
+                 mix_layer_norm: bool = False) -> None:
         super().__init__()
-        self.mix = ScalarMix(n_layers) if n_layers > 1 else None
+        self.mix = ScalarMix(n_layers, layer_norm=mix_layer_norm) if n_layers > 1 else None
+        self.mix_l2 = mix_l2
         self.pair = pair
         self.linear = torch.nn.Linear(dim * (4 if pair else 1), n_outputs)
+
+    def regulariser(self) -> torch.Tensor:
+        """lambda * sum_j w_j^2 of the mix (bilm-tf's `l2_coef * reduce_sum(square(W))`), or 0."""
+        if self.mix is None or self.mix_l2 is None:
+            return torch.zeros(())
+        return self.mix_l2 * self.mix.l2_penalty()
+
+    def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """Adam's groups: with a lambda, the mix's weights and gamma take no weight decay."""
+        if self.mix is None or self.mix_l2 is None:
+            return [{"params": list(self.parameters()), "weight_decay": weight_decay}]
+        return [{"params": list(self.linear.parameters()), "weight_decay": weight_decay},
+                {"params": list(self.mix.parameters()), "weight_decay": 0.0}]
 
     def forward(self, units: torch.Tensor) -> torch.Tensor:  # (batch, n_layers, k, dim)
         mixed = self.mix(units.transpose(0, 1)) if self.mix is not None else units[:, 0]
@@ -109,9 +152,12 @@ def fit_probe(train: np.ndarray, labels: np.ndarray, evaluation: dict[str, np.nd
     chosen by the epoch with the best `metric(y, prediction)` on a seeded slice of train."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    mean = train.mean(axis=(0, 2), keepdims=True)
-    std = train.std(axis=(0, 2), keepdims=True)
-    std[std == 0] = 1.0
+    if options.standardize:
+        mean = train.mean(axis=(0, 2), keepdims=True)
+        std = train.std(axis=(0, 2), keepdims=True)
+        std[std == 0] = 1.0
+    else:
+        mean, std = np.zeros((1,) * train.ndim), np.ones((1,) * train.ndim)
 
     def tensor(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(((x - mean) / std).astype(np.float32))
@@ -123,8 +169,9 @@ def fit_probe(train: np.ndarray, labels: np.ndarray, evaluation: dict[str, np.nd
     target_mean, target_std = (float(labels.mean()), float(labels.std()) or 1.0) if regression else (0.0, 1.0)
     y_fit = torch.from_numpy(((labels[fit_rows] - target_mean) / target_std).astype(np.float32)) if regression \
         else torch.from_numpy(labels[fit_rows].astype(np.int64))
-    probe = _Probe(train.shape[1], train.shape[2] == 2, train.shape[3], 1 if regression else n_classes)
-    optimiser = torch.optim.Adam(probe.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay)
+    probe = _Probe(train.shape[1], train.shape[2] == 2, train.shape[3], 1 if regression else n_classes,
+                   mix_l2=options.mix_l2, mix_layer_norm=options.mix_layer_norm)
+    optimiser = torch.optim.Adam(probe.parameter_groups(options.weight_decay), lr=options.learning_rate)
     loss_function: Any = torch.nn.MSELoss() if regression else torch.nn.CrossEntropyLoss()
 
     def predict(X: torch.Tensor) -> np.ndarray:
@@ -139,7 +186,7 @@ def fit_probe(train: np.ndarray, labels: np.ndarray, evaluation: dict[str, np.nd
             optimiser.zero_grad()
             output = probe(X_fit[batch])
             loss = loss_function(output[:, 0], y_fit[batch]) if regression else loss_function(output, y_fit[batch])
-            loss.backward()
+            (loss + probe.regulariser()).backward()
             optimiser.step()
         probe.eval()
         value = metric(labels[valid_rows], predict(X_valid))
