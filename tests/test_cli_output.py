@@ -1,0 +1,91 @@
+"""Terminal output a researcher can read at 80 columns: `lmgeom sts`'s grid split into column groups,
+`run --help` and `analyze --help` panels, calibrate's seconds per method."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from lmgeom.calibrate import METHOD_NAMES
+from lmgeom.cli.main import app
+from lmgeom.cli.sts import column_groups
+
+STS_PAIRS = 40  # enough sentences for every calibrator's fit on a 4-layer tiny model
+
+
+def write_stsb(root: Path, n_pairs: int = STS_PAIRS) -> None:
+    words = "man woman dog cat car house runs eats sleeps red blue small big the a plays sings reads".split()
+    rng = random.Random(0)
+    rows = []
+    for i in range(n_pairs):
+        first, second = (" ".join(rng.choice(words) for _ in range(6)) for _ in range(2))
+        rows.append("\t".join(["main-captions", "MSRvid", "2012test", f"{i:04d}", f"{rng.uniform(0, 5):.3f}", first, second]))
+    (root / "stsbenchmark").mkdir(parents=True)
+    (root / "stsbenchmark" / "sts-test.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def boxed_rows(output: str, label: str) -> list[list[str]]:
+    """The cells of every table row of `output` whose first cell is `label`."""
+    return [[cell.strip() for cell in line.strip("│").split("│")] for line in output.splitlines()
+            if line.startswith(f"│ {label} ")]
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_sts_all_methods_fit_the_terminal(tmp_path, single_torch_thread, width):
+    write_stsb(tmp_path)
+    out = tmp_path / "sts.json"
+    result = CliRunner().invoke(app, [
+        "sts", "tiny-bert", "--data", str(tmp_path), "--method", "all", "--layers", "0,first-last-avg",
+        "--device", "cpu", "--out", str(out),
+    ], env={"COLUMNS": str(width)}, terminal_width=width)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "…" not in result.output
+    assert max(len(line) for line in lines) <= width, "\n".join(line for line in lines if len(line) > width)
+    headers = [cell.strip() for line in lines if line.startswith("┃ layer ") for cell in line.strip("┃").split("┃")]
+    # the grid's column groups name every method once (plus none), then the best-per-layer table's header
+    assert [h for h in headers if h != "layer"][: len(METHOD_NAMES) + 1] == ["none", *METHOD_NAMES]
+    groups = [line for line in lines if line.startswith("layer x calibration (")]
+    assert len(groups) >= 2 and groups[0].startswith(f"layer x calibration (1 of {len(groups)}: none to ")
+    # every grid cell and every best-per-layer row agree with the records' means
+    records = json.loads(out.read_text())["records"]
+    means = {(layer, method): np.mean([r["spearman"] for r in records if r["layer"] == layer and r["method"] == method
+                                       and r["aggregation"] == "all"])
+             for layer in ("0", "first-last-avg") for method in ("none", *METHOD_NAMES)}
+    for layer in ("0", "first-last-avg"):
+        rows = boxed_rows(result.output, layer)
+        grid = [cell for row in rows[:-1] for cell in row[1:]]
+        assert grid == [f"{means[layer, m]:.1f}" for m in ("none", *METHOD_NAMES)]
+        best = max(METHOD_NAMES, key=lambda m: means[layer, m])
+        assert rows[-1] == [layer, f"{means[layer, 'none']:.1f}", best, f"{means[layer, best]:.1f}",
+                            f"{means[layer, best] - means[layer, 'none']:+.1f}"]
+
+
+def test_column_groups_cover_every_column_in_order_and_fit():
+    header = ["layer", *(f"method{i}" * (1 + i % 3) for i in range(9))]
+    rows = [["first-last-avg", *("-10.4" for _ in range(9))], ["0", *("1.0" for _ in range(9))]]
+    for width in (30, 50, 80, 200):
+        groups = column_groups(header, rows, width)
+        assert [i for group in groups for i in group] == list(range(1, len(header)))
+        for group in groups:
+            # a boxed table: the left border, then each column's text, two spaces of padding and a border
+            drawn = 1 + sum(max(len(header[i]), *(len(r[i]) for r in rows)) + 3 for i in (0, *group))
+            assert drawn <= width or len(group) == 1
+        # greedy: the first column of the next group would not have fitted
+        for group, following in zip(groups, groups[1:]):
+            drawn = 1 + sum(max(len(header[i]), *(len(r[i]) for r in rows)) + 3 for i in (0, *group, following[0]))
+            assert drawn > width
+    assert column_groups(header, rows, 1000) == [list(range(1, len(header)))]
+
+
+def test_sts_help_lists_every_method():
+    result = CliRunner().invoke(app, ["sts", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    text = re.sub(r"[\s│]+", " ", result.output)
+    assert all(name in text for name in METHOD_NAMES)
