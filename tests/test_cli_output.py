@@ -89,3 +89,44 @@ def test_sts_help_lists_every_method():
     assert result.exit_code == 0
     text = re.sub(r"[\s│]+", " ", result.output)
     assert all(name in text for name in METHOD_NAMES)
+
+
+def description_width(output: str) -> int:
+    """The width of the narrowest description (help text) column of the help's Options panel: on each
+    option's first line, from where its description starts to the panel's right border."""
+    widths = []
+    for line in output.splitlines():
+        if line.startswith("│ --"):
+            description = re.split(r"\s{2,}", line.strip("│ "))[-1]
+            widths.append(len(line.rstrip()) - 1 - line.index(description))
+    return min(widths)
+
+
+@pytest.mark.parametrize("command", ["run", "analyze"])
+def test_run_and_analyze_help_read_at_80_columns(command):
+    import typer.main
+
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "…" not in result.output and max(len(line) for line in lines) <= 80
+    params = typer.main.get_command(app).commands[command].params  # type: ignore[attr-defined]
+    for param in params:
+        for name in [*param.opts, *param.secondary_opts]:
+            if name.startswith("--"):
+                assert any(line.startswith(f"│ {name}") or f",{name} " in line for line in lines), name
+    assert description_width(result.output) >= 30
+    # each option's help is a few lines, not a screen: at most 5 lines an option (with its default)
+    option_lines = [line for line in lines if line.startswith("│ ")]
+    assert len(option_lines) <= 5 * len(params)
+    assert "--mev-memory-mb" not in result.output or command == "analyze"
+
+
+def test_model_help_names_every_named_model():
+    from lmgeom.cli.extract import MODEL_HELP
+    from lmgeom.encoders.registry import NAMED_MODELS
+
+    assert all(name in MODEL_HELP for name in NAMED_MODELS)
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert all(name in result.output for name in NAMED_MODELS)
+    assert "MODEL on CORPUS" not in result.output
