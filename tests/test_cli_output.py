@@ -130,3 +130,29 @@ def test_model_help_names_every_named_model():
     result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
     assert all(name in result.output for name in NAMED_MODELS)
     assert "MODEL on CORPUS" not in result.output
+
+
+def test_limit_and_sample_have_default_folders_of_their_own(tmp_path, monkeypatch, single_torch_thread):
+    """`lmgeom run`'s extraction (`extract_model` without `out`): each selection of sentences has its own
+    folder, so the whole corpus after a --limit run is not refused as "holds another run"."""
+    from lmgeom.runs.extraction import default_run_dir, extract_model
+
+    words = "the man dog cat runs eats red blue small big house car a sings".split()
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(words) for _ in range(8)).capitalize() + "." for _ in range(12)]
+    (tmp_path / "c.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    expected = {
+        (("limit", 6),): ("runs/tiny-bert-c-limit6", sentences[:6]),
+        (): ("runs/tiny-bert-c", sentences),
+        (("sample", 4),): ("runs/tiny-bert-c-sample4", None),
+        (("sample", 4), ("seed", 1)): ("runs/tiny-bert-c-sample4-seed1", None),
+    }
+    for options, (folder, texts) in expected.items():
+        store = extract_model("tiny-bert", "c.txt", device="cpu", **dict(options))
+        assert store.path.resolve() == (tmp_path / folder).resolve()
+        stored = list(store.sentences["text"])
+        assert stored == texts if texts is not None else (len(stored) == 4 and set(stored) <= set(sentences))
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(Path(f).name for f, _ in expected.values())
+    assert default_run_dir("models/my-bert", "sts:../data/STS", limit=60) == Path("runs/my-bert-sts-limit60")
+    assert default_run_dir("minilm", "lee", sample=100, seed=3) == Path("runs/minilm-lee-sample100-seed3")
