@@ -26,6 +26,7 @@ def extract(
     *,
     dtype: str = "float32",
     chunk_sentences: int | None = None,
+    compress: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepresentationStore:
@@ -33,7 +34,8 @@ def extract(
 
     Progress is reported per committed chunk in sentences, with sentences and words per second
     (`words` are the corpus words stored; special tokens kept with `--keep-special` are not counted).
-    `chunk_sentences` defaults to `default_chunk_sentences` for the model.
+    `chunk_sentences` defaults to `default_chunk_sentences` for the model. The layers' zarr chunks fit
+    the corpus (`layout.chunk_rows`); `compress` ("zstd") compresses them (default: raw).
     """
     progress = progress or NoProgress()
     chunk_sentences = chunk_sentences or default_chunk_sentences(encoder.n_layers, encoder.dim, len(corpus))
@@ -42,7 +44,7 @@ def extract(
         from lmgeom.runs.distributed import extract_sharded
 
         return extract_sharded(encoder, corpus, location, dtype=dtype, chunk_sentences=chunk_sentences,
-                               overwrite=overwrite, progress=progress)
+                               compress=compress, overwrite=overwrite, progress=progress)
     out = location.local_path
     settings = {
         **encoder.settings(),
@@ -53,8 +55,10 @@ def extract(
         "n_corpus_sentences": len(corpus),
         "pretokenized": corpus.pretokenized,
         "chunk_sentences": chunk_sentences,
+        **({"compressor": compress} if compress is not None else {}),
     }
-    with StoreWriter(Path(out), settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
+    with StoreWriter(Path(out), settings=settings, overwrite=overwrite,
+                     expected_rows=layout.expected_rows(corpus.sentences)) as writer:  # its lock is released however this ends
         stage = f"extract {corpus.name}"
         progress.start(stage, len(corpus), unit="sentences")
         if writer.complete:
@@ -146,6 +150,7 @@ def extract_model(
     max_length: int | None = None,
     max_batch_tokens: int = 8192,
     chunk_sentences: int | None = None,
+    compress: str | None = None,
     gguf_file: str | None = None,
     revision: str | None = None,
     overwrite: bool = False,
@@ -166,6 +171,7 @@ def extract_model(
 
     require_count(limit, "limit")
     require_count(sample, "sample")
+    layout.compressors(compress)  # an unknown codec is refused before the model loads
     if out is None:
         out = default_run_dir(model, corpus, limit=limit, sample=sample, seed=seed)
     encoder_options: dict[str, Any] = dict(
@@ -180,7 +186,8 @@ def extract_model(
         return extract_model_sharded(
             model, corpus, str(out), field=field, pretokenized=pretokenized,
             limit=limit, sample=sample, seed=seed, encoder_options=encoder_options, dtype=dtype,
-            chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, engine=engine,
+            chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, compress=compress,
+            engine=engine,
             num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address, overwrite=overwrite,
             progress=progress)
     if num_workers != 1 or gpus_per_worker or shard_sentences:
@@ -189,7 +196,7 @@ def extract_model(
     # a bad corpus spec fails before the model loads
     sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
     encoder = load_encoder(model, **encoder_options)
-    return extract(encoder, sentences, out, dtype=dtype, chunk_sentences=chunk_sentences,
+    return extract(encoder, sentences, out, dtype=dtype, chunk_sentences=chunk_sentences, compress=compress,
                    overwrite=overwrite, progress=progress)
 
 
