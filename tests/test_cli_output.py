@@ -156,3 +156,62 @@ def test_limit_and_sample_have_default_folders_of_their_own(tmp_path, monkeypatc
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(Path(f).name for f, _ in expected.values())
     assert default_run_dir("models/my-bert", "sts:../data/STS", limit=60) == Path("runs/my-bert-sts-limit60")
     assert default_run_dir("minilm", "lee", sample=100, seed=3) == Path("runs/minilm-lee-sample100-seed3")
+
+
+class NoteProgress:
+    """Records every (stage, n, note) the driver reports."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, str]] = []
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        pass
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        self.events.append((stage, n, note))
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    from lmgeom.corpus import lee
+    from lmgeom.store.arrays import write_store_from_arrays
+
+    words = [[w.text for w in s.words] for s in lee().head(40).sentences]
+    n_rows = sum(len(w) for w in words)
+    rng = np.random.default_rng(0)
+    hidden = [rng.standard_normal((n_rows, 8)).astype(np.float32) * np.arange(1, 9) + 3 for _ in range(2)]
+    return write_store_from_arrays(tmp_path / "store", hidden, words)
+
+
+def test_calibrate_reports_seconds_per_method(small_store):
+    import time
+
+    from lmgeom.runs.calibration import calibrate_store, holds_fits, read_calibration
+
+    methods = ["whitening", "abtt", "standardize"]
+    progress = NoteProgress()
+    started = time.perf_counter()
+    result = calibrate_store(small_store, methods=methods, layers=[0, 1], progress=progress)
+    elapsed = time.perf_counter() - started
+    # a note names each fit as it starts, then its time when done (one count per fit)
+    notes = [(n, note) for stage, n, note in progress.events if stage == "calibrate"]
+    expected = []
+    for fit in result.fits:
+        expected += [(0, f"fitting L{fit['layer']} {fit['method']}"),
+                     (1, f"L{fit['layer']} {fit['method']} fitted in {fit['seconds']:.1f} s")]
+    assert notes == expected
+    seconds = [fit["seconds"] for fit in result.fits]
+    assert all(s >= 0 for s in seconds) and sum(seconds) <= elapsed
+    document = read_calibration(small_store.path)
+    assert [fit["seconds"] for fit in document["fits"]] == seconds
+    assert "seconds" not in document["settings"]
+    # a re-fit with the same options holds the same fits, whatever it took
+    calibrate_store(small_store, methods=["abtt"], layers=[0])
+    assert holds_fits(small_store.path, result.fits)
+
+    cli = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", ",".join(methods), "--layer", "1"],
+                             env={"COLUMNS": "80"}, terminal_width=80)
+    assert cli.exit_code == 0, cli.output
+    line = next(line for line in cli.output.splitlines() if line.startswith("fit seconds per method (layer 1): "))
+    fits = {fit["method"]: fit["seconds"] for fit in read_calibration(small_store.path)["fits"] if fit["layer"] == 1}
+    assert line.split(": ", 1)[1] == ", ".join(f"{m} {fits[m]:.1f} s" for m in methods)
