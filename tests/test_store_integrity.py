@@ -232,7 +232,7 @@ def corpus() -> Corpus:
 @pytest.fixture
 def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """64-row chunks in shard parts: several chunk files per part, the last one of each padded."""
-    monkeypatch.setattr("lmgeom.store.sharded.chunk_rows", lambda dim: 64)
+    monkeypatch.setattr("lmgeom.store.layout.chunk_rows", lambda dim, expected_rows=None: 64)
 
 
 def test_a_memory_store_is_checked_on_open_and_verified(encoder, corpus, small_parts):

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, above, console, number, user_errors
+from lmgeom.cli.common import RichProgress, above, console, number, user_errors
 
-DEVICE_HELP = ("where the closed-form statistics compute: cpu (numpy), cuda or cuda:N (torch, float64 on the GPU), "
-               "auto (cuda when present), torch:cpu (the GPU code path on the CPU); MEV runs on the CPU")
+DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,18 +78,18 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract` (a folder or an fsspec URL)"),
-        min_contexts: int = typer.Option(5, min=1, help="analyse words occurring in at least this many distinct sentences"),
-        exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out (as the paper did)"),
-        exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word (decoders without BOS put outlier activations there)"),
-        include_special: bool = typer.Option(False, help="also analyse special tokens (CLS/SEP/BOS), when the store kept them"),
-        seed: int = typer.Option(0, min=0, help="seed for the sampled baselines"),
-        samples: int = typer.Option(1000, min=2, help="occurrences sampled for the sampled anisotropy and MEV baselines"),
+        min_contexts: int = typer.Option(5, min=1, metavar="<int>", help="analyse words in at least this many distinct sentences"),
+        include_punct: bool = typer.Option(False, "--include-punct", help="also analyse punctuation (the paper left it out)"),
+        exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word (decoders without BOS put outliers there)"),
+        include_special: bool = typer.Option(False, "--include-special", help="also analyse special tokens (CLS/SEP/BOS) the store kept"),
+        seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the sampled baselines"),
+        samples: int = typer.Option(1000, min=2, metavar="<int>", help="occurrences sampled for the anisotropy and MEV baselines"),
         out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
-        mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory for per-word occurrence matrices (MB); words beyond it wait in local scratch files (TMPDIR), solved a group at a time"),
+        mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
-        engine: str = typer.Option("local", help="local (this machine: --num-workers layers at once) or ray (tasks by row range and word group on a Ray cluster)"),
-        ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
-        num_workers: int = typer.Option(2, min=1, help=f"--engine local: {LAYER_WORKERS_HELP}; --engine ray: tasks running at once"),
+        engine: str = typer.Option("local", help="local (this machine) or ray (tasks on a Ray cluster)"),
+        ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: a local one)"),
+        num_workers: int = typer.Option(2, min=1, metavar="<int>", help="local: layers analysed at once, a worker process each; ray: tasks at once (see docs/performance.md)"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs import analyze_store
@@ -104,12 +103,12 @@ def register(app: typer.Typer) -> None:
             store = RepresentationStore.open(store_path)
             if engine == "ray":
                 result = analyze_ray(store, AnalysisOptions(
-                    min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
+                    min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
                     exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb),
                     num_workers=num_workers, ray_address=ray_address, progress=progress)
             else:
                 result = analyze_store(
-                    store, min_contexts=min_contexts, include_punct=not exclude_punct, include_special=include_special,
+                    store, min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
                     exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
                     progress=progress, device=device, num_workers=num_workers)
             written = write_contextuality(result, store, out)

@@ -37,6 +37,17 @@ def print_records(records: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+def print_fit_times(fits: list[dict[str, Any]]) -> None:
+    """Seconds each method's fits took, summed over the layers (the fits' `seconds`)."""
+    seconds: dict[str, float] = {}
+    for fit in fits:
+        seconds[fit["method"]] = seconds.get(fit["method"], 0.0) + float(fit["seconds"])
+    layers = len({fit["layer"] for fit in fits})
+    over = f"over {layers} layers" if layers > 1 else f"layer {fits[0]['layer']}" if fits else ""
+    console.print(f"fit seconds per method ({over}): " + ", ".join(f"{method} {value:.1f} s" for method, value in seconds.items()),
+                  highlight=False)
+
+
 # isotropy_report's row cap (lmgeom.metrics.isotropy.REPORT_MAX_ROWS, a test checks it), written here so
 # that `--help` does not import the metrics
 EVAL_ROWS_DEFAULT = "20,000"
@@ -68,4 +79,5 @@ def register(app: typer.Typer) -> None:
                 seed=seed, progress=progress,
             )
         print_records(result.records)
+        print_fit_times(result.fits)
         console.print("wrote " + ", ".join(str(path) for path in result.paths))

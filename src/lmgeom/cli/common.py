@@ -32,12 +32,6 @@ MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
 MEV_ADJ_NOTE = "MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released figures) minus its baseline"
 """The one MEV column of the CLI's per-layer tables (`lmgeom run`, `lmgeom report`), and its note."""
 
-LAYER_WORKERS_HELP = ("layers analysed at once, each in a worker process of its own (at most one per CPU; 1, or layers of "
-                      "fewer than 2^26 analysed values (rows x d), which cost less than starting a worker: one after another "
-                      "in this process; the numbers are the same either way); peak memory and scratch disk are about this "
-                      "many times one layer's (its statistics and one MEV word group of --mev-memory-mb, default 512 MB), "
-                      "plus about 0.2 GB of libraries a worker imports in a second or two before its first layer")
-
 
 class RichProgress:
     """Progress of each stage, satisfying `lmgeom.progress.Progress`. Use as a context manager.

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import LAYER_WORKERS_HELP, MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, number, split_list, user_errors
+from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, number, split_list, user_errors
 
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore
 
-MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
+MODEL_HELP = "a named model (minilm, smollm2, elmo-brown, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
 CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"
 
 
@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
         max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
         max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch"),
         chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
+        compress: Optional[str] = typer.Option(None, help="compress the layers' chunks: zstd (default: raw; reads cost more, see docs/performance.md)"),
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
         revision: Optional[str] = typer.Option(None, help="Hub revision"),
         overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
@@ -69,7 +70,7 @@ def register(app: typer.Typer) -> None:
                 model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
                 pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
                 dtype=dtype, compute_dtype=compute_dtype, device=device, max_length=max_length,
-                max_batch_tokens=max_batch_tokens, chunk_sentences=chunk_sentences, gguf_file=gguf_file,
+                max_batch_tokens=max_batch_tokens, chunk_sentences=chunk_sentences, compress=compress, gguf_file=gguf_file,
                 revision=revision, overwrite=overwrite, progress=progress, engine=engine, ray_address=ray_address,
                 num_workers=num_workers, gpus_per_worker=gpus_per_worker, shard_sentences=shard_sentences,
             )
@@ -79,20 +80,20 @@ def register(app: typer.Typer) -> None:
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: str = typer.Option("lee", help="corpus spec, as for `lmgeom extract --corpus`"),
-        out: Optional[str] = typer.Option(None, help="run directory or file:// URL (default runs/<model>-<corpus>)"),
+        out: Optional[str] = typer.Option(None, help="run folder or file:// URL (default runs/<model>-<corpus>, with -limitN for --limit N)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
         device: str = typer.Option("auto", help="auto, cpu, cuda"),
-        min_contexts: int = typer.Option(5, min=1, help="analyse words occurring in at least this many distinct sentences"),
-        layers: str = typer.Option("default", help="layers to calibrate and distil static embeddings from: 'default' (0, middle, last), 'all', or e.g. 0,3,6"),
+        min_contexts: int = typer.Option(5, min=1, metavar="<int>", help="analyse words in at least this many distinct sentences"),
+        layers: str = typer.Option("default", help="layers to calibrate and distil: default (0, middle, last), all, or e.g. 0,3,6"),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
-        seed: int = typer.Option(0, min=0, help="seed for sampled statistics"),
-        num_workers: int = typer.Option(2, min=1, help=f"contextuality step: {LAYER_WORKERS_HELP}"),
-        include: List[Path] = typer.Option([], help="another folder of experiment results to show in the report (repeatable)"),
-        overwrite: bool = typer.Option(False, help="replace a store of other settings in --out"),
+        seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for sampled statistics"),
+        num_workers: int = typer.Option(2, min=1, metavar="<int>", help="layers analysed at once, each in a worker process (see docs/performance.md)"),
+        include: List[Path] = typer.Option([], help="a folder of experiment results to show in the report (repeatable)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace a store of other settings in --out"),
     ) -> None:
-        """The main job: extract every layer of MODEL on CORPUS, measure how contextual and how isotropic
-        each layer is, calibrate, distil static embeddings, and write report.html; finished steps are
-        skipped when re-run."""
+        """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
+        contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
+        report.html; finished steps are skipped when re-run."""
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 from rich.table import Table
 
+from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.cli.common import RichProgress, console, split_list, user_errors
-
-CALIBRATORS = "whitening, abtt, cie, flow, standardize"
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +20,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="results JSON (tidy records; a .csv of the records is written next to it)"),
         layers: str = typer.Option("all,first-last-avg", help="comma list of layer numbers, 'all' and 'first-last-avg' (layers 1 and L); layer 0 = embedding output"),
         combine: list[str] = typer.Option([], "--combine", help="also evaluate the average of these layers, e.g. 0,6 (repeatable)"),
-        method: str = typer.Option("none", "--methods", "--method", help=f"comma list of none, {CALIBRATORS}, or 'all'; 'none' is always included"),
+        method: str = typer.Option("none", "--methods", "--method", help=f"comma list of none, {', '.join(METHOD_NAMES)}, or 'all' (every one); 'none' is always included"),
         fit_on: str = typer.Option("transductive", "--fit-on", help="fit calibrators on the evaluated sentences ('transductive') or on a corpus (lee, brown, a file, ...); comma list for several"),
         split: str = typer.Option("test", help="test, dev or train (SemEval STS12-16 exist only as test; SICK dev = TRIAL)"),
         limit_pairs: Optional[int] = typer.Option(None, min=1, help="evaluate a seeded random subset of N pairs per dataset"),
@@ -31,7 +30,6 @@ def register(app: typer.Typer) -> None:
         markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the summary table as markdown"),
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
-        from lmgeom.calibrate import METHOD_NAMES
         from lmgeom.runs.sts import combination, run_sts
 
         with user_errors():
@@ -46,19 +44,53 @@ def register(app: typer.Typer) -> None:
                     split=split, limit_pairs=limit_pairs, include_special=special, seed=seed, device=device, out=out,
                     markdown=markdown, progress=progress,
                 )
-        header, rows = result.summary
         datasets = ", ".join(d["name"] for d in result.settings["datasets"])
-        title = (
+        console.print(
             f"{result.model_id}: STS Spearman x 100 ({split}), mean over {datasets} of the pooled pairs; "
-            f"mean pooling, special tokens {'included' if special else 'excluded'}; layer 0 = embedding output"
+            f"mean pooling, special tokens {'included' if special else 'excluded'}; layer 0 = embedding output",
+            highlight=False,
         )
-        table = Table(title=title)
-        for index, column in enumerate(header):
-            table.add_column(column, justify="left" if index == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        header, rows = result.summary
+        groups = column_groups(header, rows, console.width)
+        for number, group in enumerate(groups, start=1):
+            part = f" ({number} of {len(groups)}: {header[group[0]]} to {header[group[-1]]})" if len(groups) > 1 else ""
+            console.print(f"layer x calibration{part}", highlight=False)
+            console.print(grid_table([header[i] for i in (0, *group)], [[row[i] for i in (0, *group)] for row in rows]))
+        best_header, best_rows = result.best
+        if best_rows:
+            console.print("best calibration per layer (gain = score - none)", highlight=False)
+            console.print(grid_table(best_header, best_rows, left=(0, 2)))
         if result.paths:
             console.print("per-dataset scores, both aggregations and isotropy: " + ", ".join(str(path) for path in result.paths))
         else:
             console.print("per-dataset scores, both aggregations and isotropy: pass --out (JSON + CSV) or --markdown")
+
+
+def column_groups(header: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[list[int]]:
+    """The indexes of the columns after the first (the row labels), split into consecutive groups such
+    that the label column and one group, drawn by `grid_table`, fit in `width` characters (a column wider
+    than that alone is a group of its own)."""
+    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
+    # a boxed rich table: each column is its text, a space either side and one border; plus the left border
+    start = 1 + widths[0] + 3
+    groups: list[list[int]] = []
+    used = start
+    for index in range(1, len(header)):
+        if groups and groups[-1] and used + widths[index] + 3 <= width:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+            used = start
+        used += widths[index] + 3
+    return groups
+
+
+def grid_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: Sequence[int] = (0,)) -> Table:
+    """A table whose cells are never cut: the `left` columns left-aligned, the others right; a table wider
+    than the terminal (a column name such as `whitening@corpus` longer than the line) folds its text."""
+    table = Table()
+    for index, column in enumerate(header):
+        table.add_column(column, justify="left" if index in left else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -111,15 +111,38 @@ def headline_grid(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     """(header, rows) narrow enough for a terminal: one row per layer selection, one column per
     calibration (`method@corpus` when fitted on a corpus), each cell the Spearman x 100 of the "all"
     aggregation averaged over the datasets."""
+    scores = _grid_scores(records)
+    columns = list(dict.fromkeys(column for by_column in scores.values() for column in by_column))
+    rows = [[layer, *(f"{by_column[c]:.1f}" if c in by_column else "" for c in columns)] for layer, by_column in scores.items()]
+    return ["layer", *columns], rows
+
+
+def best_calibration(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per layer selection with a calibration, the uncalibrated score, the calibration
+    (a `headline_grid` column) of the highest score and its gain over none, on the grid's scores;
+    ties go to the earlier column."""
+    rows = []
+    for layer, by_column in _grid_scores(records).items():
+        calibrated = {column: value for column, value in by_column.items() if column != "none"}
+        if not calibrated:
+            continue
+        best = max(calibrated, key=lambda column: calibrated[column])
+        none = by_column.get("none")
+        rows.append([layer, "" if none is None else f"{none:.1f}", best, f"{calibrated[best]:.1f}",
+                     "" if none is None else f"{calibrated[best] - none:+.1f}"])
+    return ["layer", "none", "best calibration", "score", "gain"], rows
+
+
+def _grid_scores(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{layer: {column: Spearman x 100 of the "all" aggregation averaged over datasets}}, columns as
+    in `headline_grid`, in the records' order."""
     scores: dict[str, dict[str, list[float]]] = {}
     for record in records:
         if record["aggregation"] != "all":
             continue
         column = record["method"] if record["fit_on"] in ("none", "transductive") else f"{record['method']}@{record['fit_on']}"
         scores.setdefault(record["layer"], {}).setdefault(column, []).append(record["spearman"])
-    columns = list(dict.fromkeys(column for by_column in scores.values() for column in by_column))
-    rows = [[layer, *(f"{np.mean(by_column[c]):.1f}" if c in by_column else "" for c in columns)] for layer, by_column in scores.items()]
-    return ["layer", *columns], rows
+    return {layer: {column: float(np.mean(values)) for column, values in by_column.items()} for layer, by_column in scores.items()}
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

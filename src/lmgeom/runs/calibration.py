@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,15 @@ def holds_fits(directory: str | os.PathLike[str], fits: Sequence[dict[str, Any]]
         document = read_calibration(directory)
     except ResultFileError:
         return False
-    return document is not None and all(fit in document["fits"] for fit in fits)
+    if document is None:
+        return False
+    held = [_options(fit) for fit in document["fits"]]
+    return all(_options(fit) in held for fit in fits)
+
+
+def _options(fit: dict[str, Any]) -> dict[str, Any]:
+    """A fit's layer, method and options: what makes two fits the same (its `seconds` does not)."""
+    return {key: value for key, value in fit.items() if key != "seconds"}
 
 
 def merge_calibration(document: dict[str, Any] | None, fits: list[dict[str, Any]],
@@ -93,7 +102,7 @@ def merge_calibration(document: dict[str, Any] | None, fits: list[dict[str, Any]
     kept_fits = [fit for fit in (document or {}).get("fits", []) if _key(fit) not in replaced]
     kept_records = [record for record in (document or {}).get("records", []) if _key(record) not in replaced]
     all_fits = sorted([*kept_fits, *fits], key=_order)
-    options = [{key: value for key, value in fit.items() if key not in ("layer", "method")} for fit in all_fits]
+    options = [{key: value for key, value in _options(fit).items() if key not in ("layer", "method")} for fit in all_fits]
     shared = {key: value for key, value in options[0].items() if all(option.get(key) == value for option in options)}
     settings = {"methods": sorted({str(fit["method"]) for fit in all_fits}, key=_method_order),
                 "layers": sorted({int(fit["layer"]) for fit in all_fits}), **shared}
@@ -148,7 +157,8 @@ def calibrate_store(
     calibrators go to STORE/calibrators/<method>-L<layer>.npz|.pt and the records are merged into
     STORE/calibration.json and calibration.csv by (layer, method): a re-fit of a (layer, method)
     replaces that one's records and calibrator, the others (such as those `run` wrote) stay. The
-    file's `fits` record the options of each (layer, method) it holds.
+    file's `fits` record the options of each (layer, method) it holds, and `seconds`, the wall time its
+    fit took (the progress note names the fit running and the time of each done).
 
     `store` may be a store, a store's path, or a model name (then `corpus` is extracted with it into
     runs/<model>-<corpus> first, or resumed there; `device` is where that model runs)."""
@@ -175,12 +185,15 @@ def calibrate_store(
         X_eval = as_float64_rows(store.rows(layer, eval_sample), name="store rows", layer=layer)
         before = isotropy_report(X_eval, seed=seed, max_rows=None)
         for method in methods:
+            progress.advance("calibrate", 0, note=f"fitting L{layer} {method}")
+            started = time.perf_counter()
             estimator = fit_store(make_calibrator(method, seed=seed), store, layer, max_rows=fit_rows, seed=seed,
                                   selection=selection)
+            seconds = time.perf_counter() - started
             after = isotropy_report(estimator.transform(X_eval), seed=seed, max_rows=None)
             if save:
                 estimator.save(CALIBRATOR.at(store.path, method=method, layer=layer))
-            fits.append({"layer": layer, "method": method, **options})
+            fits.append({"layer": layer, "method": method, **options, "seconds": round(seconds, 3)})
             records.extend(
                 {
                     "layer": layer,
@@ -193,7 +206,7 @@ def calibrate_store(
                 }
                 for measure in REPORT_MEASURES
             )
-            progress.advance("calibrate", note=f"done: L{layer} {method}")
+            progress.advance("calibrate", note=f"L{layer} {method} fitted in {seconds:.1f} s")
     store.check_unchanged()
     paths: list[Path] = []
     if save:

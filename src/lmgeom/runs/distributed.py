@@ -89,12 +89,13 @@ def connect_ray(address: str | None = None) -> ModuleType:
 
 
 def store_settings(encoder_settings: dict[str, Any], corpus: Corpus | CorpusStream, summary: CorpusSummary, *, dtype: str,
-                   chunk_sentences: int, shard_sentences: int) -> dict[str, Any]:
+                   chunk_sentences: int, shard_sentences: int, compress: str | None = None) -> dict[str, Any]:
     """What makes two sharded extractions the same run (as `extract` records, plus the shard size)."""
     return {
         **encoder_settings, "dtype": dtype, "corpus_name": corpus.name, "corpus_source": corpus.source,
         "corpus_fingerprint": summary.fingerprint, "n_corpus_sentences": summary.n_sentences,
         "pretokenized": summary.pretokenized, "chunk_sentences": chunk_sentences, "shard_sentences": shard_sentences,
+        **({"compressor": compress} if compress is not None else {}),
     }
 
 
@@ -102,7 +103,8 @@ def encode_shard(encoder: Encoder, url: str, settings: dict[str, Any], shard: in
                  sentences: Sequence[Sentence]) -> dict[str, Any]:
     """Encode one shard chunk by chunk into a part of its own, then commit it; returns its manifest."""
     writer = ShardPartWriter(Location.of(url), shard, first_sentence=first_sentence, n_layers=int(settings["n_layers"]),
-                             dim=int(settings["dim"]), dtype=str(settings["dtype"]))
+                             dim=int(settings["dim"]), dtype=str(settings["dtype"]),
+                             expected_rows=layout.expected_rows(sentences), compressor=settings.get("compressor"))
     step = int(settings["chunk_sentences"])
     for start in range(0, len(sentences), step):
         chunk = sentences[start : start + step]
@@ -168,6 +170,7 @@ def extract_sharded(
     dtype: str = "float32",
     chunk_sentences: int | ChunkRule = 256,
     shard_sentences: int | None = None,
+    compress: str | None = None,
     num_workers: int = 1,
     gpus_per_worker: float = 0.0,
     ray_address: str | None = None,
@@ -217,7 +220,7 @@ def extract_sharded(
         shard_sentences = location.read_json(layout.META).get("settings", {}).get("shard_sentences")
     shard_sentences = shard_sentences or default_shard_sentences(summary.n_sentences, chunk_sentences, num_workers=num_workers)
     settings = store_settings(encoder_settings, source, summary, dtype=dtype, chunk_sentences=chunk_sentences,
-                              shard_sentences=shard_sentences)
+                              shard_sentences=shard_sentences, compress=compress)
     with ShardedStoreWriter(location, settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
         stage = f"extract {source.name}"
         progress.start(stage, summary.n_sentences, unit="sentences")
@@ -282,6 +285,7 @@ def extract_model_sharded(
     dtype: str = "float32",
     chunk_sentences: int | ChunkRule = 256,
     shard_sentences: int | None = None,
+    compress: str | None = None,
     engine: str = "local",
     num_workers: int = 1,
     gpus_per_worker: float = 0.0,
@@ -297,7 +301,7 @@ def extract_model_sharded(
     stream = open_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
     return extract_sharded(partial(load_encoder, model, **dict(encoder_options or {})), stream, out, engine=engine,
                            dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
-                           num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
+                           compress=compress, num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
                            overwrite=overwrite, progress=progress)
 
 

@@ -26,6 +26,7 @@ def extract(
     *,
     dtype: str = "float32",
     chunk_sentences: int | None = None,
+    compress: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepresentationStore:
@@ -33,7 +34,8 @@ def extract(
 
     Progress is reported per committed chunk in sentences, with sentences and words per second
     (`words` are the corpus words stored; special tokens kept with `--keep-special` are not counted).
-    `chunk_sentences` defaults to `default_chunk_sentences` for the model.
+    `chunk_sentences` defaults to `default_chunk_sentences` for the model. The layers' zarr chunks fit
+    the corpus (`layout.chunk_rows`); `compress` ("zstd") compresses them (default: raw).
     """
     progress = progress or NoProgress()
     chunk_sentences = chunk_sentences or default_chunk_sentences(encoder.n_layers, encoder.dim, len(corpus))
@@ -42,7 +44,7 @@ def extract(
         from lmgeom.runs.distributed import extract_sharded
 
         return extract_sharded(encoder, corpus, location, dtype=dtype, chunk_sentences=chunk_sentences,
-                               overwrite=overwrite, progress=progress)
+                               compress=compress, overwrite=overwrite, progress=progress)
     out = location.local_path
     settings = {
         **encoder.settings(),
@@ -53,8 +55,10 @@ def extract(
         "n_corpus_sentences": len(corpus),
         "pretokenized": corpus.pretokenized,
         "chunk_sentences": chunk_sentences,
+        **({"compressor": compress} if compress is not None else {}),
     }
-    with StoreWriter(Path(out), settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
+    with StoreWriter(Path(out), settings=settings, overwrite=overwrite,
+                     expected_rows=layout.expected_rows(corpus.sentences)) as writer:  # its lock is released however this ends
         stage = f"extract {corpus.name}"
         progress.start(stage, len(corpus), unit="sentences")
         if writer.complete:
@@ -112,9 +116,17 @@ def default_chunk_sentences(n_layers: int, dim: int, n_sentences: int, *, budget
     return int(min(by_memory, four_chunks))
 
 
-def default_run_dir(model: str, corpus: str) -> Path:
-    """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}").strip("-")
+def default_run_dir(model: str, corpus: str, *, limit: int | None = None, sample: int | None = None,
+                    seed: int = 0) -> Path:
+    """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged, with
+    -limitN for the first N sentences and -sampleN (-sampleN-seedS for a seed other than 0) for a sample,
+    so that runs on different sentences never share a folder."""
+    name = f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}"
+    if limit is not None:
+        name += f"-limit{limit}"
+    if sample is not None:
+        name += f"-sample{sample}" + (f"-seed{seed}" if seed else "")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
     return Path("runs") / slug
 
 
@@ -138,6 +150,7 @@ def extract_model(
     max_length: int | None = None,
     max_batch_tokens: int = 8192,
     chunk_sentences: int | None = None,
+    compress: str | None = None,
     gguf_file: str | None = None,
     revision: str | None = None,
     overwrite: bool = False,
@@ -149,27 +162,32 @@ def extract_model(
     shard_sentences: int | None = None,
 ) -> RepresentationStore:
     """`lmgeom extract`: load the corpus spec `corpus` and `model`, and extract every layer into `out`
-    (default runs/<model>-<corpus>; a folder or an fsspec URL), resuming an interrupted run. Options as
-    for `load_corpus`, `load_encoder` and `extract`; `engine="ray"` (or an object-store `out`) encodes
-    shards of a stream of the corpus (`lmgeom.runs.distributed.extract_model_sharded`), with
-    `engine="ray"` on `num_workers` Ray actors, each loading the model."""
+    (a folder or an fsspec URL; default `default_run_dir`: runs/<model>-<corpus>[-limitN][-sampleN]),
+    resuming an interrupted run. Options as for `load_corpus`, `load_encoder` and `extract`;
+    `engine="ray"` (or an object-store `out`) encodes shards of a stream of the corpus
+    (`lmgeom.runs.distributed.extract_model_sharded`), with `engine="ray"` on `num_workers` Ray actors,
+    each loading the model."""
     from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
 
     require_count(limit, "limit")
     require_count(sample, "sample")
+    layout.compressors(compress)  # an unknown codec is refused before the model loads
+    if out is None:
+        out = default_run_dir(model, corpus, limit=limit, sample=sample, seed=seed)
     encoder_options: dict[str, Any] = dict(
         device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
         skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
         max_batch_tokens=max_batch_tokens,
     )
-    if engine != "local" or (out is not None and not Location.of(out).is_local):
+    if engine != "local" or not Location.of(out).is_local:
         from lmgeom.runs.distributed import extract_model_sharded
 
         # shards cut from a stream of the corpus: the driver never holds it whole
         return extract_model_sharded(
-            model, corpus, out or str(default_run_dir(model, corpus)), field=field, pretokenized=pretokenized,
+            model, corpus, str(out), field=field, pretokenized=pretokenized,
             limit=limit, sample=sample, seed=seed, encoder_options=encoder_options, dtype=dtype,
-            chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, engine=engine,
+            chunk_sentences=chunk_sentences or default_chunk_sentences, shard_sentences=shard_sentences, compress=compress,
+            engine=engine,
             num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address, overwrite=overwrite,
             progress=progress)
     if num_workers != 1 or gpus_per_worker or shard_sentences:
@@ -178,7 +196,7 @@ def extract_model(
     # a bad corpus spec fails before the model loads
     sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
     encoder = load_encoder(model, **encoder_options)
-    return extract(encoder, sentences, out or default_run_dir(model, corpus), dtype=dtype, chunk_sentences=chunk_sentences,
+    return extract(encoder, sentences, out, dtype=dtype, chunk_sentences=chunk_sentences, compress=compress,
                    overwrite=overwrite, progress=progress)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from lmgeom.calibrate import METHODS, Calibrator, make_calibrator
 from lmgeom.corpus import Corpus, load_corpus
-from lmgeom.evaluate.sts import headline_grid, markdown_table, score_dataset, summary_table
+from lmgeom.evaluate.sts import best_calibration, headline_grid, markdown_table, score_dataset, summary_table
 from lmgeom.evaluate.sts_data import STSDataset, find_datasets
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.progress import NoProgress, Progress
@@ -232,13 +232,15 @@ def evaluate_sts(
 
 @dataclass
 class STSRun:
-    """What `run_sts` did: the tidy records, the settings, the terminal's headline grid and the files written."""
+    """What `run_sts` did: the tidy records, the settings, the terminal's headline grid and best calibration
+    per layer (`headline_grid`, `best_calibration`) and the files written."""
 
     records: list[dict[str, Any]]
     settings: dict[str, Any]
     model_id: str
     summary: tuple[list[str], list[list[str]]]
     paths: list[Path]
+    best: tuple[list[str], list[list[str]]]
 
 
 def run_sts(
@@ -300,7 +302,7 @@ def run_sts(
         paths.append(write_records_csv(out.with_suffix(".csv"), merged["records"]))
     if markdown is not None:
         paths.append(write_text(markdown, markdown_table(*summary_table(records))))
-    return STSRun(records, settings, encoder.model_id, headline_grid(records), paths)
+    return STSRun(records, settings, encoder.model_id, headline_grid(records), paths, best_calibration(records))
 
 
 def _previous_results(out: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -40,7 +40,7 @@ def write_store_from_arrays(
         special = np.asarray(is_special[index], dtype=bool) if is_special is not None else np.zeros(len(words), dtype=bool)
         encoded.append(EncodedSentence(stack, list(words), special, np.ones(len(words), dtype=np.int16), 1))
         row += len(words)
-    with StoreWriter(path, settings=settings, overwrite=overwrite) as writer:
+    with StoreWriter(path, settings=settings, overwrite=overwrite, expected_rows=n_rows) as writer:
         writer.commit(encoded, [s.text for s in corpus.sentences])
         writer.finalize()
     return RepresentationStore.open(path)

@@ -34,6 +34,37 @@ VOCAB = "vocab.parquet"
 CHECKSUMS = "checksums.json"
 SHARDS = "shards"
 STORAGE_DTYPES = ("float32", "float16")
+COMPRESSORS = ("zstd",)
+"""Codecs a store's layers may be compressed with (`--compress`); by default they are stored raw."""
+MIN_CHUNK_ROWS = 16
+
+
+def chunk_rows(dim: int, expected_rows: int | None = None) -> int:
+    """Rows per zarr chunk of a layer: about 4 MiB of float32 (at least 1,024 rows); a store expected to
+    hold fewer rows (`expected_rows`, from the corpus the writer is given) gets that count rounded up to a
+    power of two (at least MIN_CHUNK_ROWS), so a small store does not write 4 MiB chunks of padding.
+    Fixed when a layer's array is created; a resumed extraction keeps the chunks of the arrays it finds."""
+    full = max(1024, (1 << 20) // dim)
+    if expected_rows is None:
+        return full
+    return min(full, max(MIN_CHUNK_ROWS, 1 << max(0, int(expected_rows) - 1).bit_length()))
+
+
+def expected_rows(sentences: Any) -> int:
+    """An upper bound of the rows sentences (`lmgeom.corpus.Sentence`s) take in a store: their words
+    plus two special tokens each (CLS and SEP, or BOS), which a store keeps with `--keep-special`."""
+    return sum(len(sentence.words) + 2 for sentence in sentences)
+
+
+def compressors(name: str | None) -> tuple[Any, ...] | None:
+    """The zarr compressors of `--compress name` (None: raw chunks)."""
+    if name is None:
+        return None
+    if name not in COMPRESSORS:
+        raise ValueError(f"unknown --compress {name!r}; use one of {', '.join(COMPRESSORS)}, or leave it out for raw chunks")
+    from zarr.codecs import ZstdCodec
+
+    return (ZstdCodec(level=3),)
 
 
 def layer_path(root: Path, layer: int) -> Path:

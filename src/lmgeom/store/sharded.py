@@ -49,11 +49,6 @@ def shard_manifest_name(shard: int) -> str:
     return f"{shard:06d}.json"
 
 
-def chunk_rows(dim: int) -> int:
-    """Rows per zarr chunk: about 4 MiB of float32 (as `StoreWriter`)."""
-    return max(1024, (1 << 20) // dim)
-
-
 def shard_ranges(n_sentences: int, shard_sentences: int) -> list[range]:
     """Sentence ranges of the shards: whole sentences, in corpus order."""
     return [range(first, min(first + shard_sentences, n_sentences)) for first in range(0, n_sentences, shard_sentences)]
@@ -68,9 +63,12 @@ def store_meta(settings: dict[str, Any], *, created: str, generation: str, compl
 
 
 class ShardPartWriter:
-    """Writes one attempt at shard `shard`: rows appended chunk by chunk, then its tables, then its manifest."""
+    """Writes one attempt at shard `shard`: rows appended chunk by chunk, then its tables, then its manifest.
+    Its layers are chunked by `layout.chunk_rows(dim, expected_rows)` (the shard's rows bound) and
+    compressed by `compressor` (`layout.compressors`)."""
 
-    def __init__(self, location: Location, shard: int, *, first_sentence: int, n_layers: int, dim: int, dtype: str) -> None:
+    def __init__(self, location: Location, shard: int, *, first_sentence: int, n_layers: int, dim: int, dtype: str,
+                 expected_rows: int | None = None, compressor: str | None = None) -> None:
         self.location = location
         self.shard = shard
         self.first_sentence = first_sentence
@@ -83,7 +81,8 @@ class ShardPartWriter:
         part = location.child(SHARDS, self.part)
         self.arrays = [
             zarr.create_array(part.zarr_store(layout.LAYERS, str(layer), read_only=False), shape=(0, dim),
-                              chunks=(chunk_rows(dim), dim), dtype=dtype, compressors=None, overwrite=True,
+                              chunks=(layout.chunk_rows(dim, expected_rows), dim), dtype=dtype,
+                              compressors=layout.compressors(compressor), overwrite=True,
                               config={"write_empty_chunks": True})  # every chunk has its file, as the reader checks
             for layer in range(n_layers)
         ]

@@ -87,13 +87,19 @@ class StoreWriter(HoldsLock):
     `settings` are what makes two runs the same run (model, pooling, corpus fingerprint, chunking,
     dtype, ...): re-opening a directory with other settings is refused unless `overwrite`. The writer
     holds the store's lock (`claim_out`) until `finalize` or `close` (use it in a `with` block).
+    `expected_rows` (an upper bound of the rows the store will hold, `layout.expected_rows`) fits the
+    chunks of a small store (`layout.chunk_rows`); `settings["compressor"]`, when present, compresses
+    the layers (`layout.compressors`, written through zarr), else they are stored raw.
     """
 
-    def __init__(self, path: str | Path, *, settings: dict[str, Any], overwrite: bool = False) -> None:
+    def __init__(self, path: str | Path, *, settings: dict[str, Any], overwrite: bool = False,
+                 expected_rows: int | None = None) -> None:
         self.path = Path(path)
         self.settings = dict(settings)
+        self.expected_rows = expected_rows
         if self.settings.get("dtype") not in layout.STORAGE_DTYPES:
             raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
+        layout.compressors(self.settings.get("compressor"))  # an unknown codec is refused before anything is written
         self.n_layers = int(self.settings["n_layers"])
         self.dim = int(self.settings["dim"])
         self.lock = claim_out(Location.of(self.path), overwrite=overwrite)
@@ -119,13 +125,13 @@ class StoreWriter(HoldsLock):
             self._write_meta()
             for layer in range(self.n_layers):
                 _create_layer_array(layout.layer_path(self.path, layer), rows=self.chunk_rows, dim=self.dim,
-                                    dtype=self.settings["dtype"])
+                                    dtype=self.settings["dtype"], compressor=self.settings.get("compressor"))
         self._recover()
 
     @property
     def chunk_rows(self) -> int:
-        """Rows per zarr chunk: about 4 MiB of float32."""
-        return max(1024, (1 << 20) // self.dim)
+        """Rows per zarr chunk of the layers this writer creates (`layout.chunk_rows`)."""
+        return layout.chunk_rows(self.dim, self.expected_rows)
 
     @property
     def sentences_done(self) -> int:
@@ -280,10 +286,11 @@ def _fingerprint_parts(fingerprint: Any) -> dict[str, str]:
     return parts if set(parts) == {"weights", "tokenizer", "config"} else {}
 
 
-def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str) -> None:
-    """An empty (0, dim) array chunked by rows. Activations barely compress (about 13 % with zstd)
-    and compressing costs more time than the disk it saves, so layers are stored raw."""
-    zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=None, overwrite=True)
+def _create_layer_array(path: Path, *, rows: int, dim: int, dtype: str, compressor: str | None = None) -> None:
+    """An empty (0, dim) array chunked by rows, raw unless `compressor` names one of `layout.COMPRESSORS`
+    (activations compress little and reading compressed chunks costs time: docs/performance.md)."""
+    zarr.create_array(str(path), shape=(0, dim), chunks=(rows, dim), dtype=dtype, compressors=layout.compressors(compressor),
+                      overwrite=True)
 
 
 def _chunk_rows(encoded: Sequence[EncodedSentence], n_layers: int, dim: int) -> list[np.ndarray]:
