@@ -112,7 +112,7 @@ def _frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(records)).fillna(value=math.nan) if records else pd.DataFrame(list(records))
 
 
-def _read_static(run_dir: Path) -> pd.DataFrame | None:
+def read_static(run_dir: Path) -> pd.DataFrame | None:
     frames = []
     for path in sorted(run_dir.glob(rundir.STATIC_BENCHMARKS.pattern)):
         document = read_json(path, rundir.STATIC_BENCHMARKS.kind)
@@ -244,7 +244,7 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
 
     _, isotropy = _read_records(run_dir, rundir.ISOTROPY, notes, section="isotropy")
 
-    static = _read_static(run_dir)
+    static = read_static(run_dir)
     if static is None:
         notes["static"] = f"no {rundir.STATIC_BENCHMARKS.name} in {run_dir}; run `{PRODUCERS['static']}`"
     sts = _read_sts(run_dir)

@@ -41,7 +41,8 @@ def number(value: Any, digits: int = 4) -> str:
         return esc(value)
     if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
         return f"{int(value):,}"
-    return f"{value:.{digits}f}"
+    text = f"{value:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # no "-0.000"
 
 
 def table(frame: pd.DataFrame, *, digits: int = 4, text_columns: Iterable[str] = ()) -> str:
