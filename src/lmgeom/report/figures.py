@@ -255,8 +255,9 @@ def sts_charts(run: RunData) -> list[Chart]:
     datasets = sorted(run.sts.loc[run.sts["aggregation"] == "all", "dataset"].unique())
     keys = ["file"] if "file" in pivot else []
     series = []
-    for key, group in (single.groupby(keys, sort=False) if keys else [((), single)]):
-        suffix = f" ({key[0]})" if keys else ""
+    groups: list[tuple[str, pd.DataFrame]] = ([(f" ({name})", group) for name, group in single.groupby("file", sort=False)]
+                                              if keys else [("", single)])
+    for suffix, group in groups:
         for column in [c for c in pivot.columns if c not in (*keys, "layer")]:
             series.append(layer_series(f"{column}{suffix}", group["layer"].astype(int), group[column], dash=column != "none"))
     note = (f"the 'all' aggregation (pooled pairs), mean over {len(datasets)} dataset{'s' if len(datasets) != 1 else ''} "
