@@ -79,7 +79,7 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from lmgeom.store import RepresentationStore
 
     store = RepresentationStore.open(run)
-    calibrate_store(store, methods=["whitening", "abtt"], seed=0)
+    calibrate_store(store, methods=["whitening", "abtt"], layers=[0, 1, 3], seed=0)  # layer 2 not: a gap in the charts
     embeddings = static_embeddings(store, layer=2)
     write_benchmarks(benchmark_static_embeddings(embeddings), embeddings, run / "static")
     (run / "experiments" / "probe").mkdir(parents=True)
@@ -152,8 +152,9 @@ def test_chart_values_equal_the_contextuality_records_and_summary(full_run: Path
         np.testing.assert_allclose([s.y for s in charts[name].series], series, rtol=1e-12, err_msg=name)
         np.testing.assert_allclose([trace["y"] for trace in figures[f"chart-{name}"]["data"]], series, rtol=1e-12, err_msg=name)
         assert [trace["x"] for trace in figures[f"chart-{name}"]["data"]] == [[0, 1, 2, 3]] * len(series)
-    title = figures["chart-self_similarity"]["layout"]["title"]["text"]
-    assert "synthetic-4" in title and "layer 0 = embedding output" in title and "70 sentences" in title
+    html = (full_run / "report.html").read_text()
+    caption = re.search(r'<figcaption>(.*?)</figcaption><div class="chart" id="chart-self_similarity"', html).group(1)
+    assert "synthetic-4" in caption and "layer 0 = embedding output" in caption and "70 sentences" in caption
 
 
 def test_calibration_chart_equals_the_calibration_records(full_run: Path) -> None:
@@ -161,9 +162,14 @@ def test_calibration_chart_equals_the_calibration_records(full_run: Path) -> Non
     chart = {c.name: c for c in run_charts(load_run(full_run))}["calibration_isoscore"]
     rows = calibration.loc[calibration["measure"] == "isoscore"]
     by_name = {s.name: s.y for s in chart.series}
-    assert by_name["before calibration"] == pytest.approx(rows.drop_duplicates("layer").sort_values("layer")["before"].tolist())
+    assert all(s.x == [0, 1, 2, 3] and math.isnan(s.y[2]) for s in chart.series)  # layer 2 not calibrated: a gap
+
+    def measured(values: list[float]) -> list[float]:
+        return [values[i] for i in (0, 1, 3)]
+
+    assert measured(by_name["before calibration"]) == pytest.approx(rows.drop_duplicates("layer").sort_values("layer")["before"].tolist())
     for method in ("whitening", "abtt"):
-        assert by_name[f"after {method}"] == pytest.approx(rows.loc[rows["method"] == method].sort_values("layer")["after"].tolist())
+        assert measured(by_name[f"after {method}"]) == pytest.approx(rows.loc[rows["method"] == method].sort_values("layer")["after"].tolist())
 
 
 def test_page_shows_findings_metadata_words_and_benchmarks(full_run: Path) -> None:
@@ -405,6 +411,81 @@ def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[P
             browser.close()
 
 
+LAYOUT_SCRIPT = """() => {
+  const box = el => { if (!el) return null; const r = el.getBoundingClientRect(); return {l: r.left, r: r.right, t: r.top, b: r.bottom, w: r.width, h: r.height}; };
+  const charts = Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+    const caption = gd.closest('figure') ? gd.closest('figure').querySelector('figcaption') : null;
+    return {id: gd.id, svg: box(gd.querySelector('svg.main-svg')), plot_height: gd._fullLayout._size.h,
+            ytitle: box(gd.querySelector('.g-ytitle text')), xtitle: box(gd.querySelector('.g-xtitle text')),
+            legend: box(gd.querySelector('.legend')),
+            caption: caption ? {scroll: caption.scrollWidth, client: caption.clientWidth, box: box(caption)} : null,
+            traces: gd.data.map(t => ({mode: t.mode, x: t.x, y: t.y}))};
+  });
+  const tables = Array.from(document.querySelectorAll('table')).filter(t => t.offsetParent !== null).map(t => {
+    const scroller = t.parentElement.classList.contains('wide') ? t.parentElement : null;
+    const own = scroller || t;
+    return {section: t.closest('section') ? t.closest('section').id : '', box: box(own),
+            container: own.parentElement.clientWidth, scrolls: scroller ? scroller.scrollWidth > scroller.clientWidth + 1 : false};
+  });
+  return {charts, tables, page_width: document.documentElement.scrollWidth, window: window.innerWidth};
+}"""
+
+
+def assert_layout_fits(page: Any, *, width: int, layer_charts: bool) -> None:
+    """Nothing of a chart (axis titles, legend, title and subtitle) lies outside it, no line joins two
+    layers that are not adjacent, and no table is wider than its container (a wide one scrolls in it)."""
+    layout = page.evaluate(LAYOUT_SCRIPT)
+    assert layout["page_width"] <= layout["window"] == width, "the page scrolls sideways"
+    for chart in layout["charts"]:
+        svg, name = chart["svg"], chart["id"]
+        for part in ("ytitle", "xtitle", "legend"):
+            extent = chart[part]
+            if extent is None and part == "legend":
+                continue  # Plotly draws no legend for one line
+            assert extent is not None, (name, part)
+            assert extent["l"] >= svg["l"] - 1 and extent["r"] <= svg["r"] + 1, (name, part, extent, svg)
+            assert extent["t"] >= svg["t"] - 1 and extent["b"] <= svg["b"] + 1, (name, part, extent, svg)
+        assert chart["ytitle"]["h"] <= chart["plot_height"] + 2, (name, "y-axis title longer than the plot")
+        caption = chart["caption"]
+        if caption is not None:  # the title and subtitle: wrapped text inside the window
+            assert caption["scroll"] <= caption["client"] + 1 and caption["box"]["r"] <= width, name
+        if layer_charts:
+            for trace in chart["traces"]:
+                if "lines" in trace["mode"]:
+                    joined = [(a, b) for a, b, ya, yb in zip(trace["x"], trace["x"][1:], trace["y"], trace["y"][1:])
+                              if ya is not None and yb is not None]
+                    assert all(b - a == 1 for a, b in joined), (name, trace["x"], trace["y"])
+    for table in layout["tables"]:
+        assert table["box"]["w"] <= table["container"] + 1, table
+        assert table["box"]["r"] <= width, table
+        if width >= 1400 and table["section"] in ("layers", "calibration"):
+            assert not table["scrolls"], table  # at 1,400 px these fit without scrolling
+
+
+@pytest.mark.browser
+def test_report_fits_800_and_1400_px_windows(full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
+    executable = _browser()
+    from playwright.sync_api import sync_playwright
+
+    artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            for path in (full_run / "report.html", comparison[0] / "compare.html"):
+                n_figures = len(page_figures(path.read_text()))
+                for width in (800, 1400):
+                    page = browser.new_page(viewport={"width": width, "height": 900})
+                    page.goto(path.as_uri())
+                    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .g-xtitle').length >= {n_figures}")
+                    assert_layout_fits(page, width=width, layer_charts=path.name == "report.html")
+                    if artifacts:
+                        Path(artifacts).mkdir(parents=True, exist_ok=True)
+                        page.screenshot(path=str(Path(artifacts) / f"{path.stem}-{width}.png"), full_page=True)
+                    page.close()
+        finally:
+            browser.close()
+
+
 @pytest.mark.browser
 def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     """`lmgeom run` on tiny-bert: its report.html has every chart drawn, and the explorer answers."""
@@ -427,9 +508,9 @@ def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -
             page.goto(report.as_uri())
             figures = page_figures(report.read_text())
             n_figures = len(figures)
-            assert n_figures >= 8  # anisotropy, self-similarity, intra-sentence, MEV x2, isotropy x2, calibration
+            assert n_figures >= 11  # anisotropy, self-similarity, intra-sentence, MEV x2, isotropy x3, calibration x3
             isotropy = json.loads((result.store.path / "isotropy.json").read_text())["records"]
-            isoscore = next(t for t in figures["chart-isotropy_scores"]["data"] if t["name"] == "IsoScore")
+            isoscore = next(t for t in figures["chart-isotropy_isoscore"]["data"] if t["name"] == "global")
             assert isoscore["y"] == pytest.approx([r["value"] for r in isotropy if r["measure"] == "isoscore"], abs=1e-12)
             page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
             points = page.evaluate(
@@ -442,6 +523,10 @@ def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -
             page.select_option("#explorer-layer", last)
             expected = data["words"][data["neighbours"][last][0][0][0]]
             assert page.locator("#explorer-neighbours tbody tr").nth(0).locator("td").nth(1).inner_text() == expected
+            for width in (800, 1400):
+                page.set_viewport_size({"width": width, "height": 900})
+                page.wait_for_timeout(500)  # Plotly redraws responsive charts on resize
+                assert_layout_fits(page, width=width, layer_charts=True)
             shot = tmp_path / "tiny-bert-report.png"
             page.screenshot(path=str(shot), full_page=True)
             artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")

@@ -27,6 +27,7 @@ from lmgeom.atomic import atomic_write, atomic_write_text, owner_tag
 from lmgeom.cli.analyze import register
 from lmgeom.evaluate import load_static_vectors
 from lmgeom.report.figures import Chart, Series, plotly_figure
+from lmgeom.report.html import Page
 from lmgeom.runs import analyze_store, export_static_embeddings, render_report
 from lmgeom.store import write_store_from_arrays
 
@@ -139,8 +140,10 @@ def test_every_string_of_a_plotly_chart_is_escaped() -> None:
     chart = Chart("c", f"title {LINK}", f"model {BOLD}", f"x {LINK}", f"y {LINK}", [Series(LINK, [0.0, 1.0], [0.5, 0.25])])
     figure = plotly_figure(chart)
     layout = figure["layout"]
-    assert layout["title"]["text"] == ("title &lt;a href='https://x'&gt;w&lt;/a&gt;<br><sup>model &lt;b&gt;bold&lt;/b&gt; "
-                                       '&lt;span style="color:red"&gt;red&lt;/span&gt; &amp; co</sup>')
+    caption = re.search(r"<figcaption>(.*)</figcaption>", Page("t", "s").chart(chart)).group(1)  # type: ignore[union-attr]
+    assert caption == ('<span class="chart-title">title &lt;a href=&#x27;https://x&#x27;&gt;w&lt;/a&gt;</span>'
+                       '<span class="chart-subtitle">model &lt;b&gt;bold&lt;/b&gt; &lt;span style=&quot;color:red&quot;&gt;'
+                       'red&lt;/span&gt; &amp; co</span>')  # the title and subtitle: page text, escaped
     assert layout["xaxis"]["title"]["text"] == "x &lt;a href='https://x'&gt;w&lt;/a&gt;"
     assert layout["yaxis"]["title"]["text"] == "y &lt;a href='https://x'&gt;w&lt;/a&gt;"
     assert figure["data"][0]["name"] == "&lt;a href='https://x'&gt;w&lt;/a&gt;"
@@ -172,8 +175,9 @@ def test_a_report_escapes_words_and_names_in_its_charts(hostile: Path) -> None:
     page = (run / "report.html").read_text()
     figures = json.loads(re.search(r"const LMGEOM_FIGURES = (\{.*?\});\n", page, re.S).group(1))  # type: ignore[union-attr]
     assert figures
+    captions = re.findall(r"<figcaption>(.*?)</figcaption>", page)
+    assert len(captions) == len(figures) and all("&lt;b&gt;bold&lt;/b&gt;" in caption for caption in captions)
     for figure in figures.values():
-        assert "&lt;b&gt;bold&lt;/b&gt;" in figure["layout"]["title"]["text"]
         assert not [text for text in _strings(figure) if "<b>" in text or "<span" in text or "<a href" in text]
     explorer = json.loads((run / "explorer.json").read_text())["data"]
     assert explorer["words"][0] == LINK  # the word the explorer's own chart is titled with
@@ -195,15 +199,16 @@ def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(hostile: Path
             page.goto((run / "report.html").as_uri())
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 1")
             page.fill("#explorer-word", LINK)
-            page.wait_for_selector("#explorer-chart .gtitle")
-            title = page.text_content("#explorer-chart .gtitle")
+            page.wait_for_selector("#explorer-chart .scatterlayer")
+            title = page.text_content("#explorer-result figcaption")
             assert title is not None and title.startswith(f'"{LINK}" across layers')
             assert BOLD in title  # the caption names the model
-            page_titles = page.eval_on_selector_all(".js-plotly-plot .gtitle", "nodes => nodes.map(n => n.textContent)")
+            page_titles = page.eval_on_selector_all("figure.chart-box figcaption", "nodes => nodes.map(n => n.textContent)")
             assert len(page_titles) >= 2 and all(BOLD in text for text in page_titles)
-            # no markup rendered in any chart: no SVG links, no bold or styled pieces
-            assert page.eval_on_selector_all(".js-plotly-plot svg a", "nodes => nodes.length") == 0
-            styled = page.eval_on_selector_all(".js-plotly-plot .gtitle tspan[style]", "nodes => nodes.map(n => n.getAttribute('style'))")
+            # no markup rendered in any chart or its title: no links, no bold or styled pieces
+            assert page.eval_on_selector_all(".js-plotly-plot svg a, figcaption a", "nodes => nodes.length") == 0
+            assert page.eval_on_selector_all("figcaption b, figcaption span[style]", "nodes => nodes.length") == 0
+            styled = page.eval_on_selector_all(".js-plotly-plot tspan[style]", "nodes => nodes.map(n => n.getAttribute('style'))")
             assert not [style for style in styled if "bold" in style or "red" in style], styled
             assert errors == []
         finally:

@@ -18,8 +18,9 @@ from lmgeom.report.data import (
     summarise_experiments,
 )
 from lmgeom.report.explorer import read_explorer
-from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure
+from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
+from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.atomic import atomic_write_text
 from lmgeom.runs.rundir import FIGURES, REPORT
 
@@ -56,17 +57,19 @@ def _metadata(run: RunData) -> list[tuple[str, Any]]:
     return items
 
 
-def _layer_table(run: RunData) -> pd.DataFrame:
+def layer_table(run: RunData) -> pd.DataFrame:
+    """One row per layer: its mean norm and every contextuality measure, raw and (as
+    `<metric>_adjusted`, the column names of contextuality_words.csv) adjusted where it has a baseline."""
     assert run.layers is not None
     wide = run.layers.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
-    columns: dict[str, Any] = {"layer": wide.index, "name": [layer_label(int(layer)) for layer in wide.index]}
+    columns: dict[str, Any] = {"layer": wide.index}
     for metric in dict.fromkeys(run.layers["metric"]):
         columns[metric] = wide[("raw", metric)].to_numpy()
         if run.layers.loc[run.layers["metric"] == metric, "adjusted"].notna().any():
-            columns[f"{metric} adj"] = wide[("adjusted", metric)].to_numpy()
+            columns[f"{metric}_adjusted"] = wide[("adjusted", metric)].to_numpy()
     frame = pd.DataFrame(columns)
     if run.summary is not None:
-        frame.insert(2, "mean norm", frame["layer"].map(run.summary.set_index("layer")["mean_norm"]))
+        frame.insert(1, "mean_norm", frame["layer"].map(run.summary.set_index("layer")["mean_norm"]))
     return frame
 
 
@@ -79,8 +82,8 @@ def _words_section(run: RunData) -> str:
     body = (
         f"<p class=\"note\">Self-similarity at the last layer ({last}, {layer_label(last)}); low = the word's "
         "representations change most with context.</p>"
-        f"<h3>Most context-specific (lowest self-similarity), layer {last}</h3>{table(most)}"
-        f"<h3>Least context-specific (highest self-similarity), layer {last}</h3>{table(least)}"
+        f"<h3>Most context-specific (lowest self-similarity), layer {last}</h3>{table(labelled(most))}"
+        f"<h3>Least context-specific (highest self-similarity), layer {last}</h3>{table(labelled(least))}"
     )
     per_layer = []
     for layer in layers:
@@ -90,6 +93,48 @@ def _words_section(run: RunData) -> str:
     return body + "<h3>Per layer</h3>" + table(pd.DataFrame(per_layer))
 
 
+def _counts(values: pd.Series) -> str:
+    """'N' when every layer has the same count, else 'a–b (by layer)'."""
+    low, high = int(values.min()), int(values.max())
+    return f"{low:,}" if low == high else f"{low:,}–{high:,} (by layer)"
+
+
+def calibration_rows_note(records: pd.DataFrame) -> str:
+    """The rows the calibration records say each method was fitted on and the isotropy measured on."""
+    per_fit = records.drop_duplicates(["layer", "method"])
+    fitted = "; ".join(f"{method} {_counts(group['n_fit_rows'])}" for method, group in per_fit.groupby("method", sort=False))
+    return (f"Rows per layer (the records' n_fit_rows and n_eval_rows): fitted on {fitted}; every measure before and "
+            f"after on the same {_counts(per_fit.drop_duplicates('layer')['n_eval_rows'])} rows (a seeded subsample).")
+
+
+REDUNDANT_MEASURES = ("partition_isotropy", "partition_isotropy_centered")  # exp of the log ones, 0 once those are below -745
+
+WHITENING_NOTE = (
+    "Why whitening can lower log I(W) while IsoScore rises towards 1: IsoScore depends only on the covariance's "
+    "eigenvalues, which whitening sets to 1 on the rows it was fitted on. log I(W) = min_c log Z(c) − max_c log Z(c), "
+    "with Z(c) = Σ_w exp(cᵀw) over the eigenvectors c of WᵀW (both signs), is a log-sum-exp, dominated by the rows "
+    "with the largest projection on c. Whitening scales every direction to unit variance, the low-variance ones "
+    "included; where a direction's variance came from a few outlying rows, their projections grow to as much as √n "
+    "(the squared projections of n rows sum to n), so max_c log Z(c) grows while directions of typical rows keep "
+    "log Z(c) near log n + ½, and log I(W) falls. Equal variances in every direction are not equal exponential moments."
+)
+
+
+def whitening_note(records: pd.DataFrame) -> str:
+    """WHITENING_NOTE, with the layers of these records where whitening lowers log I(W) and raises IsoScore."""
+    rows = records.loc[records["method"] == "whitening"].pivot_table(index="layer", columns="measure", values=["before", "after"])
+    if rows.empty or ("before", "log_partition_isotropy") not in rows or ("before", "isoscore") not in rows:
+        return ""
+    cases = [
+        f"layer {int(layer)}: log I(W) {row[('before', 'log_partition_isotropy')]:.3g} → {row[('after', 'log_partition_isotropy')]:.3g}, "
+        f"IsoScore {row[('before', 'isoscore')]:.3f} → {row[('after', 'isoscore')]:.3f}"
+        for layer, row in rows.iterrows()
+        if row[("after", "log_partition_isotropy")] < row[("before", "log_partition_isotropy")]
+        and row[("after", "isoscore")] > row[("before", "isoscore")]
+    ]
+    return WHITENING_NOTE + (f" In this run, {'; '.join(cases)}." if cases else "")
+
+
 def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], page: Page) -> str:
     isotropy = "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("isotropy_"))
     if run.isotropy is None:
@@ -97,11 +142,15 @@ def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], pa
     if run.calibration is None:
         return isotropy + missing(run.notes["calibration"])
     body = isotropy + "".join(page.chart(chart, files=files) for chart, files in charts if chart.name.startswith("calibration_"))
-    table_frame = calibration_table(run.calibration)
     settings = run.calibration_settings
-    note = (f"<p class=\"note\">Methods {', '.join(map(str, settings.get('methods', [])))}; fitted and measured on "
-            f"{settings.get('eval_rows', '—')} rows per layer; seed {settings.get('seed', '—')}.</p>" if settings else "")
-    return note + body + "<h3>Every isotropy measure, before and after each method</h3>" + table(table_frame)
+    methods = ", ".join(map(str, settings.get("methods", []))) or ", ".join(dict.fromkeys(run.calibration["method"].astype(str)))
+    note = (f"<p class=\"note\">Methods {esc(methods)}; seed {esc(settings.get('seed', '—'))}. "
+            f"{esc(calibration_rows_note(run.calibration))}</p>")
+    explained = whitening_note(run.calibration) if (run.calibration["method"] == "whitening").any() else ""
+    return (note + body + (f"<p class=\"note\">{esc(explained)}</p>" if explained else "")
+            + "<h3>Every isotropy measure, before and after each method</h3><p class=\"note\">I(W) = exp(log I(W)) is in "
+            "calibration.csv.</p>"
+            + table(labelled(calibration_table(run.calibration).drop(columns=list(REDUNDANT_MEASURES), errors="ignore")), digits=3))
 
 
 def calibration_table(records: pd.DataFrame) -> pd.DataFrame:
@@ -114,6 +163,19 @@ def calibration_table(records: pd.DataFrame) -> pd.DataFrame:
     wide = wide.sort_values(["layer", "state"], key=lambda c: c.map(order) if c.name == "state" else c, kind="stable")
     wide.columns.name = None
     return wide.reset_index(drop=True)
+
+
+def _sts_section(run: RunData, page: Page, figure_of: dict[str, tuple[Chart, list[str]]]) -> str:
+    assert run.sts is not None
+    datasets = list(dict.fromkeys(run.sts.loc[run.sts["aggregation"] == "all", "dataset"].astype(str)))
+    note = ("<p class=\"note\">Spearman × 100 between gold scores and the cosines of mean-pooled sentence vectors, "
+            "the 'all' aggregation (the pooled pairs of every subset); rows are layers or layer combinations, columns "
+            f"the calibrations (method@corpus when fitted on a corpus). Mean over {len(datasets)} dataset"
+            f"{'s' if len(datasets) != 1 else ''}: {esc(', '.join(datasets))}.</p>")
+    chart = page.chart(figure_of["sts"][0], files=figure_of["sts"][1]) if "sts" in figure_of else ""
+    by_dataset = table(labelled(sts_pivot(run.sts, by_dataset=True)), digits=2)
+    return (note + chart + "<h3>Mean over datasets</h3>" + table(labelled(sts_pivot(run.sts)), digits=2)
+            + f"<details><summary>Per dataset</summary>{by_dataset}</details>")
 
 
 def _experiments_section(run: RunData) -> str:
@@ -179,7 +241,8 @@ def build_report(
                  "in three named variants; adjusted = raw minus the same variant on sampled occurrences.</p>"
                  + chart_or_note("mev") + chart_or_note("mev_adjusted"))
     if run.layers is not None:
-        page.section("layers", "All measures by layer", table(_layer_table(run)))
+        page.section("layers", "All measures by layer",
+                     f"<p class=\"note\">{esc(MEV_ADJ_NOTE)}.</p>" + table(labelled(layer_table(run)), digits=3))
     page.section("words", "Least and most context-specific words", _words_section(run))
 
     explorer = read_explorer(run.path)
@@ -198,17 +261,16 @@ def build_report(
         columns = [c for c in ("layer", "vectors", "benchmark", "task", "metric", "score", "score_oov_mean", "covered", "total", "coverage")
                    if c in run.static]
         page.section("static", "Static embeddings on word benchmarks",
-                     "<p class=\"note\">First-principal-component, mean and layer-0-mean word vectors; Spearman for "
-                     "similarity, 3CosAdd accuracy for analogies, mean Spearman for SemEval-2012 Task 2, purity for "
-                     "categorisation; benchmarks matched lowercase. score: covered items only; score_oov_mean: every "
-                     "item, out-of-vocabulary words as the mean vector.</p>" + table(run.static[columns], digits=3))
+                     "<p class=\"note\">First-principal-component, mean and layer-0-mean word vectors (the layer-0 means "
+                     "once, under layer 0); Spearman for similarity, 3CosAdd accuracy for analogies, mean Spearman for "
+                     "SemEval-2012 Task 2, purity for categorisation; benchmarks matched lowercase. Covered items: the "
+                     "score of the items whose words all have vectors; OOV words as the mean vector: every item.</p>"
+                     + table(labelled(run.static[columns]), digits=3))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
     if run.sts is None:
         page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))
     else:
-        columns = [c for c in ("file", "dataset", "layer", "method", "fit_on", "aggregation", "spearman", "n_pairs",
-                               "log_partition_isotropy", "isoscore", "average_cosine") if c in run.sts]
-        page.section("sts", "Sentence similarity (STS)", "<p class=\"note\">Spearman × 100.</p>" + table(run.sts[columns], digits=2))
+        page.section("sts", "Sentence similarity (STS)", _sts_section(run, page, figure_of))
     page.section("experiments", "Experiment results", _experiments_section(run))
 
     atomic_write_text(out_path, page.render())

@@ -11,7 +11,8 @@ import pandas as pd
 from lmgeom.metrics.contextuality import MEV_VARIANTS
 from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
-from lmgeom.report.html import Page, missing, table
+from lmgeom.report.html import Page, esc, missing, table
+from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.atomic import atomic_write_text
 
 # (name, contextuality metric, raw or adjusted, title)
@@ -100,6 +101,7 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLi
                 files = save_figure(chart, out / "figures")
                 body += page.chart(chart, files=[os.path.relpath(p, out) for p in files])
         page.section(name, title, body or missing(f"no run has values for {title}"))
-    page.section("table", "Values by run and layer", table(wide_table(tidy), text_columns=("run",)))
+    page.section("table", "Values by run and layer", f"<p class=\"note\">{esc(MEV_ADJ_NOTE)}.</p>"
+                 + table(labelled(wide_table(tidy)), text_columns=("run",)))
     path = atomic_write_text(out / "compare.html", page.render())
     return path

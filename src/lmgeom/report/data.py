@@ -30,6 +30,7 @@ PRODUCERS = {
     "explorer": rundir.EXPLORER.producer,
     "isotropy": rundir.ISOTROPY.producer,
 }
+LAYER0_MEAN = "layer0_mean"  # the static vectors of layer-0 means (`lmgeom.runs.static.STATIC_KINDS`)
 EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
 
 
@@ -111,13 +112,20 @@ def _frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(records)).fillna(value=math.nan) if records else pd.DataFrame(list(records))
 
 
-def _read_static(run_dir: Path) -> pd.DataFrame | None:
+def read_static(run_dir: Path) -> pd.DataFrame | None:
     frames = []
     for path in sorted(run_dir.glob(rundir.STATIC_BENCHMARKS.pattern)):
         document = read_json(path, rundir.STATIC_BENCHMARKS.kind)
         assert document is not None
         frames.append(_frame(document.get("records", [])))
-    return pd.concat(frames, ignore_index=True).sort_values(["layer", "vectors", "benchmark"], kind="stable") if frames else None
+    if not frames:
+        return None
+    static = pd.concat(frames, ignore_index=True)
+    # every layer's file scores the layer-0 means again (the same vectors): they are layer 0's, shown once
+    layer0 = static["vectors"].astype(str).str.startswith(f"{LAYER0_MEAN} ")
+    static.loc[layer0, "layer"] = 0
+    static = static.loc[~(layer0 & static.drop(columns=["path"], errors="ignore").duplicated())]
+    return static.sort_values(["layer", "vectors", "benchmark"], kind="stable").reset_index(drop=True)
 
 
 def _read_sts(run_dir: Path) -> pd.DataFrame | None:
@@ -236,7 +244,7 @@ def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike]
 
     _, isotropy = _read_records(run_dir, rundir.ISOTROPY, notes, section="isotropy")
 
-    static = _read_static(run_dir)
+    static = read_static(run_dir)
     if static is None:
         notes["static"] = f"no {rundir.STATIC_BENCHMARKS.name} in {run_dir}; run `{PRODUCERS['static']}`"
     sts = _read_sts(run_dir)

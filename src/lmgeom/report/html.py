@@ -11,18 +11,22 @@ import pandas as pd
 
 from lmgeom.report.explorer import WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
+from lmgeom.report.labels import label
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1100px;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1240px;
        padding: 1em 2em 4em; color: #222; line-height: 1.45; }
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 2em; }
 .note { color: #555; font-size: 0.92em; } .missing { background: #fff6e0; border-left: 4px solid #e0a000; padding: 0.5em 1em; }
 table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; } th { background: #f4f4f4; }
-td.text, th.text { text-align: left; } .chart { min-height: 420px; margin: 1em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.45em; text-align: right; } th { background: #f4f4f4; }
+th { vertical-align: bottom; } td { white-space: nowrap; } td.text { white-space: normal; }
+td.text, th.text { text-align: left; } .chart { min-height: 410px; margin: 0.4em 0 1em; }
 .figure-files { font-size: 0.85em; color: #555; margin-top: -0.6em; }
+figure.chart-box { margin: 1.5em 0; } figcaption span { display: block; } .chart-title { font-weight: 600; font-size: 1.05em; }
+.chart-subtitle { color: #555; font-size: 0.85em; }
 nav a { margin-right: 1em; } #explorer-controls input, #explorer-controls select { font-size: 1em; padding: 0.2em 0.4em; }
-.wide { overflow-x: auto; }
+.wide { overflow-x: auto; max-width: 100%; } details { margin: 0.6em 0; } summary { cursor: pointer; }
 """
 
 
@@ -37,7 +41,8 @@ def number(value: Any, digits: int = 4) -> str:
         return esc(value)
     if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
         return f"{int(value):,}"
-    return f"{value:.{digits}f}"
+    text = f"{value:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # no "-0.000"
 
 
 def table(frame: pd.DataFrame, *, digits: int = 4, text_columns: Iterable[str] = ()) -> str:
@@ -86,7 +91,9 @@ class Page:
         self.figures[div_id] = plotly_figure(chart)
         links = " · ".join(f'<a href="{esc(f)}">{esc(f.rsplit(".", 1)[-1].upper())}</a>' for f in files)
         caption = f'<p class="figure-files">for papers: {links}</p>' if links else ""
-        return f'<div class="chart" id="{div_id}" data-chart="{esc(chart.name)}"></div>{caption}'
+        subtitle = "".join(f'<span class="chart-subtitle">{esc(text)}</span>' for text in (chart.subtitle, chart.note) if text)
+        return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(chart.title)}</span>{subtitle}'
+                f'</figcaption><div class="chart" id="{div_id}" data-chart="{esc(chart.name)}"></div>{caption}</figure>')
 
     def render(self) -> str:
         from plotly.offline import get_plotlyjs
@@ -141,7 +148,8 @@ EXPLORER_SCRIPT = """
       ' occurrences in ' + m.contexts + ' sentences; layer 0 = embedding output</p>' +
       '<div class="wide"><table id="explorer-metrics"><thead><tr><th>layer</th>' +
       columns.map(c => '<th>' + esc(c[1]) + '</th>').join('') + '</tr></thead><tbody>' + rows + '</tbody></table></div>' +
-      '<div id="explorer-chart" class="chart"></div>';
+      '<figure class="chart-box"><figcaption><span class="chart-title">"' + esc(word) + '" across layers</span>' +
+      '<span class="chart-subtitle">' + esc(data.caption) + '</span></figcaption><div id="explorer-chart" class="chart"></div></figure>';
     const layer = layerSelect.value;
     const neighbours = (data.neighbours[layer] || [])[index];
     if (neighbours) {
@@ -153,13 +161,13 @@ EXPLORER_SCRIPT = """
       html += '<p class="missing">' + esc(data.neighbours_note || ('no neighbours of this word at layer ' + layer)) + '</p>';
     }
     out.innerHTML = html;
-    const traces = [['self_similarity', 'self-similarity'], ['self_similarity_adjusted', 'self-similarity adjusted'],
-                    ['mev_uncentred', 'MEV uncentred'], ['mev_centred', 'MEV centred'], ['mev_svd_ratio', 'MEV SVD ratio']]
-      .filter(t => m[t[0]]).map(t => ({x: data.layers, y: m[t[0]], name: t[1], mode: 'lines+markers', type: 'scatter'}));
+    const labelOf = Object.fromEntries(columns);
+    const traces = ['self_similarity', 'self_similarity_adjusted', 'mev_uncentred', 'mev_centred', 'mev_svd_ratio']
+      .filter(k => m[k]).map(k => ({x: data.layers, y: m[k], name: esc(labelOf[k]), mode: 'lines+markers', type: 'scatter'}));
     Plotly.newPlot('explorer-chart', traces, {
-      title: {text: '"' + esc(word) + '" across layers<br><sup>' + esc(data.caption) + '</sup>'}, template: 'plotly_white',
-      xaxis: {title: {text: 'layer (layer 0 = embedding output)'}, dtick: 1}, yaxis: {title: {text: 'value'}},
-      height: 380, margin: {t: 70, l: 60, r: 20, b: 50}}, {responsive: true, displaylogo: false});
+      template: 'plotly_white',
+      xaxis: {title: {text: 'layer (layer 0 = embedding output)'}, dtick: 1}, yaxis: {title: {text: 'SelfSim (cosine) or MEV (share)'}},
+      height: 400, margin: {t: 16, l: 70, r: 20, b: 50}}, {responsive: true, displaylogo: false});
   }
   input.addEventListener('input', show);
   input.addEventListener('change', show);
@@ -170,7 +178,7 @@ EXPLORER_SCRIPT = """
 
 def explorer_section(data: dict[str, Any], caption: str) -> tuple[str, str]:
     """(section body, script) of the word explorer."""
-    columns = [[c, c.replace("_", " ").replace("mev", "MEV")] for c in WORD_COLUMNS]
+    columns = [[c, label(c)] for c in WORD_COLUMNS]
     payload = {**data, "caption": caption}
     layers = data["layers"]
     options = "".join(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -410,12 +411,14 @@ def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, t
     for (split, metric), group in frame.groupby(["split", "metric"], sort=True):
         labels = [f"{row[varying]}" + (f" ({row['head']})" if "head" in row and frame["head"].nunique() > 1 else "")
                   for _, row in group.iterrows()]
-        figure, axis = plt.subplots(figsize=(max(4.0, 0.6 * len(group) + 2), 3.2))
+        width = max(4.0, 0.6 * len(group) + 2)
+        figure, axis = plt.subplots(figsize=(width, 3.2))
         colours = ["tab:red" if row.get("significant") is True else "tab:blue" for _, row in group.iterrows()]
         axis.bar(range(len(group)), group["mean"], yerr=group["std"], color=colours, capsize=3)
         axis.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=8)
         axis.set_ylabel(metric)
-        axis.set_title(f"{title}: {split} (red: significant vs baseline, Holm)", fontsize=9)
+        # wrapped to the figure's width (about 13 characters of 9 pt text per inch), so no title is cut
+        axis.set_title(textwrap.fill(f"{title}: {split} (red: significant vs baseline, Holm)", int(width * 13)), fontsize=9)
         figure.tight_layout()
         for suffix in ("png", "svg"):
             path = out / f"{split}_{metric}.{suffix}"

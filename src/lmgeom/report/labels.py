@@ -1,0 +1,82 @@
+"""What the report calls each column and measure of the result files: one label per quantity.
+
+The contextuality labels are the terminal's (`lmgeom run`, `lmgeom report`): "SelfSim", "IntraSim",
+"adj" for raw minus baseline, and "MEV adj" for the SVD-ratio variant minus its baseline."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+MEV_ADJ_NOTE = ("adj = raw − baseline (SelfSim and IntraSim: the layer's exact anisotropy; MEV: the same variant on "
+                "sampled occurrences); MEV adj = the SVD-ratio variant minus its baseline, as `lmgeom run` prints it")
+
+LABELS = {
+    # per layer (summary.json, contextuality.json)
+    "layer": "layer",
+    "layer_name": "layer name",
+    "mean_norm": "mean norm",
+    "anisotropy_exact": "anisotropy (exact)",
+    "anisotropy_sampled": "anisotropy (sampled)",
+    "self_similarity": "SelfSim",
+    "self_similarity_adjusted": "SelfSim adj",
+    "intra_sentence_similarity": "IntraSim",
+    "intra_sentence_similarity_adjusted": "IntraSim adj",
+    "mev_uncentred": "MEV uncentred",
+    "mev_uncentred_adjusted": "MEV uncentred adj",
+    "mev_centred": "MEV centred",
+    "mev_centred_adjusted": "MEV centred adj",
+    "mev_svd_ratio": "MEV SVD ratio",
+    "mev_svd_ratio_adjusted": "MEV adj",
+    # per word (contextuality_words.csv)
+    "word": "word",
+    "count": "occurrences",
+    "contexts": "sentences",
+    # isotropy (isotropy.json, calibration.json, STS records)
+    "log_partition_isotropy": "log I(W)",
+    "log_partition_isotropy_centered": "log I(W) centred",
+    "partition_isotropy": "I(W)",
+    "partition_isotropy_centered": "I(W) centred",
+    "isoscore": "IsoScore",
+    "average_cosine": "average cosine",
+    "effective_rank": "effective rank",
+    "participation_ratio": "participation ratio",
+    "top1_variance_share": "top-1 PC variance share",
+    "top10_variance_share": "top-10 PC variance share",
+    "rogue_top_share": "top rogue dimension's cosine share",
+    "average_cosine_without_rogue": "average cosine without rogue dimensions",
+    "average_cosine_standardized": "average cosine, dimensions standardised",
+    "local_isoscore": "IsoScore in clusters (local)",
+    "local_log_partition_isotropy_centered": "log I(W) centred in clusters (local)",
+    "local_average_cosine": "average cosine in clusters (local)",
+    "local_average_cosine_centered": "average cosine centred in clusters (local)",
+    "local_effective_rank": "effective rank in clusters (local)",
+    "state": "state",
+    # static-embedding benchmarks
+    "vectors": "vectors",
+    "benchmark": "benchmark",
+    "task": "task",
+    "metric": "metric",
+    "score": "score (covered items)",
+    "score_oov_mean": "score (OOV words as the mean vector)",
+    "covered": "covered",
+    "total": "items",
+    "coverage": "coverage",
+    # STS
+    "file": "file",
+    "dataset": "dataset",
+    "method": "method",
+    "fit_on": "fitted on",
+    "aggregation": "aggregation",
+    "spearman": "Spearman × 100",
+    "n_pairs": "pairs",
+}
+
+
+def label(column: str) -> str:
+    """The report's name for a column or measure (its words, spaced, where none is given)."""
+    return LABELS.get(column, column.replace("_", " "))
+
+
+def labelled(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its columns renamed to their labels, for a table on the page."""
+    return frame.rename(columns={c: label(c) for c in frame.columns if isinstance(c, str)})
