@@ -140,6 +140,7 @@ class HFEncoder:
             (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) if t is not None), 0
         )
         self._spare: deque[np.ndarray] = deque()  # memory of a chunk's vectors that nothing refers to any more
+        self.last_layer = describe_last_layer(model, tokenizer, self.device)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -159,6 +160,7 @@ class HFEncoder:
             "skip_unaligned": self.skip_unaligned,
             "max_length": self.max_length,
             "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
+            "last_layer": self.last_layer,
         }
 
     # ---- public encoding API ------------------------------------------------------------------
@@ -369,6 +371,59 @@ class HFEncoder:
         if batch:
             batches.append(batch)
         return [np.array(b, dtype=np.int64) for b in batches]
+
+
+# Where transformers models keep the norm applied after their last block.
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm")
+
+
+def final_norm(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """The model's final norm (a module named as in `FINAL_NORMS`, on the model or on its `decoder` /
+    `language_model`) with its path, or None."""
+    for owner in ("", "decoder", "language_model"):
+        parent = getattr(model, owner, None) if owner else model
+        for name in FINAL_NORMS:
+            module = getattr(parent, name, None) if isinstance(parent, torch.nn.Module) else None
+            if isinstance(module, torch.nn.Module):
+                return (f"{owner}.{name}" if owner else name), module
+    return None
+
+
+@torch.inference_mode()
+def describe_last_layer(model: torch.nn.Module, tokenizer: Any, device: torch.device) -> dict[str, Any]:
+    """Which tensor the model's last hidden state is, as the store records it: `position` is
+    `after final norm` (the final norm's output), `before final norm` (its input) or `no final norm`
+    (the last block's output as it is, as in BERT-style encoders), with the norm's name and why. A
+    final norm found by name (`final_norm`) is told apart by one forward pass on a short input whose
+    last hidden state is compared with the norm's input and output, caught by a hook."""
+    blocks = int(model.config.num_hidden_layers)
+    kind = type(model).__name__
+    found = final_norm(model)
+    if found is None:
+        return {"position": "no final norm", "final_norm": None,
+                "why": f"{kind} has no final norm ({', '.join(FINAL_NORMS)}): layer {blocks} is block {blocks}'s output"}
+    name, module = found
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(_module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        seen["input"], seen["output"] = inputs[0], output[0] if isinstance(output, tuple) else output
+
+    ids = tokenizer("The bank.")["input_ids"]
+    handle = module.register_forward_hook(hook)
+    try:
+        last = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True, use_cache=False).hidden_states[-1]
+    finally:
+        handle.remove()
+    norm = f"`{name}` ({type(module).__name__})"
+    if "output" in seen and torch.equal(last, seen["output"]):
+        return {"position": "after final norm", "final_norm": name,
+                "why": f"{kind} applies its final norm {norm} to block {blocks}'s output, and its last hidden state "
+                       "is the norm's output"}
+    if "input" in seen and torch.equal(last, seen["input"]):
+        return {"position": "before final norm", "final_norm": name,
+                "why": f"{kind} has a final norm {norm}, but its last hidden state is the norm's input, block {blocks}'s output"}
+    return {"position": "unknown", "final_norm": name,
+            "why": f"{kind} has a module {norm} named like a final norm, but its last hidden state is neither its input nor its output"}
 
 
 def model_max_length(model: torch.nn.Module, tokenizer: Any) -> int:
