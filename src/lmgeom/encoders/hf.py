@@ -396,7 +396,8 @@ def describe_last_layer(model: torch.nn.Module, tokenizer: Any, device: torch.de
     (the last block's output as it is, as in BERT-style encoders), with the norm's name and why. A
     final norm found by name (`final_norm`) is told apart by one forward pass on a short input whose
     last hidden state is compared with the norm's input and output, caught by a hook."""
-    blocks = int(model.config.num_hidden_layers)
+    config: Any = model.config
+    blocks = int(config.num_hidden_layers)
     kind = type(model).__name__
     found = final_norm(model)
     if found is None:
