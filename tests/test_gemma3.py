@@ -16,7 +16,7 @@ from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
 from lmgeom.encoders.base import EncodedSentence
 from lmgeom.runs import extract
-from lmgeom.store import RepresentationStore, StoreWriter
+from lmgeom.store import RepresentationStore, StoreExistsError, StoreWriter
 
 SENTENCES = [
     "The bank of the river flooded.",
@@ -74,6 +74,29 @@ def test_a_last_hidden_state_before_the_final_norm_is_told_apart():
 
     described = describe_last_layer(PreNorm(), lambda _text: {"input_ids": [1, 2, 3]}, torch.device("cpu"))
     assert described["position"] == "before final norm" and described["final_norm"] == "norm"
+
+
+@pytest.mark.parametrize("name, norm", [("tiny-gpt2", "ln_f"), ("tiny-llama", "norm")])
+def test_before_final_norm_stores_the_norms_input(tmp_path, name, norm):
+    """The last layer before the final norm is the last block's output: the norm applied to it gives
+    the default last layer (one piece a word, so the norm applies to each stored vector), and the
+    layers below are unchanged."""
+    corpus = Corpus.from_list(SENTENCES)
+    after = load_encoder(name, device="cpu", pooling="first")
+    before = load_encoder(name, device="cpu", pooling="first", before_final_norm=True)
+    assert before.settings()["last_layer"]["position"] == "before final norm" and norm in before.settings()["last_layer"]["why"]
+    for default, stored in zip(after.encode(corpus.sentences), before.encode(corpus.sentences)):
+        np.testing.assert_array_equal(stored.vectors[:-1], default.vectors[:-1])
+        assert not np.allclose(stored.vectors[-1], default.vectors[-1])
+        with torch.no_grad():
+            normed = getattr(before.model, norm)(torch.from_numpy(stored.vectors[-1])).numpy()
+        np.testing.assert_allclose(normed, default.vectors[-1], rtol=1e-5, atol=1e-5)
+    store = extract(before, corpus, tmp_path / "before")
+    assert store.meta["last_layer"]["position"] == "before final norm"
+    with pytest.raises(StoreExistsError, match="last_layer"):  # a resume with the other choice is refused
+        extract(after, corpus, tmp_path / "before")
+    with pytest.raises(ValueError, match="--before-final-norm applies to models whose last hidden state is after"):
+        load_encoder("tiny-bert", device="cpu", before_final_norm=True)
 
 
 def test_meta_and_the_terminal_header_state_the_last_layer(tmp_path):

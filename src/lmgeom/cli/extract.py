@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
         max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch"),
+        before_final_norm: bool = typer.Option(False, help="store the last layer before the model's final norm (the last block's output), for decoders whose last hidden state is after it"),
         chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
         revision: Optional[str] = typer.Option(None, help="Hub revision"),
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
                 model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
                 pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
                 dtype=dtype, compute_dtype=compute_dtype, device=device, max_length=max_length,
-                max_batch_tokens=max_batch_tokens, chunk_sentences=chunk_sentences, gguf_file=gguf_file,
+                max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm, chunk_sentences=chunk_sentences, gguf_file=gguf_file,
                 revision=revision, overwrite=overwrite, progress=progress, engine=engine, ray_address=ray_address,
                 num_workers=num_workers, gpus_per_worker=gpus_per_worker, shard_sentences=shard_sentences,
             )

@@ -91,6 +91,8 @@ class HFEncoder:
     `weights_fingerprint` identifies the weights cheaply (e.g. a hash of the weight files); None
     hashes every tensor of the state dict. The store records it with hashes of the tokenizer and
     the config as `model_fingerprint`, so a resumed extraction refuses another model.
+    `before_final_norm` stores the last layer before the model's final norm (its input, caught by a
+    hook) where Hugging Face returns it after; `last_layer` says which tensor the last layer is.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class HFEncoder:
         max_length: int | None = None,
         max_batch_tokens: int = 8192,
         max_batch_size: int = 64,
+        before_final_norm: bool = False,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
@@ -141,6 +144,24 @@ class HFEncoder:
         )
         self._spare: deque[np.ndarray] = deque()  # memory of a chunk's vectors that nothing refers to any more
         self.last_layer = describe_last_layer(model, tokenizer, self.device)
+        self._final_norm: torch.nn.Module | None = None
+        self._norm_input: list[torch.Tensor] = []  # the final norm's input in the last forward pass (--before-final-norm)
+        if before_final_norm:
+            if self.last_layer["position"] != "after final norm":
+                raise ValueError(f"{model_id}: --before-final-norm applies to models whose last hidden state is after "
+                                 f"their final norm, but here: {self.last_layer['why']}; leave it out")
+            found = final_norm(model)
+            assert found is not None  # the last layer was found after it
+            name, self._final_norm = found
+            self._final_norm.register_forward_pre_hook(self._catch_norm_input)
+            blocks = self.n_layers - 1
+            self.last_layer = {"position": "before final norm", "final_norm": name,
+                               "why": f"stored before the final norm on request (--before-final-norm): layer {blocks} is "
+                                      f"block {blocks}'s output, the input of `{name}`, where Hugging Face returns the "
+                                      "norm's output"}
+
+    def _catch_norm_input(self, _module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        self._norm_input[:] = [inputs[0]]
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -325,6 +346,8 @@ class HFEncoder:
                 output_hidden_states=True,
                 use_cache=False,
             ).hidden_states
+            if self._final_norm is not None:  # --before-final-norm: the norm's input, caught by its hook
+                hidden = (*hidden[:-1], self._norm_input.pop())
             first, middle, last = bounds[2 * index : 2 * index + 3]
             if first == last:
                 continue

@@ -139,6 +139,7 @@ def load_encoder(
     gguf_file: str | None = None,
     revision: str | None = None,
     max_batch_tokens: int = 8192,
+    before_final_norm: bool = False,
 ) -> Encoder:
     """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder (a transformers
     model, or an ELMo options JSON + HDF5 weights).
@@ -146,15 +147,16 @@ def load_encoder(
     `dtype` is the compute dtype: float32 on CPU by default, float16 on CUDA (bfloat16 on request), but
     bfloat16 on CUDA for the models of `COMPUTE_DTYPES`, which refuse float16.
     ELMo reads the corpus words themselves, so piece pooling, special tokens and windows do not apply.
+    `before_final_norm` stores a decoder's last layer before its final norm (`HFEncoder`).
     """
     resolved_device = resolve_device(device)
     compute_dtype = model_compute_dtype(name_or_path, resolved_device, dtype)
     if is_elmo_model(name_or_path):
         from lmgeom.encoders.elmo import load_elmo_encoder
 
-        if keep_special or prepend_bos or gguf_file or revision or dtype not in (None, "float32"):
-            raise ValueError("--keep-special, --prepend-bos, --gguf-file, --revision and --compute-dtype do not apply "
-                             "to an ELMo model (it runs in float32 on the corpus words)")
+        if keep_special or prepend_bos or gguf_file or revision or before_final_norm or dtype not in (None, "float32"):
+            raise ValueError("--keep-special, --prepend-bos, --gguf-file, --revision, --before-final-norm and --compute-dtype "
+                             "do not apply to an ELMo model (it runs in float32 on the corpus words, and has no norm)")
         folder = elmo_brown_path() if name_or_path == "elmo-brown" else Path(name_or_path)
         return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 
@@ -162,7 +164,7 @@ def load_encoder(
         return HFEncoder(
             model, tokenizer, model_id=model_id, weights_fingerprint=weights_fingerprint, pooling=pooling,
             keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, device=resolved_device,
-            max_length=max_length, max_batch_tokens=max_batch_tokens,
+            max_length=max_length, max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm,
         )
 
     if name_or_path in TINY_MODELS:
