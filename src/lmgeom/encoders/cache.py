@@ -100,6 +100,11 @@ def _convert(gguf: Path, out: Path) -> None:
     out.mkdir(parents=True)
     tokenizer.save_pretrained(out)
     model.config.save_pretrained(out)
+    # the config says it was loaded from GGUF (`quantization_config`), which would send a load of this
+    # folder through transformers' GGUF quantizer: it is a plain float32 checkpoint
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     save_file({key: tensor.contiguous() for key, tensor in model.state_dict().items()}, str(out / WEIGHTS),
               metadata={"format": "pt"})
 

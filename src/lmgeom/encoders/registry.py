@@ -28,8 +28,8 @@ NAMED_MODELS = {
 # Named models whose activations overflow float16 (65,504): their compute dtype on CUDA by default, and
 # why float16 is refused for them.
 COMPUTE_DTYPES = {
-    "gemma3": ("bfloat16", "its activations reach 68,000-104,000 in layers 8-17, beyond float16's 65,504, and "
-                           "would turn into inf"),
+    "gemma3": ("bfloat16", "its activations at BOS reach 68,000-104,000 in layers 8-17, beyond float16's 65,504, and "
+                           "would turn into inf and spread to every position through attention"),
 }
 
 
