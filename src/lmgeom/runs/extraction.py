@@ -149,6 +149,7 @@ def extract_model(
     device: str = "auto",
     max_length: int | None = None,
     max_batch_tokens: int = 8192,
+    before_final_norm: bool = False,
     chunk_sentences: int | None = None,
     compress: str | None = None,
     gguf_file: str | None = None,
@@ -177,7 +178,7 @@ def extract_model(
     encoder_options: dict[str, Any] = dict(
         device=device, dtype=compute_dtype, pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos,
         skip_unaligned=skip_unaligned, max_length=max_length, gguf_file=gguf_file, revision=revision,
-        max_batch_tokens=max_batch_tokens,
+        max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm,
     )
     if engine != "local" or not Location.of(out).is_local:
         from lmgeom.runs.distributed import extract_model_sharded

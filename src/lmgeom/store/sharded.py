@@ -36,7 +36,7 @@ from lmgeom.store import layout
 from lmgeom.store.integrity import CorruptStore, chunk_files, digests, inside, open_checked_layer, record
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock
-from lmgeom.store.writer import StoreExistsError, _settings_mismatch, claim_out, index_words
+from lmgeom.store.writer import StoreExistsError, _settings_mismatch, claim_out, index_words, stored_settings, require_storable
 
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
@@ -95,6 +95,7 @@ class ShardPartWriter:
         """Rows of the next sentences of the shard to every layer; their tables are kept until `commit`."""
         first_sentence, first_row = self.first_sentence + self.n_sentences, self.n_rows
         n_rows = sum(len(e.words) for e in encoded)
+        require_storable(encoded, self.dtype, first_sentence=first_sentence)
         for layer, array in enumerate(self.arrays):
             block = np.concatenate([e.vectors[layer] for e in encoded], axis=0) if encoded else np.empty((0, self.dim))
             if not np.isfinite(block).all():
@@ -158,8 +159,9 @@ class ShardedStoreWriter(HoldsLock):
         location = self.location
         if location.exists(layout.META):
             existing = location.read_json(layout.META)
-            if existing.get("settings") != self.settings:
-                raise StoreExistsError(_settings_mismatch(location.url, existing.get("settings", {}), self.settings,
+            stored = stored_settings(existing, self.settings)
+            if stored != self.settings:
+                raise StoreExistsError(_settings_mismatch(location.url, stored, self.settings,
                                                           complete=bool(existing.get("complete"))))
             self.complete = bool(existing.get("complete"))
             self.created = str(existing.get("created"))

@@ -113,8 +113,9 @@ class StoreWriter(HoldsLock):
         meta_path = self.path / layout.META
         if meta_path.exists():
             existing = layout.read_json(meta_path)
-            if existing.get("settings") != self.settings:
-                raise StoreExistsError(_settings_mismatch(self.path, existing.get("settings", {}), self.settings, complete=bool(existing.get("complete"))))
+            stored = stored_settings(existing, self.settings)
+            if stored != self.settings:
+                raise StoreExistsError(_settings_mismatch(self.path, stored, self.settings, complete=bool(existing.get("complete"))))
             self.complete = bool(existing.get("complete"))
             self.created = existing.get("created")
             self.generation = existing.get("generation") or uuid.uuid4().hex
@@ -172,6 +173,7 @@ class StoreWriter(HoldsLock):
         self.lock.require_held()
         first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
         n_rows = sum(len(e.words) for e in encoded)
+        require_storable(encoded, self.settings["dtype"], first_sentence=first_sentence)
         for layer, (array, block) in enumerate(zip(self.arrays, _chunk_rows(encoded, self.n_layers, self.dim))):
             if not np.isfinite(block).all():
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
@@ -253,6 +255,39 @@ class StoreWriter(HoldsLock):
             **counts,
         }
         atomic_write_text(self.path / layout.META, json.dumps(meta, indent=2) + "\n")
+
+
+def require_storable(encoded: Sequence[EncodedSentence], dtype: str, *, first_sentence: int) -> None:
+    """Refuse float16 storage of a chunk holding values beyond float16's range (|x| > 65,504), which
+    it would store as inf, naming the first such layer, its largest absolute value and its sentence."""
+    if dtype != "float16" or not encoded:
+        return
+    limit = float(np.finfo(np.float16).max)
+    n_layers = encoded[0].vectors.shape[0]
+    peaks = np.stack([np.abs(e.vectors).max(axis=(1, 2)) if e.vectors.size else np.zeros(n_layers) for e in encoded])
+    beyond = np.flatnonzero((peaks > limit).any(axis=0))
+    if not len(beyond):
+        return
+    layer = int(beyond[0])
+    sentence = int(np.argmax(peaks[:, layer]))
+    others = f" (and {len(beyond) - 1} more layers: {', '.join(map(str, beyond[1:6]))}{', ...' if len(beyond) > 6 else ''})"
+    raise ValueError(
+        f"--dtype float16 cannot store layer {layer}: its largest absolute value, {peaks[sentence, layer]:,.1f} "
+        f"(sentence {first_sentence + sentence}), is beyond float16's range (65,504) and would be stored as inf"
+        f"{others if len(beyond) > 1 else ''}; store float32 (--dtype float32, with --overwrite to replace this "
+        "unfinished float16 store)"
+    )
+
+
+def stored_settings(meta: dict[str, Any], requested: dict[str, Any]) -> dict[str, Any]:
+    """A store's recorded settings, as a writer compares them with its own: a store written before
+    `last_layer` was recorded holds the model's own last hidden state, so it matches a request for
+    that (any position but "before final norm", which such a store cannot hold)."""
+    stored = dict(meta.get("settings", {}))
+    last = requested.get("last_layer")
+    if "last_layer" not in stored and isinstance(last, dict) and last.get("position") != "before final norm":
+        stored["last_layer"] = last
+    return stored
 
 
 # Settings that identify the model itself: when one differs, the stored vectors came from another model.
