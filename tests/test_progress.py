@@ -29,18 +29,18 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
 def test_lines_at_start_every_interval_and_at_the_end(captured: io.StringIO) -> None:
     clock = FakeClock()
     lines = common.LineProgress(interval=10.0, clock=clock)
-    lines.start("extract lee", 4000, unit="sentences")
+    lines.start("extract", 4000, unit="sentences")
     for _ in range(3):  # 3 s: no line before the interval has passed
         clock.now += 1.0
-        lines.advance("extract lee", 100, note="100 sentences/s")
+        lines.advance("extract", 100, note="100 sentences/s")
     clock.now += 8.0  # 11 s after the start: a line with the count, the share, the elapsed time and the ETA
-    lines.advance("extract lee", 100, note="36 sentences/s")
+    lines.advance("extract", 100, note="36 words/s")
     clock.now += 1.0
-    lines.advance("extract lee", 3600, note="done")  # complete: a line at once
+    lines.advance("extract", 3600, note="done")  # complete: a line at once
     assert captured.getvalue().splitlines() == [
-        "extract lee: started, 4,000 sentences",
-        "extract lee: 400/4,000 sentences (10 %), 0:00:11 elapsed, ETA 0:01:39; 36 sentences/s",
-        "extract lee: 4,000/4,000 sentences (100 %), 0:00:12 elapsed; done",
+        "extract: started, 4,000 sentences",
+        "extract: 400/4,000 sentences (10 %), 0:00:11 elapsed, ETA 0:01:39; 36 words/s",
+        "extract: 4,000/4,000 sentences (100 %), 0:00:12 elapsed; done",
     ]
 
 
@@ -54,6 +54,15 @@ def test_rich_progress_writes_lines_when_not_a_terminal(captured: io.StringIO) -
     assert text[-1].startswith("calibrate: 2/2 fits (100 %), 0:00:")
     assert text[-1].endswith("; L0 abtt")
     assert not any("━" in line for line in text)  # no bar in a log
+
+
+def test_lines_fit_the_console_width(captured: io.StringIO) -> None:
+    lines = common.LineProgress(interval=10.0, clock=FakeClock())
+    lines.start("extract lee[:60]", 60, unit="sentences")
+    lines.advance("extract lee[:60]", 60, note="351 sentences/s, 8,140 words/s, 3 chunks committed, 2 windows split")
+    final = captured.getvalue().splitlines()[-1]
+    assert len(final) == 80 and final.startswith("extract lee[:60]: 60/60 sentences (100 %), 0:00:00 elapsed; 351 sent")
+    assert final.endswith("…")
 
 
 def test_bars_fit_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,7 +120,10 @@ class LineProgress:
         parts.append(f"{_clock_time(elapsed)} elapsed")
         if not finished and state.done > 0 and state.total > state.done:
             parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
-        line = f"{stage}: " + ", ".join(parts) + (f"; {note}" if note else "")
+        line = f"{stage}: " + ", ".join(parts)
+        if note:  # the note (a rate, a layer) is cut to the console's width; counts and times never are
+            room = console.width - len(line) - 2
+            line += "; " + (note if len(note) <= room else note[: max(room - 1, 0)] + "…")
         console.print(escape(line), soft_wrap=True, highlight=False)
 
 
