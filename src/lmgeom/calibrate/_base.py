@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import Tags
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate.io import load_calibrator, save_calibrator, scalar_or_array
 
 # Rows per block in `_map_rows`: temporaries stay at block x dim.
@@ -94,5 +95,5 @@ class Calibrator(TransformerMixin, BaseEstimator):
     def load(cls, path: str | os.PathLike) -> "Calibrator":
         estimator = load_calibrator(path)
         if not isinstance(estimator, cls):
-            raise ValueError(f"{path} holds a {type(estimator).__name__}, not a {cls.__name__}")
+            raise InputError(f"{path} holds a {type(estimator).__name__}, not a {cls.__name__}")
         return estimator

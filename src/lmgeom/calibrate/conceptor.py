@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate.io import register
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.isotropy import Moments, symmetric_eigh
@@ -37,7 +38,7 @@ class ConceptorNegation(MomentCalibrator):
 
     def _fit_moments(self, moments: Moments) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(f"ConceptorNegation alpha (the aperture) must be a finite number > 0, got {self.alpha!r}")
+            raise InputError(f"ConceptorNegation alpha (the aperture) must be a finite number > 0, got {self.alpha!r}")
         correlation = (moments.scatter + moments.count * np.outer(moments.mean, moments.mean)) / moments.count
         eigenvalues, vectors = symmetric_eigh(correlation)
         self.correlation_eigenvalues_ = eigenvalues

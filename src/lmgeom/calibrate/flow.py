@@ -18,6 +18,7 @@ import torch
 from sklearn.utils import check_random_state
 from torch import nn
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate._base import Calibrator
 from lmgeom.calibrate.io import register
 from lmgeom.calibrate.linear import Whitening
@@ -213,10 +214,10 @@ class FlowCalibrator(Calibrator):
 
     def _build(self, dim: int, seed: int) -> _Flow:
         if self.coupling not in ("affine", "additive"):
-            raise ValueError(f"FlowCalibrator coupling must be 'affine' or 'additive', got {self.coupling!r}")
+            raise InputError(f"FlowCalibrator coupling must be 'affine' or 'additive', got {self.coupling!r}")
         for name in ("n_steps", "hidden_size", "n_epochs", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"FlowCalibrator {name} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"FlowCalibrator {name} must be >= 1, got {getattr(self, name)}")
         with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's global RNG
             torch.manual_seed(seed)
             return _Flow(dim, n_steps=self.n_steps, hidden_size=self.hidden_size, additive=self.coupling == "additive")
@@ -225,7 +226,7 @@ class FlowCalibrator(Calibrator):
         X, _ = self._validate(X, reset=True, min_samples=2)
         n_points, dim = X.shape
         if dim < 2:
-            raise ValueError("FlowCalibrator couples one half of the dimensions with the other, so it needs at least 2; got n_features = 1")
+            raise InputError("FlowCalibrator couples one half of the dimensions with the other, so it needs at least 2; got n_features = 1")
         device = resolve_device(self.device)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         flow = self._build(dim, seed).to(device)
@@ -249,7 +250,7 @@ class FlowCalibrator(Calibrator):
                 total += loss.item() * len(batch)
             self.loss_curve_.append(total / n_points / dim)
         if not np.isfinite(self.loss_curve_[-1]):
-            raise ValueError("FlowCalibrator training diverged (non-finite loss); lower learning_rate, or use prewhiten=True")
+            raise InputError("FlowCalibrator training diverged (non-finite loss); lower learning_rate, or use prewhiten=True")
         self._set_module(flow)
         self.n_iter_ = self.n_epochs
         self.n_samples_seen_ = n_points

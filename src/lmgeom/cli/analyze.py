@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import LAYER_WORKERS_HELP, RichProgress, above, console, number, user_errors
+from lmgeom.errors import InputError
 
 DEVICE_HELP = ("where the closed-form statistics compute: cpu (numpy), cuda or cuda:N (torch, float64 on the GPU), "
                "auto (cuda when present), torch:cpu (the GPU code path on the CPU); MEV runs on the CPU")
@@ -100,7 +101,7 @@ def register(app: typer.Typer) -> None:
 
         with user_errors(), RichProgress() as progress:
             if engine not in ENGINES:
-                raise ValueError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
+                raise InputError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
             store = RepresentationStore.open(store_path)
             if engine == "ray":
                 result = analyze_ray(store, AnalysisOptions(

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.errors import InputError
 
 CALIBRATORS = "whitening, abtt, cie, flow, standardize"
 
@@ -39,7 +40,7 @@ def register(app: typer.Typer) -> None:
             try:
                 combinations = [combination([int(x) for x in split_list(text)]) for text in combine]
             except ValueError:
-                raise ValueError(f"--combine takes comma-separated layer numbers such as 0,6; got {combine}") from None
+                raise InputError(f"--combine takes comma-separated layer numbers such as 0,6; got {combine}") from None
             with RichProgress() as progress:
                 result = run_sts(
                     model, data, layers=[*split_list(layers), *combinations], methods=methods, fit_on=split_list(fit_on),

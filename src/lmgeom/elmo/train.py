@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import BOS_TOKEN, EOS_TOKEN, bos_ids, eos_ids, word_ids
@@ -64,9 +65,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "filters", tuple((int(w), int(n)) for w, n in self.filters))
         if self.vocab_size < 4:
-            raise ValueError("vocab_size must leave room for <S>, </S>, <UNK> and at least one word")
+            raise InputError("vocab_size must leave room for <S>, </S>, <UNK> and at least one word")
         if self.epochs < 1 or self.batch_tokens < 1:
-            raise ValueError("epochs and batch_tokens must be positive")
+            raise InputError("epochs and batch_tokens must be positive")
 
     def model_config(self, n_vocab: int) -> ElmoConfig:
         implementation = (
@@ -124,7 +125,7 @@ def split_corpus(spec: str) -> tuple[Corpus, Corpus]:
     heldout = [s for i, s in enumerate(corpus.sentences) if i % 10 == 9]
     train_part = [s for i, s in enumerate(corpus.sentences) if i % 10 != 9]
     if not heldout or not train_part:
-        raise ValueError(f"corpus {spec!r} has {len(corpus)} sentences; training needs at least 10 (every tenth is held out)")
+        raise InputError(f"corpus {spec!r} has {len(corpus)} sentences; training needs at least 10 (every tenth is held out)")
     return (Corpus(f"{corpus.name}-train", train_part, corpus.pretokenized, corpus.source),
             Corpus(f"{corpus.name}-heldout", heldout, corpus.pretokenized, corpus.source))
 
@@ -186,12 +187,12 @@ def perplexity(model: ElmoBiLM, sentences: Sequence[Sequence[str]], *, batch_tok
     """Forward, backward and average perplexity of `sentences` under the model's full softmax
     (stateless, no dropout); unknown words count as `<UNK>` predictions."""
     if model.softmax is None:
-        raise ValueError("this biLM has no softmax (published weight files ship none); it cannot score text")
+        raise InputError("this biLM has no softmax (published weight files ship none); it cannot score text")
     missing = [t for t in (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN) if t not in model.vocab]
     if missing:
-        raise ValueError(f"the softmax vocabulary lacks {missing}; scoring needs <S>, </S> and {UNK_TOKEN} in it")
+        raise InputError(f"the softmax vocabulary lacks {missing}; scoring needs <S>, </S> and {UNK_TOKEN} in it")
     if not sentences:
-        raise ValueError("no sentences to score")
+        raise InputError("no sentences to score")
     was_training = model.training
     model.eval()
     data = _Encoded(sentences, model.vocab, model.config.max_characters_per_token)
@@ -262,7 +263,8 @@ def _train(
             state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
             if state["identity"] != identity:
                 changed = sorted(k for k in identity if state["identity"].get(k) != identity[k])
-                raise ValueError(f"{out} holds a training run with another {', '.join(changed)}; pass --overwrite or choose another --out")
+                raise InputError(f"{out} holds a training run with another {', '.join(changed)}; pass `overwrite=True` or choose another `out`",
+                                 param=("overwrite", "out"))
             report_path = out / REPORT_FILE
             if state["epoch"] >= config.epochs and report_path.exists() and (out / WEIGHTS_FILE).exists():
                 report = json.loads(report_path.read_text(encoding="utf-8"))

@@ -35,6 +35,8 @@ import numpy as np
 from scipy.linalg import lapack
 from scipy.linalg.blas import dsyrk
 
+from lmgeom.errors import InputError
+
 MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
 
 # Centred variance this small relative to the raw second moment means the occurrences are one
@@ -305,7 +307,7 @@ class OccurrenceSpectrum:
         if variant == "uncentred":
             return self.top_eigenvalue / self.frobenius_sq
         if variant not in MEV_VARIANTS:
-            raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
+            raise InputError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
         if self.centred_total <= _NO_SPREAD_RELATIVE * self.frobenius_sq:
             return float("nan")
         if variant == "centred":

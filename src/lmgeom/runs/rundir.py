@@ -40,6 +40,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from lmgeom.errors import InputError
 from lmgeom._version import __version__
 from lmgeom.atomic import atomic_write_text
 from lmgeom.store import layout
@@ -108,7 +109,7 @@ _RUN_MARKERS = (layout.META, RUN.name, SUMMARY.name, CONTEXTUALITY.name, ISOTROP
                 EXPLORER.name, STATIC.name, EXPERIMENTS.name)
 
 
-class ResultFileError(ValueError):
+class ResultFileError(InputError):
     """A result file that does not parse, is of another kind or schema, or lacks what its readers use."""
 
 
@@ -138,7 +139,7 @@ def require_run(directory: str | os.PathLike[str]) -> None:
     if not location.exists():
         raise FileNotFoundError(f"{directory}: no such directory; give a run directory written by `lmgeom run`")
     if not is_run(directory):
-        raise ValueError(f"{directory} is not a run directory: a run is a folder written by `lmgeom run` (or a store "
+        raise InputError(f"{directory} is not a run directory: a run is a folder written by `lmgeom run` (or a store "
                          f"from `lmgeom extract`), holding {layout.META} or result files such as {CONTEXTUALITY.name}")
 
 

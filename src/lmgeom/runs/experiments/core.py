@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
@@ -88,7 +89,7 @@ def subsample(n: int, limit: int | None, seed: int) -> np.ndarray:
     if limit is None or limit >= n:
         return np.arange(n)
     if limit < 1:
-        raise ValueError(f"a subsample needs at least one row, got {limit}")
+        raise InputError(f"a subsample needs at least one row, got {limit}")
     return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
 
 
@@ -106,11 +107,11 @@ def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
     """An int N means seeds 0..N-1; a sequence is taken as is."""
     if isinstance(seeds, int):
         if seeds < 1:
-            raise ValueError(f"--seeds must be at least 1, got {seeds}")
+            raise InputError(f"`seeds` must be at least 1, got {seeds}", param="seeds")
         return list(range(seeds))
     chosen = [int(s) for s in seeds]
     if not chosen or len(set(chosen)) != len(chosen):
-        raise ValueError(f"--seeds needs distinct seeds, got {chosen}")
+        raise InputError(f"`seeds` needs distinct seeds, got {chosen}", param="seeds")
     return chosen
 
 

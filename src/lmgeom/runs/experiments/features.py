@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.base import Encoder
@@ -35,7 +36,7 @@ ENCODE_BATCH = 64
 
 def pooling_note(pooling: str) -> str:
     if pooling not in SENTENCE_POOLINGS:
-        raise ValueError(f"unknown sentence pooling {pooling!r}; choose one of {', '.join(SENTENCE_POOLINGS)}")
+        raise InputError(f"unknown sentence pooling {pooling!r}; choose one of {', '.join(SENTENCE_POOLINGS)}")
     return SENTENCE_POOLINGS[pooling]
 
 
@@ -144,7 +145,7 @@ class FeatureCache:
         pooled = []
         for text, sentence in zip(texts, encoded):
             if sentence.vectors.shape[1] == 0:
-                raise ValueError(f"sentence {text!r} has no words the model could read")
+                raise InputError(f"sentence {text!r} has no words the model could read")
             words = sentence.vectors[:, ~sentence.is_special]
             pooled.append(words.mean(axis=1, keepdims=True) if pooling == "mean" else words[:, -1:])
         return pooled
@@ -155,7 +156,7 @@ class FeatureCache:
         for words, sentence in zip(sentences, encoded):
             kept = sentence.vectors[:, ~sentence.is_special]
             if kept.shape[1] != len(words):
-                raise ValueError(f"the model gave {kept.shape[1]} word vectors for the {len(words)} words of {' '.join(words)!r}")
+                raise InputError(f"the model gave {kept.shape[1]} word vectors for the {len(words)} words of {' '.join(words)!r}")
             vectors.append(kept)
         return vectors
 
@@ -169,7 +170,7 @@ def _take(cached: CachedVectors, rows: np.ndarray, layers: Sequence[int] | None)
     chosen = range(cached.n_layers) if layers is None else layers
     bad = [layer for layer in chosen if not 0 <= layer < cached.n_layers]
     if bad:
-        raise ValueError(f"layer {bad[0]} does not exist: the model has layers 0-{cached.n_layers - 1} (0 = its input layer)")
+        raise InputError(f"layer {bad[0]} does not exist: the model has layers 0-{cached.n_layers - 1} (0 = its input layer)")
     return np.stack([np.asarray(cached.layers[layer][rows]) for layer in chosen])
 
 
