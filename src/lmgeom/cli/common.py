@@ -179,7 +179,12 @@ def flag(param: str, value: str | None = None) -> str:
 
 def cli_message(error: InputError) -> str:
     """`error`'s message with each Python parameter it names (in backticks) written as the CLI's option."""
-    return _PARAMETER.sub(lambda match: flag(match[1], match[2]) if match[1] in error.params else match[0], str(error))
+    return cli_text(str(error), error.params)
+
+
+def cli_text(text: str, params: tuple[str, ...]) -> str:
+    """`text` with each of the Python parameters `params` it names in backticks written as the CLI's option."""
+    return _PARAMETER.sub(lambda match: flag(match[1], match[2]) if match[1] in params else match[0], text)
 
 
 def is_user_error(error: BaseException) -> bool:
