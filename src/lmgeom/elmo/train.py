@@ -32,7 +32,7 @@ from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import BOS_TOKEN, EOS_TOKEN, bos_ids, eos_ids, word_ids
 from lmgeom.elmo.model import UNK_TOKEN, ElmoBiLM, ElmoConfig
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, save_elmo
-from lmgeom.atomic import atomic_write, atomic_write_text
+from lmgeom.atomic import atomic_write, atomic_write_text, require_writable
 from lmgeom.progress import NoProgress, Progress
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -244,11 +244,29 @@ def train(
         torch.set_num_threads(previous_threads)
 
 
+_CHECKPOINT_KEYS = ("identity", "model", "optimizer", "epoch", "position", "step", "history", "rng")
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    """The training state saved at `path`; a damaged or foreign file is an error naming it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types (RuntimeError, UnpicklingError, EOFError) for a bad file
+        problem = f"{type(error).__name__}: {error}".splitlines()[0]
+        state = None
+    else:
+        problem = "it is not an lmgeom training checkpoint"
+    if not isinstance(state, dict) or any(key not in state for key in _CHECKPOINT_KEYS):
+        raise InputError(f"the checkpoint {path} cannot be read ({problem}); delete it to train from the start, "
+                         "or pass `overwrite=True`", param="overwrite")
+    return state
+
+
 def _train(
     out: str | Path, *, corpus: str | tuple[Corpus, Corpus], config: TrainConfig, device: str, overwrite: bool,
     max_steps: int | None, checkpoint_every: int, progress: Progress,
 ) -> TrainResult:
-    out = Path(out)
+    out = require_writable(out)  # before hours of training, not after
     resolved = resolve_device(device)
     train_corpus, heldout_corpus = split_corpus(corpus) if isinstance(corpus, str) else corpus
     identity = {"config": dataclasses.asdict(config), "train_fingerprint": train_corpus.fingerprint,
@@ -260,7 +278,7 @@ def _train(
             for name in (CHECKPOINT_FILE, OPTIONS_FILE, WEIGHTS_FILE, REPORT_FILE):
                 (out / name).unlink(missing_ok=True)
         else:
-            state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+            state = _load_checkpoint(checkpoint_path)
             if state["identity"] != identity:
                 changed = sorted(k for k in identity if state["identity"].get(k) != identity[k])
                 raise InputError(f"{out} holds a training run with another {', '.join(changed)}; pass `overwrite=True` or choose another `out`",
@@ -270,7 +288,6 @@ def _train(
                 report = json.loads(report_path.read_text(encoding="utf-8"))
                 return TrainResult(out, True, report["steps"], Perplexity(**report["heldout_perplexity"]),
                                    report["words_per_second_this_run"])
-    out.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(config.seed)
     train_words = _corpus_words(train_corpus)
