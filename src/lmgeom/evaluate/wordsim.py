@@ -61,9 +61,10 @@ def read_word_pairs(path: str | os.PathLike) -> WordPairs:
     rows = [_fields(line) for line in path.read_text(encoding="utf-8-sig").splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
     rows = [row for row in rows if len(row) >= 3]
-    if not rows:
-        raise InputError(f"{path} holds no word pairs: expected lines 'word1<TAB>word2<TAB>score'")
-    data = rows[1:] if not any(_is_number(field) for field in rows[0][2:]) else rows
+    data = rows[1:] if rows and not any(_is_number(field) for field in rows[0][2:]) else rows
+    if not data:
+        raise InputError(f"{path} holds no word pairs{' (only a header line)' if rows else ''}: expected lines "
+                         "'word1<TAB>word2<TAB>score' (tabs, commas or spaces)")
     score_column = next(
         (column for column in range(2, max(len(row) for row in data))
          if all(column < len(row) and _is_number(row[column]) for row in data)),
@@ -162,11 +163,27 @@ def load_static_vectors(path: str | os.PathLike, *, trust_pickle: bool = False) 
     cannot run code; a gensim `.kv` (a pickle) only with `trust_pickle=True` (`static_vectors_format`)."""
     path = Path(path)
     kind = static_vectors_format(path, trust_pickle=trust_pickle)
-    if kind == "pickle":
-        return KeyedVectors.load(str(path))
-    if kind == "word2vec_binary":
-        return KeyedVectors.load_word2vec_format(str(path), binary=True)
-    with open(path, encoding="utf-8") as handle:
-        first = handle.readline().split()
-    has_header = len(first) == 2 and all(field.isdigit() for field in first)
-    return KeyedVectors.load_word2vec_format(str(path), binary=False, no_header=not has_header)
+    try:
+        if kind == "pickle":
+            vectors = KeyedVectors.load(str(path))
+            if not isinstance(vectors, KeyedVectors):
+                raise TypeError(f"it holds a {type(vectors).__name__}, not gensim KeyedVectors")
+            return vectors
+        if kind == "word2vec_binary":
+            return KeyedVectors.load_word2vec_format(str(path), binary=True)
+        with open(path, encoding="utf-8") as handle:
+            first = handle.readline().split()
+        has_header = len(first) == 2 and all(field.isdigit() for field in first)
+        return KeyedVectors.load_word2vec_format(str(path), binary=False, no_header=not has_header)
+    except (FileNotFoundError, PermissionError):
+        raise
+    except Exception as error:  # gensim and pickle raise many types (ValueError, UnpicklingError, EOFError, ...) for a bad file
+        raise _unreadable_vectors(path, kind, error) from None
+
+
+def _unreadable_vectors(path: Path, kind: str, error: BaseException) -> InputError:
+    expected = {"pickle": "a gensim KeyedVectors .kv file", "word2vec_binary": "word2vec binary vectors",
+                "word2vec_text": "word2vec or GloVe text vectors (one word and its numbers per line)"}[kind]
+    problem = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    return InputError(f"static vectors file {path} cannot be read as {expected} ({problem}); give a file in one of "
+                      "the formats lmgeom reads (word2vec .bin or text, GloVe text, or a gensim .kv with trust_pickle)")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -163,6 +166,10 @@ class StoreWriter(HoldsLock):
 
     def commit(self, encoded: Sequence[EncodedSentence], texts: Sequence[str]) -> None:
         """Append one chunk (rows to every layer, then its tables), then record it as committed."""
+        with disk_space(self.path):
+            self._commit(encoded, texts)
+
+    def _commit(self, encoded: Sequence[EncodedSentence], texts: Sequence[str]) -> None:
         if self.complete:
             raise InputError(f"{self.path} is complete; nothing more can be appended")
         self.lock.require_held()
@@ -204,6 +211,10 @@ class StoreWriter(HoldsLock):
 
     def finalize(self, **extra_meta: Any) -> None:
         """Merge the chunk tables, build the vocabulary, mark the store complete, and release its lock."""
+        with disk_space(self.path):
+            self._finalize(**extra_meta)
+
+    def _finalize(self, **extra_meta: Any) -> None:
         if self.complete:
             self.close()
             return
@@ -253,6 +264,23 @@ class StoreWriter(HoldsLock):
 
 # Settings that identify the model itself: when one differs, the stored vectors came from another model.
 _MODEL_SETTINGS = ("model_id", "model_class", "model_fingerprint", "n_layers", "dim")
+
+
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # numpy's tofile on a full disk (no errno)
+
+
+@contextlib.contextmanager
+def disk_space(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """A full disk or quota while writing into `folder` is an OSError (ENOSPC) that says which folder and
+    that the extraction resumes once space is freed (what was committed before stays)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT) and not (error.errno is None and _SHORT_WRITE.search(str(error))):
+            raise
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: the disk holding {folder} is full ({error}); "
+                      "free space there (or give another folder) and run the same extraction again: it resumes "
+                      "after the last chunk it committed") from None
 
 
 def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:

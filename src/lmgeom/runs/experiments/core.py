@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -165,8 +166,14 @@ class CellStore:
         path = self.path(config, seed)
         if not path.exists():
             return None
-        document = json.loads(path.read_text(encoding="utf-8"))
-        return Cell(document["config"], document["seed"], document["records"], document["predictions"], document.get("extra", {}))
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+            return Cell(document["config"], document["seed"], document["records"], document["predictions"],
+                        document.get("extra", {}))
+        except (ValueError, KeyError, TypeError) as error:  # truncated (a crash mid-write of an old file) or not a cell
+            warnings.warn(f"experiment cell {path} is damaged ({type(error).__name__}: {error}); it is computed again",
+                          stacklevel=2)
+            return None
 
     def save(self, cell: Cell) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

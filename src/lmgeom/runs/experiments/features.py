@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -130,9 +131,17 @@ class FeatureCache:
         index = folder / "index.json"
         if not index.exists():
             return None
-        document = json.loads(index.read_text(encoding="utf-8"))
-        layers = [np.load(folder / f"layer_{layer:02d}.npy", mmap_mode="r") for layer in range(document["n_layers"])]
-        return CachedVectors(document["n_layers"], dict(zip(document["keys"], document["rows"])), layers)
+        try:
+            document = json.loads(index.read_text(encoding="utf-8"))
+            layers = [np.load(folder / f"layer_{layer:02d}.npy", mmap_mode="r") for layer in range(document["n_layers"])]
+            rows = dict(zip(document["keys"], document["rows"]))
+            if any(len(layer) <= max(rows.values(), default=-1) for layer in layers):
+                raise ValueError("a layer file has fewer rows than the index lists")
+        except (OSError, ValueError, KeyError, TypeError) as error:  # truncated or foreign files: encode again
+            warnings.warn(f"feature cache {folder} is damaged ({type(error).__name__}: {error}); its vectors are "
+                          "computed again", stacklevel=2)
+            return None
+        return CachedVectors(document["n_layers"], rows, layers)
 
     # ---- encoding -------------------------------------------------------------------------
     def _encode_sentences(self, texts: list[str], pooling: str) -> list[np.ndarray]:
