@@ -25,6 +25,8 @@ class ClusterIsotropy(Calibrator):
     Fitted: cluster_centers_ (k, d), cluster_means_ (k, d), components_ (k, n_components, d)
     zero-padded, n_components_per_cluster_ (k,), cluster_sizes_ (k,)."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     _fitted_marker: ClassVar[str] = "components_"
 
     def __init__(self, n_clusters: int = 27, n_components: int = 12, random_state: int | None = 0) -> None:
@@ -34,6 +36,7 @@ class ClusterIsotropy(Calibrator):
 
     def fit(self, X: Any, y: Any = None) -> "ClusterIsotropy":
         X, _ = self._validate(X, reset=True)
+        self._warn_if_few_rows(*X.shape)
         X = X.astype(np.float64, copy=False)
         n_points, dim = X.shape
         if self.n_clusters < 1 or n_points < self.n_clusters:

@@ -33,6 +33,8 @@ class ConceptorNegation(MomentCalibrator):
     Fitted: correlation_eigenvalues_ (d,) descending, components_ (d, d) eigenvectors of R in rows,
     negation_matrix_ (d, d) = I - C, symmetric, n_samples_seen_."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     def __init__(self, alpha: float = DEFAULT_APERTURE) -> None:
         self.alpha = alpha
 

@@ -187,6 +187,8 @@ class FlowCalibrator(Calibrator):
     Fitted: module_ (the torch flow), prewhitening_ (a fitted Whitening, or None), loss_curve_
     (mean NLL in nats per dimension of the whitened data, per epoch), n_iter_ (epochs run), n_samples_seen_."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     _save_format: ClassVar[str] = "torch"
     _fitted_marker: ClassVar[str] = "module_"
 
@@ -224,6 +226,7 @@ class FlowCalibrator(Calibrator):
 
     def fit(self, X: Any, y: Any = None) -> "FlowCalibrator":
         X, _ = self._validate(X, reset=True, min_samples=2)
+        self._warn_if_few_rows(*X.shape)
         n_points, dim = X.shape
         if dim < 2:
             raise InputError("FlowCalibrator couples one half of the dimensions with the other, so it needs at least 2; got n_features = 1")

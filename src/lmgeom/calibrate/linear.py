@@ -25,6 +25,7 @@ class MomentCalibrator(Calibrator):
 
     def fit(self, X: Any, y: Any = None) -> "MomentCalibrator":
         X, _ = self._validate(X, reset=True, min_samples=2)
+        self._warn_if_few_rows(*X.shape)
         self._moments = MomentAccumulator(full_covariance=self.full_covariance).add(X)
         self._fit_moments(self._moments.result())
         return self
@@ -54,6 +55,7 @@ class MomentCalibrator(Calibrator):
         moments = accumulator.result()
         if moments.count < 2:
             raise InputError(f"{type(self).__name__} needs at least 2 rows, got n_samples = {moments.count}")
+        self._warn_if_few_rows(moments.count, moments.dim)
         self.__dict__.pop("feature_names_in_", None)  # names from an earlier DataFrame fit no longer apply
         self.n_features_in_ = moments.dim
         self._moments = accumulator.copy()
@@ -129,6 +131,8 @@ class Whitening(MomentCalibrator):
     inverse_transform exists only without truncation (n_components None or d).
     Fitted: mean_, components_ (k, d), explained_variance_ (k,), variance_floor_,
     whitening_matrix_ (d, k; or d, d with zca), n_components_, n_samples_seen_."""
+
+    collapses_on_few_rows: ClassVar[bool] = True
 
     def __init__(self, n_components: int | None = None, eps: float = 1e-6, zca: bool = False) -> None:
         self.n_components = n_components

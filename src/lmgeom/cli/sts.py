@@ -59,6 +59,11 @@ def register(app: typer.Typer) -> None:
         for row in rows:
             table.add_row(*row)
         console.print(table)
+        if any(record.get("few_fit_rows") for record in result.records):
+            from lmgeom.evaluate.sts import FEW_ROWS_MARK
+
+            console.print(f"{FEW_ROWS_MARK} calibrator fitted on fewer sentences than 2 x the dimension: whitening, CIE "
+                          "and the flow collapse there; fit on more sentences (--fit-on a corpus, or more pairs)")
         if result.paths:
             console.print("per-dataset scores, both aggregations and isotropy: " + ", ".join(str(path) for path in result.paths))
         else:

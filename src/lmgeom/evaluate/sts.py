@@ -107,18 +107,27 @@ def summary_table(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     return header, body
 
 
+FEW_ROWS_MARK = "*"
+"""After a table cell whose calibrator was fitted on fewer than 2 sentences per dimension."""
+
+
 def headline_grid(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) narrow enough for a terminal: one row per layer selection, one column per
     calibration (`method@corpus` when fitted on a corpus), each cell the Spearman x 100 of the "all"
-    aggregation averaged over the datasets."""
+    aggregation averaged over the datasets; `FEW_ROWS_MARK` after a cell whose calibrator was fitted on
+    fewer than 2 sentences per dimension (`few_fit_rows`)."""
     scores: dict[str, dict[str, list[float]]] = {}
+    few: set[tuple[str, str]] = set()
     for record in records:
         if record["aggregation"] != "all":
             continue
         column = record["method"] if record["fit_on"] in ("none", "transductive") else f"{record['method']}@{record['fit_on']}"
         scores.setdefault(record["layer"], {}).setdefault(column, []).append(record["spearman"])
+        if record.get("few_fit_rows"):
+            few.add((record["layer"], column))
     columns = list(dict.fromkeys(column for by_column in scores.values() for column in by_column))
-    rows = [[layer, *(f"{np.mean(by_column[c]):.1f}" if c in by_column else "" for c in columns)] for layer, by_column in scores.items()]
+    rows = [[layer, *(f"{np.mean(by_column[c]):.1f}{FEW_ROWS_MARK if (layer, c) in few else ''}" if c in by_column else ""
+                      for c in columns)] for layer, by_column in scores.items()]
     return ["layer", *columns], rows
 
 

@@ -214,7 +214,8 @@ def evaluate_sts(
         for dataset in datasets:
             X = cache.pooled(selection, dataset.sentences, name=f"{dataset.name} sentence vectors")
             settings = {**context, "layer": selection.name, "layer_indexes": list(selection.indexes)}
-            records.extend(score_dataset(dataset, X, {**settings, "method": NO_CALIBRATION, "fit_on": NO_CALIBRATION, "n_fit_sentences": 0}))
+            records.extend(score_dataset(dataset, X, {**settings, "method": NO_CALIBRATION, "fit_on": NO_CALIBRATION, "n_fit_sentences": 0,
+                                                      "few_fit_rows": False}))
             reporter.advance("evaluate")
             for method in methods[1:]:
                 for source in sources:
@@ -225,7 +226,9 @@ def evaluate_sts(
                         if key not in fitted:
                             fitted[key] = make_calibrator(method, seed=seed).fit(corpus_vectors[source.name])
                         calibrator, n_fit = fitted[key], len(corpus_vectors[source.name])
-                    fit_settings = {**settings, "method": method, "fit_on": source.name, "n_fit_sentences": n_fit}
+                    # fewer than 2 sentences per dimension: the calibrator warned, and the tables mark the cell
+                    fit_settings = {**settings, "method": method, "fit_on": source.name, "n_fit_sentences": n_fit,
+                                    "few_fit_rows": calibrator.too_few_rows(n_fit, X.shape[1])}
                     records.extend(score_dataset(dataset, calibrator.transform(X), fit_settings))
                     reporter.advance("evaluate")
     return records
