@@ -11,7 +11,7 @@ so the calibrator streams like the other moment calibrators.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
