@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -19,7 +20,7 @@ from sklearn.utils import check_random_state
 from torch import nn
 
 from lmgeom.errors import InputError
-from lmgeom.calibrate._base import Calibrator
+from lmgeom.calibrate._base import Calibrator, FewRowsWarning
 from lmgeom.calibrate.io import register
 from lmgeom.calibrate.linear import Whitening
 from lmgeom.device import resolve_device
@@ -234,7 +235,9 @@ class FlowCalibrator(Calibrator):
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         flow = self._build(dim, seed).to(device)
         batch_order = torch.Generator().manual_seed(seed)
-        self.prewhitening_ = Whitening().fit(X) if self.prewhiten else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FewRowsWarning)  # the flow itself warned of these rows
+            self.prewhitening_ = Whitening().fit(X) if self.prewhiten else None
         data = torch.tensor(self._prewhitened(X), dtype=torch.float32, device=device)
         flow.initialize(data[torch.randperm(n_points, generator=batch_order)[:_INIT_ROWS].to(device)])
         optimizer = torch.optim.Adam(flow.parameters(), lr=self.learning_rate)
