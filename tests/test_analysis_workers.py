@@ -94,7 +94,7 @@ def test_an_error_in_a_worker_reaches_the_caller_with_its_message(tmp_path: Any,
     store = write_store_from_arrays(tmp_path / "store", layers, sentences)
     store.location.open_array(layout.LAYERS, "1", mode="r+")[4, 2] = np.nan  # the writer refuses NaN: spoil it after
 
-    with pytest.raises(ValueError, match=r"NaN or inf values \(layer 1, row 4\)") as in_process:
+    with pytest.raises(ValueError, match=r"non-finite values \(NaN or inf\) in layer 1 row 4 of .*run `lmgeom verify") as in_process:
         analyze_store(store, min_contexts=2, device="cpu")
     with pytest.raises(ValueError, match="NaN or inf") as in_worker:
         analyze_store(store, min_contexts=2, device="cpu", num_workers=2)
@@ -102,7 +102,7 @@ def test_an_error_in_a_worker_reaches_the_caller_with_its_message(tmp_path: Any,
 
 
 def test_a_worker_count_below_one_is_refused(tmp_path: Any) -> None:
-    with pytest.raises(ValueError, match="--num-workers must be at least 1"):
+    with pytest.raises(ValueError, match="`num_workers` must be at least 1"):
         analyze_store(tmp_path / "no store", num_workers=0)
 
 

@@ -52,7 +52,7 @@ def test_limit_and_sample_below_one_are_refused(reader: Any, option: str, value:
     with pytest.raises(ValueError) as raised:
         reader("lee", **{option: value})
     message = str(raised.value)
-    assert f"{option} (--{option}) must be a number of sentences, at least 1" in message
+    assert f"`{option}` must be a number of sentences, at least 1" in message
     assert "left out (None) for the whole corpus" in message and message.endswith(f"got {value!r}")
 
 
@@ -62,7 +62,7 @@ def test_the_corpus_methods_refuse_them_too() -> None:
     for call, option in ((lambda: corpus.head(0), "limit"), (lambda: corpus.head(-1), "limit"),
                          (lambda: corpus.sample(-3), "sample"), (lambda: stream.head(0), "limit"),
                          (lambda: stream.sample(0), "sample"), (lambda: corpus.select(limit=-1), "limit")):
-        with pytest.raises(ValueError, match=rf"{option} \(--{option}\) must be a number of sentences, at least 1"):
+        with pytest.raises(ValueError, match=rf"`{option}` must be a number of sentences, at least 1"):
             call()
 
 
@@ -82,11 +82,11 @@ def test_valid_limits_and_samples_keep_what_they_say() -> None:
 def test_extract_model_and_run_refuse_them_before_writing(tmp_path: Path) -> None:
     from lmgeom.runs import extract_model, run
 
-    with pytest.raises(ValueError, match=r"limit \(--limit\) must be"):
+    with pytest.raises(ValueError, match=r"`limit` must be"):
         extract_model("tiny-bert", "lee", out=tmp_path / "e", limit=0, device="cpu")
-    with pytest.raises(ValueError, match=r"sample \(--sample\) must be"):
+    with pytest.raises(ValueError, match=r"`sample` must be"):
         extract_model("tiny-bert", "lee", out=tmp_path / "e", sample=-3, device="cpu", engine="ray")
-    with pytest.raises(ValueError, match=r"limit \(--limit\) must be"):
+    with pytest.raises(ValueError, match=r"`limit` must be"):
         run("tiny-bert", "lee", out=tmp_path / "r", limit=-1, device="cpu")
     assert not (tmp_path / "e").exists() and not (tmp_path / "r").exists()
 
@@ -99,7 +99,7 @@ def test_extract_model_and_run_refuse_them_before_writing(tmp_path: Path) -> Non
 def test_cli_names_the_option(tmp_path: Path, wide_console: None, args: list[str]) -> None:
     option, value = args[-2], args[-1]
     line = one_error_line(runner.invoke(app, [*args, "--out", str(tmp_path / "out"), "--device", "cpu"]))
-    assert line.startswith(f"error: {option[2:]} ({option}) must be a number of sentences, at least 1")
+    assert line.startswith(f"error: {option} must be a number of sentences, at least 1")
     assert line.endswith(f"got {value}")
     assert not (tmp_path / "out").exists()
 
@@ -147,9 +147,9 @@ def test_the_cli_shows_a_bad_jsonl_value_as_one_line(tmp_path: Path, wide_consol
 
 def test_field_lines_that_are_not_objects_and_good_files(tmp_path: Path) -> None:
     path = jsonl(tmp_path / "f.jsonl", [{"sentence": "One two.", "id": 1}, {"id": 2}])
-    with pytest.raises(ValueError, match=r"line 2 has no field 'sentence'; pass --field with one of \['id'\]"):
+    with pytest.raises(ValueError, match=r"line 2 has no field 'sentence'; pass `field` with one of \['id'\]"):
         load_corpus(str(path), field="sentence")
-    with pytest.raises(ValueError, match=r"line 1 has no field 'text'; pass --field with one of \['id', 'sentence'\]"):
+    with pytest.raises(ValueError, match=r"line 1 has no field 'text'; pass `field` with one of \['id', 'sentence'\]"):
         load_corpus(str(path))
     empty = jsonl(tmp_path / "e.jsonl", [{"text": "A b."}, {}])
     with pytest.raises(ValueError, match="line 2 has no field 'text'; the line is an empty object"):

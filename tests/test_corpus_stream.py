@@ -81,7 +81,7 @@ def test_bad_input_is_reported_as_when_loading(tmp_path):
         open_corpus(str(tmp_path / "missing.txt"))
     no_field = tmp_path / "x.jsonl"
     no_field.write_text('{"body": "A b."}\n')
-    with pytest.raises(ValueError, match="line 1 has no field 'text'; pass --field"):
+    with pytest.raises(ValueError, match="line 1 has no field 'text'; pass `field`"):
         open_corpus(str(no_field)).summary()
 
 

@@ -106,7 +106,7 @@ def test_run_out_takes_a_file_url_and_refuses_an_object_store_up_front(tmp_path)
     assert [path.name for path in result.paths] == [path.name for path in local.paths]
 
     url = f"memory://lmgeom-tests/{uuid.uuid4().hex}"
-    with pytest.raises(ValueError, match=r"run --out memory://.*static embeddings, report.html\) write local files.*file:// URL"):
+    with pytest.raises(ValueError, match=r"`out` memory://.*static embeddings, report.html\) write local files.*file:// URL"):
         run("tiny-gpt2", "lee", out=url, **options)
     assert not Location.of(url).exists()  # refused before the extraction started
     outcome = CliRunner().invoke(app, ["run", "--model", "tiny-gpt2", "--limit", "40", "--out", url, "--device", "cpu"])

@@ -289,14 +289,14 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
     assert [r for r in again.records if r["method"] != "abtt"] == result.records
     # the fine-tuning regime fine-tunes a sentence head: refused up front for a tagging task
     for regime in ("finetune", "both"):
-        with pytest.raises(ValueError, match="token-tagging task.*--regime frozen"):
+        with pytest.raises(ValueError, match="token-tagging task.*`regime='frozen'`"):
             run_calibration(MODEL, "pos", ewt, out=tmp_path / regime, methods=["none"], seeds=1, regime=regime, device="cpu")
         assert not (tmp_path / regime).exists()
 
 
 def test_the_finetuning_regime_refuses_an_elmo_model_up_front(cola: Path, tmp_path: Path) -> None:
     for regime in ("finetune", "both"):
-        with pytest.raises(ValueError, match="elmo-brown is an ELMo model.*--regime frozen"):
+        with pytest.raises(ValueError, match="elmo-brown is an ELMo model.*`regime='frozen'`"):
             run_calibration("elmo-brown", "cola", cola, out=tmp_path / regime, methods=["none"], seeds=1,
                             regime=regime, device="cpu")
         assert not (tmp_path / regime).exists()

@@ -378,7 +378,7 @@ def test_store_reader(tmp_path, lee_sample):
 
 def test_store_directory_holding_another_run_is_refused(tmp_path, lee_sample):
     extract(load_encoder("tiny-bert", device="cpu"), lee_sample.head(10), tmp_path / "s")
-    with pytest.raises(StoreExistsError, match="model_id.*--overwrite"):
+    with pytest.raises(StoreExistsError, match="model_id.*`overwrite=True`"):
         extract(load_encoder("tiny-gpt2", device="cpu"), lee_sample.head(10), tmp_path / "s")
     store = extract(load_encoder("tiny-gpt2", device="cpu"), lee_sample.head(10), tmp_path / "s", overwrite=True)
     assert store.meta["model_id"] == "tiny-gpt2"

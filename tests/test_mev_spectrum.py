@@ -495,7 +495,7 @@ def test_float32_zero_tiny_and_non_finite_rows() -> None:
     accumulator = MEVAccumulator(2).add(X, word_ids=np.array([0, 0, 0, 1, 1, 1]))
     assert accumulator.n_zero == 1 and list(accumulator.counts) == [2, 3]
     X[4, 2] = np.nan
-    with pytest.raises(ValueError, match=r"NaN or inf values \(row 4\)"):
+    with pytest.raises(ValueError, match=r"non-finite values \(NaN or inf\) in row 4"):
         MEVAccumulator(2).add(X, word_ids=np.array([0, 0, 0, 1, 1, 1]))
 
 

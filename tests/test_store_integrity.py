@@ -119,7 +119,7 @@ def test_a_deleted_chunk_file_is_refused_naming_it(store):
     named = str(chunk(store, 1, 2))
     with pytest.raises(CorruptStore, match="layer 1: chunk file .* is missing") as error:
         RepresentationStore.open(store)
-    assert named in str(error.value) and "--overwrite" in str(error.value)
+    assert named in str(error.value) and "`overwrite=True`" in str(error.value)
     # reading the layer of a store opened without the open's checks: refused as well; other layers read
     meta = json.loads((store / "meta.json").read_text())
     unchecked = RepresentationStore(store, meta)

@@ -152,7 +152,7 @@ def test_overwrite_removes_a_store_whole_complete_or_interrupted(tmp_path):
     writer = StoreWriter(tmp_path / "interrupted", settings=SETTINGS)
     writer.close()
     assert sorted(os.listdir(tmp_path / "interrupted")) == ["layers", META]
-    with pytest.raises(StoreExistsError, match="--overwrite"):  # a store: the advice stands
+    with pytest.raises(StoreExistsError, match="`overwrite=True`"):  # a store: the advice stands
         write_store_from_arrays(tmp_path / "interrupted", layers(0), SENTENCES, overwrite=False)
     store = write_store_from_arrays(tmp_path / "interrupted", layers(0), SENTENCES)
     assert store.layers == [0, 1, 2] and store.dim == 4
@@ -160,7 +160,7 @@ def test_overwrite_removes_a_store_whole_complete_or_interrupted(tmp_path):
     # a removal cut short leaves the mark of no run, which only --overwrite replaces
     (path / "layers").mkdir(exist_ok=True)
     (path / META).write_text(json.dumps({"lmgeom_version": "0", "generation": "g", "complete": False, "settings": {}}))
-    with pytest.raises(StoreExistsError, match=r"removal \(--overwrite\) was interrupted"):
+    with pytest.raises(StoreExistsError, match=r"removal \(`overwrite=True`\) was interrupted"):
         StoreWriter(path, settings=SETTINGS)
     with pytest.raises(ValueError, match="unfinished extraction"):
         RepresentationStore.open(path)
@@ -173,7 +173,7 @@ def test_overwrite_of_a_sharded_store_on_a_url_removes_it_whole():
     with ShardedStoreWriter(location, settings=SHARDED) as writer:
         location.write_bytes(b"x", "shards", "000000-abc", "layers", "0")
         first = writer.generation
-    with pytest.raises(StoreExistsError, match="made with another model.*pass --overwrite"):
+    with pytest.raises(StoreExistsError, match="made with another model.*pass `overwrite=True`"):
         ShardedStoreWriter(location, settings={**SHARDED, "dim": 5})
     with ShardedStoreWriter(location, settings={**SHARDED, "dim": 5}, overwrite=True) as writer:
         assert location.listdir() == [LOCK, META] and writer.generation != first

@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 from typing import Callable
+
+from lmgeom.errors import InputError
 
 _HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 # `.<name>.<pid>@<host>.tmp`, beside the file being written
@@ -63,6 +66,21 @@ def remove_abandoned(folder: Path, pattern: re.Pattern[str], remove: Callable[[P
 
 def _unlink(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def require_writable(folder: str | os.PathLike[str], *, param: str = "out") -> Path:
+    """`folder`, created if need be, once a file could be written into it: a long job checks where its
+    results go before its work, not after (`param` names the parameter that gave the folder)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=f".lmgeom-probe.{owner_tag()}.", suffix=".tmp")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise InputError(f"`{param}` {folder} cannot be written ({error.strerror or error}); give a folder you can "
+                         "write to", param=param) from None
+    return folder
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:

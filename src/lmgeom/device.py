@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from lmgeom.errors import InputError
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -16,9 +18,10 @@ def resolve_device(device: str = "auto") -> torch.device:
     except (RuntimeError, TypeError):  # torch's own error for a malformed device string
         resolved = None
     if resolved is None or resolved.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"unknown device {device!r} (--device): use auto, cpu, cuda, cuda:N or mps")
+        raise InputError(f"unknown `device` {device!r}: use auto, cpu, cuda, cuda:N or mps", param="device")
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA device is available; use --device cpu or auto")
+        raise InputError("`device='cuda'` was asked for but no CUDA device is available; use `device='cpu'` or `device='auto'`",
+                         param="device")
     return resolved
 
 
@@ -27,7 +30,7 @@ def resolve_compute_dtype(device: torch.device, dtype: str | None) -> torch.dtyp
     if dtype is None:
         return torch.float16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+        raise InputError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -38,8 +41,9 @@ def resolve_analysis_device(device: str = "cpu") -> torch.device | None:
     if device == "torch:cpu":
         return torch.device("cpu")
     if not device.startswith(("cpu", "cuda", "auto")):
-        raise ValueError(f"unknown --device {device!r} for the analysis; use cpu, cuda, cuda:N, auto or torch:cpu")
+        raise InputError(f"unknown `device` {device!r} for the analysis; use cpu, cuda, cuda:N, auto or torch:cpu",
+                         param="device")
     resolved = resolve_device(device)
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"the analysis runs on cpu or cuda, not {resolved.type}; use cpu, cuda, cuda:N, auto or torch:cpu")
+        raise InputError(f"the analysis runs on cpu or cuda, not {resolved.type}; use cpu, cuda, cuda:N, auto or torch:cpu")
     return None if resolved.type == "cpu" else resolved

@@ -8,6 +8,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from lmgeom.errors import InputError
+
 LAYER_NORM_EPS = 1e-12
 
 
@@ -26,11 +28,11 @@ class ScalarMix(nn.Module):
     ) -> None:
         super().__init__()
         if num_layers < 1:
-            raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+            raise InputError(f"num_layers must be at least 1, got {num_layers}")
         if initial_weights is None:
             initial_weights = [0.0] * num_layers
         if len(initial_weights) != num_layers:
-            raise ValueError(f"initial_weights has {len(initial_weights)} values for {num_layers} layers")
+            raise InputError(f"initial_weights has {len(initial_weights)} values for {num_layers} layers")
         self.num_layers = num_layers
         self.layer_norm = layer_norm
         self.weights = nn.Parameter(torch.tensor([float(w) for w in initial_weights]), requires_grad=trainable)

@@ -9,6 +9,7 @@ import scipy.linalg
 from sklearn.cluster import KMeans
 from sklearn.metrics import pairwise_distances_argmin
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate._base import Calibrator
 from lmgeom.calibrate.io import register
 
@@ -24,6 +25,8 @@ class ClusterIsotropy(Calibrator):
     Fitted: cluster_centers_ (k, d), cluster_means_ (k, d), components_ (k, n_components, d)
     zero-padded, n_components_per_cluster_ (k,), cluster_sizes_ (k,)."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     _fitted_marker: ClassVar[str] = "components_"
 
     def __init__(self, n_clusters: int = 27, n_components: int = 12, random_state: int | None = 0) -> None:
@@ -33,15 +36,16 @@ class ClusterIsotropy(Calibrator):
 
     def fit(self, X: Any, y: Any = None) -> "ClusterIsotropy":
         X, _ = self._validate(X, reset=True)
+        self._warn_if_few_rows(*X.shape)
         X = X.astype(np.float64, copy=False)
         n_points, dim = X.shape
         if self.n_clusters < 1 or n_points < self.n_clusters:
-            raise ValueError(
+            raise InputError(
                 f"ClusterIsotropy with n_clusters={self.n_clusters} needs at least that many points, got "
                 f"n_samples = {n_points}; lower n_clusters or pass more rows"
             )
         if not 1 <= self.n_components <= dim:
-            raise ValueError(f"ClusterIsotropy n_components must be between 1 and the dimension {dim}, got {self.n_components}")
+            raise InputError(f"ClusterIsotropy n_components must be between 1 and the dimension {dim}, got {self.n_components}")
         kmeans = KMeans(n_clusters=self.n_clusters, random_state=self.random_state, n_init="auto").fit(X)
         labels = kmeans.labels_
         self.cluster_centers_ = kmeans.cluster_centers_

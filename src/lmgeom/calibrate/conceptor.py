@@ -11,10 +11,11 @@ so the calibrator streams like the other moment calibrators.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate.io import register
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.isotropy import Moments, symmetric_eigh
@@ -32,12 +33,14 @@ class ConceptorNegation(MomentCalibrator):
     Fitted: correlation_eigenvalues_ (d,) descending, components_ (d, d) eigenvectors of R in rows,
     negation_matrix_ (d, d) = I - C, symmetric, n_samples_seen_."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     def __init__(self, alpha: float = DEFAULT_APERTURE) -> None:
         self.alpha = alpha
 
     def _fit_moments(self, moments: Moments) -> None:
         if not (isinstance(self.alpha, (int, float)) and np.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(f"ConceptorNegation alpha (the aperture) must be a finite number > 0, got {self.alpha!r}")
+            raise InputError(f"ConceptorNegation alpha (the aperture) must be a finite number > 0, got {self.alpha!r}")
         correlation = (moments.scatter + moments.count * np.outer(moments.mean, moments.mean)) / moments.count
         eigenvalues, vectors = symmetric_eigh(correlation)
         self.correlation_eigenvalues_ = eigenvalues

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -18,7 +19,8 @@ import torch
 from sklearn.utils import check_random_state
 from torch import nn
 
-from lmgeom.calibrate._base import Calibrator
+from lmgeom.errors import InputError
+from lmgeom.calibrate._base import Calibrator, FewRowsWarning
 from lmgeom.calibrate.io import register
 from lmgeom.calibrate.linear import Whitening
 from lmgeom.device import resolve_device
@@ -186,6 +188,8 @@ class FlowCalibrator(Calibrator):
     Fitted: module_ (the torch flow), prewhitening_ (a fitted Whitening, or None), loss_curve_
     (mean NLL in nats per dimension of the whitened data, per epoch), n_iter_ (epochs run), n_samples_seen_."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     _save_format: ClassVar[str] = "torch"
     _fitted_marker: ClassVar[str] = "module_"
 
@@ -213,24 +217,27 @@ class FlowCalibrator(Calibrator):
 
     def _build(self, dim: int, seed: int) -> _Flow:
         if self.coupling not in ("affine", "additive"):
-            raise ValueError(f"FlowCalibrator coupling must be 'affine' or 'additive', got {self.coupling!r}")
+            raise InputError(f"FlowCalibrator coupling must be 'affine' or 'additive', got {self.coupling!r}")
         for name in ("n_steps", "hidden_size", "n_epochs", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"FlowCalibrator {name} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"FlowCalibrator {name} must be >= 1, got {getattr(self, name)}")
         with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's global RNG
             torch.manual_seed(seed)
             return _Flow(dim, n_steps=self.n_steps, hidden_size=self.hidden_size, additive=self.coupling == "additive")
 
     def fit(self, X: Any, y: Any = None) -> "FlowCalibrator":
         X, _ = self._validate(X, reset=True, min_samples=2)
+        self._warn_if_few_rows(*X.shape)
         n_points, dim = X.shape
         if dim < 2:
-            raise ValueError("FlowCalibrator couples one half of the dimensions with the other, so it needs at least 2; got n_features = 1")
+            raise InputError("FlowCalibrator couples one half of the dimensions with the other, so it needs at least 2; got n_features = 1")
         device = resolve_device(self.device)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         flow = self._build(dim, seed).to(device)
         batch_order = torch.Generator().manual_seed(seed)
-        self.prewhitening_ = Whitening().fit(X) if self.prewhiten else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FewRowsWarning)  # the flow itself warned of these rows
+            self.prewhitening_ = Whitening().fit(X) if self.prewhiten else None
         data = torch.tensor(self._prewhitened(X), dtype=torch.float32, device=device)
         flow.initialize(data[torch.randperm(n_points, generator=batch_order)[:_INIT_ROWS].to(device)])
         optimizer = torch.optim.Adam(flow.parameters(), lr=self.learning_rate)
@@ -249,7 +256,7 @@ class FlowCalibrator(Calibrator):
                 total += loss.item() * len(batch)
             self.loss_curve_.append(total / n_points / dim)
         if not np.isfinite(self.loss_curve_[-1]):
-            raise ValueError("FlowCalibrator training diverged (non-finite loss); lower learning_rate, or use prewhiten=True")
+            raise InputError("FlowCalibrator training diverged (non-finite loss); lower learning_rate, or use prewhiten=True")
         self._set_module(flow)
         self.n_iter_ = self.n_epochs
         self.n_samples_seen_ = n_points

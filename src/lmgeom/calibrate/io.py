@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
 from lmgeom._version import __version__
 from lmgeom.atomic import atomic_write
 
@@ -74,10 +75,10 @@ def load_calibrator(path: str | os.PathLike) -> "Calibrator":
             header = json.loads(str(arrays["__header__"]))
             state = {name: arrays[name] for name in arrays.files if name != "__header__"}
     if header.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has calibrator format {header.get('format_version')}, this lmgeom reads {FORMAT_VERSION}")
+        raise InputError(f"{path} has calibrator format {header.get('format_version')}, this lmgeom reads {FORMAT_VERSION}")
     cls = _REGISTRY.get(header["class"])
     if cls is None:
-        raise ValueError(f"{path} holds a {header['class']}, which is not a known calibrator ({sorted(_REGISTRY)})")
+        raise InputError(f"{path} holds a {header['class']}, which is not a known calibrator ({sorted(_REGISTRY)})")
     estimator = cls(**header["params"])
     estimator._set_fitted_state(state)
     return estimator

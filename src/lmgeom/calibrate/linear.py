@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate._base import Calibrator
 from lmgeom.calibrate.io import register, scalar_or_array
 from lmgeom.metrics.isotropy import MomentAccumulator, Moments, symmetric_eigh
@@ -24,6 +25,7 @@ class MomentCalibrator(Calibrator):
 
     def fit(self, X: Any, y: Any = None) -> "MomentCalibrator":
         X, _ = self._validate(X, reset=True, min_samples=2)
+        self._warn_if_few_rows(*X.shape)
         self._moments = MomentAccumulator(full_covariance=self.full_covariance).add(X)
         self._fit_moments(self._moments.result())
         return self
@@ -32,7 +34,7 @@ class MomentCalibrator(Calibrator):
         """Add a chunk of rows; the fit is refreshed once at least 2 rows have been seen."""
         first_call = not hasattr(self, "_moments")
         if first_call and self.__sklearn_is_fitted__():
-            raise ValueError(
+            raise InputError(
                 f"this {type(self).__name__} was loaded from a file saved without its moment state (an older "
                 "lmgeom), so partial_fit cannot go on from it; fit it again on all rows"
             )
@@ -49,10 +51,11 @@ class MomentCalibrator(Calibrator):
         calls add to a copy of `accumulator`, which itself is left unchanged."""
         if accumulator.full_covariance != self.full_covariance:
             kind = "full_covariance=True" if self.full_covariance else "full_covariance=False"
-            raise ValueError(f"{type(self).__name__} needs a MomentAccumulator({kind})")
+            raise InputError(f"{type(self).__name__} needs a MomentAccumulator({kind})")
         moments = accumulator.result()
         if moments.count < 2:
-            raise ValueError(f"{type(self).__name__} needs at least 2 rows, got n_samples = {moments.count}")
+            raise InputError(f"{type(self).__name__} needs at least 2 rows, got n_samples = {moments.count}")
+        self._warn_if_few_rows(moments.count, moments.dim)
         self.__dict__.pop("feature_names_in_", None)  # names from an earlier DataFrame fit no longer apply
         self.n_features_in_ = moments.dim
         self._moments = accumulator.copy()
@@ -100,7 +103,7 @@ class AllButTheTop(MomentCalibrator):
         dim = moments.dim
         n_components = default_abtt_components(dim) if self.n_components is None else self.n_components
         if not 1 <= n_components <= dim:
-            raise ValueError(f"AllButTheTop n_components must be between 1 and the dimension {dim}, got {n_components}")
+            raise InputError(f"AllButTheTop n_components must be between 1 and the dimension {dim}, got {n_components}")
         variances, vectors = symmetric_eigh(moments.covariance())
         self.mean_ = moments.mean
         self.components_ = vectors[:, :n_components].T.copy()
@@ -129,6 +132,8 @@ class Whitening(MomentCalibrator):
     Fitted: mean_, components_ (k, d), explained_variance_ (k,), variance_floor_,
     whitening_matrix_ (d, k; or d, d with zca), n_components_, n_samples_seen_."""
 
+    collapses_on_few_rows: ClassVar[bool] = True
+
     def __init__(self, n_components: int | None = None, eps: float = 1e-6, zca: bool = False) -> None:
         self.n_components = n_components
         self.eps = eps
@@ -138,12 +143,12 @@ class Whitening(MomentCalibrator):
         dim = moments.dim
         n_components = dim if self.n_components is None else self.n_components
         if not 1 <= n_components <= dim:
-            raise ValueError(f"Whitening n_components must be between 1 and the dimension {dim}, got {n_components}")
+            raise InputError(f"Whitening n_components must be between 1 and the dimension {dim}, got {n_components}")
         if not self.eps > 0:
-            raise ValueError(f"Whitening eps must be > 0, got {self.eps}")
+            raise InputError(f"Whitening eps must be > 0, got {self.eps}")
         variances, vectors = symmetric_eigh(moments.covariance())
         if variances[0] == 0:
-            raise ValueError("all points are identical: there is no variance to whiten; pass distinct rows")
+            raise InputError("all points are identical: there is no variance to whiten; pass distinct rows")
         self.mean_ = moments.mean
         self.components_ = vectors[:, :n_components].T.copy()
         self.explained_variance_ = variances[:n_components]
@@ -163,7 +168,7 @@ class Whitening(MomentCalibrator):
     def inverse_transform(self, X: Any) -> Any:
         check_is_fitted(self)
         if self.n_components_ < self.n_features_in_:
-            raise ValueError(
+            raise InputError(
                 f"Whitening kept {self.n_components_} of {self.n_features_in_} directions, so the others are lost "
                 "and inverse_transform is not defined; fit with n_components=None to invert"
             )

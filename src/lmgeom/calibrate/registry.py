@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.calibrate._base import Calibrator
 from lmgeom.calibrate.cluster import ClusterIsotropy
@@ -17,7 +18,7 @@ METHODS: dict[str, type[Calibrator]] = dict(zip(
 def make_calibrator(method: str, *, seed: int = 0) -> Calibrator:
     """A calibrator with its default settings by CLI name (whitening, abtt, cie, flow, standardize, conceptor)."""
     if method not in METHODS:
-        raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(METHODS)}")
+        raise InputError(f"unknown calibration method {method!r}; choose from {', '.join(METHODS)}")
     estimator = METHODS[method]()
     if "random_state" in estimator.get_params():
         estimator.set_params(random_state=seed)

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import RichProgress, above, console, number, user_errors
+from lmgeom.errors import InputError
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -99,7 +100,7 @@ def register(app: typer.Typer) -> None:
 
         with user_errors(), RichProgress() as progress:
             if engine not in ENGINES:
-                raise ValueError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
+                raise InputError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
             store = RepresentationStore.open(store_path)
             if engine == "ray":
                 result = analyze_ray(store, AnalysisOptions(

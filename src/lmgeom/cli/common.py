@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
+import re
+import sys
 import time
+import traceback
 from types import TracebackType
 from typing import Callable, Iterator
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +30,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from lmgeom.errors import InputError, MissingDependency
 
 console = Console()
 
@@ -142,13 +149,62 @@ def _clock_time(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+_NEGATED_FLAGS = {"include_punct": "--exclude-punct"}
+"""Parameters whose False is a flag of its own rather than `--no-NAME`."""
+_FLAGS = {"include_punct": "--include-punct", "explorer_neighbours": "--neighbours"}
+"""Parameters whose option is not `--` + the name with dashes (`min_contexts` -> `--min-contexts`)."""
+_PARAMETER = re.compile(r"`(\w+)(?:=([^`]*))?`")
+_USER_OS_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM})
+"""OSErrors that are the user's to mend (a full disk or quota, a read-only or forbidden place), besides
+the subclasses naming a path (FileNotFoundError, PermissionError, FileExistsError, ...)."""
+_PATH_ERRORS = (FileNotFoundError, PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError)
+BUG_REPORT = ("this is a bug in lmgeom, not a problem with your input: please report it with the command you ran "
+              "and the traceback above")
+
+
+def flag(param: str, value: str | None = None) -> str:
+    """The CLI's words for the Python parameter `param` (set to `value`, as written in a message):
+    `min_contexts` -> `--min-contexts`, `overwrite=True` -> `--overwrite`, `device='cpu'` -> `--device cpu`,
+    `include_punct=False` -> `--exclude-punct`."""
+    name = _FLAGS.get(param, "--" + param.replace("_", "-"))
+    if value is None or value in ("True", "None"):
+        return name
+    if value == "False":
+        return _NEGATED_FLAGS.get(param, "--no-" + param.replace("_", "-"))
+    return f"{name} {value.strip(chr(39) + chr(34))}"
+
+
+def cli_message(error: InputError) -> str:
+    """`error`'s message with each Python parameter it names (in backticks) written as the CLI's option."""
+    return cli_text(str(error), error.params)
+
+
+def cli_text(text: str, params: tuple[str, ...]) -> str:
+    """`text` with each of the Python parameters `params` it names in backticks written as the CLI's option."""
+    return _PARAMETER.sub(lambda match: flag(match[1], match[2]) if match[1] in params else match[0], text)
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` is the user's to mend (bad input, a missing file or package, a full disk), not a bug."""
+    return (isinstance(error, (InputError, MissingDependency, *_PATH_ERRORS))
+            or isinstance(error, OSError) and error.errno in _USER_OS_ERRNOS)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Show bad-input errors as one clear line and exit 2, instead of a traceback."""
+    """Show a user's error (`is_user_error`) as one `error:` line, with the CLI's option names, and exit 2;
+    anything else is a bug: its traceback, one line asking for a report, and exit 1."""
     try:
         yield
-    except (ValueError, FileNotFoundError, ImportError, OSError, IndexError) as error:
-        console.print(f"[bold red]error:[/] {escape(str(error))}")
+    except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+        raise  # the CLI's own exits and usage errors
+    except Exception as error:
+        if not is_user_error(error):
+            traceback.print_exc(file=sys.stderr)
+            console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}")
+            raise typer.Exit(code=1) from None
+        message = cli_message(error) if isinstance(error, InputError) else str(error)
+        console.print(f"[bold red]error:[/] {escape(message)}")
         raise typer.Exit(code=2) from None
 
 

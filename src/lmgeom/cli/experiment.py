@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import RichProgress, above, console, split_list, user_errors
+from lmgeom.errors import InputError
 
 experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022) and layers (Peters et al. 2018).",
                              no_args_is_help=True)
@@ -23,7 +24,7 @@ def parse_seed_option(text: str) -> int | list[int]:
     try:
         values = [int(item) for item in items]
     except ValueError:
-        raise ValueError(f"--seeds takes a count (3) or a comma list of seeds (0,4,7), got {text!r}") from None
+        raise InputError(f"--seeds takes a count (3) or a comma list of seeds (0,4,7), got {text!r}") from None
     if len(values) == 1 and "," not in text:
         return values[0]
     return values

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +38,7 @@ def register(app: typer.Typer) -> None:
             try:
                 combinations = [combination([int(x) for x in split_list(text)]) for text in combine]
             except ValueError:
-                raise ValueError(f"--combine takes comma-separated layer numbers such as 0,6; got {combine}") from None
+                raise InputError(f"--combine takes comma-separated layer numbers such as 0,6; got {combine}") from None
             with RichProgress() as progress:
                 result = run_sts(
                     model, data, layers=[*split_list(layers), *combinations], methods=methods, fit_on=split_list(fit_on),
@@ -60,6 +61,11 @@ def register(app: typer.Typer) -> None:
         if best_rows:
             console.print("best calibration per layer (gain = score - none)", highlight=False)
             console.print(grid_table(best_header, best_rows, left=(0, 2)))
+        if any(record.get("few_fit_rows") for record in result.records):
+            from lmgeom.evaluate.sts import FEW_ROWS_MARK
+
+            console.print(f"{FEW_ROWS_MARK} calibrator fitted on fewer sentences than 2 x the dimension: whitening, CIE "
+                          "and the flow collapse there; fit on more sentences (--fit-on a corpus, or more pairs)")
         if result.paths:
             console.print("per-dataset scores, both aggregations and isotropy: " + ", ".join(str(path) for path in result.paths))
         else:

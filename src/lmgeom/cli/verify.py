@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.markup import escape
 
-from lmgeom.cli.common import console, user_errors
+from lmgeom.cli.common import cli_text, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         for problem in result.problems:
             console.print(f"[bold red]problem:[/] {escape(problem)}")
         if not result.ok:
-            console.print(f"{len(result.problems)} damaged or missing file(s) in {escape(result.store)}; {escape(result.advice)}")
+            console.print(f"{len(result.problems)} damaged or missing file(s) in {escape(result.store)}; {escape(cli_text(result.advice, ('overwrite',)))}")
             raise typer.Exit(code=2)
         if not result.checksums:
             console.print(f"checksums absent: {escape(result.store)} was written without them, so only its files' presence "

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Corpus, CorpusStream, Item, iter_lines, require_count
 from lmgeom.corpus.segment import split_sentences
 
@@ -58,7 +59,7 @@ def brown_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
 def _brown_files(directory: Path) -> list[Path]:
     cats = directory / "cats.txt"
     if not cats.exists():
-        raise FileNotFoundError(f"{directory} is not an NLTK Brown corpus directory (no cats.txt); pass --corpus brown:/path/to/brown")
+        raise FileNotFoundError(f"{directory} is not an NLTK Brown corpus directory (no cats.txt); give the corpus as brown:/path/to/brown")
     return [directory / line.split()[0] for line in cats.read_text().splitlines() if line.strip()]
 
 
@@ -72,7 +73,7 @@ def sts_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     directory = Path(directory) if directory else DEFAULT_DATA_DIR / "STS_raw"
     files = sorted(directory.glob("STS1*-en-test/STS.input.*.txt"))
     if not files:
-        raise FileNotFoundError(f"no STS.input.*.txt files under {directory}/STS1*-en-test/; pass --corpus sts:/path/to/STS_raw")
+        raise FileNotFoundError(f"no STS.input.*.txt files under {directory}/STS1*-en-test/; give the corpus as sts:/path/to/STS_raw")
 
     def read() -> Iterator[Item]:
         seen: set[bytes] = set()  # digests of the sentences so far: distinct sentences only
@@ -133,11 +134,11 @@ def _load(spec: str, *, field: str, pretokenized: bool) -> Corpus:
 
 def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> CorpusStream:
     if not spec.strip():
-        raise ValueError(_spec_error(spec, "empty corpus spec"))
+        raise InputError(_spec_error(spec, "empty corpus spec"))
     name, _, argument = spec.partition(":")
     if name in BUILTIN_CORPORA:  # before any file of that name: ./lee reads a file called lee
         if name == "lee" and argument:
-            raise ValueError(_spec_error(spec, "the lee corpus takes no argument (it ships with gensim); write plain 'lee'"))
+            raise InputError(_spec_error(spec, "the lee corpus takes no argument (it ships with gensim); write plain 'lee'"))
         try:
             if not argument:
                 return BUILTIN_STREAMS[name]()
@@ -147,7 +148,7 @@ def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> C
     if name == "hf":
         parts = argument.split(":")
         if len(parts) != 3 or not all(part.strip() for part in parts):
-            raise ValueError(_spec_error(spec, "a Hugging Face corpus is hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text"))
+            raise InputError(_spec_error(spec, "a Hugging Face corpus is hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text"))
         dataset, _, config = parts[0].partition("/")
         return CorpusStream.from_hf_dataset(dataset, config=config or None, split=parts[1], column=parts[2], streaming=streaming)
     path = Path(spec)
@@ -158,7 +159,7 @@ def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> C
             return brown_stream(path)
         if any(path.glob("STS1*-en-test/STS.input.*.txt")):
             return sts_stream(path)
-        raise ValueError(_spec_error(spec, "this folder is neither an NLTK Brown corpus (no cats.txt) nor STS data (no STS1*-en-test/STS.input.*.txt)"))
+        raise InputError(_spec_error(spec, "this folder is neither an NLTK Brown corpus (no cats.txt) nor STS data (no STS1*-en-test/STS.input.*.txt)"))
     # a file named like a built-in corpus is not named as one: "lee.txt (file)", in meta.json and reports
     file_name = f"{path.name} (file)" if path.stem in BUILTIN_CORPORA else None
     if path.suffix == ".jsonl":

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from lmgeom.errors import InputError, MissingDependency
 from lmgeom.corpus.segment import Word, is_punctuation, join_pretokenized, segment_words
 
 
@@ -47,7 +48,7 @@ def to_sentence(item: Item) -> Sentence:
     if isinstance(item, str):
         return Sentence.from_text(item)
     if not is_words(item):
-        raise ValueError(f"a sentence is a string (natural text) or a list of strings (its words), not {_json_kind(item)}")
+        raise InputError(f"a sentence is a string (natural text) or a list of strings (its words), not {_json_kind(item)}")
     return Sentence.from_words(list(item))
 
 
@@ -84,12 +85,12 @@ def require_count(value: int | None, name: str) -> None:
     except TypeError:
         count = None
     if count is None or count < 1:
-        raise ValueError(f"{name} (--{name}) must be a number of sentences, at least 1, or left out (None) for the "
-                         f"whole corpus; got {value!r}")
+        raise InputError(f"`{name}` must be a number of sentences, at least 1, or left out (None) for the "
+                         f"whole corpus; got {value!r}", param=name)
 
 
-def _no_words_error(name: str, index: int, sentence: Sentence) -> ValueError:
-    return ValueError(f"corpus {name!r}: sentence {index} has no words ({sentence.text!r}); remove blank or whitespace-only lines")
+def _no_words_error(name: str, index: int, sentence: Sentence) -> InputError:
+    return InputError(f"corpus {name!r}: sentence {index} has no words ({sentence.text!r}); remove blank or whitespace-only lines")
 
 
 class Fingerprint:
@@ -131,7 +132,7 @@ class Corpus:
 
     def __post_init__(self) -> None:
         if not self.sentences:
-            raise ValueError(f"corpus {self.name!r} is empty ({self.source or 'no source'}); give at least one sentence")
+            raise InputError(f"corpus {self.name!r} is empty ({self.source or 'no source'}); give at least one sentence")
         for index, sentence in enumerate(self.sentences):
             if not sentence.words:
                 raise _no_words_error(self.name, index, sentence)
@@ -231,7 +232,7 @@ class CorpusStream:
             digest.add(sentence)
             pretokenized = pretokenized or not isinstance(item, str)
         if not digest.n_sentences:
-            raise ValueError(f"corpus {self.name!r} is empty ({self.source or 'no source'}); give at least one sentence")
+            raise InputError(f"corpus {self.name!r} is empty ({self.source or 'no source'}); give at least one sentence")
         return CorpusSummary(digest.n_sentences, digest.hexdigest(), pretokenized if self.pretokenized is None else self.pretokenized)
 
     def materialize(self) -> Corpus:
@@ -294,13 +295,13 @@ class CorpusStream:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
+                    raise InputError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
                 if not isinstance(record, dict):
-                    raise ValueError(f"{path}: line {number} holds {_json_kind(record, words=False)}, not a JSON object; "
+                    raise InputError(f"{path}: line {number} holds {_json_kind(record, words=False)}, not a JSON object; "
                                      f"give one object per line, e.g. {{{json.dumps(field)}: \"A sentence.\"}}")
                 if field not in record:
-                    fields = f"pass --field with one of {sorted(record)}" if record else "the line is an empty object"
-                    raise ValueError(f"{path}: line {number} has no field {field!r}; {fields}")
+                    fields = f"pass `field` with one of {sorted(record)}" if record else "the line is an empty object"
+                    raise InputError(f"{path}: line {number} has no field {field!r}; {fields}", param="field")
                 yield checked_item(record[field], f"{path}: line {number}: field {field!r}")
         return cls(name or path.stem, read, source=str(path.resolve()))
 
@@ -312,13 +313,13 @@ class CorpusStream:
         try:
             import datasets
         except ImportError:
-            raise ImportError("reading a Hugging Face dataset needs the datasets package: pip install 'lmgeom[hf]'") from None
+            raise MissingDependency("reading a Hugging Face dataset needs the datasets package: pip install 'lmgeom[hf]'") from None
 
         def read() -> Iterator[Item]:
             table = datasets.load_dataset(dataset, config, split=split, streaming=streaming)
             for index, record in enumerate(table):
                 if column not in record:
-                    raise ValueError(f"dataset {dataset} has no column {column!r}; columns: {sorted(record)}")
+                    raise InputError(f"dataset {dataset} has no column {column!r}; columns: {sorted(record)}")
                 # strings are natural text (blank ones skipped), lists of strings are pre-tokenized sentences
                 item = checked_item(record[column], f"dataset {dataset} {split}, record {index}: column {column!r}")
                 if not isinstance(item, str) or item.strip():
@@ -330,7 +331,7 @@ def checked_item(value: Any, where: str) -> Item:
     """`value` as a corpus item: a string, or a list of strings; else an error naming `where` it was."""
     if isinstance(value, str) or is_words(value):
         return value
-    raise ValueError(f"{where} holds {_json_kind(value)}; it must be a string (the sentence), "
+    raise InputError(f"{where} holds {_json_kind(value)}; it must be a string (the sentence), "
                      "or a list of strings (a pre-tokenized sentence's words)")
 
 
@@ -352,7 +353,7 @@ def iter_lines(path: Path, *, encoding: str = "utf-8") -> Iterator[str]:
                 text = raw.decode("utf-8-sig" if number == 1 and encoding == "utf-8" else encoding)
             except UnicodeDecodeError as error:
                 start = offset + error.start
-                raise ValueError(
+                raise InputError(
                     f"{path}: line {number} is not valid UTF-8 (byte {raw[error.start]:#04x} at offset {start}); "
                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from None

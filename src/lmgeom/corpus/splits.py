@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR, _brown_files, brown
 from lmgeom.corpus.corpus import Corpus, Sentence
 
@@ -35,7 +36,7 @@ def brown_split(directory: str | os.PathLike | None = None) -> tuple[Corpus, Cor
         (heldout if path.name in heldout_names else train).extend(corpus.sentences[start : start + count])
         start += count
     if start != len(corpus):
-        raise ValueError(f"{root}: counted {start} sentences in the files but the corpus has {len(corpus)}")
+        raise InputError(f"{root}: counted {start} sentences in the files but the corpus has {len(corpus)}")
     return (
         Corpus("brown-train", train, pretokenized=True, source=corpus.source),
         Corpus("brown-heldout", heldout, pretokenized=True, source=corpus.source),

@@ -18,6 +18,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
+
 MAX_CHARACTERS = 50
 BOS_CHAR = 256
 EOS_CHAR = 257
@@ -63,7 +65,7 @@ def words_ids(words: Sequence[str], max_characters: int = MAX_CHARACTERS) -> np.
     """(len(words), max_characters) character ids, `word_ids` of each word, spelled in a few array
     operations over all the words' bytes at once (one Python step per word, not several)."""
     if max_characters < 3:
-        raise ValueError(f"max_characters must be at least 3 (begin, end and one byte), got {max_characters}")
+        raise InputError(f"max_characters must be at least 3 (begin, end and one byte), got {max_characters}")
     encoded = [word.encode("utf-8", "ignore")[: max_characters - 2] for word in words]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     ids = np.full((len(encoded), max_characters), PAD_CHAR + 1, dtype=np.int64)

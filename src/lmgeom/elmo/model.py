@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from lmgeom.errors import InputError
 from lmgeom.elmo.chars import MAX_CHARACTERS, N_CHARACTERS, STORED_CHARACTERS, batch_to_ids
 
 ACTIVATIONS = ("relu", "tanh")
@@ -50,17 +51,17 @@ class ElmoConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "filters", tuple((int(w), int(n)) for w, n in self.filters))
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"char_cnn.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+            raise InputError(f"char_cnn.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if not self.filters or any(w < 1 or n < 1 for w, n in self.filters):
-            raise ValueError(f"char_cnn.filters must be a non-empty list of [width, n_filters] pairs, got {self.filters}")
+            raise InputError(f"char_cnn.filters must be a non-empty list of [width, n_filters] pairs, got {self.filters}")
         if max(w for w, _ in self.filters) > self.max_characters_per_token:
-            raise ValueError("a char_cnn filter is wider than max_characters_per_token")
+            raise InputError("a char_cnn filter is wider than max_characters_per_token")
         if self.projection_dim > self.lstm_dim:
-            raise ValueError(f"lstm.projection_dim ({self.projection_dim}) must not exceed lstm.dim ({self.lstm_dim})")
+            raise InputError(f"lstm.projection_dim ({self.projection_dim}) must not exceed lstm.dim ({self.lstm_dim})")
         if self.n_filters < self.projection_dim:
-            raise ValueError(f"the char CNN has {self.n_filters} filters, fewer than lstm.projection_dim ({self.projection_dim})")
+            raise InputError(f"the char CNN has {self.n_filters} filters, fewer than lstm.projection_dim ({self.projection_dim})")
         if self.n_layers < 1:
-            raise ValueError("lstm.n_layers must be at least 1")
+            raise InputError("lstm.n_layers must be at least 1")
 
     @property
     def n_filters(self) -> int:
@@ -107,16 +108,16 @@ class ElmoConfig:
     def from_options(cls, options: dict[str, Any], *, source: str = "options") -> "ElmoConfig":
         def get(section: str, key: str, default: Any = ...) -> Any:
             if section not in options or not isinstance(options[section], dict):
-                raise ValueError(f"{source}: no {section!r} section; an ELMo options file has 'lstm' and 'char_cnn'")
+                raise InputError(f"{source}: no {section!r} section; an ELMo options file has 'lstm' and 'char_cnn'")
             if key not in options[section]:
                 if default is ...:
-                    raise ValueError(f"{source}: {section}.{key} is missing")
+                    raise InputError(f"{source}: {section}.{key} is missing")
                 return default
             return options[section][key]
 
         n_characters = get("char_cnn", "n_characters")
         if n_characters not in (STORED_CHARACTERS, N_CHARACTERS):
-            raise ValueError(
+            raise InputError(
                 f"{source}: char_cnn.n_characters is {n_characters}; ELMo's character vocabulary has "
                 f"{N_CHARACTERS} ids ({STORED_CHARACTERS} in training files, before the padding row)"
             )
@@ -139,7 +140,7 @@ class ElmoConfig:
                 extra=dict(options.get("lmgeom", {})),
             )
         except (TypeError, KeyError) as error:
-            raise ValueError(f"{source}: malformed ELMo options ({error!r})") from None
+            raise InputError(f"{source}: malformed ELMo options ({error!r})") from None
 
     def fingerprint_text(self) -> str:
         return json.dumps(self.to_options(), sort_keys=True)
@@ -292,7 +293,7 @@ class ElmoBiLM(nn.Module):
         self.vocab: list[str] = []
         if config.n_tokens_vocab:
             if vocab is not None and len(vocab) != config.n_tokens_vocab:
-                raise ValueError(f"vocab has {len(vocab)} words but the options give n_tokens_vocab={config.n_tokens_vocab}")
+                raise InputError(f"vocab has {len(vocab)} words but the options give n_tokens_vocab={config.n_tokens_vocab}")
             self.softmax = nn.Linear(config.projection_dim, config.n_tokens_vocab)
             self.vocab = list(vocab) if vocab is not None else []
         self._states: dict[str, list[LSTMState]] | None = None
@@ -445,7 +446,7 @@ class ElmoBiLM(nn.Module):
         LM at t predicts token t-1 (ending with `<S>`). `n_negative_samples` > 0 uses a sampled softmax
         (log-uniform candidates over the frequency-sorted vocabulary) instead of the full one."""
         if self.softmax is None:
-            raise ValueError("this biLM has no softmax (published weight files ship none); it cannot score text")
+            raise InputError("this biLM has no softmax (published weight files ship none); it cannot score text")
         targets = targets.to(output.token.device)
         forward_h = self.dropout(output.forward[-1][:, :-1])
         backward_h = self.dropout(output.backward[-1][:, 1:])

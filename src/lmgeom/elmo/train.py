@@ -26,12 +26,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import BOS_TOKEN, EOS_TOKEN, bos_ids, eos_ids, word_ids
 from lmgeom.elmo.model import UNK_TOKEN, ElmoBiLM, ElmoConfig
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, save_elmo
-from lmgeom.atomic import atomic_write, atomic_write_text
+from lmgeom.atomic import atomic_write, atomic_write_text, require_writable
 from lmgeom.progress import NoProgress, Progress
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -64,9 +65,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "filters", tuple((int(w), int(n)) for w, n in self.filters))
         if self.vocab_size < 4:
-            raise ValueError("vocab_size must leave room for <S>, </S>, <UNK> and at least one word")
+            raise InputError("vocab_size must leave room for <S>, </S>, <UNK> and at least one word")
         if self.epochs < 1 or self.batch_tokens < 1:
-            raise ValueError("epochs and batch_tokens must be positive")
+            raise InputError("epochs and batch_tokens must be positive")
 
     def model_config(self, n_vocab: int) -> ElmoConfig:
         implementation = (
@@ -124,7 +125,7 @@ def split_corpus(spec: str) -> tuple[Corpus, Corpus]:
     heldout = [s for i, s in enumerate(corpus.sentences) if i % 10 == 9]
     train_part = [s for i, s in enumerate(corpus.sentences) if i % 10 != 9]
     if not heldout or not train_part:
-        raise ValueError(f"corpus {spec!r} has {len(corpus)} sentences; training needs at least 10 (every tenth is held out)")
+        raise InputError(f"corpus {spec!r} has {len(corpus)} sentences; training needs at least 10 (every tenth is held out)")
     return (Corpus(f"{corpus.name}-train", train_part, corpus.pretokenized, corpus.source),
             Corpus(f"{corpus.name}-heldout", heldout, corpus.pretokenized, corpus.source))
 
@@ -186,12 +187,12 @@ def perplexity(model: ElmoBiLM, sentences: Sequence[Sequence[str]], *, batch_tok
     """Forward, backward and average perplexity of `sentences` under the model's full softmax
     (stateless, no dropout); unknown words count as `<UNK>` predictions."""
     if model.softmax is None:
-        raise ValueError("this biLM has no softmax (published weight files ship none); it cannot score text")
+        raise InputError("this biLM has no softmax (published weight files ship none); it cannot score text")
     missing = [t for t in (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN) if t not in model.vocab]
     if missing:
-        raise ValueError(f"the softmax vocabulary lacks {missing}; scoring needs <S>, </S> and {UNK_TOKEN} in it")
+        raise InputError(f"the softmax vocabulary lacks {missing}; scoring needs <S>, </S> and {UNK_TOKEN} in it")
     if not sentences:
-        raise ValueError("no sentences to score")
+        raise InputError("no sentences to score")
     was_training = model.training
     model.eval()
     data = _Encoded(sentences, model.vocab, model.config.max_characters_per_token)
@@ -243,11 +244,29 @@ def train(
         torch.set_num_threads(previous_threads)
 
 
+_CHECKPOINT_KEYS = ("identity", "model", "optimizer", "epoch", "position", "step", "history", "rng")
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    """The training state saved at `path`; a damaged or foreign file is an error naming it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types (RuntimeError, UnpicklingError, EOFError) for a bad file
+        problem = f"{type(error).__name__}: {error}".splitlines()[0]
+        state = None
+    else:
+        problem = "it is not an lmgeom training checkpoint"
+    if not isinstance(state, dict) or any(key not in state for key in _CHECKPOINT_KEYS):
+        raise InputError(f"the checkpoint {path} cannot be read ({problem}); delete it to train from the start, "
+                         "or pass `overwrite=True`", param="overwrite")
+    return state
+
+
 def _train(
     out: str | Path, *, corpus: str | tuple[Corpus, Corpus], config: TrainConfig, device: str, overwrite: bool,
     max_steps: int | None, checkpoint_every: int, progress: Progress,
 ) -> TrainResult:
-    out = Path(out)
+    out = require_writable(out)  # before hours of training, not after
     resolved = resolve_device(device)
     train_corpus, heldout_corpus = split_corpus(corpus) if isinstance(corpus, str) else corpus
     identity = {"config": dataclasses.asdict(config), "train_fingerprint": train_corpus.fingerprint,
@@ -259,16 +278,16 @@ def _train(
             for name in (CHECKPOINT_FILE, OPTIONS_FILE, WEIGHTS_FILE, REPORT_FILE):
                 (out / name).unlink(missing_ok=True)
         else:
-            state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+            state = _load_checkpoint(checkpoint_path)
             if state["identity"] != identity:
                 changed = sorted(k for k in identity if state["identity"].get(k) != identity[k])
-                raise ValueError(f"{out} holds a training run with another {', '.join(changed)}; pass --overwrite or choose another --out")
+                raise InputError(f"{out} holds a training run with another {', '.join(changed)}; pass `overwrite=True` or choose another `out`",
+                                 param=("overwrite", "out"))
             report_path = out / REPORT_FILE
             if state["epoch"] >= config.epochs and report_path.exists() and (out / WEIGHTS_FILE).exists():
                 report = json.loads(report_path.read_text(encoding="utf-8"))
                 return TrainResult(out, True, report["steps"], Perplexity(**report["heldout_perplexity"]),
                                    report["words_per_second_this_run"])
-    out.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(config.seed)
     train_words = _corpus_words(train_corpus)

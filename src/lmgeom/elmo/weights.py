@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmgeom.errors import InputError
 from lmgeom.elmo.chars import STORED_CHARACTERS
 from lmgeom.elmo.model import ElmoBiLM, ElmoConfig, Highway, lstm_parameter
 from lmgeom.atomic import atomic_write, atomic_write_text
@@ -145,9 +146,9 @@ def read_options(options_file: str | Path) -> dict:
     try:
         options = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}); give an ELMo options file") from None
+        raise InputError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}); give an ELMo options file") from None
     if not isinstance(options, dict):
-        raise ValueError(f"{path} is not an ELMo options file (a JSON object with 'lstm' and 'char_cnn')")
+        raise InputError(f"{path} is not an ELMo options file (a JSON object with 'lstm' and 'char_cnn')")
     return options
 
 
@@ -163,7 +164,7 @@ def load_elmo(
     try:
         handle = h5py.File(path, "r")
     except OSError as error:
-        raise ValueError(f"{path} is not an HDF5 file ({error}); give the ELMo weights .hdf5") from None
+        raise InputError(f"{path} is not an HDF5 file ({error}); give the ELMo weights .hdf5") from None
     with handle:
         datasets: dict[str, h5py.Dataset] = {}
 
@@ -176,7 +177,7 @@ def load_elmo(
         if "softmax/W" in datasets:
             rows = int(datasets["softmax/W"].shape[0])
             if config.n_tokens_vocab and config.n_tokens_vocab != rows:
-                raise ValueError(
+                raise InputError(
                     f"{path}: tensor softmax/W has {rows} rows but the options give n_tokens_vocab={config.n_tokens_vocab}"
                 )
             config = dataclasses.replace(config, n_tokens_vocab=rows)
@@ -188,13 +189,13 @@ def load_elmo(
         specs = tensor_map(model)
         missing = [name for name in specs if name not in datasets]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"{path} does not match {options_file}: tensor {missing[0]} is missing"
                 + (f" (and {len(missing) - 1} more: {', '.join(missing[1:4])}...)" if len(missing) > 1 else "")
             )
         extra = sorted(set(datasets) - set(specs) - {VOCAB_DATASET})
         if extra:
-            raise ValueError(
+            raise InputError(
                 f"{path} does not match {options_file}: tensor {extra[0]} is not part of the model the options describe"
                 + (f" ({len(extra)} such tensors)" if len(extra) > 1 else "")
             )
@@ -204,7 +205,7 @@ def load_elmo(
                 hint = ""
                 if name == "char_embed":
                     hint = f" (ELMo's character vocabulary: {STORED_CHARACTERS} rows, 256 bytes + 5 markers)"
-                raise ValueError(f"{path}: tensor {name} has shape {tuple(value.shape)}, expected {spec.shape}{hint}")
+                raise InputError(f"{path}: tensor {name} has shape {tuple(value.shape)}, expected {spec.shape}{hint}")
             spec.put(np.asarray(value, dtype=np.float32))
     return model.to(device).eval()
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Sentence
 
 
@@ -99,10 +100,11 @@ def tokenize_chunk(
         word = int(np.flatnonzero(counts == 0)[0])
         index = int(np.searchsorted(all_word_bounds, word, side="right")) - 1
         position = word - int(all_word_bounds[index])
-        raise ValueError(
+        raise InputError(
             f"sentence {first_index + index}, word {position} ({sentences[index].words[position].text!r}) yields no "
             "tokenizer pieces: the tokenizer drops its characters; remove or replace them in the corpus, or pass "
-            "--skip-unaligned to leave such words out (they are counted in the store's meta.json)"
+            "`skip_unaligned=True` to leave such words out (they are counted in the store's meta.json)",
+            param="skip_unaligned",
         )
     word_bounds = np.searchsorted(kept, all_word_bounds)
     kept_words = kept - np.repeat(all_word_bounds[:-1], np.diff(word_bounds))
@@ -156,7 +158,7 @@ def overlapping_pieces(
 def plan_windows(n_content: int, capacity: int) -> list[tuple[int, int]]:
     """Overlapping windows [start, stop) over content pieces, half a window apart, covering all pieces."""
     if capacity < 2:
-        raise ValueError(f"max length leaves room for {capacity} content pieces per window; it must leave at least 2")
+        raise InputError(f"max length leaves room for {capacity} content pieces per window; it must leave at least 2")
     if n_content <= capacity:
         return [(0, n_content)]
     stride = max(1, capacity // 2)

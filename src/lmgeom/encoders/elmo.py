@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.device import resolve_device
 from lmgeom.elmo.chars import CHAR_VOCABULARY, batch_to_ids
@@ -111,11 +112,11 @@ def load_elmo_encoder(
     path = Path(path_or_options)
     if weights is None:
         if not path.is_dir():
-            raise ValueError(f"{path} is not a folder; give a folder with an options .json and a weights .hdf5, or both files")
+            raise InputError(f"{path} is not a folder; give a folder with an options .json and a weights .hdf5, or both files")
         options = [path / OPTIONS_FILE] if (path / OPTIONS_FILE).is_file() else sorted(path.glob("*.json"))
         found = [path / WEIGHTS_FILE] if (path / WEIGHTS_FILE).is_file() else sorted([*path.glob("*.hdf5"), *path.glob("*.h5")])
         if len(options) != 1 or len(found) != 1:
-            raise ValueError(
+            raise InputError(
                 f"{path} must hold {OPTIONS_FILE} and {WEIGHTS_FILE}, or exactly one .json and one .hdf5 "
                 f"(found {[o.name for o in options]} and {[f.name for f in found]}); pass the two files instead"
             )

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.alignment import ChunkWindows, TokenizedChunk, chunk_windows, concat_ranges, tokenize_chunk, unit_windows
 from lmgeom.encoders.base import EncodedSentence
@@ -113,11 +114,12 @@ class HFEncoder:
         before_final_norm: bool = False,
     ) -> None:
         if pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
+            raise InputError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
         if not getattr(tokenizer, "is_fast", False):
-            raise ValueError(f"{model_id}: lmgeom needs a fast tokenizer (character offsets); none could be loaded")
+            raise InputError(f"{model_id}: lmgeom needs a fast tokenizer (character offsets); none could be loaded")
         if prepend_bos and tokenizer.bos_token_id is None:
-            raise ValueError(f"{model_id}: --prepend-bos was asked for but the tokenizer defines no BOS token")
+            raise InputError(f"{model_id}: `prepend_bos=True` was asked for but the tokenizer defines no BOS token",
+                             param="prepend_bos")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -131,8 +133,9 @@ class HFEncoder:
         self.device = torch.device(device)
         limit = model_max_length(model, tokenizer)
         if max_length is not None and not 2 <= max_length <= limit:
-            raise ValueError(f"max_length {max_length} (--max-length) is outside 2..{limit}: this model takes at most {limit} "
-                             f"pieces; give a window length within that (longer sentences are split into windows)")
+            raise InputError(f"`max_length` {max_length} is outside 2..{limit}: this model takes at most {limit} "
+                             f"pieces; give a window length within that (longer sentences are split into windows)",
+                             param="max_length")
         self.max_length = max_length or limit
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -248,7 +251,7 @@ class HFEncoder:
             sizes = np.diff(units.bounds)
             if not sizes.all():
                 empty = int(np.flatnonzero(sizes == 0)[0])
-                raise ValueError(f"text {start + empty} ({batch[empty]!r}) yields no tokenizer pieces")
+                raise InputError(f"text {start + empty} ({batch[empty]!r}) yields no tokenizer pieces")
             pooled = self._pool(windows, units, "mean")
             owner_index = torch.as_tensor(np.repeat(np.arange(len(batch)), sizes))
             sums = torch.zeros(self.n_layers, len(batch), self.dim, dtype=torch.float64)

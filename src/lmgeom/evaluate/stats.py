@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
+
 Metric = Callable[[np.ndarray, np.ndarray], float]
 
 
@@ -57,7 +59,7 @@ def paired_permutation_test(
         raise ValueError(f"the two prediction arrays differ in shape: {a.shape} and {b.shape}")
     n = len(y_true)
     if n == 0:
-        raise ValueError("a paired test needs at least one evaluation example")
+        raise InputError("a paired test needs at least one evaluation example")
     observed = _pooled_difference(metric, y_true, a, b)
     exact = n < 63 and 2**n <= n_resamples
     if exact:
@@ -85,7 +87,7 @@ def paired_bootstrap_test(
     b = _as_seed_rows(y_true, predictions_b)
     n = len(y_true)
     if n == 0:
-        raise ValueError("a paired test needs at least one evaluation example")
+        raise InputError("a paired test needs at least one evaluation example")
     observed = _pooled_difference(metric, y_true, a, b)
     draws = np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
     null = np.array([_pooled_difference(metric, y_true[d], a[:, d], b[:, d]) for d in draws])
@@ -114,5 +116,5 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (ddof 1; 0 for a single value) over seeds."""
     array = np.asarray(values, dtype=np.float64)
     if array.size == 0:
-        raise ValueError("mean and std need at least one value")
+        raise InputError("mean and std need at least one value")
     return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0

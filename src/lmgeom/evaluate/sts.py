@@ -107,13 +107,19 @@ def summary_table(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     return header, body
 
 
+FEW_ROWS_MARK = "*"
+"""After a table cell whose calibrator was fitted on fewer than 2 sentences per dimension."""
+
+
 def headline_grid(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) narrow enough for a terminal: one row per layer selection, one column per
     calibration (`method@corpus` when fitted on a corpus), each cell the Spearman x 100 of the "all"
-    aggregation averaged over the datasets."""
-    scores = _grid_scores(records)
+    aggregation averaged over the datasets; `FEW_ROWS_MARK` after a cell whose calibrator was fitted on
+    fewer than 2 sentences per dimension (`few_fit_rows`)."""
+    scores, few = _grid_scores(records)
     columns = list(dict.fromkeys(column for by_column in scores.values() for column in by_column))
-    rows = [[layer, *(f"{by_column[c]:.1f}" if c in by_column else "" for c in columns)] for layer, by_column in scores.items()]
+    rows = [[layer, *(f"{by_column[c]:.1f}{FEW_ROWS_MARK if (layer, c) in few else ''}" if c in by_column else ""
+                      for c in columns)] for layer, by_column in scores.items()]
     return ["layer", *columns], rows
 
 
@@ -122,7 +128,7 @@ def best_calibration(records: Sequence[dict[str, Any]]) -> tuple[list[str], list
     (a `headline_grid` column) of the highest score and its gain over none, on the grid's scores;
     ties go to the earlier column."""
     rows = []
-    for layer, by_column in _grid_scores(records).items():
+    for layer, by_column in _grid_scores(records)[0].items():
         calibrated = {column: value for column, value in by_column.items() if column != "none"}
         if not calibrated:
             continue
@@ -133,16 +139,20 @@ def best_calibration(records: Sequence[dict[str, Any]]) -> tuple[list[str], list
     return ["layer", "none", "best calibration", "score", "gain"], rows
 
 
-def _grid_scores(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def _grid_scores(records: Sequence[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], set[tuple[str, str]]]:
     """{layer: {column: Spearman x 100 of the "all" aggregation averaged over datasets}}, columns as
-    in `headline_grid`, in the records' order."""
+    in `headline_grid`, in the records' order; and the (layer, column) cells fitted on few rows."""
     scores: dict[str, dict[str, list[float]]] = {}
+    few: set[tuple[str, str]] = set()
     for record in records:
         if record["aggregation"] != "all":
             continue
         column = record["method"] if record["fit_on"] in ("none", "transductive") else f"{record['method']}@{record['fit_on']}"
         scores.setdefault(record["layer"], {}).setdefault(column, []).append(record["spearman"])
-    return {layer: {column: float(np.mean(values)) for column, values in by_column.items()} for layer, by_column in scores.items()}
+        if record.get("few_fit_rows"):
+            few.add((record["layer"], column))
+    means = {layer: {column: float(np.mean(values)) for column, values in by_column.items()} for layer, by_column in scores.items()}
+    return means, few
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

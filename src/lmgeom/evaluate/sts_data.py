@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lmgeom.errors import InputError
+
 SEMEVAL_YEARS = (2012, 2013, 2014, 2015, 2016)
 STSB_SPLITS = ("train", "dev", "test")
 # SICK's SemEval_set column; "dev" is accepted for TRIAL so one --split value serves STS-B and SICK.
@@ -42,9 +44,9 @@ class STSDataset:
     def __post_init__(self) -> None:
         lengths = {len(self.subsets), len(self.sentences1), len(self.sentences2), len(self.scores)}
         if len(lengths) != 1:
-            raise ValueError(f"{self.name} {self.split}: subsets, sentences1, sentences2 and scores must have one entry per pair")
+            raise InputError(f"{self.name} {self.split}: subsets, sentences1, sentences2 and scores must have one entry per pair")
         if not self.scores.size:
-            raise ValueError(f"{self.name} {self.split} has no scored pairs ({self.source or 'no source'})")
+            raise InputError(f"{self.name} {self.split} has no scored pairs ({self.source or 'no source'})")
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -62,7 +64,7 @@ class STSDataset:
     def sample(self, n_pairs: int, *, seed: int = 0) -> "STSDataset":
         """`n_pairs` pairs drawn uniformly without replacement (seeded), kept in file order."""
         if n_pairs < 1:
-            raise ValueError(f"a pair sample needs n_pairs >= 1, got {n_pairs}")
+            raise InputError(f"a pair sample needs n_pairs >= 1, got {n_pairs}")
         if n_pairs >= len(self):
             return self
         keep = np.sort(np.random.default_rng(seed).choice(len(self), size=n_pairs, replace=False))
@@ -82,7 +84,7 @@ def read_stsb(path: str | os.PathLike, split: str = "test") -> STSDataset:
     year, id, score (0-5), sentence1, sentence2, sometimes 2 more columns. Read without csv quoting,
     since sentences contain unbalanced double quotes."""
     if split not in STSB_SPLITS:
-        raise ValueError(f"STS-B split must be one of {STSB_SPLITS}, got {split!r}")
+        raise InputError(f"STS-B split must be one of {STSB_SPLITS}, got {split!r}")
     path = Path(path)
     file = path if path.is_file() else path / f"sts-{split}.csv"
     _require_file(file, "STS Benchmark")
@@ -90,7 +92,7 @@ def read_stsb(path: str | os.PathLike, split: str = "test") -> STSDataset:
     with file.open(encoding="utf-8", newline="") as handle:
         for line_number, row in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
             if len(row) < 7:
-                raise ValueError(f"{file}:{line_number}: expected at least 7 tab-separated fields (genre ... sentence2), got {len(row)}")
+                raise InputError(f"{file}:{line_number}: expected at least 7 tab-separated fields (genre ... sentence2), got {len(row)}")
             scores.append(float(row[4]))
             sentences1.append(row[5])
             sentences2.append(row[6])
@@ -116,7 +118,7 @@ def read_semeval_sts(directory: str | os.PathLike, year: int) -> STSDataset:
     if year < 100:
         year += 2000
     if year not in SEMEVAL_YEARS:
-        raise ValueError(f"SemEval STS years are {SEMEVAL_YEARS}, got {year}")
+        raise InputError(f"SemEval STS years are {SEMEVAL_YEARS}, got {year}")
     directory = Path(directory)
     folder = directory if directory.name == semeval_folder(directory, year).name else semeval_folder(directory, year)
     subsets = semeval_subsets(folder) if folder.is_dir() else []
@@ -128,13 +130,13 @@ def read_semeval_sts(directory: str | os.PathLike, year: int) -> STSDataset:
         pairs = input_file.read_text(encoding="utf-8").splitlines()
         gold = gold_file.read_text(encoding="utf-8").splitlines()
         if len(pairs) != len(gold):
-            raise ValueError(f"{input_file} has {len(pairs)} lines but {gold_file} has {len(gold)}; they must pair up line by line")
+            raise InputError(f"{input_file} has {len(pairs)} lines but {gold_file} has {len(gold)}; they must pair up line by line")
         for line_number, (pair, score) in enumerate(zip(pairs, gold), start=1):
             if not score.strip():
                 continue
             fields = pair.split("\t")
             if len(fields) < 2:
-                raise ValueError(f"{input_file}:{line_number}: expected 'sentence1<TAB>sentence2', got {len(fields)} field(s)")
+                raise InputError(f"{input_file}:{line_number}: expected 'sentence1<TAB>sentence2', got {len(fields)} field(s)")
             names.append(subset)
             sentences1.append(fields[0])
             sentences2.append(fields[1])
@@ -146,7 +148,7 @@ def read_sick(path: str | os.PathLike, split: str = "test") -> STSDataset:
     """SICK relatedness (SICK-R) from the full release `SICK.txt` (or its folder): tab-separated with
     a header, CRLF; `split` selects SemEval_set (train, trial or dev, test; "all" keeps every pair)."""
     if split != "all" and split not in SICK_SPLITS:
-        raise ValueError(f"SICK split must be one of {[*SICK_SPLITS, 'all']}, got {split!r}")
+        raise InputError(f"SICK split must be one of {[*SICK_SPLITS, 'all']}, got {split!r}")
     path = Path(path)
     file = path / "SICK.txt" if path.is_dir() else path
     _require_file(file, "SICK")
@@ -155,7 +157,7 @@ def read_sick(path: str | os.PathLike, split: str = "test") -> STSDataset:
     needed = {"sentence_A", "sentence_B", "relatedness_score", "SemEval_set"}
     missing = needed - set(rows[0] if rows else ())
     if missing:
-        raise ValueError(f"{file} lacks the column(s) {sorted(missing)}; expected the full SICK release with a header line")
+        raise InputError(f"{file} lacks the column(s) {sorted(missing)}; expected the full SICK release with a header line")
     if split != "all":
         rows = [row for row in rows if row["SemEval_set"] == SICK_SPLITS[split]]
     return STSDataset(
@@ -197,5 +199,5 @@ def find_datasets(data_dir: str | os.PathLike, *, split: str = "test") -> list[S
     if sick is not None and split in SICK_SPLITS:
         datasets.append(read_sick(sick, split))
     if not datasets:
-        raise ValueError(f"no supported sentence-similarity set for split {split!r} in {data_dir}; looked for {looked_for()}")
+        raise InputError(f"no supported sentence-similarity set for split {split!r} in {data_dir}; looked for {looked_for()}")
     return datasets

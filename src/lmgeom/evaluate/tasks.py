@@ -32,6 +32,8 @@ from typing import Callable, Collection, Literal, Sequence, TypeVar, Union
 import numpy as np
 from scipy import stats
 
+from lmgeom.errors import InputError, MissingInput
+
 TextInput = Union[str, tuple[str, str]]
 
 # The split that a task's metric is first reported on, and its metrics in GLUE's order.
@@ -113,9 +115,9 @@ def _need(directory: Path, names: Sequence[str], task: str) -> list[Path]:
     paths = [directory / name for name in names]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{directory} is not a {task} folder in the layout lmgeom reads: missing {', '.join(missing)}; "
-            f"pass --data pointing at the folder with {', '.join(names)} (see docs/experiments.md)"
+            f"point `data` at the folder with {', '.join(names)} (see docs/experiments.md)", param="data"
         )
     return paths
 
@@ -129,7 +131,7 @@ def _tsv_rows(path: Path, *, header: bool, quoting: Literal[0, 1, 2, 3] = csv.QU
 def _column(rows: list[list[str]], index: int, path: Path) -> list[str]:
     short = [i for i, row in enumerate(rows) if len(row) <= index]
     if short:
-        raise ValueError(f"{path}: row {short[0] + 1} has {len(rows[short[0]])} fields, expected more than {index}")
+        raise InputError(f"{path}: row {short[0] + 1} has {len(rows[short[0]])} fields, expected more than {index}")
     return [row[index] for row in rows]
 
 
@@ -137,7 +139,7 @@ def _int_labels(values: list[str], path: Path) -> np.ndarray:
     try:
         return np.array([int(v) for v in values], dtype=np.int64)
     except ValueError as error:
-        raise ValueError(f"{path}: a label is not an integer ({error})") from None
+        raise InputError(f"{path}: a label is not an integer ({error})") from None
 
 
 def read_cola(directory: str | os.PathLike[str]) -> SentenceTask:
@@ -189,12 +191,12 @@ def read_rte(directory: str | os.PathLike[str]) -> SentenceTask:
             records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
             unknown = sorted({r["label"] for r in records} - set(RTE_CLASSES))
             if unknown:
-                raise ValueError(f"{path}: unknown RTE labels {unknown}; expected {RTE_CLASSES}")
+                raise InputError(f"{path}: unknown RTE labels {unknown}; expected {RTE_CLASSES}")
             splits[name] = SentenceSplit([(r["premise"], r["hypothesis"]) for r in records],
                                          np.array([RTE_CLASSES.index(r["label"]) for r in records], dtype=np.int64))
     else:
-        raise FileNotFoundError(f"{directory} is not an RTE folder lmgeom reads: it needs glue_hf_export/ (train.tsv, "
-                                "dev.tsv) or superglue_jsonl/ (train.jsonl, val.jsonl); pass --data GLUE/RTE")
+        raise MissingInput(f"{directory} is not an RTE folder lmgeom reads: it needs glue_hf_export/ (train.tsv, "
+                           "dev.tsv) or superglue_jsonl/ (train.jsonl, val.jsonl); pass `data='GLUE/RTE'`", param="data")
     return _checked(SentenceTask("rte", "classification", True, splits, TASK_METRICS["rte"], RTE_CLASSES))
 
 
@@ -208,7 +210,7 @@ def read_stsb(directory: str | os.PathLike[str]) -> SentenceTask:
         try:
             scores = np.array([float(row[-1]) for row in rows])
         except ValueError as error:
-            raise ValueError(f"{path}: a score is not a number ({error})") from None
+            raise InputError(f"{path}: a score is not a number ({error})") from None
         splits[name] = SentenceSplit(pairs, scores)  # type: ignore[arg-type]
     return _checked(SentenceTask("stsb", "regression", True, splits, TASK_METRICS["stsb"]))
 
@@ -235,7 +237,7 @@ def read_conllu_upos(path: str | os.PathLike[str]) -> TaggedSplit:
             continue
         fields = line.split("\t")
         if len(fields) != 10:
-            raise ValueError(f"{path}:{number}: a CoNLL-U row has 10 tab-separated fields, this one has {len(fields)}")
+            raise InputError(f"{path}:{number}: a CoNLL-U row has 10 tab-separated fields, this one has {len(fields)}")
         if fields[0].isdigit():
             words.append(fields[1])
             upos.append(fields[3])
@@ -284,7 +286,7 @@ def read_brown_file(path: str | os.PathLike[str]) -> TaggedSplit:
         pairs = [token.rsplit("/", 1) for token in tokens]
         bad = [token for token, pair in zip(tokens, pairs) if len(pair) != 2]
         if bad:
-            raise ValueError(f"{path}:{number}: token {bad[0]!r} is not word/tag")
+            raise InputError(f"{path}:{number}: token {bad[0]!r} is not word/tag")
         sentences.append([word for word, _ in pairs])
         tags.append([base_brown_tag(tag) for _, tag in pairs])
     return TaggedSplit(sentences, tags)
@@ -298,7 +300,7 @@ def read_brown_tags(directory: str | os.PathLike[str], *, test_files: Collection
     names = [line.split()[0] for line in cats.read_text(encoding="utf-8").splitlines() if line.strip()]
     unknown = sorted(set(test_files) - set(names))
     if unknown:
-        raise ValueError(f"test files {unknown[:5]} are not Brown files listed in {cats}")
+        raise InputError(f"test files {unknown[:5]} are not Brown files listed in {cats}")
     splits = {"train": TaggedSplit([], []), "test": TaggedSplit([], [])}
     for name in names:
         part = read_brown_file(directory / name)
@@ -320,22 +322,22 @@ def _checked(task: TaskT) -> TaskT:
     for name, split in task.splits.items():
         size = len(split.inputs) if isinstance(split, SentenceSplit) else split.n_tokens
         if size == 0:
-            raise ValueError(f"task {task.name}: split {name!r} is empty; check the files under --data")
+            raise InputError(f"task {task.name}: split {name!r} is empty; check the files under `data`", param="data")
     if isinstance(task, SentenceTask):
         if task.kind == "classification":
             seen = set(task.splits[task.train_split].labels.tolist())
             for name in task.eval_splits:
                 unseen = sorted(set(task.splits[name].labels.tolist()) - seen)
                 if unseen:
-                    raise ValueError(f"task {task.name}: labels {unseen} of split {name!r} never occur in the training split; "
-                                     "a classifier cannot predict them (check the files under --data)")
+                    raise InputError(f"task {task.name}: labels {unseen} of split {name!r} never occur in the training split; "
+                                     "a classifier cannot predict them (check the files under `data`)", param="data")
     else:
         seen_tags = set(task.tagset)
         for name in task.eval_splits:
             unseen_tags = sorted({t for tags in task.splits[name].tags for t in tags} - seen_tags)
             if unseen_tags:
-                raise ValueError(f"task {task.name}: tags {unseen_tags[:8]} of split {name!r} never occur in the training "
-                                 "split; a tagger cannot predict them (check the files under --data)")
+                raise InputError(f"task {task.name}: tags {unseen_tags[:8]} of split {name!r} never occur in the training "
+                                 "split; a tagger cannot predict them (check the files under `data`)", param="data")
     return task
 
 
@@ -409,8 +411,8 @@ def load_task(name: str, directory: str | os.PathLike[str], *, brown_test_files:
     key = name.lower().replace("-", "")
     if key == "brown":
         if not brown_test_files:
-            raise ValueError("the brown task needs its held-out test files (lmgeom.corpus.splits.brown_heldout_files)")
+            raise InputError("the brown task needs its held-out test files (lmgeom.corpus.splits.brown_heldout_files)")
         return read_brown_tags(directory, test_files=brown_test_files)
     if key not in readers:
-        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+        raise InputError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return readers[key](directory)

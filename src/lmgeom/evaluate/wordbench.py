@@ -44,6 +44,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+from lmgeom.errors import InputError
 from lmgeom.evaluate.wordsim import is_analogy_file, read_word_pairs
 
 Oov = Literal["skip", "mean"]
@@ -93,7 +94,7 @@ class WordLookup:
         if vectors.ndim != 2 or len(keys) != len(vectors):
             raise ValueError(f"vectors must be (n_words, dim) with one row per key; got {vectors.shape} for {len(keys)} keys")
         if not len(keys):
-            raise ValueError("no vectors to score: the vocabulary is empty")
+            raise InputError("no vectors to score: the vocabulary is empty")
         index: dict[str, int] = {}
         rows: list[int] = []
         for row, key in enumerate(keys):
@@ -129,7 +130,7 @@ class Score:
 
 def _check_oov(oov: str) -> None:
     if oov not in OOV_PROTOCOLS:
-        raise ValueError(f"oov must be one of {', '.join(OOV_PROTOCOLS)}; got {oov!r}")
+        raise InputError(f"oov must be one of {', '.join(OOV_PROTOCOLS)}; got {oov!r}")
 
 
 def _spearman(x: np.ndarray, y: Any) -> float:
@@ -173,7 +174,7 @@ def read_google_analogies(path: str | os.PathLike[str]) -> AnalogyQuestions:
             questions.append((words[0], words[1], words[2], words[3]))
             categories.append(section)
     if not questions:
-        raise ValueError(f"{path} holds no analogy questions: expected ': section' lines and 'a b c d' lines")
+        raise InputError(f"{path} holds no analogy questions: expected ': section' lines and 'a b c d' lines")
     return AnalogyQuestions(questions, categories)
 
 
@@ -181,7 +182,7 @@ def _csv_rows(path: str | os.PathLike[str]) -> tuple[list[str], list[list[str]]]
     with open(path, encoding="utf-8-sig", newline="") as handle:
         rows = list(csv.reader(handle))
     if not rows:
-        raise ValueError(f"{path} is empty")
+        raise InputError(f"{path} is empty")
     return rows[0], rows[1:]
 
 
@@ -190,7 +191,7 @@ def read_msr_analogies(path: str | os.PathLike[str]) -> AnalogyQuestions:
     header, rows = _csv_rows(path)
     wanted = ["type", "word1", "word2", "word3", "target"]
     if not set(wanted) <= set(header):
-        raise ValueError(f"{path}: expected the CSV columns {', '.join(wanted)}; found {', '.join(header)}")
+        raise InputError(f"{path}: expected the CSV columns {', '.join(wanted)}; found {', '.join(header)}")
     column = {name: header.index(name) for name in wanted}
     questions = [tuple(standardize(row[column[name]]) for name in wanted[1:]) for row in rows if row]
     return AnalogyQuestions([(q[0], q[1], q[2], q[3]) for q in questions],
@@ -270,7 +271,7 @@ def read_semeval_2012_2(folder: str | os.PathLike[str]) -> list[Relation]:
         relations.append(Relation(relation_id, fields[2], prototypes, pairs,
                                   np.array([float(g) for g in gold_text]), gold_text))
     if not relations:
-        raise ValueError(f"{paradigms} lists no relations: expected lines '1, a, CLASS-INCLUSION, Taxonomic, x:y, ...'")
+        raise InputError(f"{paradigms} lists no relations: expected lines '1, a, CLASS-INCLUSION, Taxonomic, x:y, ...'")
     return relations
 
 
@@ -319,7 +320,7 @@ def read_categories(path: str | os.PathLike[str]) -> Categories:
     several categories). Rows with an empty word are dropped (conversion artefacts of bless.csv and ap.csv)."""
     header, rows = _csv_rows(path)
     if not {"category", "word"} <= set(header):
-        raise ValueError(f"{path}: expected the CSV columns category and word; found {', '.join(header)}")
+        raise InputError(f"{path}: expected the CSV columns category and word; found {', '.join(header)}")
     category, word = header.index("category"), header.index("word")
     kept = [row for row in rows if len(row) > max(category, word) and row[word].strip()]
     return Categories([row[word].strip() for row in kept], [row[category].strip() for row in kept])

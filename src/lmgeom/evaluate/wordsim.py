@@ -18,6 +18,8 @@ from typing import Any, Mapping
 import gensim
 from gensim.models import KeyedVectors
 
+from lmgeom.errors import InputError
+
 _GENSIM_TEST_DATA = Path(gensim.__file__).parent / "test" / "test_data"
 GENSIM_BENCHMARKS = {
     "simlex999": _GENSIM_TEST_DATA / "simlex999.txt",
@@ -59,16 +61,17 @@ def read_word_pairs(path: str | os.PathLike) -> WordPairs:
     rows = [_fields(line) for line in path.read_text(encoding="utf-8-sig").splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
     rows = [row for row in rows if len(row) >= 3]
-    if not rows:
-        raise ValueError(f"{path} holds no word pairs: expected lines 'word1<TAB>word2<TAB>score'")
-    data = rows[1:] if not any(_is_number(field) for field in rows[0][2:]) else rows
+    data = rows[1:] if rows and not any(_is_number(field) for field in rows[0][2:]) else rows
+    if not data:
+        raise InputError(f"{path} holds no word pairs{' (only a header line)' if rows else ''}: expected lines "
+                         "'word1<TAB>word2<TAB>score' (tabs, commas or spaces)")
     score_column = next(
         (column for column in range(2, max(len(row) for row in data))
          if all(column < len(row) and _is_number(row[column]) for row in data)),
         None,
     )
     if score_column is None:
-        raise ValueError(f"{path}: no column after the two words is numeric on every line, so no gold score was found")
+        raise InputError(f"{path}: no column after the two words is numeric on every line, so no gold score was found")
     pairs = [(row[0], row[1], float(row[score_column])) for row in data]
     return WordPairs(pairs=pairs, score_column=score_column, skipped_lines=len(rows) - len(data))
 
@@ -117,7 +120,7 @@ def evaluate_analogies(vectors: KeyedVectors, path: str | os.PathLike, *, name: 
     with open(path, encoding="utf-8-sig") as handle:
         total = sum(1 for line in handle if line.strip() and not line.startswith(":") and len(line.split()) == 4)
     if total == 0:
-        raise ValueError(f"{path} holds no analogy questions: expected ': section' lines and 'a b c d' lines")
+        raise InputError(f"{path} holds no analogy questions: expected ': section' lines and 'a b c d' lines")
     _, sections = vectors.evaluate_word_analogies(str(path), restrict_vocab=len(vectors), case_insensitive=True)
     overall = sections[-1]
     covered = len(overall["correct"]) + len(overall["incorrect"])
@@ -146,11 +149,11 @@ def static_vectors_format(path: str | os.PathLike, *, trust_pickle: bool = False
         start = handle.read(2)
     if path.suffix.lower() == ".kv" or (start[:1] == b"\x80" and start[1:] in (b"\x02", b"\x03", b"\x04", b"\x05")):
         if not trust_pickle:
-            raise ValueError(
+            raise InputError(
                 f"static vectors file {path} is a Python pickle (gensim .kv), and loading a pickle can run "
                 "arbitrary code; save it as word2vec format (KeyedVectors.save_word2vec_format(PATH, binary=True) "
                 "or lmgeom's own <layer>.txt) and give that file, or, for a .kv you made yourself, pass "
-                "--trust-pickle (trust_pickle=True)")
+                "`trust_pickle=True`", param="trust_pickle")
         return "pickle"
     return "word2vec_binary" if path.suffix.lower() == ".bin" else "word2vec_text"
 
@@ -160,11 +163,27 @@ def load_static_vectors(path: str | os.PathLike, *, trust_pickle: bool = False) 
     cannot run code; a gensim `.kv` (a pickle) only with `trust_pickle=True` (`static_vectors_format`)."""
     path = Path(path)
     kind = static_vectors_format(path, trust_pickle=trust_pickle)
-    if kind == "pickle":
-        return KeyedVectors.load(str(path))
-    if kind == "word2vec_binary":
-        return KeyedVectors.load_word2vec_format(str(path), binary=True)
-    with open(path, encoding="utf-8") as handle:
-        first = handle.readline().split()
-    has_header = len(first) == 2 and all(field.isdigit() for field in first)
-    return KeyedVectors.load_word2vec_format(str(path), binary=False, no_header=not has_header)
+    try:
+        if kind == "pickle":
+            vectors = KeyedVectors.load(str(path))
+            if not isinstance(vectors, KeyedVectors):
+                raise TypeError(f"it holds a {type(vectors).__name__}, not gensim KeyedVectors")
+            return vectors
+        if kind == "word2vec_binary":
+            return KeyedVectors.load_word2vec_format(str(path), binary=True)
+        with open(path, encoding="utf-8") as handle:
+            first = handle.readline().split()
+        has_header = len(first) == 2 and all(field.isdigit() for field in first)
+        return KeyedVectors.load_word2vec_format(str(path), binary=False, no_header=not has_header)
+    except (FileNotFoundError, PermissionError):
+        raise
+    except Exception as error:  # gensim and pickle raise many types (ValueError, UnpicklingError, EOFError, ...) for a bad file
+        raise _unreadable_vectors(path, kind, error) from None
+
+
+def _unreadable_vectors(path: Path, kind: str, error: BaseException) -> InputError:
+    expected = {"pickle": "a gensim KeyedVectors .kv file", "word2vec_binary": "word2vec binary vectors",
+                "word2vec_text": "word2vec or GloVe text vectors (one word and its numbers per line)"}[kind]
+    problem = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    return InputError(f"static vectors file {path} cannot be read as {expected} ({problem}); give a file in one of "
+                      "the formats lmgeom reads (word2vec .bin or text, GloVe text, or a gensim .kv with trust_pickle)")

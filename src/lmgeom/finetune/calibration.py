@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import (
     AllButTheTop,
     Calibrator,
@@ -90,7 +91,7 @@ def torch_calibration(fitted: Calibrator) -> nn.Module:
         return _ClusterIsotropy(fitted)
     if isinstance(fitted, FlowCalibrator):
         return _Flow(fitted)
-    raise ValueError(f"{type(fitted).__name__} has no differentiable torch form; use one of abtt, cie, conceptor, "
+    raise InputError(f"{type(fitted).__name__} has no differentiable torch form; use one of abtt, cie, conceptor, "
                      "whitening, standardize, flow")
 
 

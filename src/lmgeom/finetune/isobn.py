@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmgeom.errors import InputError
+
 # The paper's and the authors' code's settings.
 ISOBN_MOMENTUM = 0.05
 ISOBN_BETA = 0.5
@@ -41,9 +43,9 @@ class IsoBN(nn.Module):
     def __init__(self, dim: int, *, momentum: float = ISOBN_MOMENTUM, beta: float = ISOBN_BETA, eps: float = ISOBN_EPS) -> None:
         super().__init__()
         if not 0 < momentum <= 1:
-            raise ValueError(f"IsoBN momentum must be in (0, 1], got {momentum}")
+            raise InputError(f"IsoBN momentum must be in (0, 1], got {momentum}")
         if beta < 0 or eps <= 0:
-            raise ValueError(f"IsoBN needs beta >= 0 and eps > 0, got beta={beta}, eps={eps}")
+            raise InputError(f"IsoBN needs beta >= 0 and eps > 0, got beta={beta}, eps={eps}")
         self.momentum = momentum
         self.beta = beta
         self.eps = eps
@@ -54,7 +56,7 @@ class IsoBN(nn.Module):
     @torch.no_grad()
     def update_statistics(self, x: torch.Tensor) -> None:
         if x.shape[0] < 2:
-            raise ValueError("IsoBN estimates a covariance from each training batch, so it needs batches of at least 2 rows")
+            raise InputError("IsoBN estimates a covariance from each training batch, so it needs batches of at least 2 rows")
         centred = x - x.mean(dim=0)
         covariance = centred.T @ centred / x.shape[0]
         std = centred.pow(2).mean(dim=0).sqrt()

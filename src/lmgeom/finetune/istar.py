@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from lmgeom.errors import InputError
 from lmgeom.metrics.isotropy import MomentAccumulator, isoscore_star_torch
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class IStar:
 
     def __init__(self, *, weight: float, zeta: float, c0_points: int) -> None:
         if c0_points < 2:
-            raise ValueError(f"istar_c0_points must be >= 2, got {c0_points}")
+            raise InputError(f"istar_c0_points must be >= 2, got {c0_points}")
         self.weight = weight
         self.zeta = zeta
         self.c0_points = c0_points

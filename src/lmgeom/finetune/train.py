@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import METHODS as CALIBRATORS
 from lmgeom.calibrate import Calibrator
 from lmgeom.device import resolve_device
@@ -95,19 +96,19 @@ class _Tokenized:
 
     def __init__(self, tokenizer: Any, inputs: Inputs, *, max_length: int, pad_id: int, name: str) -> None:
         if len(inputs) == 0:
-            raise ValueError(f"{name} is empty; give at least one input")
+            raise InputError(f"{name} is empty; give at least one input")
         pairs = [isinstance(item, (tuple, list)) for item in inputs]
         if any(pairs) and not all(pairs):
-            raise ValueError(f"{name} mixes single texts and (text, text) pairs; give one kind")
+            raise InputError(f"{name} mixes single texts and (text, text) pairs; give one kind")
         self.ids: list[list[int]] = []
         self.special: list[list[int]] = []
         for index, item in enumerate(inputs):
             texts = tuple(item) if pairs[0] else (item,)
             if len(texts) != (2 if pairs[0] else 1) or not all(isinstance(text, str) for text in texts):
-                raise ValueError(f"{name}[{index}] must be a string or a (string, string) pair, got {item!r}")
+                raise InputError(f"{name}[{index}] must be a string or a (string, string) pair, got {item!r}")
             encoded = tokenizer(*texts, truncation=True, max_length=max_length, return_special_tokens_mask=True)
             if sum(1 - flag for flag in encoded["special_tokens_mask"]) == 0:
-                raise ValueError(f"{name}[{index}] ({item!r}) has no tokens besides special tokens; remove empty inputs")
+                raise InputError(f"{name}[{index}] ({item!r}) has no tokens besides special tokens; remove empty inputs")
             self.ids.append(list(encoded["input_ids"]))
             self.special.append(list(encoded["special_tokens_mask"]))
         self.pad_id = pad_id
@@ -176,17 +177,17 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
                    "istar_c0_points": ISOSCORE_STAR_C0_POINTS}
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise ValueError(f"method {method!r} does not take {unknown}; it takes {sorted(allowed) or 'no parameters'}")
+        raise InputError(f"method {method!r} does not take {unknown}; it takes {sorted(allowed) or 'no parameters'}")
     settings = {**allowed, **params}
     if method == "istar" and settings["istar_direction"] not in ISTAR_DIRECTIONS:
-        raise ValueError(f"istar_direction must be one of {ISTAR_DIRECTIONS}, got {settings['istar_direction']!r}")
+        raise InputError(f"istar_direction must be one of {ISTAR_DIRECTIONS}, got {settings['istar_direction']!r}")
     if method not in CALIBRATION_METHODS:
         return settings, None
     if settings.get("n_components") is not None and method == "whitening":
-        raise ValueError("whitening with n_components would change the width of the vector the head reads, which "
+        raise InputError("whitening with n_components would change the width of the vector the head reads, which "
                          "fine-tuning keeps fixed; leave n_components unset (whitening keeps every direction)")
     if int(settings["recalibration_inputs"]) < 2:
-        raise ValueError(f"recalibration_inputs must be >= 2, got {settings['recalibration_inputs']}")
+        raise InputError(f"recalibration_inputs must be >= 2, got {settings['recalibration_inputs']}")
     estimator_params = {key: value for key, value in settings.items() if key != "recalibration_inputs"}
 
     def make() -> Calibrator:
@@ -197,32 +198,32 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
 
 def _check_options(options: FineTuneOptions, method: str, n_outputs: int) -> None:
     if method not in METHODS:
-        raise ValueError(f"unknown fine-tuning method {method!r}; choose from {', '.join(METHODS)}")
+        raise InputError(f"unknown fine-tuning method {method!r}; choose from {', '.join(METHODS)}")
     if options.pooling not in POOLINGS:
-        raise ValueError(f"unknown pooling {options.pooling!r}; choose one of {POOLINGS}")
+        raise InputError(f"unknown pooling {options.pooling!r}; choose one of {POOLINGS}")
     for name in ("epochs", "batch_size", "recalibrate_every"):
         if getattr(options, name) < 1:
-            raise ValueError(f"FineTuneOptions.{name} must be >= 1, got {getattr(options, name)}")
+            raise InputError(f"FineTuneOptions.{name} must be >= 1, got {getattr(options, name)}")
     if options.max_length < 2:
-        raise ValueError(f"FineTuneOptions.max_length must be >= 2, got {options.max_length}")
+        raise InputError(f"FineTuneOptions.max_length must be >= 2, got {options.max_length}")
     if not options.learning_rate > 0:
-        raise ValueError(f"FineTuneOptions.learning_rate must be > 0, got {options.learning_rate}")
+        raise InputError(f"FineTuneOptions.learning_rate must be > 0, got {options.learning_rate}")
     if n_outputs < 1:
-        raise ValueError(f"n_outputs must be 1 (regression) or the number of classes (>= 2), got {n_outputs}")
+        raise InputError(f"n_outputs must be 1 (regression) or the number of classes (>= 2), got {n_outputs}")
     if method in ("isobn", "istar") and options.batch_size < 2:
-        raise ValueError(f"{method} estimates statistics from each batch, so it needs batch_size >= 2")
+        raise InputError(f"{method} estimates statistics from each batch, so it needs batch_size >= 2")
 
 
 def _targets(labels: np.ndarray, n_inputs: int, n_outputs: int) -> torch.Tensor:
     labels = np.asarray(labels)
     if labels.shape != (n_inputs,):
-        raise ValueError(f"train_labels must have one label per training input ({n_inputs}), got shape {labels.shape}")
+        raise InputError(f"train_labels must have one label per training input ({n_inputs}), got shape {labels.shape}")
     if n_outputs == 1:
         if not np.issubdtype(labels.dtype, np.number) or not np.isfinite(labels).all():
-            raise ValueError("regression (n_outputs=1) needs finite numeric train_labels")
+            raise InputError("regression (n_outputs=1) needs finite numeric train_labels")
         return torch.as_tensor(labels, dtype=torch.float32)
     if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= n_outputs:
-        raise ValueError(f"classification labels must be integers in 0..{n_outputs - 1} (n_outputs={n_outputs}); "
+        raise InputError(f"classification labels must be integers in 0..{n_outputs - 1} (n_outputs={n_outputs}); "
                          f"got {labels.dtype} values from {labels.min()} to {labels.max()}")
     return torch.as_tensor(labels, dtype=torch.long)
 
@@ -232,7 +233,7 @@ def _load(model: str, device: torch.device) -> tuple[nn.Module, Any, int]:
 
     encoder = load_encoder(model, device=str(device), dtype="float32")
     if not isinstance(encoder, HFEncoder):
-        raise ValueError(f"fine-tuning needs a transformers model; {model!r} loads as {type(encoder).__name__}")
+        raise InputError(f"fine-tuning needs a transformers model; {model!r} loads as {type(encoder).__name__}")
     # A copy: tokenizing with truncation changes a fast tokenizer's state, and the tiny models share
     # one cached tokenizer per process (whose definition is part of the store's model fingerprint).
     return encoder.model, copy.deepcopy(encoder.tokenizer), encoder.pad_id
@@ -266,7 +267,7 @@ def finetune(
     device = resolve_device(options.device)
     settings, make_calibrator = _method_settings(method, options.method_params, seed=options.seed, device=device)
     if not eval_inputs:
-        raise ValueError("eval_inputs is empty; give at least one evaluation split")
+        raise InputError("eval_inputs is empty; give at least one evaluation split")
     encoder, tokenizer, pad_id = _load(model, device)
     train = _Tokenized(tokenizer, train_inputs, max_length=options.max_length, pad_id=pad_id, name="train_inputs")
     targets = _targets(train_labels, len(train), n_outputs).to(device)

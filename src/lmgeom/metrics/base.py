@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, TypeVar, Uni
 import array_api_compat
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class StatefulAccumulator:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing = [name for name in self._state_fields if name not in state]
         if missing:
-            raise ValueError(f"state of {type(self).__name__} lacks {', '.join(missing)}; was it saved by another accumulator?")
+            raise InputError(f"state of {type(self).__name__} lacks {', '.join(missing)}; was it saved by another accumulator?")
         for name in self._state_fields:
             setattr(self, name, _plain(state[name]))
         self._after_load()
@@ -143,7 +144,7 @@ def load_states(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]
         with np.load(path, allow_pickle=False) as arrays:
             contents = {key: arrays[key] for key in arrays.files}
     except (OSError, ValueError) as error:
-        raise ValueError(f"corrupt accumulator state file {path} ({error}); compute that shard again") from None
+        raise InputError(f"corrupt accumulator state file {path} ({error}); compute that shard again") from None
     header = json.loads(str(contents.pop("__header__", np.array("{}"))))
     fields: dict[str, dict[str, Any]] = {}
     for key, value in contents.items():
@@ -154,9 +155,22 @@ def load_states(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]
         class_name = str(state.pop(_CLASS_KEY))
         cls = _ACCUMULATORS.get(class_name)
         if cls is None:
-            raise ValueError(f"{path}: {name} holds a {class_name}, which is not a known accumulator ({sorted(_ACCUMULATORS)})")
+            raise InputError(f"{path}: {name} holds a {class_name}, which is not a known accumulator ({sorted(_ACCUMULATORS)})")
         states[name] = cls.from_state_dict(state)
     return header, states
+
+
+class NonFiniteRows(InputError):
+    """Rows holding NaN or inf: `rows` are the first few (indexes into the caller's rows, offset as it
+    asked), `count` how many there are, `layer` the layer they belong to (None when not given)."""
+
+    def __init__(self, name: str, bad: np.ndarray, *, layer: int | None = None) -> None:
+        self.rows = [int(row) for row in bad[:5]]
+        self.count = int(len(bad))
+        self.layer = layer
+        where = f"layer {layer}, " if layer is not None else ""
+        shown = ", ".join(map(str, self.rows)) + (f" and {self.count - len(self.rows)} more" if self.count > len(self.rows) else "")
+        super().__init__(f"{name} holds non-finite values (NaN or inf) in {where}row{'s' if self.count > 1 else ''} {shown}")
 
 
 def as_float64_rows(X: Any, *, name: str = "X", layer: int | None = None, row_offset: int = 0) -> np.ndarray:
@@ -168,12 +182,7 @@ def as_float64_rows(X: Any, *, name: str = "X", layer: int | None = None, row_of
         raise ValueError(f"{name} must be a 2-D (n_points, dim) array, got shape {X.shape}")
     finite = np.isfinite(X).all(axis=1)
     if not finite.all():
-        bad = int(np.flatnonzero(~finite)[0]) + row_offset
-        where = f"layer {layer}, " if layer is not None else ""
-        raise ValueError(
-            f"{name} holds NaN or inf values ({where}row {bad}); this usually means float16 overflow "
-            "during extraction: re-extract with --dtype float32"
-        )
+        raise NonFiniteRows(name, np.flatnonzero(~finite) + row_offset, layer=layer)
     return X
 
 
@@ -235,12 +244,7 @@ class RowBlock:
         self.squared_norms = self.xp.linalg.vecdot(self.X, self.X)
         finite = self.xp.isfinite(self.squared_norms)
         if not bool(self.xp.all(finite)):
-            bad = int(to_numpy(self.xp.argmin(self.xp.astype(finite, self.xp.int8)))) + row_offset
-            where = f"layer {layer}, " if layer is not None else ""
-            raise ValueError(
-                f"{name} holds NaN or inf values ({where}row {bad}); this usually means float16 overflow "
-                "during extraction: re-extract with --dtype float32"
-            )
+            raise NonFiniteRows(name, np.flatnonzero(~to_numpy(finite)) + row_offset, layer=layer)
 
     def __len__(self) -> int:
         return int(self.X.shape[0])

@@ -27,7 +27,9 @@ import scipy.sparse
 from scipy.linalg.blas import dsyrk
 from threadpoolctl import threadpool_limits
 
+from lmgeom.errors import InputError
 from lmgeom.metrics.base import (
+    NonFiniteRows,
     RowBlock,
     StatefulAccumulator,
     as_float64_rows,
@@ -79,7 +81,7 @@ def sum_by_group(values: np.ndarray, groups: np.ndarray, weights: np.ndarray | N
 def _word_index(word_ids: np.ndarray, n_words: int) -> np.ndarray:
     word_ids = word_ids.astype(np.int64, copy=False)
     if len(word_ids) and (word_ids.min() < 0 or word_ids.max() >= n_words):
-        raise ValueError(
+        raise InputError(
             f"word_ids must lie in [0, {n_words}) for an accumulator made with n_words={n_words}; "
             f"got values from {word_ids.min()} to {word_ids.max()}"
         )
@@ -92,7 +94,7 @@ def _no_ids(ids: dict[str, np.ndarray], n_rows: int, owner: str) -> None:
 
 def _check_dim(state: Any, X: Any, owner: str) -> None:
     if state.shape[-1] and state.shape[-1] != X.shape[1]:
-        raise ValueError(
+        raise InputError(
             f"{owner} holds vectors of {state.shape[-1]} dimensions but got rows of {X.shape[1]}; "
             "feed rows of one layer of one model only"
         )
@@ -160,7 +162,7 @@ class AverageCosineAccumulator(StatefulAccumulator):
 
     def result(self) -> float:
         if self.n_points < 2:
-            raise ValueError(
+            raise InputError(
                 f"the average cosine needs at least 2 non-zero rows, got {self.n_points} "
                 f"({self.n_zero} zero rows were left out)"
             )
@@ -271,7 +273,7 @@ class SelfSimilarityAccumulator(StatefulAccumulator):
 
     def __init__(self, n_words: int, *, min_count: int = 2) -> None:
         if min_count < 2:
-            raise ValueError(f"self-similarity needs at least 2 occurrences per word; got min_count={min_count}")
+            raise InputError(f"self-similarity needs at least 2 occurrences per word; got min_count={min_count}")
         self.n_words = int(n_words)
         self.min_count = int(min_count)
         self.unit_sums = np.zeros((0, 0))  # (n_words, dim) once rows have been seen
@@ -380,7 +382,7 @@ class WordMeanAccumulator(StatefulAccumulator):
 def _reject_completed(ids: np.ndarray, done_ids: np.ndarray, where: str) -> None:
     repeated = np.intersect1d(ids, done_ids)
     if len(repeated):
-        raise ValueError(
+        raise InputError(
             f"sentence {int(repeated[0])} appears again {where} after it was complete; the rows of a "
             "sentence must be contiguous (keep rows in sentence order)"
         )
@@ -471,7 +473,7 @@ class IntraSentenceAccumulator(StatefulAccumulator):
         inside = ~at_edge
         continued = np.isin(ids_kept[inside], self.pending_ids)
         if continued.any():
-            raise ValueError(
+            raise InputError(
                 f"sentence {int(ids_kept[inside][continued][0])} continues inside a later chunk; the rows of a "
                 "sentence must be contiguous (keep rows in sentence order)"
             )
@@ -527,7 +529,7 @@ def occurrence_spectrum(X: Any) -> OccurrenceSpectrum:
     rows, nonzero = _grouped_rows(as_mev_rows(X), np.arange(len(X)))
     X = rows[nonzero]
     if len(X) == 0:
-        raise ValueError("an occurrence matrix needs at least one non-zero row")
+        raise InputError("an occurrence matrix needs at least one non-zero row")
     with _one_blas_thread():
         return rows_spectra([X])[0]
 
@@ -582,9 +584,7 @@ def _grouped_rows(X: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndar
         rows = grouped[doubtful]
         finite = np.isfinite(rows).all(axis=1)
         if not finite.all():
-            bad = int(order[doubtful[np.flatnonzero(~finite)[0]]])
-            raise ValueError(f"X holds NaN or inf values (row {bad}); this usually means float16 overflow "
-                             "during extraction: re-extract with --dtype float32")
+            raise NonFiniteRows("X", np.sort(order[doubtful[np.flatnonzero(~finite)]]))
         nonzero[doubtful] = rows.any(axis=1)
     return grouped, nonzero
 
@@ -816,7 +816,7 @@ def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd
     words with at least `min_count` non-zero occurrences.
     """
     if variant not in MEV_VARIANTS:
-        raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
+        raise InputError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
     labels, inverse = np.unique(np.asarray(word_ids), return_inverse=True)
     accumulator = MEVAccumulator(len(labels), expected_counts=np.bincount(inverse, minlength=len(labels)), variants=(variant,))
     spectra = accumulator.add(X, word_ids=inverse).result()

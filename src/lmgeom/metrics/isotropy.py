@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.metrics.base import RowBlock, StatefulAccumulator, as_float64_rows, in_namespace_of, register_accumulator, row_ids, to_numpy
 from lmgeom.metrics.contextuality import average_cosine, sample_indexes
 
@@ -59,7 +60,7 @@ class Moments:
 
     def covariance(self, *, ddof: int = 1) -> np.ndarray:
         if self.count - ddof <= 0:
-            raise ValueError(
+            raise InputError(
                 f"a covariance needs at least {ddof + 1} points, got n_samples = {self.count} "
                 f"({self.count} sample{'s' if self.count != 1 else ''}); pass more rows"
             )
@@ -119,7 +120,7 @@ class MomentAccumulator(StatefulAccumulator):
             self.count, self.mean, self.scatter = n_new, mean_new * 1.0, scatter_new * 1.0  # copies, in their own library
             return self
         if mean_new.shape != self.mean.shape:
-            raise ValueError(
+            raise InputError(
                 f"rows have {mean_new.shape[0]} dimensions but this accumulator holds {self.mean.shape[0]}; "
                 "feed rows of one layer / one model only"
             )
@@ -134,7 +135,7 @@ class MomentAccumulator(StatefulAccumulator):
 
     def result(self) -> Moments:
         if self.count == 0:
-            raise ValueError("MomentAccumulator has seen no rows; call add() with data first")
+            raise InputError("MomentAccumulator has seen no rows; call add() with data first")
         return Moments(count=self.count, mean=to_numpy(self.mean).copy(), scatter=to_numpy(self.scatter).copy())
 
 
@@ -184,7 +185,7 @@ def _isoscore_from_variances(variances: np.ndarray) -> float:
     """Rudman et al. 2022, step for step as in the IsoScore package, from the PCA variances."""
     n = variances.shape[0]
     if n < 2:
-        raise ValueError("IsoScore needs points of at least 2 dimensions (n_features = 1 given)")
+        raise InputError("IsoScore needs points of at least 2 dimensions (n_features = 1 given)")
     norm = np.linalg.norm(variances)
     if norm == 0:
         return float("nan")  # every point identical: no direction is used at all
@@ -208,7 +209,7 @@ def _participation_ratio_from_variances(variances: np.ndarray) -> float:
 
 def _variance_share(variances: np.ndarray, k: int) -> float:
     if k < 1:
-        raise ValueError(f"top-k variance share needs k >= 1, got {k}")
+        raise InputError(f"top-k variance share needs k >= 1, got {k}")
     total = variances.sum()
     return float(variances[:k].sum() / total) if total > 0 else float("nan")
 
@@ -311,7 +312,7 @@ class PartitionFunctionAccumulator(StatefulAccumulator):
 
     def result(self) -> float:
         if not np.isfinite(self.log_z_plus).all():
-            raise ValueError("I(W) needs at least one row; call add() with data first")
+            raise InputError("I(W) needs at least one row; call add() with data first")
         log_z = np.concatenate([self.log_z_plus, self.log_z_minus]) if self.both_signs else self.log_z_plus
         return float(log_z.min() - log_z.max())
 
@@ -407,7 +408,7 @@ class CosineContributionAccumulator(StatefulAccumulator):
     def result(self) -> np.ndarray:
         n = self.n_points
         if n < 2:
-            raise ValueError(f"a cosine between distinct points needs at least 2 non-zero rows, got {n}")
+            raise InputError(f"a cosine between distinct points needs at least 2 non-zero rows, got {n}")
         contributions: np.ndarray = (self.unit_sum**2 - self.unit_square_sum) / (n * (n - 1))
         return contributions
 
@@ -439,7 +440,7 @@ def rogue_dimensions(X: Any, *, top_k: int = 3) -> RogueDimensions:
     the average cosine after dropping them or after z-scoring every dimension."""
     X = as_float64_rows(X)
     if not 1 <= top_k < X.shape[1]:
-        raise ValueError(f"top_k must be between 1 and dim - 1 = {X.shape[1] - 1}, got {top_k}")
+        raise InputError(f"top_k must be between 1 and dim - 1 = {X.shape[1] - 1}, got {top_k}")
     contributions = cosine_contributions(X)
     top = np.argsort(contributions)[::-1][:top_k]
     total = float(contributions.sum())
@@ -494,7 +495,7 @@ def local_isotropy(X: Any, *, n_clusters: int = 8, seed: int = 0) -> LocalIsotro
     `n_clusters` seeded k-means clusters, with their size-weighted mean."""
     X = as_float64_rows(X)
     if n_clusters < 1 or len(X) < n_clusters:
-        raise ValueError(
+        raise InputError(
             f"local isotropy with n_clusters={n_clusters} needs at least that many points, got {len(X)}; "
             "lower n_clusters or pass more rows"
         )
@@ -558,7 +559,7 @@ def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_
 
 def _require_rows(X: np.ndarray, minimum: int, what: str) -> None:
     if len(X) < minimum:
-        raise ValueError(f"{what} needs at least {minimum} points, got n_samples = {len(X)}; pass more rows")
+        raise InputError(f"{what} needs at least {minimum} points, got n_samples = {len(X)}; pass more rows")
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,13 +582,13 @@ ISOSCORE_STAR_C0_POINTS = 250_000
 
 def _check_shrinkage(zeta: float, shrinkage_covariance_shape: tuple[int, ...] | None, dim: int) -> None:
     if not 0.0 <= zeta <= 1.0:
-        raise ValueError(f"IsoScore* zeta must be in [0, 1], got {zeta}")
+        raise InputError(f"IsoScore* zeta must be in [0, 1], got {zeta}")
     if shrinkage_covariance_shape is None:
         if zeta > 0:
-            raise ValueError("IsoScore* with zeta > 0 needs the shrinkage covariance C0 (the covariance of a large "
+            raise InputError("IsoScore* with zeta > 0 needs the shrinkage covariance C0 (the covariance of a large "
                              "sample of the same kind of points); pass it, or zeta=0 for plain IsoScore")
     elif shrinkage_covariance_shape != (dim, dim):
-        raise ValueError(f"the shrinkage covariance C0 must be ({dim}, {dim}) for points of {dim} dimensions, "
+        raise InputError(f"the shrinkage covariance C0 must be ({dim}, {dim}) for points of {dim} dimensions, "
                          f"got shape {shrinkage_covariance_shape}")
 
 
@@ -618,10 +619,10 @@ def isoscore_star_torch(points: torch.Tensor, shrinkage_covariance: torch.Tensor
     import torch
 
     if points.ndim != 2 or points.shape[0] < 2:
-        raise ValueError(f"IsoScore* needs a (n_points >= 2, dim) tensor, got shape {tuple(points.shape)}")
+        raise InputError(f"IsoScore* needs a (n_points >= 2, dim) tensor, got shape {tuple(points.shape)}")
     dim = points.shape[1]
     if dim < 2:
-        raise ValueError("IsoScore* needs points of at least 2 dimensions (n_features = 1 given)")
+        raise InputError("IsoScore* needs points of at least 2 dimensions (n_features = 1 given)")
     _check_shrinkage(zeta, None if shrinkage_covariance is None else tuple(shrinkage_covariance.shape), dim)
     covariance = torch.cov(points.double().T)
     if shrinkage_covariance is not None:

@@ -35,6 +35,8 @@ import numpy as np
 from scipy.linalg import lapack
 from scipy.linalg.blas import dsyrk
 
+from lmgeom.errors import InputError
+
 MEV_VARIANTS = ("uncentred", "centred", "svd_ratio")
 
 
@@ -346,10 +348,10 @@ class OccurrenceSpectrum:
 
     def mev(self, variant: str) -> float:
         if variant not in MEV_VARIANTS:
-            raise ValueError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
+            raise InputError(f"unknown MEV variant {variant!r}; choose one of {', '.join(MEV_VARIANTS)}")
         if variant not in self.variants:
-            raise ValueError(f"this spectrum was solved for the MEV variants {', '.join(self.variants)} only; "
-                             f"include {variant!r} in the variants asked for")
+            raise InputError(f"this spectrum was solved for the MEV variants {', '.join(self.variants)} only; "
+                             f"include {variant!r} in the variants asked for", param="variants")
         if variant == "uncentred":
             return self.top_eigenvalue / self.frobenius_sq
         if self.centred_total <= _NO_SPREAD_RELATIVE * self.frobenius_sq:

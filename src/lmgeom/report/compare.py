@@ -8,6 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from lmgeom.errors import InputError
 from lmgeom.metrics.contextuality import MEV_VARIANTS
 from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
@@ -38,7 +39,7 @@ def comparison_table(runs: Sequence[RunData]) -> pd.DataFrame:
     frames = []
     for label, run in zip(_labels(runs), runs):
         if run.layers is None:
-            raise ValueError(f"{run.path} has no contextuality.json; run `lmgeom analyze {run.path}` before comparing")
+            raise InputError(f"{run.path} has no contextuality.json; run `lmgeom analyze {run.path}` before comparing")
         frame = run.layers[["layer", "metric", "raw", "baseline", "adjusted"]].copy()
         last = int(frame["layer"].max())
         frame.insert(0, "depth", frame["layer"] / last if last > 0 else 0.0)
@@ -80,7 +81,7 @@ def comparison_charts(tidy: pd.DataFrame, caption: str) -> list[Chart]:
 def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
     """OUT/compare.html, OUT/figures/*.png|svg and OUT/compare.csv for several analysed runs."""
     if len(run_dirs) < 1:
-        raise ValueError("give at least one run directory to compare")
+        raise InputError("give at least one run directory to compare")
     runs = [load_run(run_dir) for run_dir in run_dirs]
     out = Path(out)
     tidy = comparison_table(runs)

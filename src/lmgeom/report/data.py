@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from lmgeom.errors import MissingInput
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import read_json
 
@@ -151,7 +152,7 @@ def experiment_result_files(run_dir: Path, include: Sequence[str | os.PathLike] 
     results = Path(rundir.EXPERIMENT_RESULTS.name).name
     for directory in map(Path, include):
         if not directory.is_dir():
-            raise FileNotFoundError(f"--include {directory}: no such directory (give a folder holding {results} files)")
+            raise MissingInput(f"`include` {directory}: no such directory (give a folder holding {results} files)", param="include")
         direct = directory / results
         files.extend([direct] if direct.exists() else sorted(directory.glob(f"*/{results}")))
     return list(dict.fromkeys(files))

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
+from lmgeom.errors import InputError
 from lmgeom.metrics.base import load_states, save_states
 from lmgeom.metrics.contextuality import (
     MEV_VARIANTS,
@@ -132,7 +133,7 @@ class AnalysisPlan:
 def plan_analysis(store: RepresentationStore, options: AnalysisOptions = AnalysisOptions()) -> AnalysisPlan:
     """Select rows and words, draw the sampled occurrences and plan the MEV word groups."""
     if options.min_contexts < 1:
-        raise ValueError(f"--min-contexts must be at least 1; got {options.min_contexts}")
+        raise InputError(f"`min_contexts` must be at least 1; got {options.min_contexts}", param="min_contexts")
     layers = list(store.layers if options.layers is None else options.layers)
     for layer in layers:
         store.layer(layer)  # an unknown layer is an IndexError naming the range
@@ -427,7 +428,7 @@ class ContextualityResult:
         elif self.store_path is not None:
             target = self.store_path
         else:
-            raise ValueError("give a directory to write to (this result has no store path)")
+            raise InputError("give a directory to write to (this result has no store path)")
         self.written = {
             "json": write_json(rundir.CONTEXTUALITY.at(target), "contextuality", self.to_json(), store_meta=self.store_meta),
             "layers_csv": write_records_csv(rundir.CONTEXTUALITY_LAYERS.at(target), self.records),
@@ -740,10 +741,10 @@ class AnalysisState:
     def merge(self, other: AnalysisState) -> AnalysisState:
         """Add the states of a shard over other rows of the same store, analysed with the same settings."""
         if other.settings != self.settings or other.store_identity != self.store_identity:
-            raise ValueError("cannot merge analysis states of different stores or settings")
+            raise InputError("cannot merge analysis states of different stores or settings")
         overlap = [(a, b) for a in self.row_ranges for b in other.row_ranges if a[0] < b[1] and b[0] < a[1]]
         if overlap:
-            raise ValueError(f"shards overlap (rows {overlap[0][0]} and {overlap[0][1]}); each row may be analysed once")
+            raise InputError(f"shards overlap (rows {overlap[0][0]} and {overlap[0][1]}); each row may be analysed once")
         for layer, accumulators in other.layers.items():
             self.layers[layer].merge(accumulators)
         self.row_ranges = sorted(self.row_ranges + other.row_ranges)
@@ -761,7 +762,7 @@ class AnalysisState:
     def load(cls, path: str | os.PathLike[str]) -> AnalysisState:
         header, states = load_states(path)
         if header.get("kind") != "contextuality_state":
-            raise ValueError(f"{path} is not a saved contextuality analysis state (it holds {header.get('kind')!r})")
+            raise InputError(f"{path} is not a saved contextuality analysis state (it holds {header.get('kind')!r})")
         named: dict[int, dict[str, Any]] = {}
         for key, accumulator in states.items():
             layer, _, name = key.partition(".")
@@ -799,11 +800,11 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
     """The result of merged shard states that together cover every row of `store` once."""
     store = _open(store)
     if state.store_identity != _store_identity(store):
-        raise ValueError(f"these analysis states were computed on another store than {store.url}")
+        raise InputError(f"these analysis states were computed on another store than {store.url}")
     covered = sorted(state.row_ranges)
     ends = [0] + [stop for _, stop in covered]
     if any(start != end for (start, _), end in zip(covered, ends)) or ends[-1] != store.n_tokens:
-        raise ValueError(f"the merged shards cover rows {covered}, not every row of the store [0, {store.n_tokens}) once; "
+        raise InputError(f"the merged shards cover rows {covered}, not every row of the store [0, {store.n_tokens}) once; "
                          "analyse the missing ranges and merge them in")
     settings = state.settings
     plan = plan_analysis(store, AnalysisOptions(
@@ -824,13 +825,14 @@ def finish_analysis(store: RepresentationStore | str | os.PathLike[str], state: 
 def require_num_workers(num_workers: int) -> None:
     """`analyze_store`'s `num_workers` (`--num-workers`) is at least 1."""
     if num_workers < 1:
-        raise ValueError(f"--num-workers must be at least 1 (1 analyses one layer after another in this process); "
-                         f"got {num_workers}")
+        raise InputError(f"`num_workers` must be at least 1 (1 analyses one layer after another in this process); "
+                         f"got {num_workers}", param="num_workers")
 
 
 def _require_two_contexts(min_contexts: int) -> None:
     if min_contexts < 2:
-        raise ValueError(f"--min-contexts must be at least 2 (self-similarity needs two occurrences); got {min_contexts}")
+        raise InputError(f"`min_contexts` must be at least 2 (self-similarity needs two occurrences); got {min_contexts}",
+                         param="min_contexts")
 
 
 def _open(store: RepresentationStore | str | os.PathLike[str]) -> RepresentationStore:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.base import as_float64_rows
@@ -166,7 +167,7 @@ def calibrate_store(
         store = open_or_extract(store, corpus=corpus, device=device, progress=progress)
     unknown = [method for method in methods if method not in METHODS]
     if unknown or not methods:
-        raise ValueError(f"unknown calibration method(s) {unknown or '(none given)'}; choose from {', '.join(METHODS)}")
+        raise InputError(f"unknown calibration method(s) {unknown or '(none given)'}; choose from {', '.join(METHODS)}")
     progress = progress or NoProgress()
     layers = list(store.layers if layers is None else layers)
     for layer in layers:

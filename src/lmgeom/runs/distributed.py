@@ -35,6 +35,7 @@ from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequen
 
 import numpy as np
 
+from lmgeom.errors import InputError, MissingDependency
 from lmgeom.corpus.builtin import open_corpus
 from lmgeom.corpus.corpus import Corpus, CorpusStream, CorpusSummary, Fingerprint, Sentence
 from lmgeom.encoders.base import Encoder
@@ -82,7 +83,7 @@ def connect_ray(address: str | None = None) -> ModuleType:
     try:
         import ray
     except ImportError:
-        raise ValueError("--engine ray needs Ray: pip install 'lmgeom[ray]' (or use --engine local)") from None
+        raise MissingDependency("the ray engine needs Ray: pip install 'lmgeom[ray]' (or use the local engine)") from None
     if not ray.is_initialized():
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), logging_level=logging.WARNING)
     return ray
@@ -142,9 +143,10 @@ def cut_shards(corpus: Iterable[Sentence], spans: Sequence[range], summary: Corp
         raise _corpus_changed(summary, "its sentences differ")
 
 
-def _corpus_changed(summary: CorpusSummary, how: str) -> ValueError:
-    return ValueError(f"the corpus changed while it was read ({summary.n_sentences} sentences at the first pass; now {how}); "
-                      "keep the corpus fixed during an extraction, and re-run with --overwrite if it changed on purpose")
+def _corpus_changed(summary: CorpusSummary, how: str) -> InputError:
+    return InputError(f"the corpus changed while it was read ({summary.n_sentences} sentences at the first pass; now {how}); "
+                      "keep the corpus fixed during an extraction, and re-run with `overwrite=True` if it changed on purpose",
+                      param="overwrite")
 
 
 class ShardWorker:
@@ -191,15 +193,17 @@ def extract_sharded(
     with `gpus_per_worker` GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
     times, after which the run stops and a re-run resumes it."""
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+        raise InputError(f"unknown `engine` {engine!r}; use one of {', '.join(ENGINES)}", param="engine")
     if num_workers < 1 or gpus_per_worker < 0:
-        raise ValueError(f"--num-workers must be at least 1 and --gpus-per-worker at least 0; got {num_workers}, {gpus_per_worker}")
+        raise InputError(f"`num_workers` must be at least 1 and `gpus_per_worker` at least 0; got {num_workers}, {gpus_per_worker}",
+                         param=("num_workers", "gpus_per_worker"))
     if engine == "local" and (num_workers != 1 or gpus_per_worker):
-        raise ValueError("--num-workers and --gpus-per-worker apply to --engine ray; add --engine ray or leave them out")
+        raise InputError("`num_workers` and `gpus_per_worker` apply to `engine='ray'`; add `engine='ray'` or leave them out",
+                         param=("num_workers", "gpus_per_worker", "engine"))
     location = Location.of(out)
     progress = progress or NoProgress()
     if engine == "ray" and location.url.startswith("memory://"):
-        raise ValueError("a memory:// store lives inside one process, so Ray workers cannot write it; "
+        raise InputError("a memory:// store lives inside one process, so Ray workers cannot write it; "
                          "use a folder every worker sees or an object store URL (s3://, gs://)")
     require_store_or_empty(location)  # a folder of other files is refused before Ray or a model starts
     source = open_corpus(corpus) if isinstance(corpus, str) else corpus
@@ -356,7 +360,7 @@ def _word_group_states(url: str, meta: dict[str, Any], task: _WordGroupTask, chu
     self_similarity = SelfSimilarityAccumulator(task.n_group_words)
     mev = MEVAccumulator(task.n_group_words, expected_counts=np.bincount(group_ids, minlength=task.n_group_words))
     for start, chunk in stored_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
-        require_finite(chunk, name=f"layer {task.layer} of {store.url}", layer=task.layer, row_offset=start)
+        require_finite(store, task.layer, chunk, start)
         ids = task.local_ids[start - task.start : start - task.start + len(chunk)]
         keep = ids >= 0
         if keep.any():

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmgeom.errors import InputError
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.report.data import RunData
 from lmgeom.report.explorer import WORD_COLUMNS
@@ -73,7 +74,7 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
     """Explorer payload: the chosen words, their metrics by layer, and per layer a list aligned with the
     words of [neighbour word indexes, cosines (3 decimals)], best first (null for a word without a vector)."""
     if run.words is None or run.words.empty:
-        raise ValueError(f"no {CONTEXTUALITY_WORDS.name} in {run.path}; run `lmgeom analyze {run.path}` first")
+        raise InputError(f"no {CONTEXTUALITY_WORDS.name} in {run.path}; run `lmgeom analyze {run.path}` first")
     chosen = top_words(run.words, top_n)
     payload: dict[str, Any] = {"words": chosen, **_word_metrics(run.words, chosen), "neighbours": {}}
     if not (run.path / layout.META).exists() or not (run.path / layout.LAYERS).is_dir():

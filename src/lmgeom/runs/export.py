@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import Calibrator, make_calibrator
 from lmgeom.corpus import Corpus, load_corpus, require_count
 from lmgeom.device import resolve_device
@@ -51,7 +52,7 @@ def sentence_transformers_folder(model: str) -> Path:
         return minilm_path()
     folder = Path(model)
     if model in NAMED_MODELS or (folder.is_dir() and not (folder / "modules.json").is_file()):
-        raise ValueError(
+        raise InputError(
             f"{model} is not a sentence-transformers model (a folder with modules.json, as SentenceTransformer.save "
             "writes); give minilm or such a folder"
         )
@@ -76,7 +77,7 @@ def pooling_index(model: "SentenceTransformer") -> int:
     found = [index for index, module in enumerate(model) if isinstance(module, Pooling)]
     if len(found) != 1:
         names = ", ".join(type(module).__name__ for module in model)
-        raise ValueError(
+        raise InputError(
             f"the model has {len(found)} top-level Pooling modules ({names}); the calibrator goes after exactly one, "
             "so export a model with a single Pooling module"
         )
@@ -110,9 +111,11 @@ def _isotropy(X: np.ndarray) -> dict[str, float]:
 def _prepare_out(out: Path, *, overwrite: bool) -> None:
     if out.exists() and (out.is_file() or any(out.iterdir())):
         if not overwrite:
-            raise FileExistsError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
+            raise InputError(f"{out} already exists; pass `overwrite=True` to replace it, or choose another `out`",
+                             param=("overwrite", "out"))
         if not (out / "modules.json").is_file():
-            raise ValueError(f"{out} is not a sentence-transformers model folder, so --overwrite will not delete it; choose another --out")
+            raise InputError(f"{out} is not a sentence-transformers model folder, so `overwrite=True` will not delete it; choose another `out`",
+                             param=("overwrite", "out"))
 
 
 def export_sentence_transformer(

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.corpus import load_corpus, require_count
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
@@ -192,8 +193,9 @@ def extract_model(
             num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address, overwrite=overwrite,
             progress=progress)
     if num_workers != 1 or gpus_per_worker or shard_sentences:
-        raise ValueError("--num-workers, --gpus-per-worker and --shard-sentences apply to --engine ray; "
-                         "add --engine ray or leave them out")
+        raise InputError("`num_workers`, `gpus_per_worker` and `shard_sentences` apply to `engine='ray'`; "
+                         "add `engine='ray'` or leave them out",
+                         param=("num_workers", "gpus_per_worker", "shard_sentences", "engine"))
     # a bad corpus spec fails before the model loads
     sentences = load_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
     encoder = load_encoder(model, **encoder_options)

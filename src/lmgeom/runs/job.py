@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from lmgeom.errors import InputError
 from lmgeom.corpus import require_count
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.analysis import ContextualityResult, analyze_store, require_num_workers
@@ -59,11 +60,12 @@ def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list
         try:
             spec = [int(item) for item in spec.split(",") if item.strip()]
         except ValueError:
-            raise ValueError(f"--layers takes 'default', 'all' or comma-separated layer numbers; got {spec!r}") from None
+            raise InputError(f"`layers` takes 'default', 'all' or comma-separated layer numbers; got {spec!r}",
+                             param="layers") from None
     chosen = sorted(set(int(layer) for layer in spec))
     outside = [layer for layer in chosen if layer not in layers]
     if outside or not chosen:
-        raise ValueError(f"layers {outside or '(none)'} are not in this store's layers 0..{layers[-1]} (0 = embedding output)")
+        raise InputError(f"layers {outside or '(none)'} are not in this store's layers 0..{layers[-1]} (0 = embedding output)")
     return chosen
 
 
@@ -127,11 +129,12 @@ def run_folder(out: str | os.PathLike[str] | None) -> str | os.PathLike[str] | N
     location = Location.of(out)
     if location.is_local:
         return location.local_path
-    raise ValueError(
-        f"lmgeom run --out {location.url}: the steps after extraction (run.json, summary, isotropy, calibration, "
+    raise InputError(
+        f"`out` {location.url}: the steps after extraction (run.json, summary, isotropy, calibration, "
         "static embeddings, report.html) write local files next to the store, and this is not a local folder; "
-        "give a local folder or a file:// URL as --out (then copy the finished run to object storage), "
-        "or run `lmgeom extract --out URL` and `lmgeom analyze URL`, which read and write object storage in place"
+        "give a local folder or a file:// URL as `out` (then copy the finished run to object storage), "
+        "or run `lmgeom extract --out URL` and `lmgeom analyze URL`, which read and write object storage in place",
+        param="out",
     )
 
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from lmgeom.errors import InputError
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.report import build_report, load_run
 from lmgeom.runs.explorer import DEFAULT_NEIGHBOURS, DEFAULT_TOP_WORDS, explorer_data
@@ -23,7 +24,8 @@ def render_report(
     """`lmgeom report`: compute (or reuse the cached) word explorer of RUN, then render RUN/report.html
     (or `out`) and RUN/figures/ from the run's result files. No model is needed."""
     if explorer_words < 1 or explorer_neighbours < 1:
-        raise ValueError("--explorer-words and --neighbours must be at least 1")
+        raise InputError("`explorer_words` and `explorer_neighbours` must be at least 1",
+                         param=("explorer_words", "explorer_neighbours"))
     run = load_run(run_dir, include=include)
     if run.words is not None and not run.words.empty:
         explorer_data(run, top_n=explorer_words, k=explorer_neighbours, progress=progress)

@@ -40,6 +40,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from lmgeom.errors import InputError
 from lmgeom._version import __version__
 from lmgeom.atomic import atomic_write_text
 from lmgeom.store import layout
@@ -108,7 +109,7 @@ _RUN_MARKERS = (layout.META, RUN.name, SUMMARY.name, CONTEXTUALITY.name, ISOTROP
                 EXPLORER.name, STATIC.name, EXPERIMENTS.name)
 
 
-class ResultFileError(ValueError):
+class ResultFileError(InputError):
     """A result file that does not parse, is of another kind or schema, or lacks what its readers use."""
 
 
@@ -138,7 +139,7 @@ def require_run(directory: str | os.PathLike[str]) -> None:
     if not location.exists():
         raise FileNotFoundError(f"{directory}: no such directory; give a run directory written by `lmgeom run`")
     if not is_run(directory):
-        raise ValueError(f"{directory} is not a run directory: a run is a folder written by `lmgeom run` (or a store "
+        raise InputError(f"{directory} is not a run directory: a run is a folder written by `lmgeom run` (or a store "
                          f"from `lmgeom extract`), holding {layout.META} or result files such as {CONTEXTUALITY.name}")
 
 
@@ -204,10 +205,26 @@ def read_csv(path: str | os.PathLike[str], spec: ResultFile | None = None, **opt
         raise ResultFileError(f"{path} is truncated or not CSV ({error}); {_regenerate(spec)}") from None
 
 
+WORDS_COLUMNS = ("word", "layer", "count", "contexts")
+"""The columns of contextuality_words.csv its readers rely on (one row per word and layer)."""
+
+
 def read_words(directory: str | os.PathLike[str]) -> pd.DataFrame | None:
-    """contextuality_words.csv of a run (words as text, empty cells as NaN), or None when there is none."""
-    return read_csv(CONTEXTUALITY_WORDS.at(directory), CONTEXTUALITY_WORDS, keep_default_na=False, na_values=[""],
-                    dtype={"word": str})
+    """contextuality_words.csv of a run (words as text, empty cells as NaN), or None when there is none;
+    a table without its columns (`WORDS_COLUMNS`) or with a non-numeric layer or count is an error naming it."""
+    path = CONTEXTUALITY_WORDS.at(directory)
+    words = read_csv(path, CONTEXTUALITY_WORDS, keep_default_na=False, na_values=[""], dtype={"word": str})
+    if words is None:
+        return None
+    missing = [column for column in WORDS_COLUMNS if column not in words.columns]
+    if missing:
+        raise ResultFileError(f"{path} lacks the column(s) {', '.join(missing)} (it has {', '.join(map(str, words.columns))}); "
+                              f"{_regenerate(CONTEXTUALITY_WORDS)}")
+    bad = [column for column in WORDS_COLUMNS[1:] if len(words) and not pd.api.types.is_numeric_dtype(words[column])]
+    if bad:
+        raise ResultFileError(f"{path}: column(s) {', '.join(bad)} hold values that are not numbers; "
+                              f"{_regenerate(CONTEXTUALITY_WORDS)}")
+    return words
 
 
 def spec_of(relative: str) -> ResultFile | None:

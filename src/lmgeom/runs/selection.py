@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmgeom.errors import InputError
+
 
 # the token table's columns `select_rows` reads
 SELECTION_COLUMNS = ("sentence_id", "word_id", "is_punct", "is_special")
@@ -68,7 +70,7 @@ def select_rows(
         first_word_excluded = int((first_word & mask).sum())
         mask &= ~first_word
     if not mask.any():
-        raise ValueError(
+        raise InputError(
             f"no rows left to analyse out of {len(tokens)} (special tokens {'in' if include_special else 'out'}, "
             f"punctuation {'in' if include_punct else 'out'}, first words {'out' if exclude_first_word else 'in'}); "
             "include punctuation or special tokens, or use a bigger corpus"
@@ -107,7 +109,7 @@ def select_words(vocab: pd.DataFrame, selection: RowSelection, *, min_contexts: 
     table.insert(1, "word", names)
     words = table.loc[table["contexts"] >= min_contexts].reset_index(drop=True)
     if words.empty:
-        raise ValueError(_no_word_message(table["contexts"], min_contexts, int(selection.mask.sum())))
+        raise InputError(_no_word_message(table["contexts"], min_contexts, int(selection.mask.sum())), param="min_contexts")
     index_of_word_id = np.full(int(selection.word_ids.max()) + 1, -1, dtype=np.int64)
     index_of_word_id[words["word_id"].to_numpy()] = np.arange(len(words))
     word_index = np.where(selection.mask, index_of_word_id[selection.word_ids], -1)
@@ -126,7 +128,7 @@ def _no_word_message(contexts: pd.Series, min_contexts: int, n_rows: int) -> str
     shown = ", ".join(f"{n} word{'s' if n != 1 else ''} in {c} sentence{'s' if c != 1 else ''}" for c, n in histogram.items())
     return (
         f"no word occurs in at least {min_contexts} distinct sentences ({n_rows} analysed tokens; {shown or 'no words'}); "
-        "lower --min-contexts (2 is the least that defines self-similarity) or use a bigger corpus"
+        "lower `min_contexts` (2 is the least that defines self-similarity) or use a bigger corpus"
     )
 
 

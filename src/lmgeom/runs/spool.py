@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import owner_tag, remove_abandoned
 from lmgeom.runs.tally import RowSink
 
@@ -57,12 +58,12 @@ class RowSpool:
 
     def add(self, X: np.ndarray, /, **ids: np.ndarray) -> RowSpool:
         if self._file is None:
-            raise ValueError(f"{self.path} was closed; a spool takes rows only until it is drained")
+            raise InputError(f"{self.path} was closed; a spool takes rows only until it is drained")
         rows = np.ascontiguousarray(X)
         labels = {name: np.ascontiguousarray(values) for name, values in ids.items()}
         for name, values in labels.items():
             if len(values) != len(rows):
-                raise ValueError(f"{len(values)} {name} for {len(rows)} rows")
+                raise InputError(f"{len(values)} {name} for {len(rows)} rows")
             self._file.write(values.data)
         self._file.write(rows.data)
         self._pieces.append((len(rows), rows.shape[1], rows.dtype, tuple((name, values.dtype) for name, values in labels.items())))

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from typing_extensions import Self
 
+from lmgeom.errors import InputError, MissingDependency
 from lmgeom._version import __version__
 from lmgeom.calibrate import METHODS, Calibrator
 
@@ -29,7 +30,7 @@ try:
     from safetensors.numpy import load_file, save_file
     from sentence_transformers.base.modules import Module
 except ImportError as error:  # the optional `st` extra
-    raise ImportError(f"exporting to sentence-transformers needs the sentence-transformers package: {ST_EXTRA_HINT} ({error})") from None
+    raise MissingDependency(f"exporting to sentence-transformers needs the sentence-transformers package: {ST_EXTRA_HINT} ({error})") from None
 
 STATE_FILE = "model.safetensors"
 FORMAT_VERSION = 1
@@ -39,7 +40,7 @@ def method_name(calibrator: Calibrator) -> str:
     """The `METHODS` name of a calibrator's class (what the module records to rebuild it)."""
     names = [name for name, cls in METHODS.items() if type(calibrator) is cls]
     if not names:
-        raise ValueError(
+        raise InputError(
             f"a {type(calibrator).__name__} cannot be exported: CalibrationModule holds the calibrators of "
             f"lmgeom.calibrate.METHODS ({', '.join(METHODS)})"
         )
@@ -145,9 +146,9 @@ class CalibrationModule(Module):
         config = cls.load_config(model_name_or_path, **hub)
         where = os.path.join(model_name_or_path, subfolder)
         if config.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{where} holds calibration module format {config.get('format_version')}; this lmgeom reads {FORMAT_VERSION}")
+            raise InputError(f"{where} holds calibration module format {config.get('format_version')}; this lmgeom reads {FORMAT_VERSION}")
         if config["method"] not in METHODS:
-            raise ValueError(f"{where} holds a {config['method']!r} calibrator, which this lmgeom does not have ({', '.join(METHODS)}); upgrade lmgeom")
+            raise InputError(f"{where} holds a {config['method']!r} calibrator, which this lmgeom does not have ({', '.join(METHODS)}); upgrade lmgeom")
         state_path = cls.load_file_path(model_name_or_path, STATE_FILE, **hub)
         if state_path is None:
             raise FileNotFoundError(f"{where} has no {STATE_FILE}: the calibration module's fitted arrays are missing; export the model again")

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from gensim.models import KeyedVectors
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, find_word_benchmarks,
                                        read_word_benchmarks)
@@ -49,7 +50,7 @@ class StaticEmbeddings:
 
     def keyed_vectors(self, kind: str = "first_pc") -> KeyedVectors:
         if kind not in self.vectors:
-            raise ValueError(f"unknown static embedding kind {kind!r}; choose one of {', '.join(self.vectors)}")
+            raise InputError(f"unknown static embedding kind {kind!r}; choose one of {', '.join(self.vectors)}")
         vectors = KeyedVectors(vector_size=self.vectors[kind].shape[1])
         vectors.add_vectors(self.words, self.vectors[kind].astype(np.float32))
         for word, count in zip(self.words, self.counts):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import METHODS, Calibrator, make_calibrator
 from lmgeom.corpus import Corpus, load_corpus
 from lmgeom.evaluate.sts import best_calibration, headline_grid, markdown_table, score_dataset, summary_table
@@ -76,23 +77,23 @@ def resolve_layers(layers: Sequence[int | str | LayerSelection] | None, n_layers
             continue
         elif item == FIRST_LAST_AVG:
             if last < 1:
-                raise ValueError("first-last-avg needs at least one transformer layer; this model has only the embedding layer")
+                raise InputError("first-last-avg needs at least one transformer layer; this model has only the embedding layer")
             selection = LayerSelection(FIRST_LAST_AVG, (1, last))
         else:
             try:
                 selection = LayerSelection(str(int(item)), (int(item),))
             except (TypeError, ValueError):
-                raise ValueError(f"unknown layer {item!r}; give layer numbers 0..{last}, 'all' or '{FIRST_LAST_AVG}'") from None
+                raise InputError(f"unknown layer {item!r}; give layer numbers 0..{last}, 'all' or '{FIRST_LAST_AVG}'") from None
         bad = [index for index in selection.indexes if not 0 <= index <= last]
         if bad or not selection.indexes:
-            raise ValueError(
+            raise InputError(
                 f"layer selection {selection.name!r} has layer(s) {bad or '(none)'} outside 0..{last} "
                 f"(layer 0 is the embedding output, {last} the last block)"
             )
         selections.append(selection)
     unique = list(dict.fromkeys(selections))
     if not unique:
-        raise ValueError("no layers selected; give layer numbers, 'all' or 'first-last-avg'")
+        raise InputError("no layers selected; give layer numbers, 'all' or 'first-last-avg'")
     return unique
 
 
@@ -106,7 +107,7 @@ def resolve_methods(methods: Sequence[str]) -> list[str]:
     """"none" first (the uncalibrated baseline is always measured), then the requested calibrators."""
     unknown = [m for m in methods if m not in CALIBRATION_METHODS]
     if unknown:
-        raise ValueError(f"unknown calibration method(s) {unknown}; choose from {', '.join(CALIBRATION_METHODS)}")
+        raise InputError(f"unknown calibration method(s) {unknown}; choose from {', '.join(CALIBRATION_METHODS)}")
     return list(dict.fromkeys([NO_CALIBRATION, *methods]))
 
 
@@ -118,7 +119,7 @@ def resolve_fit_sources(fit_on: FitOn | Sequence[FitOn]) -> list[FitSource]:
     `FitSource`, or a list of them."""
     items = [fit_on] if isinstance(fit_on, (str, Corpus, FitSource)) else list(fit_on)
     if not items:
-        raise ValueError(f"fit_on is empty; give '{TRANSDUCTIVE}' or a corpus (e.g. lee)")
+        raise InputError(f"fit_on is empty; give '{TRANSDUCTIVE}' or a corpus (e.g. lee)")
     sources = []
     for item in items:
         if isinstance(item, FitSource):
@@ -192,7 +193,7 @@ def evaluate_sts(
     Every distinct sentence (of all datasets and fit corpora) runs through the model once; only the
     layers the selections use are kept. The "none" baseline is always included; its `fit_on` is "none"."""
     if not datasets:
-        raise ValueError("no datasets to evaluate; read some with find_datasets(data_dir)")
+        raise InputError("no datasets to evaluate; read some with find_datasets(data_dir)")
     selections = resolve_layers(layers, encoder.n_layers)
     methods = resolve_methods(methods)
     sources = resolve_fit_sources(fit_on) if len(methods) > 1 else []
@@ -213,7 +214,8 @@ def evaluate_sts(
         for dataset in datasets:
             X = cache.pooled(selection, dataset.sentences, name=f"{dataset.name} sentence vectors")
             settings = {**context, "layer": selection.name, "layer_indexes": list(selection.indexes)}
-            records.extend(score_dataset(dataset, X, {**settings, "method": NO_CALIBRATION, "fit_on": NO_CALIBRATION, "n_fit_sentences": 0}))
+            records.extend(score_dataset(dataset, X, {**settings, "method": NO_CALIBRATION, "fit_on": NO_CALIBRATION, "n_fit_sentences": 0,
+                                                      "few_fit_rows": False}))
             reporter.advance("evaluate")
             for method in methods[1:]:
                 for source in sources:
@@ -224,7 +226,9 @@ def evaluate_sts(
                         if key not in fitted:
                             fitted[key] = make_calibrator(method, seed=seed).fit(corpus_vectors[source.name])
                         calibrator, n_fit = fitted[key], len(corpus_vectors[source.name])
-                    fit_settings = {**settings, "method": method, "fit_on": source.name, "n_fit_sentences": n_fit}
+                    # fewer than 2 sentences per dimension: the calibrator warned, and the tables mark the cell
+                    fit_settings = {**settings, "method": method, "fit_on": source.name, "n_fit_sentences": n_fit,
+                                    "few_fit_rows": calibrator.too_few_rows(n_fit, X.shape[1])}
                     records.extend(score_dataset(dataset, calibrator.transform(X), fit_settings))
                     reporter.advance("evaluate")
     return records
@@ -285,7 +289,7 @@ def run_sts(
         _require_shared(previous, shared, path=out)  # before the model runs
     encoder = load_encoder(model, device=device)
     if not isinstance(encoder, HFEncoder):
-        raise ValueError(f"{model} is not a transformers model; the STS evaluation pools tokenizer pieces, which ELMo has not")
+        raise InputError(f"{model} is not a transformers model; the STS evaluation pools tokenizer pieces, which ELMo has not")
     selections = resolve_layers(layers, encoder.n_layers)
     records = evaluate_sts(encoder, datasets, layers=selections, methods=methods, fit_on=sources or TRANSDUCTIVE,
                            include_special=include_special, seed=seed, progress=progress)
@@ -310,15 +314,16 @@ def _previous_results(out: str | os.PathLike[str]) -> dict[str, Any] | None:
     that is not STS results, is refused rather than overwritten."""
     out = Path(out)
     if out.name in rundir.RESERVED_NAMES and rundir.is_run(out.parent):
-        raise ValueError(f"--out {out}: {out.name} is a file of the run in {out.parent}; give another name, "
-                         f"such as {out.parent / rundir.STS.name}")
+        raise InputError(f"`out` {out}: {out.name} is a file of the run in {out.parent}; give another name, "
+                         f"such as {out.parent / rundir.STS.name}", param="out")
     try:
         document = rundir.read_json(out)
     except rundir.ResultFileError as error:
-        raise ValueError(f"--out {out} exists and is not STS results ({error}); give another --out or delete it") from None
+        raise InputError(f"`out` {out} exists and is not STS results ({error}); give another `out` or delete it",
+                         param="out") from None
     if document is not None and document.get("kind") != rundir.STS.kind:
-        raise ValueError(f"--out {out} holds results of kind {document.get('kind')!r}, not STS results; "
-                         "give another --out")
+        raise InputError(f"`out` {out} holds results of kind {document.get('kind')!r}, not STS results; "
+                         "give another `out`", param="out")
     return document
 
 
@@ -347,8 +352,8 @@ def _require_shared(document: dict[str, Any], settings: dict[str, Any], *, path:
     differ = [name for name in SHARED_SETTINGS if name in settings and held.get(name) != rundir.jsonable(settings[name])]
     if differ:
         values = "; ".join(f"{name} {held.get(name)!r} there, {settings[name]!r} here" for name in differ)
-        raise ValueError(f"{path} holds STS results with other settings ({values}); give another --out to keep "
-                         "both, or delete it")
+        raise InputError(f"{path} holds STS results with other settings ({values}); give another `out` to keep "
+                         "both, or delete it", param="out")
 
 
 def _settings_key(item: Any) -> str:

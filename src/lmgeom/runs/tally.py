@@ -16,13 +16,15 @@ block; it checks the chunk for NaN/inf instead.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from lmgeom.metrics.base import BlockAccumulator, RowBlock, as_float64_rows
+from lmgeom.errors import InputError
+from lmgeom.metrics.base import BlockAccumulator, NonFiniteRows, RowBlock, as_float64_rows
 from lmgeom.store import RepresentationStore
 
 # rows per chunk read from the store: 16k x 768 float64 is 100 MB, held once (the block) plus each
@@ -55,7 +57,7 @@ def row_range(store: RepresentationStore, rows: range | tuple[int, int] | None) 
         return range(store.n_tokens)
     start, stop = (rows.start, rows.stop) if isinstance(rows, range) else rows
     if not 0 <= start <= stop <= store.n_tokens:
-        raise ValueError(f"row range [{start}, {stop}) is outside the store's rows [0, {store.n_tokens})")
+        raise InputError(f"row range [{start}, {stop}) is outside the store's rows [0, {store.n_tokens})")
     return range(start, stop)
 
 
@@ -100,11 +102,33 @@ def stored_float_rows(chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(_stored_float_dtype(chunk.dtype), copy=False)
 
 
-def require_finite(chunk: np.ndarray, *, name: str, layer: int, row_offset: int) -> None:
-    """NaN/inf in stored rows is the error of `as_float64_rows` (naming the layer and store row),
-    without a float64 copy of rows that have none."""
+def require_finite(store: RepresentationStore, layer: int, chunk: np.ndarray, row_offset: int) -> None:
+    """NaN/inf in stored rows is an error naming the layer and store rows (`damaged_rows`), without a
+    float64 copy of rows that have none."""
     if not np.isfinite(chunk).all():
-        as_float64_rows(chunk, name=name, layer=layer, row_offset=row_offset)
+        with blaming(store, layer):
+            as_float64_rows(chunk, name=f"layer {layer} of {store.url}", layer=layer, row_offset=row_offset)
+
+
+@contextmanager
+def blaming(store: RepresentationStore, layer: int) -> Iterator[None]:
+    """Non-finite rows read from `store` are `damaged_rows`: the model's NaN/inf never reaches a
+    store (its writer refuses them), so they come from a damaged chunk file (or float16 overflow)."""
+    try:
+        yield
+    except NonFiniteRows as error:
+        raise damaged_rows(store, layer, error) from None
+
+
+def damaged_rows(store: RepresentationStore, layer: int, error: NonFiniteRows) -> InputError:
+    """The error for non-finite values in stored rows: which rows, and what to do."""
+    shown = ", ".join(map(str, error.rows)) + (f" and {error.count - len(error.rows)} more" if error.count > len(error.rows) else "")
+    message = (f"non-finite values (NaN or inf) in layer {layer} row{'s' if error.count > 1 else ''} {shown} of {store.url}: "
+               f"the store's chunk file may be damaged; run `lmgeom verify {store.url}` (lmgeom.store.verify_store)")
+    if store.layer(layer).dtype == np.float16:
+        message += ("; in this float16 store a value may also have overflowed float16 during extraction: "
+                    "re-extract with `dtype='float32'`")
+    return InputError(message, param="dtype")
 
 
 def stored_row_bytes(store: RepresentationStore) -> int:
@@ -116,7 +140,9 @@ def layer_chunks(store: RepresentationStore, layer: int, *, rows: range | tuple[
                  chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray]]:
     """(start_row, float64 rows) of a layer over `rows`; NaN/inf is an error naming the layer and store row."""
     for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
-        yield start, as_float64_rows(chunk, name=f"layer {layer} of {store.url}", layer=layer, row_offset=start)
+        with blaming(store, layer):
+            rows_64 = as_float64_rows(chunk, name=f"layer {layer} of {store.url}", layer=layer, row_offset=start)
+        yield start, rows_64
 
 
 class _Float64Rows:
@@ -158,9 +184,10 @@ def tally(store: RepresentationStore, layer: int, feeds: Sequence[Feed], *, rows
         for start, chunk in stored_chunks(store, layer, rows=rows, chunk_rows=chunk_rows):
             block: RowBlock | None = None
             if needs_block:
-                block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
+                with blaming(store, layer):
+                    block = RowBlock(to_float64(chunk), name=name, layer=layer, row_offset=start)
             else:
-                require_finite(chunk, name=name, layer=layer, row_offset=start)
+                require_finite(store, layer, chunk, start)
             _feed_chunk(feeds, start, chunk, block, on_host=to_float64.target is None)
 
 

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import EncodedSentence
 from lmgeom.store.reader import RepresentationStore
@@ -26,7 +27,7 @@ def write_store_from_arrays(
     n_rows = sum(len(words) for words in words_per_sentence)
     hidden = [np.asarray(h) for h in hidden]
     if not hidden or any(h.shape != (n_rows, hidden[0].shape[1]) for h in hidden):
-        raise ValueError(f"every layer must have shape (n_words={n_rows}, dim); got {[h.shape for h in hidden]}")
+        raise InputError(f"every layer must have shape (n_words={n_rows}, dim); got {[h.shape for h in hidden]}")
     corpus = Corpus.from_list([list(words) for words in words_per_sentence], name="arrays")
     settings = {
         "model_id": model_id, "n_layers": len(hidden), "dim": int(hidden[0].shape[1]), "pooling": "given",

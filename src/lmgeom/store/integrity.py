@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 import zarr
 from zarr.codecs import BytesCodec
 
+from lmgeom.errors import InputError
 from lmgeom.store import layout
 from lmgeom.store.location import Location
 
@@ -47,14 +48,14 @@ def reextract(meta: Mapping[str, Any]) -> str:
     """How to get an intact store again, naming what this one was extracted from."""
     what = ", ".join(f"{label} {meta[key]}" for label, key in (("model", "model_id"), ("corpus", "corpus_name"))
                      if meta.get(key) is not None)
-    return f"re-extract it: re-run the `lmgeom extract` command that wrote it{f' ({what})' if what else ''} with --overwrite"
+    return f"re-extract it: re-run the `lmgeom extract` command that wrote it{f' ({what})' if what else ''} with `overwrite=True`"
 
 
-class CorruptStore(ValueError):
+class CorruptStore(InputError):
     """A store file missing, damaged or not the store's: names the file (`problem`) and how to re-extract."""
 
     def __init__(self, store: Location, problem: str, meta: Mapping[str, Any]) -> None:
-        super().__init__(f"corrupt store {store}: {problem}; {reextract(meta)}")
+        super().__init__(f"corrupt store {store}: {problem}", fix=reextract(meta), param="overwrite")
         self.problem = problem
 
 
@@ -180,7 +181,7 @@ def verify_store(path: str | os.PathLike[str] | Location) -> Verification:
         raise FileNotFoundError(f"{location} is not an lmgeom store (no {layout.META}); create one with `lmgeom extract`")
     meta = location.read_json(layout.META)
     if not meta.get("complete"):
-        raise ValueError(f"{location} is an unfinished extraction; re-run the same `lmgeom extract` command to finish it")
+        raise InputError(f"{location} is an unfinished extraction; re-run the same `lmgeom extract` command to finish it")
     integrity = meta.get("integrity")
     result = Verification(location.url, checksums=isinstance(integrity, dict), advice=reextract(meta))
     files = location.files()

@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lmgeom.errors import InputError
+
 STORE_SCHEMA_VERSION = 1
 LAYER_NOTE = "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l"
 META = "meta.json"
@@ -86,4 +88,4 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"corrupt store: cannot read {path} ({error}); re-run the extraction with --overwrite") from None
+        raise InputError(f"corrupt store: cannot read {path} ({error}); re-run the extraction with `overwrite=True`", param="overwrite") from None

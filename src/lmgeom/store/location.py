@@ -23,6 +23,7 @@ import zarr
 from fsspec.implementations.local import LocalFileSystem
 from zarr.storage import FsspecStore, LocalStore
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write
 
 
@@ -51,7 +52,7 @@ class Location:
         try:
             fs, root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as error:
-            raise ValueError(f"cannot open {url}: {error}; install the fsspec package for its protocol "
+            raise InputError(f"cannot open {url}: {error}; install the fsspec package for its protocol "
                              "(s3fs for s3://, gcsfs for gs://)") from None
         return cls(fs, root.rstrip("/"), url)
 
@@ -63,7 +64,7 @@ class Location:
     def local_path(self) -> Path:
         """The folder as a local path; an object-store location has none."""
         if not self.is_local:
-            raise ValueError(f"{self.url} is not a local folder; give a local --out for result files")
+            raise InputError(f"{self.url} is not a local folder; give a local folder as `out` for result files", param="out")
         return Path(self.root)
 
     def path(self, *parts: str) -> str:
@@ -141,10 +142,10 @@ class Location:
         try:
             document = json.loads(self.read_bytes(*parts).decode("utf-8"))
         except (OSError, ValueError) as error:
-            raise ValueError(f"corrupt store: cannot read {self.child(*parts)} ({error}); "
-                             "re-run the extraction with --overwrite") from None
+            raise InputError(f"corrupt store: cannot read {self.child(*parts)} ({error}); "
+                             "re-run the extraction with `overwrite=True`", param="overwrite") from None
         if not isinstance(document, dict):
-            raise ValueError(f"corrupt store: {self.child(*parts)} holds no JSON object; re-run the extraction with --overwrite")
+            raise InputError(f"corrupt store: {self.child(*parts)} holds no JSON object; re-run the extraction with `overwrite=True`", param="overwrite")
         return document
 
     def write_parquet(self, table: pd.DataFrame, *parts: str) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 import psutil
 from typing_extensions import Self
 
+from lmgeom.errors import InputError
 from lmgeom.store import layout
 from lmgeom.store.location import Location
 
@@ -50,7 +51,7 @@ _PID_REUSE_SLACK_S = 2.0  # process start times are known to about a second; the
 _HELD: set[str] = set()  # tokens of the locks this process holds
 
 
-class StoreLockedError(ValueError):
+class StoreLockedError(InputError):
     """Another writer holds the store's lock."""
 
 
@@ -109,7 +110,7 @@ class StoreLock:
 
     def require_held(self) -> None:
         if not self.held:
-            raise ValueError(f"the writer of {self.location} is closed; open a new one to write there")
+            raise InputError(f"the writer of {self.location} is closed; open a new one to write there")
 
 
 class HoldsLock:

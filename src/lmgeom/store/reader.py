@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import zarr
 
+from lmgeom.errors import InputError, OutOfRange
 from lmgeom.store import layout
 from lmgeom.store.integrity import CorruptStore, open_checked_layer, table_problems
 from lmgeom.store.location import Location
@@ -47,9 +48,9 @@ class RepresentationStore:
         meta = location.read_json(layout.META)
         if not meta.get("complete"):
             if (writer := live_holder(location)) is not None:
-                raise ValueError(f"{location} is being written ({describe(writer)}); open it once that extraction has finished")
+                raise InputError(f"{location} is being written ({describe(writer)}); open it once that extraction has finished")
             done = location.read_json(layout.PROGRESS)["n_sentences"] if location.exists(layout.PROGRESS) else 0
-            raise ValueError(
+            raise InputError(
                 f"{location} is an unfinished extraction ({done or 'some'} sentences committed); re-run the same "
                 "`lmgeom extract` command to resume it"
             )
@@ -89,7 +90,7 @@ class RepresentationStore:
         """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches. Opening it checks that
         each of its chunk files exists and has its size (Zarr would read a missing one as zeros)."""
         if layer not in self.layers:
-            raise IndexError(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
+            raise OutOfRange(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
         if layer not in self._arrays:
             if "shards" in self.meta:  # written in shards: the parts the shard index names
                 self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer)
@@ -149,7 +150,7 @@ class RepresentationStore:
         """Row indexes where `word` occurs (exact match), in corpus order."""
         matches = self.vocab.index[self.vocab["word"] == word]
         if len(matches) == 0:
-            raise ValueError(f"word {word!r} does not occur in {self.url}")
+            raise InputError(f"word {word!r} does not occur in {self.url}")
         return self._rows_by_word_id[int(self.vocab.at[matches[0], "word_id"])]
 
     # ---- generation -------------------------------------------------------------------------
@@ -164,11 +165,11 @@ class RepresentationStore:
         before, after = self.meta.get("generation"), now.get("generation")
         if after != before or not now.get("complete"):
             change = f"generation {before} → {after}" if after != before else f"generation {before}, now incomplete"
-            raise ValueError(f"{self.url} was rewritten while it was being read ({change}); re-run the command")
+            raise InputError(f"{self.url} was rewritten while it was being read ({change}); re-run the command")
 
     def sentence_rows(self, sentence_id: int) -> np.ndarray:
         """Row indexes of one sentence's stored tokens."""
         if not 0 <= sentence_id < len(self.sentences):
-            raise IndexError(f"sentence {sentence_id} out of range 0..{len(self.sentences) - 1}")
+            raise OutOfRange(f"sentence {sentence_id} out of range 0..{len(self.sentences) - 1}")
         record = self.sentences.iloc[sentence_id]
         return np.arange(record["first_row"], record["first_row"] + record["n_tokens"], dtype=np.int64)

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import zarr
 
+from lmgeom.errors import InputError, OutOfRange
 from lmgeom._version import __version__
 from lmgeom.store import layout
 from lmgeom.store.integrity import CorruptStore, chunk_files, digests, inside, open_checked_layer, record
@@ -100,7 +101,7 @@ class ShardPartWriter:
             block = np.concatenate([e.vectors[layer] for e in encoded], axis=0) if encoded else np.empty((0, self.dim))
             if not np.isfinite(block).all():
                 bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
-                raise ValueError(f"layer {layer}, sentence {first_sentence + bad}: the model produced NaN/inf; "
+                raise InputError(f"layer {layer}, sentence {first_sentence + bad}: the model produced NaN/inf; "
                                  "use a float32 compute dtype")
             array.resize((first_row + n_rows, self.dim))
             array[first_row:] = block.astype(self.dtype, copy=False)
@@ -145,7 +146,7 @@ class ShardedStoreWriter(HoldsLock):
 
     def __init__(self, location: Location, *, settings: dict[str, Any], overwrite: bool = False) -> None:
         if settings.get("dtype") not in layout.STORAGE_DTYPES:
-            raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
+            raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
         self.location = location
         self.settings = dict(settings)
         self.lock = claim_out(location, overwrite=overwrite)
@@ -162,7 +163,8 @@ class ShardedStoreWriter(HoldsLock):
             stored = stored_settings(existing, self.settings)
             if stored != self.settings:
                 raise StoreExistsError(_settings_mismatch(location.url, stored, self.settings,
-                                                          complete=bool(existing.get("complete"))))
+                                                          complete=bool(existing.get("complete"))),
+                                       param=("overwrite", "out"))
             self.complete = bool(existing.get("complete"))
             self.created = str(existing.get("created"))
             self.generation = str(existing.get("generation") or uuid.uuid4().hex)
@@ -192,7 +194,7 @@ class ShardedStoreWriter(HoldsLock):
         manifests = self.finished()
         missing = [shard for shard in range(len(self.shards)) if shard not in manifests]
         if missing:
-            raise ValueError(f"{self.location}: shards {missing[:5]} are not written yet; re-run the extraction to write them")
+            raise InputError(f"{self.location}: shards {missing[:5]} are not written yet; re-run the extraction to write them")
         index, tokens, sentences, first_row = [], [], [], 0
         chunks: dict[str, str] = {}
         for shard in range(len(self.shards)):
@@ -270,7 +272,7 @@ class ShardedArray:
         rows = np.asarray(rows, dtype=np.int64)
         rows = np.where(rows < 0, rows + self.shape[0], rows)
         if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
-            raise IndexError(f"rows out of range [0, {self.shape[0]})")
+            raise OutOfRange(f"rows out of range [0, {self.shape[0]})")
         width = len(range(self.shape[1])[columns]) if isinstance(columns, slice) else len(np.atleast_1d(columns))
         out = np.empty((rows.size, width), dtype=self.dtype)
         owner = np.searchsorted(self.bounds, rows, side="right") - 1

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -17,6 +20,7 @@ import zarr
 from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
+from lmgeom.errors import InputError
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.atomic import atomic_write, atomic_write_text
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
 
 
-class StoreExistsError(ValueError):
+class StoreExistsError(InputError):
     """The output directory holds another run, or files that are not a store."""
 
 
@@ -58,7 +62,7 @@ def require_store_or_empty(location: Location) -> None:
     shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
     why = f"its {layout.META} is not one lmgeom wrote" if layout.META in entries else f"no {layout.META}"
     raise StoreExistsError(f"{location} is not empty and holds no lmgeom store ({why}): it holds {shown}; nothing "
-                           "was changed there. Choose another --out (a new or empty folder)")
+                           "was changed there. Choose another `out` (a new or empty folder)", param="out")
 
 
 def _holds_lmgeom_meta(location: Location) -> bool:
@@ -98,7 +102,7 @@ class StoreWriter(HoldsLock):
         self.settings = dict(settings)
         self.expected_rows = expected_rows
         if self.settings.get("dtype") not in layout.STORAGE_DTYPES:
-            raise ValueError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
+            raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
         layout.compressors(self.settings.get("compressor"))  # an unknown codec is refused before anything is written
         self.n_layers = int(self.settings["n_layers"])
         self.dim = int(self.settings["dim"])
@@ -115,7 +119,8 @@ class StoreWriter(HoldsLock):
             existing = layout.read_json(meta_path)
             stored = stored_settings(existing, self.settings)
             if stored != self.settings:
-                raise StoreExistsError(_settings_mismatch(self.path, stored, self.settings, complete=bool(existing.get("complete"))))
+                raise StoreExistsError(_settings_mismatch(self.path, stored, self.settings, complete=bool(existing.get("complete"))),
+                                       param=("overwrite", "out"))
             self.complete = bool(existing.get("complete"))
             self.created = existing.get("created")
             self.generation = existing.get("generation") or uuid.uuid4().hex
@@ -154,7 +159,7 @@ class StoreWriter(HoldsLock):
             try:
                 array = zarr.open_array(str(layout.layer_path(self.path, layer)), mode="r+")
             except Exception as error:  # zarr raises several types for a missing or broken array
-                raise ValueError(f"corrupt store: layer {layer} of {self.path} cannot be opened ({error}); re-run with --overwrite") from None
+                raise InputError(f"corrupt store: layer {layer} of {self.path} cannot be opened ({error}); re-run with `overwrite=True`", param="overwrite") from None
             if array.shape[0] != self.progress["n_tokens"]:
                 array.resize((self.progress["n_tokens"], self.dim))
             self.arrays.append(_without_empty_chunk_scan(array))
@@ -168,8 +173,12 @@ class StoreWriter(HoldsLock):
 
     def commit(self, encoded: Sequence[EncodedSentence], texts: Sequence[str]) -> None:
         """Append one chunk (rows to every layer, then its tables), then record it as committed."""
+        with disk_space(self.path):
+            self._commit(encoded, texts)
+
+    def _commit(self, encoded: Sequence[EncodedSentence], texts: Sequence[str]) -> None:
         if self.complete:
-            raise ValueError(f"{self.path} is complete; nothing more can be appended")
+            raise InputError(f"{self.path} is complete; nothing more can be appended")
         self.lock.require_held()
         first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
         n_rows = sum(len(e.words) for e in encoded)
@@ -177,7 +186,7 @@ class StoreWriter(HoldsLock):
         for layer, (array, block) in enumerate(zip(self.arrays, _chunk_rows(encoded, self.n_layers, self.dim))):
             if not np.isfinite(block).all():
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
-                raise ValueError(f"layer {layer}, row {bad}: the model produced NaN/inf; use a float32 compute dtype")
+                raise InputError(f"layer {layer}, row {bad}: the model produced NaN/inf; use `compute_dtype='float32'`", param="compute_dtype")
             array.resize((first_row + n_rows, self.dim))
             self._open_chunks[layer] = _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False),
                                                    self._open_chunks[layer], self._checksums[layer])
@@ -210,6 +219,10 @@ class StoreWriter(HoldsLock):
 
     def finalize(self, **extra_meta: Any) -> None:
         """Merge the chunk tables, build the vocabulary, mark the store complete, and release its lock."""
+        with disk_space(self.path):
+            self._finalize(**extra_meta)
+
+    def _finalize(self, **extra_meta: Any) -> None:
         if self.complete:
             self.close()
             return
@@ -294,14 +307,31 @@ def stored_settings(meta: dict[str, Any], requested: dict[str, Any]) -> dict[str
 _MODEL_SETTINGS = ("model_id", "model_class", "model_fingerprint", "n_layers", "dim")
 
 
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # numpy's tofile on a full disk (no errno)
+
+
+@contextlib.contextmanager
+def disk_space(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """A full disk or quota while writing into `folder` is an OSError (ENOSPC) that says which folder and
+    that the extraction resumes once space is freed (what was committed before stays)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT) and not (error.errno is None and _SHORT_WRITE.search(str(error))):
+            raise
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: the disk holding {folder} is full ({error}); "
+                      "free space there (or give another folder) and run the same extraction again: it resumes "
+                      "after the last chunk it committed") from None
+
+
 def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
     if not stored:  # the mark `_remove_store` leaves while it removes a store
-        return (f"{path} holds what is left of a store whose removal (--overwrite) was interrupted; pass --overwrite "
-                "again to remove the rest, or choose another --out")
+        return (f"{path} holds what is left of a store whose removal (`overwrite=True`) was interrupted; pass `overwrite=True` "
+                "again to remove the rest, or choose another `out`")
     changed = sorted(k for k in set(stored) | set(requested) if stored.get(k) != requested.get(k))
     run = "finished" if complete else "interrupted"
     if not any(key in _MODEL_SETTINGS for key in changed):
-        return f"{path} holds another run (different {', '.join(changed)}); pass --overwrite to replace it, or choose another --out"
+        return f"{path} holds another run (different {', '.join(changed)}); pass `overwrite=True` to replace it, or choose another `out`"
     parts = _fingerprint_parts(stored.get("model_fingerprint")), _fingerprint_parts(requested.get("model_fingerprint"))
     differing = [name for name in parts[0] if name in parts[1] and parts[0][name] != parts[1][name]]
     detail = f" (its {' and '.join(differing)} differ)" if differing else ""
@@ -309,7 +339,7 @@ def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict
         f"{path} holds an {run} run made with another model (different {', '.join(changed)}): the model "
         f"(weights, tokenizer or config) differs from the one the {run} run used{detail}, so its vectors cannot "
         f"be continued or mixed with this model's. Re-run with the model the {run} run used to resume it, "
-        "pass --overwrite (overwrite=True) to discard it and start again, or choose another --out"
+        "pass `overwrite=True` to discard it and start again, or choose another `out`"
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.calibrate import METHODS, make_calibrator
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import is_elmo_model
@@ -57,9 +58,9 @@ def parse_feature(spec: str, n_layers: int) -> tuple[str, list[int]]:
     if spec.startswith("layer:") and spec[6:].isdigit():
         layer = int(spec[6:])
         if not 0 <= layer < n_layers:
-            raise ValueError(f"--features {spec}: the model has layers 0-{n_layers - 1} (0 = its input layer)")
+            raise InputError(f"`features` {spec}: the model has layers 0-{n_layers - 1} (0 = its input layer)", param="features")
         return f"layer {layer}", [layer]
-    raise ValueError(f"unknown --features {spec!r}; give top, static, mix or layer:N")
+    raise InputError(f"unknown `features` {spec!r}; give top, static, mix or layer:N", param="features")
 
 
 def encoder_loader(model: str, device: str) -> Any:
@@ -97,11 +98,11 @@ def run_calibration(
     progress = progress or NoProgress()
     out = Path(out)
     if regime not in REGIMES:
-        raise ValueError(f"unknown --regime {regime!r}; choose one of {', '.join(REGIMES)}")
+        raise InputError(f"unknown `regime` {regime!r}; choose one of {', '.join(REGIMES)}", param="regime")
     methods = list(dict.fromkeys(["none", *methods]))
     unknown = [m for m in methods if m != "none" and m not in METHODS and m not in FINETUNE_ONLY_METHODS]
     if unknown:
-        raise ValueError(f"unknown calibration methods {unknown}; choose from none, {', '.join([*METHODS, *FINETUNE_ONLY_METHODS])}")
+        raise InputError(f"unknown calibration methods {unknown}; choose from none, {', '.join([*METHODS, *FINETUNE_ONLY_METHODS])}")
     for head in heads:
         head_settings(head, False)
     pooling_note(pooling)
@@ -109,12 +110,12 @@ def run_calibration(
     the_task = resolve_task(task, data)
     tagging = isinstance(the_task, TaggingTask)
     if tagging and regime != "frozen":
-        raise ValueError(f"--regime {regime}: {the_task.name} is a token-tagging task, and the fine-tuning regime "
-                         "fine-tunes a sentence head only; run it with --regime frozen")
+        raise InputError(f"`regime` {regime}: {the_task.name} is a token-tagging task, and the fine-tuning regime "
+                         "fine-tunes a sentence head only; run it with `regime='frozen'`", param="regime")
     if regime != "frozen" and is_elmo_model(model):
-        raise ValueError(f"--regime {regime}: {model} is an ELMo model, and the fine-tuning regime fine-tunes "
+        raise InputError(f"`regime` {regime}: {model} is an ELMo model, and the fine-tuning regime fine-tunes "
                          "transformers models only (ELMo is used frozen, through its learned scalar mix); "
-                         "run it with --regime frozen")
+                         "run it with `regime='frozen'`", param="regime")
     data_ = task_data(the_task, seed_list, max_train=max_train, max_eval=max_eval)
     out.mkdir(parents=True, exist_ok=True)
     cache = FeatureCache(out / "features", encoder_loader(model, device), model=model, progress=progress)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
 from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
@@ -90,7 +92,7 @@ def subsample(n: int, limit: int | None, seed: int) -> np.ndarray:
     if limit is None or limit >= n:
         return np.arange(n)
     if limit < 1:
-        raise ValueError(f"a subsample needs at least one row, got {limit}")
+        raise InputError(f"a subsample needs at least one row, got {limit}")
     return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
 
 
@@ -108,11 +110,11 @@ def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
     """An int N means seeds 0..N-1; a sequence is taken as is."""
     if isinstance(seeds, int):
         if seeds < 1:
-            raise ValueError(f"--seeds must be at least 1, got {seeds}")
+            raise InputError(f"`seeds` must be at least 1, got {seeds}", param="seeds")
         return list(range(seeds))
     chosen = [int(s) for s in seeds]
     if not chosen or len(set(chosen)) != len(chosen):
-        raise ValueError(f"--seeds needs distinct seeds, got {chosen}")
+        raise InputError(f"`seeds` needs distinct seeds, got {chosen}", param="seeds")
     return chosen
 
 
@@ -166,8 +168,14 @@ class CellStore:
         path = self.path(config, seed)
         if not path.exists():
             return None
-        document = json.loads(path.read_text(encoding="utf-8"))
-        return Cell(document["config"], document["seed"], document["records"], document["predictions"], document.get("extra", {}))
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+            return Cell(document["config"], document["seed"], document["records"], document["predictions"],
+                        document.get("extra", {}))
+        except (ValueError, KeyError, TypeError) as error:  # truncated (a crash mid-write of an old file) or not a cell
+            warnings.warn(f"experiment cell {path} is damaged ({type(error).__name__}: {error}); it is computed again",
+                          stacklevel=2)
+            return None
 
     def save(self, cell: Cell) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.base import Encoder
@@ -35,7 +37,7 @@ ENCODE_BATCH = 64
 
 def pooling_note(pooling: str) -> str:
     if pooling not in SENTENCE_POOLINGS:
-        raise ValueError(f"unknown sentence pooling {pooling!r}; choose one of {', '.join(SENTENCE_POOLINGS)}")
+        raise InputError(f"unknown sentence pooling {pooling!r}; choose one of {', '.join(SENTENCE_POOLINGS)}")
     return SENTENCE_POOLINGS[pooling]
 
 
@@ -129,9 +131,17 @@ class FeatureCache:
         index = folder / "index.json"
         if not index.exists():
             return None
-        document = json.loads(index.read_text(encoding="utf-8"))
-        layers = [np.load(folder / f"layer_{layer:02d}.npy", mmap_mode="r") for layer in range(document["n_layers"])]
-        return CachedVectors(document["n_layers"], dict(zip(document["keys"], document["rows"])), layers)
+        try:
+            document = json.loads(index.read_text(encoding="utf-8"))
+            layers = [np.load(folder / f"layer_{layer:02d}.npy", mmap_mode="r") for layer in range(document["n_layers"])]
+            rows = dict(zip(document["keys"], document["rows"]))
+            if any(len(layer) <= max(rows.values(), default=-1) for layer in layers):
+                raise ValueError("a layer file has fewer rows than the index lists")
+        except (OSError, ValueError, KeyError, TypeError) as error:  # truncated or foreign files: encode again
+            warnings.warn(f"feature cache {folder} is damaged ({type(error).__name__}: {error}); its vectors are "
+                          "computed again", stacklevel=2)
+            return None
+        return CachedVectors(document["n_layers"], rows, layers)
 
     # ---- encoding -------------------------------------------------------------------------
     def _encode_sentences(self, texts: list[str], pooling: str) -> list[np.ndarray]:
@@ -144,7 +154,7 @@ class FeatureCache:
         pooled = []
         for text, sentence in zip(texts, encoded):
             if sentence.vectors.shape[1] == 0:
-                raise ValueError(f"sentence {text!r} has no words the model could read")
+                raise InputError(f"sentence {text!r} has no words the model could read")
             words = sentence.vectors[:, ~sentence.is_special]
             pooled.append(words.mean(axis=1, keepdims=True) if pooling == "mean" else words[:, -1:])
         return pooled
@@ -155,7 +165,7 @@ class FeatureCache:
         for words, sentence in zip(sentences, encoded):
             kept = sentence.vectors[:, ~sentence.is_special]
             if kept.shape[1] != len(words):
-                raise ValueError(f"the model gave {kept.shape[1]} word vectors for the {len(words)} words of {' '.join(words)!r}")
+                raise InputError(f"the model gave {kept.shape[1]} word vectors for the {len(words)} words of {' '.join(words)!r}")
             vectors.append(kept)
         return vectors
 
@@ -169,7 +179,7 @@ def _take(cached: CachedVectors, rows: np.ndarray, layers: Sequence[int] | None)
     chosen = range(cached.n_layers) if layers is None else layers
     bad = [layer for layer in chosen if not 0 <= layer < cached.n_layers]
     if bad:
-        raise ValueError(f"layer {bad[0]} does not exist: the model has layers 0-{cached.n_layers - 1} (0 = its input layer)")
+        raise InputError(f"layer {bad[0]} does not exist: the model has layers 0-{cached.n_layers - 1} (0 = its input layer)")
     return np.stack([np.asarray(cached.layers[layer][rows]) for layer in chosen])
 
 

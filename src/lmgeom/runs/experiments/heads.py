@@ -15,6 +15,7 @@ import torch
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
+from lmgeom.errors import InputError
 from lmgeom.mix import ScalarMix
 
 HEADS = ("logreg", "mlp")
@@ -41,7 +42,7 @@ def head_settings(head: str, regression: bool) -> dict[str, Any]:
     if head == "mlp":
         return {"head": "mlp", "regularisation": f"one hidden layer of {MLP_HIDDEN} (relu), L2 alpha={MLP_ALPHA}, "
                 f"early stopping on a seeded {VALIDATION_FRACTION:.0%} slice of train"}
-    raise ValueError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
+    raise InputError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
 
 
 def fit_predict_sklearn(head: str, regression: bool, X_train: np.ndarray, y_train: np.ndarray,
@@ -55,7 +56,7 @@ def fit_predict_sklearn(head: str, regression: bool, X_train: np.ndarray, y_trai
         model = kind(hidden_layer_sizes=(MLP_HIDDEN,), alpha=MLP_ALPHA, early_stopping=True,
                      validation_fraction=VALIDATION_FRACTION, max_iter=200, random_state=seed)
     else:
-        raise ValueError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
+        raise InputError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
     model.fit(X_train.astype(np.float64), y_train)
     return {split: model.predict(X.astype(np.float64)) for split, X in X_eval.items()}
 
