@@ -55,7 +55,7 @@ def parse_mix_l2(text: str) -> list[float | None]:
         try:
             values.append(None if item.lower() == "none" else float(item))
         except ValueError:
-            raise ValueError(f"--mix-l2 takes a comma list of numbers >= 0 or none (e.g. 1,0.001), got {item!r}") from None
+            raise InputError(f"--mix-l2 takes a comma list of numbers >= 0 or none (e.g. 1,0.001), got {item!r}") from None
     return values
 
 
@@ -63,7 +63,7 @@ def parse_on_off(text: str, option: str) -> list[bool]:
     choices = {"off": False, "on": True}
     unknown = [item for item in split_list(text) if item.lower() not in choices]
     if unknown:
-        raise ValueError(f"{option} takes a comma list of off and on (e.g. off,on), got {unknown[0]!r}")
+        raise InputError(f"{option} takes a comma list of off and on (e.g. off,on), got {unknown[0]!r}")
     return [choices[item.lower()] for item in split_list(text)]
 
 

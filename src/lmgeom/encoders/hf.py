@@ -151,7 +151,7 @@ class HFEncoder:
         self._norm_input: list[torch.Tensor] = []  # the final norm's input in the last forward pass (--before-final-norm)
         if before_final_norm:
             if self.last_layer["position"] != "after final norm":
-                raise ValueError(f"{model_id}: --before-final-norm applies to models whose last hidden state is after "
+                raise InputError(f"{model_id}: `before_final_norm` applies to models whose last hidden state is after "
                                  f"their final norm, but here: {self.last_layer['why']}; leave it out")
             found = final_norm(model)
             assert found is not None  # the last layer was found after it

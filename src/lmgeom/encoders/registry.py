@@ -109,7 +109,7 @@ def model_compute_dtype(name_or_path: str, device: torch.device, dtype: str | No
     if name_or_path in COMPUTE_DTYPES:
         default, why = COMPUTE_DTYPES[name_or_path]
         if dtype == "float16":
-            raise ValueError(f"model {name_or_path} cannot compute in float16 (--compute-dtype float16): {why}; "
+            raise InputError(f"model {name_or_path} cannot compute in float16 (`compute_dtype='float16'`): {why}; "
                              "use --compute-dtype bfloat16 or float32")
         if dtype is None and device.type == "cuda":
             dtype = default
@@ -176,7 +176,7 @@ def load_encoder(
         from lmgeom.encoders.cache import load_converted
 
         if gguf_file or revision:
-            raise ValueError("--gguf-file and --revision do not apply to model gemma3 (its GGUF file is converted once "
+            raise InputError("`gguf_file` and `revision` do not apply to model gemma3 (its GGUF file is converted once "
                              "into lmgeom's cache folder); give a folder holding another GGUF file as the model instead")
         folder, sha256 = gemma3_folder()
         model, tokenizer = load_converted(folder, compute_dtype)

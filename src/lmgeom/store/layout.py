@@ -63,7 +63,8 @@ def compressors(name: str | None) -> tuple[Any, ...] | None:
     if name is None:
         return None
     if name not in COMPRESSORS:
-        raise ValueError(f"unknown --compress {name!r}; use one of {', '.join(COMPRESSORS)}, or leave it out for raw chunks")
+        raise InputError(f"unknown `compress` {name!r}; use one of {', '.join(COMPRESSORS)}, or leave it out for raw chunks",
+                         param="compress")
     from zarr.codecs import ZstdCodec
 
     return (ZstdCodec(level=3),)

@@ -284,11 +284,11 @@ def require_storable(encoded: Sequence[EncodedSentence], dtype: str, *, first_se
     layer = int(beyond[0])
     sentence = int(np.argmax(peaks[:, layer]))
     others = f" (and {len(beyond) - 1} more layers: {', '.join(map(str, beyond[1:6]))}{', ...' if len(beyond) > 6 else ''})"
-    raise ValueError(
-        f"--dtype float16 cannot store layer {layer}: its largest absolute value, {peaks[sentence, layer]:,.1f} "
+    raise InputError(
+        f"`dtype='float16'` cannot store layer {layer}: its largest absolute value, {peaks[sentence, layer]:,.1f} "
         f"(sentence {first_sentence + sentence}), is beyond float16's range (65,504) and would be stored as inf"
-        f"{others if len(beyond) > 1 else ''}; store float32 (--dtype float32, with --overwrite to replace this "
-        "unfinished float16 store)"
+        f"{others if len(beyond) > 1 else ''}; store float32 (`dtype='float32'`, with `overwrite=True` to replace this "
+        "unfinished float16 store)", param=("dtype", "overwrite"),
     )
 
 

@@ -90,7 +90,7 @@ class ProbeOptions:
 
     def __post_init__(self) -> None:
         if self.mix_l2 is not None and not (np.isfinite(self.mix_l2) and self.mix_l2 >= 0):
-            raise ValueError(f"--mix-l2 must be a number >= 0, got {self.mix_l2}")
+            raise InputError(f"`mix_l2` must be a number >= 0, got {self.mix_l2}", param="mix_l2")
 
     def describe(self) -> str:
         return (f"linear, Adam lr={self.learning_rate}, weight decay={self.weight_decay}, at most {self.epochs} epochs, "

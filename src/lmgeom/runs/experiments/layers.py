@@ -34,6 +34,7 @@ from lmgeom.runs.experiments.core import (
 )
 from lmgeom.runs.experiments.features import FeatureCache, pooling_note
 from lmgeom.runs.experiments.heads import RAW_NOTE, STANDARDIZE_NOTE, ProbeOptions, fit_probe
+from lmgeom.errors import InputError
 
 DEFAULT_FEATURES = ("layer:all", "top", "mix", "static")
 
@@ -86,7 +87,7 @@ def run_layers(
     progress = progress or NoProgress()
     mix_variants = list(dict.fromkeys((None if l2 is None else float(l2), bool(ln)) for l2 in mix_l2 for ln in mix_layer_norm))
     if not mix_variants:
-        raise ValueError("--mix-l2 and --mix-layer-norm need at least one value each")
+        raise InputError("`mix_l2` and `mix_layer_norm` need at least one value each", param=("mix_l2", "mix_layer_norm"))
     probe = dataclasses.replace(probe, standardize=standardize)
     out = Path(out)
     pooling_note(pooling)
