@@ -95,7 +95,7 @@ def test_before_final_norm_stores_the_norms_input(tmp_path, name, norm):
     assert store.meta["last_layer"]["position"] == "before final norm"
     with pytest.raises(StoreExistsError, match="last_layer"):  # a resume with the other choice is refused
         extract(after, corpus, tmp_path / "before")
-    with pytest.raises(ValueError, match="--before-final-norm applies to models whose last hidden state is after"):
+    with pytest.raises(ValueError, match="`before_final_norm` applies to models whose last hidden state is after"):
         load_encoder("tiny-bert", device="cpu", before_final_norm=True)
 
 

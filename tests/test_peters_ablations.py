@@ -51,7 +51,7 @@ def test_the_lambda_term_is_bilm_tf_l2_coef_times_the_sum_of_squared_weights() -
     groups = probe.parameter_groups(1e-4)  # with a lambda the mix is out of the weight decay, as in bilm-tf
     assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]
     assert {id(p) for p in groups[1]["params"]} == {id(probe.mix.weights), id(probe.mix.gamma)}
-    with pytest.raises(ValueError, match="--mix-l2 must be a number >= 0"):
+    with pytest.raises(ValueError, match="`mix_l2` must be a number >= 0"):
         ProbeOptions(mix_l2=-1.0)
 
 

@@ -165,7 +165,7 @@ def test_resume_with_another_model_is_refused_with_a_clear_message(tmp_path: Pat
         extract(load_encoder("tiny-gpt2", device="cpu"), corpus, out, chunk_sentences=6)
     message = str(raised.value)
     assert "the model (weights, tokenizer or config) differs from the one the interrupted run used" in message
-    assert "model_id" in message and "--overwrite" in message
+    assert "model_id" in message and "`overwrite=True`" in message
 
     model, tokenizer = tiny_model("tiny-bert")
     with torch.no_grad():

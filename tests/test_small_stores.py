@@ -106,7 +106,7 @@ def test_compressed_store_reads_back_bit_identical_and_verifies(tmp_path, encode
 
 
 def test_unknown_compressor_is_refused_before_anything_is_written(tmp_path, encoder):
-    with pytest.raises(ValueError, match="--compress"):
+    with pytest.raises(ValueError, match="unknown `compress` 'gzip'"):
         extract(encoder, lee().head(2), tmp_path / "s", compress="gzip")
     assert not (tmp_path / "s" / layout.META).exists()
 

@@ -128,10 +128,11 @@ class LineProgress:
         if not finished and state.done > 0 and state.total > state.done:
             parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
         line = f"{stage}: " + ", ".join(parts)
-        if note:  # the note (a rate, a layer) is cut to the console's width; counts and times never are
-            room = console.width - len(line) - 2
-            line += "; " + (note if len(note) <= room else note[: max(room - 1, 0)] + "…")
+        if note and len(line) + 2 + len(note) <= console.width:
+            line, note = f"{line}; {note}", ""
         console.print(escape(line), soft_wrap=True, highlight=False)
+        if note:  # the note (a rate, a layer) on a line of its own rather than past the console's width
+            console.print(escape(f"  {note}"), soft_wrap=True, highlight=False)
 
 
 @dataclasses.dataclass
@@ -201,10 +202,10 @@ def user_errors() -> Iterator[None]:
     except Exception as error:
         if not is_user_error(error):
             traceback.print_exc(file=sys.stderr)
-            console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}")
+            console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}", soft_wrap=True)
             raise typer.Exit(code=1) from None
         message = cli_message(error) if isinstance(error, InputError) else str(error)
-        console.print(f"[bold red]error:[/] {escape(message)}")
+        console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # one line, for logs and grep
         raise typer.Exit(code=2) from None
 
 
