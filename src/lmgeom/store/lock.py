@@ -35,7 +35,7 @@ import uuid
 import weakref
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 from typing_extensions import Self
@@ -117,6 +117,15 @@ class HoldsLock:
     """A writer holding a `StoreLock` (`lock`): `close` releases it, as does leaving a `with` block."""
 
     lock: StoreLock
+
+    def _hold(self, lock: StoreLock, open_store: Callable[[], None]) -> None:
+        """Keep `lock` and open the store under it; the lock is released if opening fails."""
+        self.lock = lock
+        try:
+            open_store()
+        except BaseException:
+            lock.release()
+            raise
 
     def close(self) -> None:
         self.lock.release()

@@ -149,12 +149,7 @@ class ShardedStoreWriter(HoldsLock):
             raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
         self.location = location
         self.settings = dict(settings)
-        self.lock = claim_out(location, overwrite=overwrite)
-        try:
-            self._open()
-        except BaseException:
-            self.lock.release()
-            raise
+        self._hold(claim_out(location, overwrite=overwrite), self._open)
 
     def _open(self) -> None:
         location = self.location

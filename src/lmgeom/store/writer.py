@@ -106,12 +106,7 @@ class StoreWriter(HoldsLock):
         layout.compressors(self.settings.get("compressor"))  # an unknown codec is refused before anything is written
         self.n_layers = int(self.settings["n_layers"])
         self.dim = int(self.settings["dim"])
-        self.lock = claim_out(Location.of(self.path), overwrite=overwrite)
-        try:
-            self._open()
-        except BaseException:
-            self.lock.release()
-            raise
+        self._hold(claim_out(Location.of(self.path), overwrite=overwrite), self._open)
 
     def _open(self) -> None:
         meta_path = self.path / layout.META
