@@ -11,22 +11,20 @@ from lmgeom.calibrate import FIT_MAX_ROWS, METHOD_NAMES
 from lmgeom.cli.common import RichProgress, console, split_list, user_errors
 from lmgeom.store.layout import LAYER_NOTE
 
-TABLE_MEASURES = {
-    "log_partition_isotropy": "log I(W)",
-    "isoscore": "IsoScore",
-    "average_cosine": "avg cos",
-    "effective_rank": "eff. rank",
-}
+TABLE_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine", "effective_rank")
+"""The calibration table's measures, labelled as the report labels them (`lmgeom.report.labels`)."""
 
 
 def print_records(records: list[dict[str, Any]]) -> None:
     """Per layer, the isotropy before calibration ("none") and after each method: a table that fits
     80 columns; every measure is in calibration.csv."""
+    from lmgeom.report.labels import label
+
     table = Table(title=f"Isotropy before (none) and after calibration ({LAYER_NOTE})")
     table.add_column("layer", justify="right")
     table.add_column("method")
-    for label in TABLE_MEASURES.values():
-        table.add_column(label, justify="right")
+    for measure in TABLE_MEASURES:
+        table.add_column(label(measure), justify="right")
     rows: dict[tuple[int, str], dict[str, float]] = {}
     for record in records:
         if record["measure"] in TABLE_MEASURES:
