@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
-
-# OpenMP threads (torch's and OpenBLAS's) that wait for work sleep instead of spinning, unless the user
-# chose otherwise: on a CPU shared with other processes, spinning threads take the cores from the ones
-# with work (docs/performance.md, "Threads"). Set before any command imports torch; workers inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 app = typer.Typer(
     name="lmgeom",
