@@ -97,3 +97,28 @@ def synthetic_layers(seed: int) -> tuple[np.ndarray, np.ndarray]:
     layers = rng.normal(size=(3000, 3, 1, 4))
     layers[:, 1, 0, :3] += 4.0 * np.eye(3)[labels]
     return layers.astype(np.float32), labels
+
+
+BANK_SENTENCES = [
+    "the bank of the river was steep .".split(),
+    "a bank gave the loan , and the bank closed".split(),
+    "the river ran by the bank".split(),
+    "she sat on the bank of a river".split(),
+    "the loan from the bank was large".split(),
+    "a river and a bank".split(),
+]
+"""Six pre-split sentences in which 'bank' and 'river' recur: a small store's corpus."""
+
+
+class RecordedProgress:
+    """A `Progress` that keeps every note it is given."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        pass
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        self.notes.append(note)
+

@@ -21,22 +21,11 @@ from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
 from lmgeom.store import layout, write_store_from_arrays
 from lmgeom.store.location import Location
 
-from helpers import synthetic_store
+from helpers import RecordedProgress, synthetic_store
 
 ANALYSIS = sys.modules["lmgeom.runs.analysis"]
 COUNTS = {f"often{i}": 150 for i in range(3)} | {f"rare{i}": 4 + i % 7 for i in range(60)}
 SMALL_BUDGET_MB = 0.02  # several MEV word groups: all but the first go through a worker's spools
-
-
-class RecordedProgress:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
-        pass
-
-    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-        self.notes.append(note)
 
 
 @pytest.fixture

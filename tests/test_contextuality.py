@@ -32,6 +32,7 @@ from lmgeom.metrics.base import load_states, save_states
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.runs import analyze_store
 from lmgeom.store import layout, write_store_from_arrays
+from helpers import BANK_SENTENCES
 
 
 # ---- slow, obviously correct references --------------------------------------------------------
@@ -272,14 +273,7 @@ def test_nan_rows_name_the_row(rng):
 
 # ---- the store-level driver --------------------------------------------------------------------
 
-SENTENCES = [
-    "the bank of the river was steep .".split(),
-    "a bank gave the loan , and the bank closed".split(),
-    "the river ran by the bank".split(),
-    "she sat on the bank of a river".split(),
-    "the loan from the bank was large".split(),
-    "a river and a bank".split(),
-]
+SENTENCES = BANK_SENTENCES
 
 
 def synthetic_layers(rng, n_layers=3, dim=8):

@@ -36,18 +36,12 @@ from lmgeom.store import lock as store_lock
 from lmgeom.store.layout import LOCK, META
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter
+from helpers import BANK_SENTENCES, RecordedProgress
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SETTINGS = {"model_id": "synthetic", "n_layers": 2, "dim": 3, "dtype": "float32"}
 SHARDED = {**SETTINGS, "n_corpus_sentences": 4, "shard_sentences": 2}
-SENTENCES = [
-    "the bank of the river was steep .".split(),
-    "a bank gave the loan , and the bank closed".split(),
-    "the river ran by the bank".split(),
-    "she sat on the bank of a river".split(),
-    "the loan from the bank was large".split(),
-    "a river and a bank".split(),
-]
+SENTENCES = BANK_SENTENCES
 runner = CliRunner()
 
 
@@ -278,17 +272,6 @@ _WRITER = """
 """
 
 
-class Notes:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
-        pass
-
-    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-        self.notes.append(note)
-
-
 def test_a_second_extraction_is_refused_while_the_first_runs_and_resumes_after_kill_9(tmp_path):
     out, ready = tmp_path / "run", tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
@@ -313,7 +296,7 @@ def test_a_second_extraction_is_refused_while_the_first_runs_and_resumes_after_k
         first.wait()
     assert json.loads((out / LOCK).read_text())["pid"] == first.pid  # left behind by the killed writer
 
-    notes = Notes()
+    notes = RecordedProgress()
     resumed = extract(encoder, corpus, out, chunk_sentences=8, progress=notes)
     assert notes.notes[0] == "resumed" and len(notes.notes) == 1 + 4  # chunk 1 of 5 was kept; 4 written now
     assert not (out / LOCK).exists() and resumed.meta["complete"]
