@@ -129,5 +129,44 @@ def layers_command(
     console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
 
 
+@experiment_app.command("wsd")
+def wsd_command(
+    model: str = typer.Option(..., "--model", help="a named model (elmo-brown, minilm, ...) or a folder"),
+    data: Path = typer.Option(..., "--data", help="the WSD evaluation framework, e.g. ../shared/data/WSD_Evaluation_Framework"),
+    out: Path = typer.Option(..., "--out", "-o", help="experiment folder: results.json, predictions.csv, feature cache"),
+    layers: str = typer.Option("all", "--layers", help="all, or a comma list of layers (0 = the input layer)"),
+    wordnet: Optional[Path] = typer.Option(None, "--wordnet", help="WordNet 3.0's database folder (default $WNSEARCHDIR, then Debian's wordnet-base)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
+) -> None:
+    """Word sense disambiguation per layer (Peters et al. 2018, Table 5): nearest sense vector, WordNet's first sense as back-off."""
+    from lmgeom.runs.experiments import run_wsd
+
+    with user_errors(), RichProgress() as progress:
+        document = run_wsd(model, data, out=out, layers=parse_layers(layers), wordnet=wordnet, device=device, progress=progress)
+    table = Table(title=f"{model}: WSD F1 (x 100), leave one dataset out")
+    names = [*document["settings"]["datasets"], "ALL"]
+    for column in ("system", *names):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    coverage = document["coverage"]
+    table.add_row("covered", *[f"{coverage[n]['covered']}/{coverage[n]['instances']}" for n in names])
+    for row in document["scores"]:
+        table.add_row(row["label"], *[f"{100 * row['f1'][n]:.1f}" for n in names])
+    console.print(table)
+    for test in document["tests"]:
+        console.print(f"{test['comparison']} ({test['subset']}): {test['only_first']} vs {test['only_second']} "
+                      f"instances only one gets right, exact McNemar p {test['p_value']:.3g}")
+    console.print(f"wrote {out / 'results.json'} and {out / 'predictions.csv'}")
+
+
+def parse_layers(text: str) -> list[int] | None:
+    """`all` (None) or a comma list of layer numbers."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return [int(item) for item in split_list(text)]
+    except ValueError:
+        raise InputError(f"--layers takes all or a comma list of layer numbers (e.g. 1,2), got {text!r}") from None
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(experiment_app, name="experiment")

@@ -1,6 +1,6 @@
 """Downstream experiments with seeds and paired tests: `run_calibration` (does isotropy calibration
 help a task? Ding et al. 2022) and `run_layers` (which layer or learned layer mix serves a task?
-Peters et al. 2018). Both write results.json (records + summaries), results.md and figures to their
+Peters et al. 2018), and `run_wsd` (Peters et al.'s word sense disambiguation per layer). The first two write results.json (records + summaries), results.md and figures to their
 folder, cache frozen features there, and skip finished (configuration, seed) cells when re-run.
 See docs/experiments.md."""
 
@@ -9,5 +9,6 @@ from __future__ import annotations
 from lmgeom.runs.experiments.calibration import run_calibration
 from lmgeom.runs.experiments.core import ExperimentResult
 from lmgeom.runs.experiments.layers import run_layers
+from lmgeom.runs.experiments.wsd import run_wsd
 
-__all__ = ["ExperimentResult", "run_calibration", "run_layers"]
+__all__ = ["ExperimentResult", "run_calibration", "run_layers", "run_wsd"]
