@@ -26,4 +26,10 @@ if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-g
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
     || echo "note: could not install chromium with apt-get; the browser test will be skipped"
 fi
+# WordNet 3.0's database files (Debian's wordnet-base) give `lmgeom experiment wsd` its first-sense
+# back-off; without them that experiment says what is missing and everything else works.
+if [ ! -f /usr/share/wordnet/index.noun ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null 2>&1 \
+    || echo "note: could not install wordnet-base with apt-get; lmgeom experiment wsd will need --wordnet DIR"
+fi
 python -c "import lmgeom, torch; print(f'lmgeom {lmgeom.__version__} installed (torch {torch.__version__})')"
