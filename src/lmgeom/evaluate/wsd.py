@@ -7,7 +7,8 @@
 - Method (Peters et al.): a sense's vector is the mean of the vectors of its tagged training
   occurrences (an occurrence tagged with several keys counts for each); a test instance takes the
   sense of its lemma and POS whose vector is nearest by cosine (`SenseVectors.predict`); an instance
-  whose lemma and POS no training occurrence has gets WordNet's first sense (`FirstSense`).
+  whose lemma and POS no training occurrence has gets WordNet's first sense (`FirstSense`). The
+  lemma's most frequent training sense (`SenseVectors.most_frequent`) is the baseline without vectors.
 - Scoring as the framework's `Scorer.java`: an instance answered with k keys earns (its keys in the
   gold set) / k; P = earned / answered, R = earned / gold instances, F1 = 2PR / (P + R) (`score`).
 - Paired comparison of two systems on the same instances: the exact McNemar test (a two-sided
@@ -164,6 +165,15 @@ class SenseVectors:
                 continue
             cosines = unit[candidates] @ (row / max(float(np.linalg.norm(row)), 1e-300))
             answers.append(self.keys[candidates[int(np.argmax(cosines))]])  # ties: the first sense seen
+        return answers
+
+    def most_frequent(self, instances: Sequence[Instance]) -> list[str | None]:
+        """The sense of each instance's lemma and POS with the most training occurrences (a baseline
+        that uses no vectors); None where the lemma has none."""
+        answers: list[str | None] = []
+        for instance in instances:
+            candidates = self.by_lemma.get(instance.lemma_key)
+            answers.append(None if not candidates else self.keys[max(candidates, key=lambda j: self.counts[j])])
         return answers
 
 
