@@ -40,10 +40,19 @@ BENCHMARKS = {"SimLex999": "simlex999", "MEN": "men", "WS353": "wordsim353", "RW
               "MSR": "msr_analogies", "SemEval2012(2)": "semeval2012_2", "BLESS": "bless", "AP": "ap"}
 
 
-def reference_folder() -> Path:
+def _reference_path() -> Path:
     shared = Path(os.environ["LMGEOM_DATA"]).parent if os.environ.get("LMGEOM_DATA") else ROOT.parent / "shared"
-    folder = shared / "reference" / "ethayarajh2019"
-    if not folder.exists():
+    return shared / "reference" / "ethayarajh2019"
+
+
+def reference_folder_exists() -> bool:
+    return _reference_path().is_dir()
+
+
+def reference_folder() -> Path:
+    """shared/reference/ethayarajh2019 (next to shared/data, which LMGEOM_DATA may name)."""
+    folder = _reference_path()
+    if not folder.is_dir():
         raise SystemExit(f"{folder} does not exist: the paper's released statistics live in shared/reference/ethayarajh2019")
     return folder
 
@@ -84,7 +93,9 @@ def measure_table(name: str) -> str:
         stats = released()
         for model in PAPER_MODELS:
             values = stats[(stats.model == model) & (stats.metric == paper_metric)].set_index("layer")["value"]
-            rows.append([model, "released (kawine/contextual)", *[number(values.get(layer)) for layer in LAYERS]])
+            last = int(stats[stats.model == model]["layer"].max())
+            rows.append([model, "released (kawine/contextual)",
+                         *[number(values.get(layer)) if layer <= last else "" for layer in LAYERS]])
     for run, label in RUNS:
         records = contextuality(run)
         for variant, metric, field in ours:

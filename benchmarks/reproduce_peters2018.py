@@ -168,9 +168,10 @@ def wsd_tables() -> dict[str, str]:
     tests = []
     for test in document["tests"]:
         tests.append([test["comparison"], test["subset"], f"{test['n']:,}", f"{test['only_first']:,}",
-                      f"{test['only_second']:,}", f"{test['p_value']:.3g}"])
+                      f"{test['only_second']:,}", f"{test['p_value']:.3g}",
+                      p_text(test["p_holm"], test["p_holm"] < 0.05)])
     test_table = markdown(["comparison (first vs second)", "instances", "n", "only first correct", "only second correct",
-                           "exact McNemar p (two-sided)"], tests, align="llrrrr")
+                           "exact McNemar p (two-sided)", "p (Holm)"], tests, align="llrrrrr")
     return {"wsd-f1": table, "wsd-tests": test_table}
 
 

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmgeom.errors import InputError, MissingInput
+from lmgeom.evaluate.stats import holm
 from lmgeom.evaluate.wsd import FirstSense, SenseVectors, WSDDataset, correct, mcnemar_exact, read_wsd_dataset, score
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.experiments.calibration import encoder_loader
@@ -106,6 +107,10 @@ def run_wsd(
         tests.append({"comparison": f"{one} vs {other}", "subset": "ALL, covered", "n": result.n, "only_first": result.only_first,
                       "only_second": result.only_second, "p_value": result.p_value,
                       "test": "exact McNemar (two-sided binomial on the discordant instances)"})
+    for family in ("layers", "baselines"):  # Holm within each family: layer against layer, layer against a baseline
+        members = [t for t in tests if ("layer " in t["comparison"].split(" vs ")[1]) == (family == "layers")]
+        for test, adjusted in zip(members, holm([t["p_value"] for t in members])):
+            test["family"], test["p_holm"] = family, float(adjusted)
     coverage = {name: {"covered": int(np.sum(mask & covered)), "instances": int(np.sum(mask))} for name, mask in subsets.items()}
     settings = {"model": model, "data": str(data), "datasets": names, "layers": chosen, "wordnet": str(first_sense.directory),
                 "protocol": "Peters et al. (2018): a sense's vector is the mean of its tagged occurrences; a test instance "

@@ -1,0 +1,105 @@
+"""The tables of docs/reproduction/ding2022.md (Ding et al. 2022, the downstream calibration
+experiment) and docs/reproduction/calibration.md (STS and isotropy calibration) from committed files.
+
+    python benchmarks/reproduce_ding2022.py           writes the marked blocks into the docs
+    python benchmarks/reproduce_ding2022.py --check   exits 1 if a doc differs from the files
+
+Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json)
+and `lmgeom sts` results (docs/reproduction/results/sts-*/sts.json); each folder's README.md lists
+the command that produced it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reproduce_common import RESULTS, Documents, load_json, main, markdown, number, p_text, results  # noqa: E402
+
+DING = "docs/reproduction/ding2022.md"
+CALIBRATION = "docs/reproduction/calibration.md"
+CALIBRATION_RUNS = ("calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
+                    "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
+STS_RUNS = {"minilm": "sts-minilm", "smollm2": "sts-smollm2"}
+
+
+def calibration_table(run: str) -> str:
+    """One row per (split, head, method, metric) summary: mean ± std over seeds, Δ against `none`
+    (pooled) and the paired test's p, raw and Holm-corrected across the methods."""
+    rows = []
+    for s in results(run)["summaries"]:
+        baseline = s.get("difference") is None
+        rows.append([s["split"], s["head"], s["method"], s["metric"], f"{s['mean']:.4f} ± {s['std']:.4f}", s["n_seeds"],
+                     "baseline" if baseline else number(s["difference"], 4, signed=True),
+                     "" if baseline else p_text(s.get("p_value")), "" if baseline else p_text(s.get("p_holm"), s.get("significant"))])
+    return markdown(["split", "head", "method", "metric", "mean ± std", "seeds", "Δ vs none", "p", "p (Holm)"], rows,
+                    align="lllllrrrr")
+
+
+# ---- STS (calibration.md) ------------------------------------------------------------------------
+SETS = ["STS-B", "STS12", "STS13", "STS14", "STS15", "STS16", "SICK-R"]
+
+
+def sts_records(model: str) -> pd.DataFrame:
+    return pd.DataFrame(load_json(RESULTS / STS_RUNS[model] / "sts.json")["records"])
+
+
+def _layer_order(values: Any) -> list[Any]:
+    return sorted(dict.fromkeys(values), key=lambda layer: (isinstance(layer, str), layer if not isinstance(layer, str) else 0, str(layer)))
+
+
+def sts_delta_table(model: str) -> str:
+    """Change in the seven-set average Spearman (all aggregation) against `none`, per layer and method × fit."""
+    records = sts_records(model)
+    pooled = records[records["aggregation"] == "all"]
+    average = pooled.groupby(["layer", "method", "fit_on"], sort=False)["spearman"].mean().reset_index()
+    baseline = average[average["method"] == "none"].set_index("layer")["spearman"]
+    calibrated = average[average["method"] != "none"]
+    columns = list(dict.fromkeys(zip(calibrated["method"], calibrated["fit_on"])))
+    header = ["layer", "none: avg (all)"] + [f"{m} ({'trans' if f == 'transductive' else f})" for m, f in columns]
+    rows = []
+    for layer in _layer_order(average["layer"]):
+        at = calibrated[calibrated["layer"] == layer].set_index(["method", "fit_on"])["spearman"]
+        rows.append([layer, f"{baseline[layer]:.2f}", *[f"{at[c] - baseline[layer]:+.2f}" for c in columns]])
+    return markdown(header, rows)
+
+
+def sts_full_table(model: str) -> str:
+    """Spearman x 100 per set and aggregation, the seven-set average and the isotropy of the vectors."""
+    records = sts_records(model)
+    rows = []
+    keys = list(dict.fromkeys(zip(records["layer"], records["method"], records["fit_on"])))
+    keys.sort(key=lambda k: _layer_order(records["layer"]).index(k[0]))
+    header = ["layer", "method", "fit_on", "STS-B"]
+    for year in SETS[1:6]:
+        header += [f"{year} all", f"{year} mean"]
+    header += ["SICK-R", "avg (all)", "log I(W)", "IsoScore", "avg cos"]
+    for layer, method, fit_on in keys:
+        at = records[(records["layer"] == layer) & (records["method"] == method) & (records["fit_on"] == fit_on)]
+        value = at.set_index(["dataset", "aggregation"])["spearman"]
+        row: list[Any] = [layer, method, fit_on, f"{value[('STS-B', 'all')]:.2f}"]
+        for year in SETS[1:6]:
+            row += [f"{value[(year, 'all')]:.2f}", f"{value[(year, 'mean')]:.2f}"]
+        pooled = at[at["aggregation"] == "all"]
+        row += [f"{value[('SICK-R', 'all')]:.2f}", f"{pooled['spearman'].mean():.2f}", f"{pooled['log_iw'].mean():.2f}",
+                f"{pooled['isoscore'].mean():.3f}", f"{pooled['average_cosine'].mean():.3f}"]
+        rows.append(row)
+    return markdown(header, rows)
+
+
+def build() -> Documents:
+    documents: Documents = {DING: {run: calibration_table(run) for run in CALIBRATION_RUNS}}
+    documents[CALIBRATION] = {}
+    for model, run in STS_RUNS.items():
+        if (RESULTS / run / "sts.json").exists():
+            documents[CALIBRATION][f"sts-{model}-delta"] = sts_delta_table(model)
+            documents[CALIBRATION][f"sts-{model}-full"] = sts_full_table(model)
+    return documents
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(build))

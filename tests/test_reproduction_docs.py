@@ -1,0 +1,66 @@
+"""Every generated table of docs/reproduction/ equals what its script makes from the committed
+results (docs/reproduction/results/), so a table and its results cannot drift apart."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+SCRIPTS = ("reproduce_peters2018", "reproduce_ethayarajh2019", "reproduce_ding2022")
+
+
+def _load(name: str) -> ModuleType:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_docs_hold_the_tables_their_script_makes(script: str) -> None:
+    module = _load(script)
+    if script == "reproduce_ethayarajh2019" and not module.reference_folder_exists():
+        pytest.skip("shared/reference/ethayarajh2019 (the paper's released statistics) is not present")
+    common = _load("reproduce_common")
+    documents = module.build()
+    assert documents and all(documents.values()), f"{script} generates no blocks"
+    assert common.differences(documents) == []
+
+
+def test_every_marked_block_of_the_reproduction_docs_has_a_script() -> None:
+    common = _load("reproduce_common")
+    generated: dict[str, set[str]] = {}
+    for script in SCRIPTS:
+        module = _load(script)
+        if script == "reproduce_ethayarajh2019" and not module.reference_folder_exists():
+            continue
+        for doc, blocks in module.build().items():
+            generated.setdefault(doc, set()).update(blocks)
+    for path in sorted((ROOT / "docs" / "reproduction").glob("*.md")):
+        doc = str(path.relative_to(ROOT))
+        marked = set(common.marked_blocks(path.read_text(encoding="utf-8")))
+        if doc in generated:
+            assert marked == generated[doc], doc
+
+
+def test_fill_and_differences_on_a_small_doc(tmp_path: Path) -> None:
+    common = _load("reproduce_common")
+    text = "intro\n<!-- table:a -->\nold\n<!-- /table -->\nmiddle\n<!-- table:b -->\n<!-- /table -->\nend\n"
+    filled = common.fill(text, {"a": "| x |\n|---|\n| 1 |", "b": "- line"}, "doc.md")
+    assert filled == ("intro\n<!-- table:a -->\n| x |\n|---|\n| 1 |\n<!-- /table -->\nmiddle\n"
+                      "<!-- table:b -->\n- line\n<!-- /table -->\nend\n")
+    assert common.marked_blocks(filled) == {"a": "| x |\n|---|\n| 1 |\n", "b": "- line\n"}
+    with pytest.raises(ValueError, match=re.escape("marked but not generated ['b']")):
+        common.fill(text, {"a": "x"}, "doc.md")
+    with pytest.raises(ValueError, match="marked twice"):
+        common.marked_blocks(text + "<!-- table:a -->\n<!-- /table -->\n")
