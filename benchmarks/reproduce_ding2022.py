@@ -41,15 +41,8 @@ def calibration_table(run: str) -> str:
 
 
 # ---- STS (calibration.md) ------------------------------------------------------------------------
-SETS = ["STS-B", "STS12", "STS13", "STS14", "STS15", "STS16", "SICK-R"]
-
-
 def sts_records(model: str) -> pd.DataFrame:
     return pd.DataFrame(load_json(RESULTS / STS_RUNS[model] / "sts.json")["records"])
-
-
-def _layer_order(values: Any) -> list[Any]:
-    return sorted(dict.fromkeys(values), key=lambda layer: (isinstance(layer, str), layer if not isinstance(layer, str) else 0, str(layer)))
 
 
 def sts_delta_table(model: str) -> str:
@@ -62,32 +55,18 @@ def sts_delta_table(model: str) -> str:
     columns = list(dict.fromkeys(zip(calibrated["method"], calibrated["fit_on"])))
     header = ["layer", "none: avg (all)"] + [f"{m} ({'trans' if f == 'transductive' else f})" for m, f in columns]
     rows = []
-    for layer in _layer_order(average["layer"]):
+    for layer in dict.fromkeys(average["layer"]):
         at = calibrated[calibrated["layer"] == layer].set_index(["method", "fit_on"])["spearman"]
         rows.append([layer, f"{baseline[layer]:.2f}", *[f"{at[c] - baseline[layer]:+.2f}" for c in columns]])
     return markdown(header, rows)
 
 
 def sts_full_table(model: str) -> str:
-    """Spearman x 100 per set and aggregation, the seven-set average and the isotropy of the vectors."""
-    records = sts_records(model)
-    rows = []
-    keys = list(dict.fromkeys(zip(records["layer"], records["method"], records["fit_on"])))
-    keys.sort(key=lambda k: _layer_order(records["layer"]).index(k[0]))
-    header = ["layer", "method", "fit_on", "STS-B"]
-    for year in SETS[1:6]:
-        header += [f"{year} all", f"{year} mean"]
-    header += ["SICK-R", "avg (all)", "log I(W)", "IsoScore", "avg cos"]
-    for layer, method, fit_on in keys:
-        at = records[(records["layer"] == layer) & (records["method"] == method) & (records["fit_on"] == fit_on)]
-        value = at.set_index(["dataset", "aggregation"])["spearman"]
-        row: list[Any] = [layer, method, fit_on, f"{value[('STS-B', 'all')]:.2f}"]
-        for year in SETS[1:6]:
-            row += [f"{value[(year, 'all')]:.2f}", f"{value[(year, 'mean')]:.2f}"]
-        pooled = at[at["aggregation"] == "all"]
-        row += [f"{value[('SICK-R', 'all')]:.2f}", f"{pooled['spearman'].mean():.2f}", f"{pooled['log_iw'].mean():.2f}",
-                f"{pooled['isoscore'].mean():.3f}", f"{pooled['average_cosine'].mean():.3f}"]
-        rows.append(row)
+    """Spearman x 100 per set and aggregation, the seven-set average and the isotropy of the vectors
+    (`lmgeom.evaluate.sts.summary_table`, the table `lmgeom sts --markdown` writes)."""
+    from lmgeom.evaluate.sts import summary_table
+
+    header, rows = summary_table(load_json(RESULTS / STS_RUNS[model] / "sts.json")["records"])
     return markdown(header, rows)
 
 

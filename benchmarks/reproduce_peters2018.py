@@ -148,8 +148,8 @@ def reading_table() -> str:
         if also:
             other = _find(document, "mix", split, also)
             test += f" (F1 {number(other['difference'], 3, signed=True)}{' *' if other['significant'] else ', n.s.'})"
-        rows.append([model, task, f"{best['features'].replace('layer:', 'layer ')}, {best['mean']:.3f}",
-                     f"{top['mean']:.3f}{top_note}", f"{mix['mean']:.3f}{mix_note}", test])
+        rows.append([model, task, f"{best['features'].replace('layer:', 'layer ')}, {best['mean']:.4f}",
+                     f"{top['mean']:.4f}{top_note}", f"{mix['mean']:.4f}{mix_note}", test])
     return markdown(["model", "task", "best single layer (mean)", "top layer", "learned mix", "mix vs top (pooled Δ, Holm)"],
                     rows, align="llllll")
 
@@ -180,6 +180,7 @@ def build() -> Documents:
         "minilm-pos-full": layer_table("layers-minilm-pos-full", [("test", "accuracy")]),
         "minilm-pos-full-mix": mix_weights("layers-minilm-pos-full"),
         "minilm-pos-subsample": layer_table("layers-minilm-pos", [("test", "accuracy")]),
+        "minilm-pos-subsample-mix": mix_weights("layers-minilm-pos"),
         "elmo-pos": layer_table("layers-elmo-pos", [("test", "accuracy")]),
         "elmo-pos-mix": mix_weights("layers-elmo-pos"),
         "smollm2-pos": layer_table("layers-smollm2-pos", [("test", "accuracy")]),
@@ -201,8 +202,7 @@ def build() -> Documents:
                                             for f in ("mix l2=1", "mix l2=0.001", "mix l2=1 ln", "mix l2=0.001 ln")),
         "peters-reading": reading_table(),
     }
-    if (Path(__file__).resolve().parents[1] / "docs/reproduction/results/peters-elmo-wsd/results.json").exists():
-        blocks.update(wsd_tables())
+    blocks.update(wsd_tables())
     return {DOC: blocks}
 
 

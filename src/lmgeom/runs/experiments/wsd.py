@@ -98,19 +98,20 @@ def run_wsd(
                                  dict(zip(ids, (gold[r] for r in np.flatnonzero(rows))))).f1
             scores.append({"label": label + suffix, "system": label, "instances": "covered" if suffix else "all", "f1": f1})
     right = {label: correct(answers, gold) for label, answers in systems.items()}
-    tests = []
+    tests: list[dict[str, Any]] = []
     pairs = [(f"layer {a}", f"layer {b}") for a, b in itertools.combinations(chosen, 2)] + \
             [(f"layer {layer}", baseline) for layer in chosen for baseline in ("WordNet first sense", "most frequent training sense")]
     for one, other in pairs:
         # on the instances not covered both answer WordNet's first sense, so ALL has the same discordant instances
         result = mcnemar_exact(right[one][covered], right[other][covered])
-        tests.append({"comparison": f"{one} vs {other}", "subset": "ALL, covered", "n": result.n, "only_first": result.only_first,
+        tests.append({"comparison": f"{one} vs {other}", "family": "layers" if other.startswith("layer ") else "baselines",
+                      "subset": "ALL, covered", "n": result.n, "only_first": result.only_first,
                       "only_second": result.only_second, "p_value": result.p_value,
                       "test": "exact McNemar (two-sided binomial on the discordant instances)"})
     for family in ("layers", "baselines"):  # Holm within each family: layer against layer, layer against a baseline
-        members = [t for t in tests if ("layer " in t["comparison"].split(" vs ")[1]) == (family == "layers")]
+        members = [t for t in tests if t["family"] == family]
         for test, adjusted in zip(members, holm([t["p_value"] for t in members])):
-            test["family"], test["p_holm"] = family, float(adjusted)
+            test["p_holm"] = float(adjusted)
     coverage = {name: {"covered": int(np.sum(mask & covered)), "instances": int(np.sum(mask))} for name, mask in subsets.items()}
     settings = {"model": model, "data": str(data), "datasets": names, "layers": chosen, "wordnet": str(first_sense.directory),
                 "protocol": "Peters et al. (2018): a sense's vector is the mean of its tagged occurrences; a test instance "
