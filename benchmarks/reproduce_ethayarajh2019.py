@@ -34,7 +34,8 @@ DOC = "docs/reproduction/ethayarajh2019.md"
 PAPER_MODELS = ("ELMo", "BERT", "GPT-2")
 LAYERS = range(13)
 # lmgeom's runs shown beside the paper's models: (results folder, label)
-RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-minilm-sts", "MiniLM, STS sample"))
+RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-minilm-sts", "MiniLM, STS sample"),
+        ("ethayarajh-elmo-brown-lee", "elmo-brown, lee"))
 # Table 1's benchmarks (the paper's names) -> lmgeom's
 BENCHMARKS = {"SimLex999": "simlex999", "MEN": "men", "WS353": "wordsim353", "RW": "rw", "Google": "google_analogies",
               "MSR": "msr_analogies", "SemEval2012(2)": "semeval2012_2", "BLESS": "bless", "AP": "ap"}
