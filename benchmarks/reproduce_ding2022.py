@@ -5,7 +5,7 @@ experiment) and docs/reproduction/calibration.md (STS and isotropy calibration) 
     python benchmarks/reproduce_ding2022.py --check   exits 1 if a doc differs from the files
 
 Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json)
-and `lmgeom sts` results (docs/reproduction/results/sts-*/sts.json); each folder's README.md lists
+and `lmgeom sts` results (docs/reproduction/results/sts-minilm/sts.json); each folder's README.md lists
 the command that produced it.
 """
 
@@ -24,7 +24,7 @@ DING = "docs/reproduction/ding2022.md"
 CALIBRATION = "docs/reproduction/calibration.md"
 CALIBRATION_RUNS = ("calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
                     "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
-STS_RUNS = {"minilm": "sts-minilm", "smollm2": "sts-smollm2"}
+STS_RUNS = {"minilm": "sts-minilm"}
 
 
 def calibration_table(run: str) -> str:
@@ -73,10 +73,9 @@ def sts_full_table(model: str) -> str:
 def build() -> Documents:
     documents: Documents = {DING: {run: calibration_table(run) for run in CALIBRATION_RUNS}}
     documents[CALIBRATION] = {}
-    for model, run in STS_RUNS.items():
-        if (RESULTS / run / "sts.json").exists():
-            documents[CALIBRATION][f"sts-{model}-delta"] = sts_delta_table(model)
-            documents[CALIBRATION][f"sts-{model}-full"] = sts_full_table(model)
+    for model in STS_RUNS:
+        documents[CALIBRATION][f"sts-{model}-delta"] = sts_delta_table(model)
+        documents[CALIBRATION][f"sts-{model}-full"] = sts_full_table(model)
     return documents
 
 
