@@ -97,7 +97,7 @@ def results(run: str) -> dict[str, Any]:
 
 def load_json(path: Path) -> Any:
     if not path.exists():
-        raise SystemExit(f"{path.relative_to(ROOT)} does not exist: its run's commands are in its folder's README.md")
+        raise SystemExit(f"{path.relative_to(ROOT)} does not exist: its run's command is in docs/reproduction/results/COMMANDS.md")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

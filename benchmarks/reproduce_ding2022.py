@@ -5,8 +5,8 @@ experiment) and docs/reproduction/calibration.md (STS and isotropy calibration) 
     python benchmarks/reproduce_ding2022.py --check   exits 1 if a doc differs from the files
 
 Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json)
-and `lmgeom sts` results (docs/reproduction/results/sts-minilm/sts.json); each folder's README.md lists
-the command that produced it.
+and `lmgeom sts` results (docs/reproduction/results/sts-minilm/sts.json); docs/reproduction/results/COMMANDS.md
+lists the command of each run.
 """
 
 from __future__ import annotations

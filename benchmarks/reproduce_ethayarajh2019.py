@@ -6,8 +6,8 @@
 Sources: the paper's released per-layer statistics and Table 1 (../shared/reference/ethayarajh2019:
 layer_statistics.csv, table1_static_embeddings.csv) and lmgeom's results under
 docs/reproduction/results/ethayarajh-*/ (contextuality.json of `lmgeom analyze`,
-static/<layer>.benchmarks.json of `lmgeom static-embeddings`); each folder's README.md lists the
-commands that produced it.
+static/<layer>.benchmarks.json of `lmgeom static-embeddings`); docs/reproduction/results/COMMANDS.md
+lists the commands of each run.
 
     python benchmarks/reproduce_ethayarajh2019.py first-word STORE --layers 0,1,12,30
         prints, per layer of a store, how much the first word of each sentence moves the baselines:

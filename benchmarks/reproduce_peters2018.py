@@ -4,7 +4,7 @@
     python benchmarks/reproduce_peters2018.py --check   exits 1 if elmo.md differs from the results
 
 Sources: `lmgeom experiment layers` results (layers-*, peters-*) and `lmgeom experiment wsd`
-(peters-elmo-wsd). The commands of each run are in its folder's README.md.
+(peters-elmo-wsd). docs/reproduction/results/COMMANDS.md lists the command of each run.
 """
 
 from __future__ import annotations
