@@ -177,18 +177,21 @@ def test_knn_and_mutual_knn_equal_brute_force():
     assert [set(row) for row in permuted_neighbours(near_y, permutation)] == [set(row) for row in knn_indices(Y[permutation], k)]
 
 
-def test_cka_matches_the_peer_package():
-    """torch-cka's unbiased HSIC (Song et al. 2012) on the same points."""
-    torch_cka = pytest.importorskip("torch_cka")
-    torch = pytest.importorskip("torch")
-    X, Y = related(120, 8, 6, seed=9, shift=2.0)
-    peer = torch_cka.CKA.__new__(torch_cka.CKA)
-
-    def peer_cka(A: np.ndarray, B: np.ndarray) -> float:
-        K, L = (torch.from_numpy(M @ M.T) for M in (A, B))
-        return float(peer._HSIC(K, L) / torch.sqrt(peer._HSIC(K, K) * peer._HSIC(L, L)))
-
-    assert pair_measures(X, Y)["cka_debiased"] == pytest.approx(peer_cka(X, Y), rel=1e-8)
+def test_hsic_and_cka_match_the_peer_package():
+    """repsim 0.1.5 (C++ backend, n x n Gram matrices) on the same points: its Gretton and Song HSIC
+    of linear kernels; its CKA with the Gretton estimator. (repsim's CKA with estimator="song"
+    divides the Song HSIC by Gretton self terms, a mixed estimator, so debiased CKA is checked
+    from its HSIC matrix.)"""
+    repsim = pytest.importorskip("repsim")
+    X, Y = related(150, 8, 6, seed=9, shift=2.0)
+    xy = CrossMoments().add(X, Y=Y).result()
+    xx, yy = CrossMoments(paired=False).add(X).result(), CrossMoments(paired=False).add(Y).result()
+    gretton = repsim.hsic([X, Y], kernel_type="linear", estimator="gretton")
+    song = repsim.hsic([X, Y], kernel_type="linear", estimator="song")
+    assert xy.hsic == pytest.approx(gretton[0, 1], rel=1e-10) and xx.hsic == pytest.approx(gretton[0, 0], rel=1e-10)
+    assert xy.hsic_debiased == pytest.approx(song[0, 1], rel=1e-9) and yy.hsic_debiased == pytest.approx(song[1, 1], rel=1e-9)
+    assert linear_cka(xy, xx, yy) == pytest.approx(repsim.cka([X, Y], kernel_type="linear", estimator="gretton")[0, 1], rel=1e-10)
+    assert linear_cka(xy, xx, yy, debiased=True) == pytest.approx(song[0, 1] / np.sqrt(song[0, 0] * song[1, 1]), rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------

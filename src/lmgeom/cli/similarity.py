@@ -70,12 +70,14 @@ def register(app: typer.Typer) -> None:
         matched = f"{counts['rows_matched']:,} rows"
         if store2:
             matched += f" matched by word occurrence ({counts['a_rows_unmatched']:,} of a and {counts['b_rows_unmatched']:,} of b unmatched)"
+        axes = "layers of a (rows) x b (columns)" if store2 else "layer x layer"
+        shuffled = "rows of b shuffled" if store2 else "rows of one side shuffled"
         for name, title in TABLE_MEASURES.items():
             if name in result.values:
-                console.print(f"{title}, layers of a (rows) x b (columns): {names}, {matched}", highlight=False, soft_wrap=True)
+                console.print(f"{title}, {axes}: {names}, {matched}", highlight=False, soft_wrap=True)
                 console.print("\n".join(grid_lines(result.values[name], result.layers_a, result.layers_b)), highlight=False)
                 if name in result.null:
                     mean_null = float(result.null[name].mean())
-                    console.print(f"permutation null (rows of b shuffled, {counts['sample']:,} sampled rows): mean {mean_null:.3f}",
+                    console.print(f"permutation null ({shuffled}, {counts['sample']:,} sampled rows): mean {mean_null:.3f}",
                                   highlight=False)
         console.print("wrote " + ", ".join(str(path) for path in paths), highlight=False, soft_wrap=True)

@@ -35,7 +35,6 @@ from lmgeom.metrics.similarity import (
     CrossMoments,
     knn_indices,
     mutual_knn,
-    pair_measures,
     permutations,
     permuted_neighbours,
     permuted_ranks,
@@ -318,17 +317,23 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
     m = len(picked)
     shuffles = permutations(m, options.permutations, options.seed + 1)
     null = {measure: np.full(values[measure].shape, np.nan) for measure in values} if shuffles else {}
+    within = stores[0] is stores[1] and layers_a == layers_b
     sample_a = {layer: _read(stores[0], layer, rows[0][picked]) for layer in layers_a}
-    sample_b = {layer: _read(stores[1], layer, rows[1][picked]) for layer in layers_b}
+    sample_b = sample_a if within else {layer: _read(stores[1], layer, rows[1][picked]) for layer in layers_b}
     wants = set(options.measures)
     progress.start("similarity on the subsample", len(pairs), unit="layer pairs")
     ranks_a = {layer: rdm_ranks(X) for layer, X in sample_a.items()} if "rsa" in wants else {}
-    ranks_b = {layer: rdm_ranks(X) for layer, X in sample_b.items()} if "rsa" in wants else {}
+    ranks_b = ranks_a if within else {layer: rdm_ranks(X) for layer, X in sample_b.items()} if "rsa" in wants else {}
     near_a = {layer: knn_indices(X, options.k) for layer, X in sample_a.items()} if "knn" in wants else {}
-    near_b = {layer: knn_indices(X, options.k) for layer, X in sample_b.items()} if "knn" in wants else {}
+    near_b = near_a if within else {layer: knn_indices(X, options.k) for layer, X in sample_b.items()} if "knn" in wants else {}
     shuffled_ranks = {layer: [permuted_ranks(r, p) for p in shuffles] for layer, r in ranks_b.items()}
     shuffled_near = {layer: [permuted_neighbours(nn, p) for p in shuffles] for layer, nn in near_b.items()}
     streamed = [measure for measure in options.measures if measure in STREAMED_MEASURES]
+    # a shuffle leaves each side's self pair as it is: one per layer, the cross pairs per shuffle
+    means = {**{(0, layer): X.mean(axis=0) for layer, X in sample_a.items()},
+             **{(1, layer): X.mean(axis=0) for layer, X in sample_b.items()}}
+    selves = {side: CrossMoments(paired=False, shift_x=means[side]).add((sample_a if side[0] == 0 else sample_b)[side[1]]).result()
+              for side in means} if streamed and shuffles else {}
     for i, j in pairs:
         la, lb = layers_a[i], layers_b[j]
         if "rsa" in wants:
@@ -340,7 +345,8 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
             if shuffles:
                 null["knn"][i, j] = np.mean([mutual_knn(near_a[la], nn) for nn in shuffled_near[lb]])
         if streamed and shuffles:
-            baselines = [pair_measures(sample_a[la], sample_b[lb][p]) for p in shuffles]
+            baselines = [streamed_measures(CrossMoments(shift_x=means[(0, la)], shift_y=means[(1, lb)]).add(
+                sample_a[la], Y=sample_b[lb][p]).result(), selves[(0, la)], selves[(1, lb)]) for p in shuffles]
             for measure in streamed:
                 null[measure][i, j] = np.mean([baseline[measure] for baseline in baselines])
         progress.advance("similarity on the subsample")
