@@ -6,9 +6,10 @@
   by the first chunk's mean, as `lmgeom similarity` streams them; then biased and debiased CKA
   and the Procrustes distance (their SVD included). Goal: at most 2x the limit (the two self pairs
   are symmetric rank-k updates, half a product each).
-- Peer, at --peer-n points: repsim 0.1.5's `cka(kernel_type="linear", estimator="song")` (its C++
-  backend builds the n x n Gram matrices), or torch-cka's unbiased HSIC on the Gram matrices when
-  repsim is absent; lmgeom on the same points, and the agreement of the debiased CKA.
+- Peer, at --peer-n points: debiased CKA from repsim 0.1.5's `hsic(kernel_type="linear",
+  estimator="song")` matrix (its C++ backend builds the n x n Gram matrices; its `cka` normalises
+  with the biased estimator, whose centring takes n^3 products), or torch-cka's unbiased HSIC on
+  the Gram matrices when repsim is absent; lmgeom on the same points, and the agreement.
 
 Points: X Gaussian with per-dimension spreads, Y = X W + noise (d = --dim), float64. Times are the
 best of --repeats runs (wall clock), BLAS threads as the environment sets them.
@@ -69,7 +70,11 @@ def peer() -> tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None:
     try:
         import repsim
 
-        return "repsim 0.1.5 cka(linear, song)", lambda X, Y: float(repsim.cka([X, Y], kernel_type="linear", estimator="song")[0, 1])
+        def run_repsim(X: np.ndarray, Y: np.ndarray) -> float:
+            hsic = repsim.hsic([X, Y], kernel_type="linear", estimator="song")
+            return float(hsic[0, 1] / np.sqrt(hsic[0, 0] * hsic[1, 1]))
+
+        return "repsim 0.1.5 hsic(linear, song)", run_repsim
     except ImportError:
         pass
     try:
