@@ -86,20 +86,23 @@ class CrossMoments(StatefulAccumulator):
         self.sum_y_by_sq_x: Any = np.zeros(0)
 
     def add(self, X: Any, /, **paired_rows: Any) -> CrossMoments:
-        """Add a chunk: `X` (rows, dim_x) and, for a paired accumulator, `Y=` the same points' rows."""
-        unexpected = sorted(set(paired_rows) - {"Y"})
+        """Add a chunk: `X` (rows, dim_x) and, for a paired accumulator, `Y=` the same points' rows.
+        `shifted=True`: the rows already have `shift_x` / `shift_y` subtracted (a driver feeding one
+        chunk to several accumulators subtracts each side's shift once)."""
+        unexpected = sorted(set(paired_rows) - {"Y", "shifted"})
         if unexpected:
             raise TypeError(f"CrossMoments.add got unexpected arguments {unexpected}; it takes X and, when paired, Y=")
         if self.paired != ("Y" in paired_rows):
             raise TypeError("a paired CrossMoments takes add(X, Y=rows); a self pair (paired=False) takes add(X) alone")
+        shifted = bool(paired_rows.get("shifted", False))
         xp, X = float64_array(X, name="X")
-        X = self._shifted(X, self.shift_x)
+        X = X if shifted else self._shifted(X, self.shift_x)
         a = xp.linalg.vecdot(X, X)
         if self.paired:
             _, Y = float64_array(paired_rows["Y"], name="Y")
             if Y.shape[0] != X.shape[0]:
                 raise ValueError(f"X and Y must hold the same points: {X.shape[0]} rows against {Y.shape[0]}")
-            Y = self._shifted(Y, self.shift_y)
+            Y = Y if shifted else self._shifted(Y, self.shift_y)
             b = xp.linalg.vecdot(Y, Y)
             cross = X.T @ Y
         else:
@@ -114,14 +117,14 @@ class CrossMoments(StatefulAccumulator):
             raise ValueError(f"rows of dimensions ({X.shape[1]}, {Y.shape[1]}) added to an accumulator of "
                              f"({self.cross.shape[0]}, {self.cross.shape[1]})")
         self.n += int(X.shape[0])
-        self.cross = self.cross + cross
-        self.sum_x = self.sum_x + xp.sum(X, axis=0)
-        self.sum_y = self.sum_y + xp.sum(Y, axis=0)
+        self.cross += cross
+        self.sum_x += xp.sum(X, axis=0)
+        self.sum_y += xp.sum(Y, axis=0)
         self.sum_sq_x += float(xp.sum(a))
         self.sum_sq_y += float(xp.sum(b))
         self.sum_sq_xy += float(xp.sum(a * b))
-        self.sum_x_by_sq_y = self.sum_x_by_sq_y + b @ X
-        self.sum_y_by_sq_x = self.sum_y_by_sq_x + a @ Y
+        self.sum_x_by_sq_y += b @ X
+        self.sum_y_by_sq_x += a @ Y
         return self
 
     def _shifted(self, X: Any, shift: np.ndarray) -> Any:

@@ -295,14 +295,15 @@ def _stream(stores: list[RepresentationStore], rows: list[np.ndarray], pairs: li
             block = {side: _read(stores[side[0]], side[1], rows[side[0]][chunk]) for side in needed}
             for side in needed:
                 shifts.setdefault(side, block[side].mean(axis=0))  # the first chunk's mean, for every group
+                block[side] -= shifts[side]  # once per chunk and side, for all its accumulators
             for x, y in group:
                 if (x, y) not in accumulators:
                     accumulators[(x, y)] = (CrossMoments(paired=False, shift_x=shifts[x]) if x == y
                                             else CrossMoments(shift_x=shifts[x], shift_y=shifts[y]))
                 if x == y:
-                    accumulators[(x, y)].add(block[x])
+                    accumulators[(x, y)].add(block[x], shifted=True)
                 else:
-                    accumulators[(x, y)].add(block[x], Y=block[y])
+                    accumulators[(x, y)].add(block[x], Y=block[y], shifted=True)
             progress.advance("similarity")
         stats.update({job: accumulator.result() for job, accumulator in accumulators.items()})
     return stats
