@@ -274,6 +274,10 @@ def test_models_with_different_tokenizers_match_on_the_same_words(tmp_path):
     assert "unbelievably" in list(words_g[matched.rows_b]) and "sat" in list(words_g[matched.rows_b])
     assert matched.counts["b_rows_unmatched"] == 1 and matched.counts["a_rows_unmatched"] == 0
     assert matched.counts["a_rows_special_excluded"] == 2 * len(TEXTS)
+    # special tokens (kept in the tiny-bert store) are no corpus words: included, they match nothing
+    with_special = match_rows(bert, gpt2, SimilarityOptions(include_special=True))
+    np.testing.assert_array_equal(with_special.rows_a, matched.rows_a)
+    assert with_special.counts["a_rows_unmatched"] == 2 * len(TEXTS)
     result = similarity_matrix(bert, gpt2, options)
     assert result.values["cka"].shape == (len(bert.layers), len(gpt2.layers))
     assert np.isfinite(result.values["cka"]).all()
@@ -304,6 +308,13 @@ def test_cli_prints_the_cka_table_within_80_columns_and_writes_its_files(tmp_pat
     assert (out / "similarity.csv").read_text().startswith("layer_a,layer_b,measure,value,null")
     outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measure", "cka,nonsense"])
     assert outcome.exit_code == 2 and "nonsense" in outcome.output and "--measures" in outcome.output
+    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--layers", "0,9"])
+    assert outcome.exit_code == 2 and "--layers [9] out of range" in outcome.output
+    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measure", "cka", "--layers", "0,2",
+                                       "--out", str(tmp_path / "within")], terminal_width=80)
+    assert outcome.exit_code == 0 and "layer x layer" in outcome.output
+    within = json.loads((tmp_path / "within" / "similarity.json").read_text())
+    assert within["layers_a"] == within["layers_b"] == [0, 2] and len(within["records"]) == 4
 
 
 def test_grid_splits_to_fit_80_columns():

@@ -162,8 +162,9 @@ def match_rows(a: RepresentationStore, b: RepresentationStore | None, options: S
     selection_b = _selection(b, options)
     (offsets_a, lengths_a), (offsets_b, lengths_b) = corpus_offsets(a), corpus_offsets(b)
     rows_a, rows_b = selection_a.rows, selection_b.rows
-    _, in_a, in_b = np.intersect1d(offsets_a[rows_a], offsets_b[rows_b], assume_unique=True, return_indices=True)
-    matched_a, matched_b = rows_a[in_a], rows_b[in_b]
+    words_a, words_b = rows_a[offsets_a[rows_a] >= 0], rows_b[offsets_b[rows_b] >= 0]  # special tokens are no corpus words
+    _, in_a, in_b = np.intersect1d(offsets_a[words_a], offsets_b[words_b], assume_unique=True, return_indices=True)
+    matched_a, matched_b = words_a[in_a], words_b[in_b]
     if (lengths_a[matched_a] != lengths_b[matched_b]).any():
         bad = int(np.flatnonzero(lengths_a[matched_a] != lengths_b[matched_b])[0])
         raise InputError(f"{a.url} row {matched_a[bad]} and {b.url} row {matched_b[bad]} start at the same corpus "
