@@ -69,8 +69,12 @@ def streamed(X: np.ndarray, Y: np.ndarray, chunk: int) -> dict[str, float]:
     shift_x, shift_y = X[:chunk].mean(0), Y[:chunk].mean(0)
     xy, xx, yy = CrossMoments(shift_x=shift_x, shift_y=shift_y), CrossMoments(paired=False, shift_x=shift_x), \
         CrossMoments(paired=False, shift_x=shift_y)
-    for start in range(0, len(X), chunk):  # each side shifted once per chunk, as `lmgeom similarity` does
-        x, y = X[start : start + chunk] - shift_x, Y[start : start + chunk] - shift_y
+    # each side shifted once per chunk, as `lmgeom similarity` does, into buffers reused across chunks
+    buffer_x, buffer_y = np.empty((chunk, X.shape[1])), np.empty((chunk, Y.shape[1]))
+    for start in range(0, len(X), chunk):
+        rows = min(chunk, len(X) - start)
+        x = np.subtract(X[start : start + rows], shift_x, out=buffer_x[:rows])
+        y = np.subtract(Y[start : start + rows], shift_y, out=buffer_y[:rows])
         xy.add(x, Y=y, shifted=True)
         xx.add(x, shifted=True)
         yy.add(y, shifted=True)

@@ -303,6 +303,7 @@ def test_cli_prints_the_cka_table_within_80_columns_and_writes_its_files(tmp_pat
     out = tmp_path / "a" / "similarity" / "b"
     document = json.loads((out / "similarity.json").read_text())
     assert document["kind"] == "similarity" and document["counts"]["rows_matched"] == a.n_tokens - 12
+    assert document["model_id"] == "model-a" and document["stores"][1]["model_id"] == "model-b"
     record = next(r for r in document["records"] if r["measure"] == "cka" and (r["layer_a"], r["layer_b"]) == (1, 0))
     assert record["value"] == pytest.approx(1, abs=1e-6) and record["null"] < 0.5
     assert (out / "similarity.csv").read_text().startswith("layer_a,layer_b,measure,value,null")

@@ -179,7 +179,8 @@ def cross_statistics(moments: CrossMoments) -> CrossStatistics:
     cross, sum_x, sum_y = (to_numpy(value) for value in (moments.cross, moments.sum_x, moments.sum_y))
     centred = cross - np.outer(sum_x, sum_y) / n
     hsic = float(np.sum(centred * centred)) / (n - 1) ** 2
-    nuclear = float(np.linalg.svd(centred, compute_uv=False).sum())
+    # a self pair's centred cross-covariance is positive semi-definite: its nuclear norm is its trace
+    nuclear = float(np.trace(centred)) if not moments.paired else float(np.linalg.svd(centred, compute_uv=False).sum())
     trace_x = moments.sum_sq_x - float(sum_x @ sum_x) / n
     trace_y = moments.sum_sq_y - float(sum_y @ sum_y) / n
     debiased = float("nan")

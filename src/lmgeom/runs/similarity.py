@@ -366,8 +366,10 @@ def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str]
     return base if store_b is None else base / rundir.SIMILARITY_PAIRS.name / Path(store_b).resolve().name
 
 
-def write_similarity(result: SimilarityResult, out: str | os.PathLike[str], *, store_meta: dict[str, Any] | None = None) -> list[Path]:
-    """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records) in `out`."""
+def write_similarity(result: SimilarityResult, out: str | os.PathLike[str]) -> list[Path]:
+    """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records)
+    in `out`; the document's provenance is the first store's."""
+    store_meta = {key: result.stores[0][key] for key in ("model_id", "corpus_fingerprint")}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"settings": result.settings, "counts": result.counts, "stores": result.stores, "records": result.records,
