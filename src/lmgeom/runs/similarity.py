@@ -238,12 +238,11 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
 
     if streamed:
         sides: list[Side] = [(0, layer) for layer in layers_a] + ([] if within else [(1, layer) for layer in layers_b])
-        stats = _stream(stores, rows, [((0, layers_a[i]), (1 if not within else 0, layers_b[j])) for i, j in pairs],
+        stats = _stream(stores, rows, [((0, layers_a[i]), (0 if within else 1, layers_b[j])) for i, j in pairs],
                         sides, options, progress)
         for i, j in pairs:
             side_x, side_y = (0, layers_a[i]), (0 if within else 1, layers_b[j])
-            xy = stats[(side_x, side_y)] if side_x != side_y else stats[(side_x, side_x)]
-            measures = streamed_measures(xy, stats[(side_x, side_x)], stats[(side_y, side_y)])
+            measures = streamed_measures(stats[(side_x, side_y)], stats[(side_x, side_x)], stats[(side_y, side_y)])
             for measure in streamed:
                 values[measure][i, j] = measures[measure]
 
