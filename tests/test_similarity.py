@@ -326,3 +326,15 @@ def test_grid_splits_to_fit_80_columns():
     assert max(map(len, lines)) <= 80
     assert sum(line.startswith("L30 ") for line in lines) == 3  # three blocks of columns
     assert lines[1].split()[1:3] == ["0.00", "0.00"]
+
+
+def test_cli_defaults_match_the_library():
+    import typer.main
+
+    from lmgeom.cli.main import app
+    from lmgeom.metrics.similarity import DEFAULT_K, MEASURES
+    from lmgeom.runs.similarity import DEFAULT_SAMPLE, SimilarityOptions
+
+    params = {param.name: param.default for param in typer.main.get_command(app).commands["similarity"].params}  # type: ignore[attr-defined]
+    assert (params["sample"], params["k"], params["measure"]) == (DEFAULT_SAMPLE, DEFAULT_K, ",".join(MEASURES))
+    assert (params["permutations"], params["seed"]) == (SimilarityOptions().permutations, SimilarityOptions().seed)
