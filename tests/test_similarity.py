@@ -245,6 +245,11 @@ def test_stores_compare_on_matched_rows_and_different_corpora_are_refused(tmp_pa
     assert result.values["cka"].shape == (3, 2)
     assert result.values["cka"][1, 0] == pytest.approx(1, abs=1e-6) and result.values["procrustes"][1, 0] == pytest.approx(0, abs=1e-3)
     assert result.counts["a_rows_unmatched"] == result.counts["b_rows_unmatched"] == 0
+    chosen = similarity_matrix(a, b, SimilarityOptions(measures=("cka",), layers=(1, 2), layers_b=(0,), sample=30))
+    assert (chosen.layers_a, chosen.layers_b) == ([1, 2], [0])
+    assert chosen.values["cka"][0, 0] == pytest.approx(result.values["cka"][1, 0], abs=1e-12)
+    with pytest.raises(InputError, match="`layers_b` \\[2\\] out of range"):
+        similarity_matrix(a, b, SimilarityOptions(layers_b=(2,)))
     other = write_store_from_arrays(tmp_path / "c", [np.ones((4, 6), np.float32)], [["other", "words", "here", "now"]])
     with pytest.raises(InputError, match="different corpora.*corpus_fingerprint"):
         similarity_matrix(a, other)

@@ -32,13 +32,26 @@ def grid_lines(values: Any, rows: list[int], columns: list[int], *, width: int =
     return lines
 
 
+def layer_list(text: str | None, param: str) -> tuple[int, ...] | None:
+    """The layers of a comma-separated option (None when it is not given)."""
+    from lmgeom.errors import InputError
+
+    if not text:
+        return None
+    try:
+        return tuple(int(layer) for layer in split_list(text))
+    except ValueError:
+        raise InputError(f"`{param}` must be comma-separated layer numbers, got {text!r}", param=param) from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("similarity")
     def similarity_command(
         store: str = typer.Argument(..., help="a store written by `lmgeom extract` (or a run holding one)"),
         store2: Optional[str] = typer.Argument(None, metavar="[STORE2]", help="a second store of the same corpus: its rows are matched by word occurrence"),
         measure: str = typer.Option(MEASURE_NAMES, "--measure", "--measures", "-m", help=f"comma-separated measures: {MEASURE_NAMES}"),
-        layers: Optional[str] = typer.Option(None, help="comma-separated layers of both stores (default: all; 0 = embedding output)"),
+        layers: Optional[str] = typer.Option(None, help="comma-separated layers (default: all; 0 = embedding output), of both stores unless --layers-b"),
+        layers_b: Optional[str] = typer.Option(None, help="comma-separated layers of STORE2 (default: those of --layers)"),
         sample: int = typer.Option(2000, min=4, help="seeded subsample of matched rows for rsa, knn and the permutation null"),
         seed: int = typer.Option(0, min=0, help="seed of the subsample and the permutations"),
         k: int = typer.Option(10, min=1, help="neighbours of mutual k-NN"),
@@ -51,15 +64,12 @@ def register(app: typer.Typer) -> None:
         """Layer x layer similarity: linear CKA (biased and debiased) and the Procrustes distance over
         every row, RSA and mutual k-NN on a seeded subsample, each with a permutation baseline.
         Prints the CKA table and writes similarity.json and similarity.csv."""
-        from lmgeom.errors import InputError
         from lmgeom.runs.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
         with user_errors():
-            try:
-                chosen = tuple(int(layer) for layer in split_list(layers)) if layers else None
-            except ValueError:
-                raise InputError(f"`layers` must be comma-separated layer numbers, got {layers!r}", param="layers") from None
-            options = SimilarityOptions(measures=tuple(split_list(measure)), layers=chosen, sample=sample, seed=seed, k=k,
+            chosen, chosen_b = layer_list(layers, "layers"), layer_list(layers_b, "layers_b")
+            options = SimilarityOptions(measures=tuple(split_list(measure)), layers=chosen, layers_b=chosen_b,
+                                        sample=sample, seed=seed, k=k,
                                         permutations=permutations, include_punct=include_punct,
                                         include_special=include_special, exclude_first_word=exclude_first_word)
             with RichProgress() as progress:

@@ -56,12 +56,14 @@ CORPUS_FIELDS = ("corpus_fingerprint", "corpus_name", "n_corpus_sentences", "pre
 
 @dataclass(frozen=True)
 class SimilarityOptions:
-    """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (None: all; the
-    same numbers in both stores), RSA / k-NN / null on a seeded subsample of `sample` rows with
-    `permutations` shuffles, `k` neighbours, on the analysis's row selection."""
+    """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (None: all) of the
+    first store and `layers_b` of the second (None: the same as `layers`), RSA / k-NN / null on a
+    seeded subsample of `sample` rows with `permutations` shuffles, `k` neighbours, on the
+    analysis's row selection."""
 
     measures: tuple[str, ...] = MEASURES
     layers: tuple[int, ...] | None = None
+    layers_b: tuple[int, ...] | None = None
     sample: int = DEFAULT_SAMPLE
     seed: int = 0
     k: int = DEFAULT_K
@@ -186,13 +188,13 @@ def _selection(store: RepresentationStore, options: SimilarityOptions) -> Any:
 # the driver
 
 
-def _layers(store: RepresentationStore, layers: Sequence[int] | None) -> list[int]:
+def _layers(store: RepresentationStore, layers: Sequence[int] | None, param: str = "layers") -> list[int]:
     if layers is None:
         return list(store.layers)
     bad = [layer for layer in layers if layer not in store.layers]
     if bad:
-        raise OutOfRange(f"`layers` {bad} out of range: {store.url} has layers 0..{len(store.layers) - 1} (0 = embeddings)",
-                         param="layers")
+        raise OutOfRange(f"`{param}` {bad} out of range: {store.url} has layers 0..{len(store.layers) - 1} (0 = embeddings)",
+                         param=param)
     return list(dict.fromkeys(layers))
 
 
@@ -225,7 +227,12 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
     a = store_a if isinstance(store_a, RepresentationStore) else RepresentationStore.open(store_a)
     b = None if store_b is None else store_b if isinstance(store_b, RepresentationStore) else RepresentationStore.open(store_b)
     stores = [a, b if b is not None else a]
-    layers_a, layers_b = _layers(a, options.layers), _layers(stores[1], options.layers)
+    if b is None and options.layers_b is not None:
+        raise InputError("`layers_b` names the second store's layers; give a second store, or use `layers` alone",
+                         param="layers_b")
+    layers_a = _layers(a, options.layers)
+    layers_b = (_layers(stores[1], options.layers) if options.layers_b is None
+                else _layers(stores[1], options.layers_b, "layers_b"))
     matched = match_rows(a, b, options)
     rows = [matched.rows_a, matched.rows_b]
     n = len(rows[0])
