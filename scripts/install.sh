@@ -3,6 +3,7 @@
 #   bash scripts/install.sh          the package, CLI and offline models
 #   bash scripts/install.sh --test   the same plus the test dependencies and, where missing, the
 #                                    system Chromium that the report's browser test drives
+#                                    (repsim, the CKA peer package, compiles: it needs a C++ compiler)
 # A torch already installed (a CUDA build, say) is kept. Otherwise torch 2.13.0 is installed
 # first: on the development machines pip takes its CPU build from the local wheel store, and
 # elsewhere pip picks the platform's default build.

@@ -14,6 +14,8 @@ RUN/                         a store (lmgeom.store.layout) plus the result files
   *.json of kind "sts"       lmgeom sts --out RUN/NAME.json
   experiments/<name>/results.json
   explorer.json              the word explorer's cache
+  similarity.json, .csv      lmgeom similarity: layer x layer CKA, Procrustes, RSA, mutual k-NN
+  similarity/<other>/        the same against another store of the corpus
   report.html, figures/      the report
 ```
 
@@ -94,12 +96,16 @@ EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experimen
 EXPERIMENT_RESULTS = ResultFile("experiments/{name}/results.json", EXPERIMENTS.producer)
 EXPLORER = ResultFile("explorer.json", "lmgeom report RUN on a run whose store is present", "word_explorer",
                       ("settings", "data"))
+SIMILARITY = ResultFile("similarity.json", "lmgeom similarity STORE [STORE2] --out DIR", "similarity",
+                        ("settings", "counts", "records"))
+SIMILARITY_CSV = ResultFile("similarity.csv", SIMILARITY.producer)
+SIMILARITY_PAIRS = ResultFile("similarity", "lmgeom similarity STORE STORE2 (writes STORE/similarity/<STORE2 name>/)")
 REPORT = ResultFile("report.html", "lmgeom report RUN")
 FIGURES = ResultFile("figures", REPORT.producer)
 
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV,
                 CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
-                EXPERIMENTS, EXPLORER, REPORT, FIGURES)
+                EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES)
 KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}
 # names at the top of a run that hold something other than STS results: the store's and the run's own
 RESERVED_NAMES = frozenset({layout.META, layout.PROGRESS, layout.PARTS, layout.LAYERS, layout.TOKENS,

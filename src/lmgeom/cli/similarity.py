@@ -1,0 +1,93 @@
+"""`lmgeom similarity`: layer x layer CKA, Procrustes distance, RSA and mutual k-NN within a store or
+between two stores of the same corpus."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+
+MEASURE_NAMES = "cka,cka_debiased,procrustes,rsa,knn"
+TABLE_WIDTH = 80
+TABLE_MEASURES = {"cka": "linear CKA", "cka_debiased": "debiased linear CKA"}
+
+
+def grid_lines(values: Any, rows: list[int], columns: list[int], *, width: int = TABLE_WIDTH) -> list[str]:
+    """A rows x columns table of values (two decimals) as lines of at most `width` characters: the
+    columns split into as many blocks as the width needs, each block with the row labels."""
+    label = max(len("a\\b"), *(len(f"L{r}") for r in rows))
+    cell = 6
+    per_block = max(1, (width - label) // cell)
+    lines: list[str] = []
+    for start in range(0, len(columns), per_block):
+        block = range(start, min(len(columns), start + per_block))
+        if lines:
+            lines.append("")
+        lines.append("a\\b".ljust(label) + "".join(f"L{columns[j]}".rjust(cell) for j in block))
+        for i, row in enumerate(rows):
+            lines.append(f"L{row}".ljust(label) + "".join(
+                ("—" if values[i][j] != values[i][j] else f"{values[i][j]:.2f}").rjust(cell) for j in block))
+    return lines
+
+
+def layer_list(text: str | None, param: str) -> tuple[int, ...] | None:
+    """The layers of a comma-separated option (None when it is not given)."""
+    from lmgeom.errors import InputError
+
+    if not text:
+        return None
+    try:
+        return tuple(int(layer) for layer in split_list(text))
+    except ValueError:
+        raise InputError(f"`{param}` must be comma-separated layer numbers, got {text!r}", param=param) from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("similarity")
+    def similarity_command(
+        store: str = typer.Argument(..., help="a store written by `lmgeom extract` (or a run holding one)"),
+        store2: Optional[str] = typer.Argument(None, metavar="[STORE2]", help="a second store of the same corpus: its rows are matched by word occurrence"),
+        measure: str = typer.Option(MEASURE_NAMES, "--measure", "--measures", "-m", help=f"comma-separated measures: {MEASURE_NAMES}"),
+        layers: Optional[str] = typer.Option(None, help="comma-separated layers (default: all; 0 = embedding output), of both stores unless --layers-b"),
+        layers_b: Optional[str] = typer.Option(None, help="comma-separated layers of STORE2 (default: those of --layers)"),
+        sample: int = typer.Option(2000, min=4, help="seeded subsample of matched rows for rsa, knn and the permutation null"),
+        seed: int = typer.Option(0, min=0, help="seed of the subsample and the permutations"),
+        k: int = typer.Option(10, min=1, help="neighbours of mutual k-NN"),
+        permutations: int = typer.Option(1, min=0, help="row shuffles of the permutation null (0: none)"),
+        include_punct: bool = typer.Option(False, help="also compare punctuation tokens"),
+        include_special: bool = typer.Option(False, help="also compare special tokens (one store only: they are no corpus words)"),
+        exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word"),
+        out: Optional[str] = typer.Option(None, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores]"),
+    ) -> None:
+        """Layer x layer similarity: linear CKA (biased and debiased) and the Procrustes distance over
+        every row, RSA and mutual k-NN on a seeded subsample, each with a permutation baseline.
+        Prints the CKA table and writes similarity.json and similarity.csv."""
+        from lmgeom.runs.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
+
+        with user_errors():
+            chosen, chosen_b = layer_list(layers, "layers"), layer_list(layers_b, "layers_b")
+            options = SimilarityOptions(measures=tuple(split_list(measure)), layers=chosen, layers_b=chosen_b,
+                                        sample=sample, seed=seed, k=k,
+                                        permutations=permutations, include_punct=include_punct,
+                                        include_special=include_special, exclude_first_word=exclude_first_word)
+            with RichProgress() as progress:
+                result = similarity_matrix(store, store2, options, progress=progress)
+            paths = write_similarity(result, out or default_out(store, store2))
+        names = " x ".join(str(s["model_id"] or s["url"]) for s in result.stores) if store2 else str(result.stores[0]["model_id"])
+        counts = result.counts
+        matched = f"{counts['rows_matched']:,} rows"
+        if store2:
+            matched += f" matched by word occurrence ({counts['a_rows_unmatched']:,} of a and {counts['b_rows_unmatched']:,} of b unmatched)"
+        axes = "layers of a (rows) x b (columns)" if store2 else "layer x layer"
+        shuffled = "rows of b shuffled" if store2 else "rows of one side shuffled"
+        for name, title in TABLE_MEASURES.items():
+            if name in result.values:
+                console.print(f"{title}, {axes}: {names}, {matched}", highlight=False, soft_wrap=True)
+                console.print("\n".join(grid_lines(result.values[name], result.layers_a, result.layers_b)), highlight=False)
+                if name in result.null:
+                    mean_null = float(result.null[name].mean())
+                    console.print(f"permutation null ({shuffled}, {counts['sample']:,} sampled rows): mean {mean_null:.3f}",
+                                  highlight=False)
+        console.print("wrote " + ", ".join(str(path) for path in paths), highlight=False, soft_wrap=True)

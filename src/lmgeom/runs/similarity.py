@@ -1,0 +1,388 @@
+"""Layer x layer similarity within one store, or between two stores of the same corpus
+(`lmgeom similarity`): the measures of `lmgeom.metrics.similarity` on rows matched by word occurrence.
+
+Rows are matched across stores by corpus word occurrence: each stored word is located in its
+sentence's text (the words of a store are spans of the text, in order), and its key is its
+character offset in the corpus (the sentences' texts back to back). Two stores of one corpus
+(equal `corpus_fingerprint` in meta.json) share the texts, so equal keys are the same word
+occurrence whatever each model's tokenizer made of it. The rows of each store are first those of
+the analysis's row selection (`lmgeom.runs.selection.select_rows`: words, no punctuation, no
+special tokens by default); a word one store lacks (one its tokenizer could not align, or a row
+another selection left out) is dropped from both sides, and the dropped rows are counted.
+
+CKA and the Procrustes distance stream every matched row through `CrossMoments` accumulators, one
+per pair of layers and one per layer (its self pair), in chunks; pairs are grouped so that their
+states stay under `max_state_bytes`, each group one read of its layers. RSA, mutual k-NN and the
+permutation null run on one seeded subsample of `sample` matched rows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from lmgeom.errors import InputError, OutOfRange
+from lmgeom.metrics.base import as_float64_rows
+from lmgeom.metrics.contextuality import sample_indexes
+from lmgeom.metrics.similarity import (
+    DEFAULT_K,
+    MEASURES,
+    STREAMED_MEASURES,
+    CrossMoments,
+    knn_indices,
+    mutual_knn,
+    permutations,
+    permuted_neighbours,
+    permuted_ranks,
+    rdm_ranks,
+    rsa,
+    streamed_measures,
+)
+from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs import rundir
+from lmgeom.runs.selection import SELECTION_COLUMNS, select_rows
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, blaming
+from lmgeom.store import RepresentationStore
+
+DEFAULT_SAMPLE = 2000
+DEFAULT_MAX_STATE_BYTES = 2 << 30
+CORPUS_FIELDS = ("corpus_fingerprint", "corpus_name", "n_corpus_sentences", "pretokenized")
+"""The meta.json fields that say which corpus a store holds; the fingerprint decides."""
+
+
+@dataclass(frozen=True)
+class SimilarityOptions:
+    """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (None: all) of the
+    first store and `layers_b` of the second (None: the same as `layers`), RSA / k-NN / null on a
+    seeded subsample of `sample` rows with `permutations` shuffles, `k` neighbours, on the
+    analysis's row selection."""
+
+    measures: tuple[str, ...] = MEASURES
+    layers: tuple[int, ...] | None = None
+    layers_b: tuple[int, ...] | None = None
+    sample: int = DEFAULT_SAMPLE
+    seed: int = 0
+    k: int = DEFAULT_K
+    permutations: int = 1
+    include_punct: bool = False
+    include_special: bool = False
+    exclude_first_word: bool = False
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
+
+    def __post_init__(self) -> None:
+        unknown = [measure for measure in self.measures if measure not in MEASURES]
+        if unknown or not self.measures:
+            raise InputError(f"unknown `measures` {unknown or '(none given)'}; choose from {', '.join(MEASURES)}",
+                             param="measures")
+        for name, low in (("sample", 4), ("k", 1), ("permutations", 0), ("chunk_rows", 1), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise InputError(f"`{name}` must be at least {low}, got {getattr(self, name)}", param=name)
+
+
+@dataclass
+class SimilarityResult:
+    """Per measure a layers_a x layers_b matrix of values and of permutation baselines (`null`),
+    tidy `records`, and the `counts` of the row matching."""
+
+    stores: list[dict[str, Any]]
+    layers_a: list[int]
+    layers_b: list[int]
+    values: dict[str, np.ndarray]
+    null: dict[str, np.ndarray]
+    counts: dict[str, int]
+    settings: dict[str, Any]
+    paths: list[Path] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [{"layer_a": la, "layer_b": lb, "measure": measure, "value": float(self.values[measure][i, j]),
+                 "null": float(self.null[measure][i, j]) if measure in self.null else None}
+                for measure in self.values for i, la in enumerate(self.layers_a) for j, lb in enumerate(self.layers_b)]
+
+
+@dataclass(frozen=True)
+class MatchedRows:
+    """The rows of two stores (or one store twice) that hold the same word occurrences, in corpus order."""
+
+    rows_a: np.ndarray
+    rows_b: np.ndarray
+    counts: dict[str, int]
+
+
+# ---------------------------------------------------------------------------------------------
+# row matching
+
+
+def require_same_corpus(a: RepresentationStore, b: RepresentationStore) -> None:
+    """Refuse two stores of different corpora, naming the meta.json fields that differ."""
+    if a.meta.get("corpus_fingerprint") == b.meta.get("corpus_fingerprint"):
+        return
+    differ = [f"{name} {a.meta.get(name)!r} against {b.meta.get(name)!r}" for name in (*CORPUS_FIELDS, "corpus_source")
+              if a.meta.get(name) != b.meta.get(name)]
+    raise InputError(f"{a.url} and {b.url} hold different corpora ({'; '.join(differ)}): rows can be matched only "
+                     "within one corpus; extract both models from the same corpus (the same --corpus, --limit and --sample)")
+
+
+def corpus_offsets(store: RepresentationStore) -> tuple[np.ndarray, np.ndarray]:
+    """Per store row, the character offset of its word in the corpus (the sentence texts back to
+    back; -1 for special tokens) and the word's length: each stored word is found in its sentence's
+    text after the one before it."""
+    tokens = store.token_columns("sentence_id", "word", "is_special")
+    texts = store.sentences["text"].tolist()
+    first = np.concatenate([[0], np.cumsum([len(text) for text in texts])]).astype(np.int64)
+    offsets = np.full(len(tokens), -1, dtype=np.int64)
+    lengths = np.zeros(len(tokens), dtype=np.int64)
+    sentence_ids = tokens["sentence_id"].to_numpy()
+    special = tokens["is_special"].to_numpy(dtype=bool)
+    current, cursor = -1, 0
+    for row, (sentence, word) in enumerate(zip(sentence_ids.tolist(), tokens["word"].tolist())):
+        if sentence != current:
+            current, cursor = sentence, 0
+        if special[row]:
+            continue
+        found = texts[sentence].find(word, cursor)
+        if found < 0:
+            raise InputError(f"{store.url}: row {row}'s word {word!r} is not in sentence {sentence}'s text after "
+                             f"character {cursor}; the store's tables are damaged: run `lmgeom verify {store.url}`")
+        offsets[row], lengths[row] = first[sentence] + found, len(word)
+        cursor = found + len(word)
+    return offsets, lengths
+
+
+def match_rows(a: RepresentationStore, b: RepresentationStore | None, options: SimilarityOptions) -> MatchedRows:
+    """The selected rows of `a` and, for a second store `b`, of `b` at the same word occurrences."""
+    selection_a = _selection(a, options)
+    if b is None:
+        rows = selection_a.rows
+        return MatchedRows(rows, rows, {"rows_matched": len(rows), **{f"a_{k}": v for k, v in selection_a.counts.items()}})
+    require_same_corpus(a, b)
+    selection_b = _selection(b, options)
+    (offsets_a, lengths_a), (offsets_b, lengths_b) = corpus_offsets(a), corpus_offsets(b)
+    rows_a, rows_b = selection_a.rows, selection_b.rows
+    words_a, words_b = rows_a[offsets_a[rows_a] >= 0], rows_b[offsets_b[rows_b] >= 0]  # special tokens are no corpus words
+    _, in_a, in_b = np.intersect1d(offsets_a[words_a], offsets_b[words_b], assume_unique=True, return_indices=True)
+    matched_a, matched_b = words_a[in_a], words_b[in_b]
+    if (lengths_a[matched_a] != lengths_b[matched_b]).any():
+        bad = int(np.flatnonzero(lengths_a[matched_a] != lengths_b[matched_b])[0])
+        raise InputError(f"{a.url} row {matched_a[bad]} and {b.url} row {matched_b[bad]} start at the same corpus "
+                         "character but hold words of different lengths: the two stores segment the corpus differently")
+    if not len(matched_a):
+        raise InputError(f"{a.url} and {b.url} share no selected word occurrence")
+    counts = {"rows_matched": len(matched_a),
+              **{f"a_{k}": v for k, v in selection_a.counts.items()}, "a_rows_unmatched": len(rows_a) - len(matched_a),
+              **{f"b_{k}": v for k, v in selection_b.counts.items()}, "b_rows_unmatched": len(rows_b) - len(matched_b)}
+    return MatchedRows(matched_a, matched_b, counts)
+
+
+def _selection(store: RepresentationStore, options: SimilarityOptions) -> Any:
+    return select_rows(store.token_columns(*SELECTION_COLUMNS), include_special=options.include_special,
+                       include_punct=options.include_punct, exclude_first_word=options.exclude_first_word)
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+
+
+def _layers(store: RepresentationStore, layers: Sequence[int] | None, param: str = "layers") -> list[int]:
+    if layers is None:
+        return list(store.layers)
+    bad = [layer for layer in layers if layer not in store.layers]
+    if bad:
+        raise OutOfRange(f"`{param}` {bad} out of range: {store.url} has layers 0..{len(store.layers) - 1} (0 = embeddings)",
+                         param=param)
+    return list(dict.fromkeys(layers))
+
+
+def _read(store: RepresentationStore, layer: int, rows: np.ndarray) -> np.ndarray:
+    """Float64 rows of a layer (ascending `rows`); NaN/inf is an error naming the layer and row."""
+    span = int(rows[-1]) - int(rows[0]) + 1
+    if span <= 2 * len(rows):  # dense rows (a chunk of matched rows): one contiguous read
+        block = np.asarray(store.layer(layer)[int(rows[0]) : int(rows[-1]) + 1])[rows - rows[0]]
+    else:  # sparse rows (the subsample): only the chunks they touch
+        block = store.rows(layer, rows)
+    with blaming(store, layer):
+        return as_float64_rows(block, name=f"layer {layer} of {store.url}", layer=layer)
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+Side = tuple[int, int]  # (store index 0/1, layer)
+
+
+def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
+                      store_b: str | os.PathLike[str] | RepresentationStore | None = None,
+                      options: SimilarityOptions | None = None, *, progress: Progress | None = None) -> SimilarityResult:
+    """Layer x layer similarity of `store_a` with itself, or with `store_b` over the same word
+    occurrences (see the module docstring); nothing is written (`write_similarity` writes it)."""
+    options = options or SimilarityOptions()
+    progress = progress or NoProgress()
+    a = store_a if isinstance(store_a, RepresentationStore) else RepresentationStore.open(store_a)
+    b = None if store_b is None else store_b if isinstance(store_b, RepresentationStore) else RepresentationStore.open(store_b)
+    stores = [a, b if b is not None else a]
+    if b is None and options.layers_b is not None:
+        raise InputError("`layers_b` names the second store's layers; give a second store, or use `layers` alone",
+                         param="layers_b")
+    layers_a = _layers(a, options.layers)
+    layers_b = (_layers(stores[1], options.layers) if options.layers_b is None
+                else _layers(stores[1], options.layers_b, "layers_b"))
+    matched = match_rows(a, b, options)
+    rows = [matched.rows_a, matched.rows_b]
+    n = len(rows[0])
+    if n < 4:
+        raise InputError(f"only {n} matched rows: similarity needs at least 4; use a bigger corpus")
+    within = b is None
+    pairs = [(i, j) for i in range(len(layers_a)) for j in range(len(layers_b)) if not within or j >= i]
+    streamed = [m for m in options.measures if m in STREAMED_MEASURES]
+    values = {m: np.full((len(layers_a), len(layers_b)), np.nan) for m in options.measures}
+
+    if streamed:
+        sides: list[Side] = [(0, layer) for layer in layers_a] + ([] if within else [(1, layer) for layer in layers_b])
+        stats = _stream(stores, rows, [((0, layers_a[i]), (0 if within else 1, layers_b[j])) for i, j in pairs],
+                        sides, options, progress)
+        for i, j in pairs:
+            side_x, side_y = (0, layers_a[i]), (0 if within else 1, layers_b[j])
+            measures = streamed_measures(stats[(side_x, side_y)], stats[(side_x, side_x)], stats[(side_y, side_y)])
+            for measure in streamed:
+                values[measure][i, j] = measures[measure]
+
+    null = _subsample_measures(stores, rows, layers_a, layers_b, pairs, options, values, progress)
+    if within:
+        for table in (*values.values(), *null.values()):
+            lower = np.tril_indices(len(layers_a), -1)
+            table[lower] = table.T[lower]
+    for store in {id(s): s for s in stores}.values():
+        store.check_unchanged()
+    settings = {"measures": list(options.measures), "layers_a": layers_a, "layers_b": layers_b,
+                "sample": min(options.sample, n), "seed": options.seed, "k": options.k,
+                "permutations": options.permutations, "include_punct": options.include_punct,
+                "include_special": options.include_special, "exclude_first_word": options.exclude_first_word,
+                "rows": "matched by corpus word occurrence (character offset in the corpus)" if not within else "the row selection",
+                "streamed": "cka, cka_debiased and procrustes over every matched row",
+                "subsample": "rsa and knn, and every null, on the seeded subsample of `sample` matched rows",
+                "null": "each measure with the rows of store b (the column side) shuffled on the subsample; mean over the permutations",
+                "procrustes_unit": "radians"}
+    described = [{"url": s.url, "model_id": s.meta.get("model_id"), "corpus_fingerprint": s.meta.get("corpus_fingerprint")}
+                 for s in ([a] if within else stores)]
+    return SimilarityResult(described, layers_a, layers_b, values, null, {**matched.counts, "sample": min(options.sample, n)},
+                            settings)
+
+
+def _stream(stores: list[RepresentationStore], rows: list[np.ndarray], pairs: list[tuple[Side, Side]], sides: list[Side],
+            options: SimilarityOptions, progress: Progress) -> dict[tuple[Side, Side], Any]:
+    """`CrossStatistics` of every pair of sides and every side's self pair, streamed over the
+    matched rows in chunks, in groups of pairs whose states fit `max_state_bytes`."""
+    dims = {side: stores[side[0]].dim for side in sides}
+    jobs = [(side, side) for side in sides] + [pair for pair in pairs if pair[0] != pair[1]]
+    groups: list[list[tuple[Side, Side]]] = [[]]
+    used = 0
+    for job in jobs:
+        size = 8 * dims[job[0]] * dims[job[1]]
+        if groups[-1] and used + size > options.max_state_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(job)
+        used += size
+    n = len(rows[0])
+    chunks = list(_chunks(n, options.chunk_rows))
+    progress.start("similarity", len(groups) * len(chunks), unit="chunks")
+    shifts: dict[Side, np.ndarray] = {}
+    stats: dict[tuple[Side, Side], Any] = {}
+    for group in groups:
+        needed = list(dict.fromkeys(side for job in group for side in job))
+        accumulators: dict[tuple[Side, Side], CrossMoments] = {}
+        for chunk in chunks:
+            block = {side: _read(stores[side[0]], side[1], rows[side[0]][chunk]) for side in needed}
+            for side in needed:
+                shifts.setdefault(side, block[side].mean(axis=0))  # the first chunk's mean, for every group
+                block[side] -= shifts[side]  # once per chunk and side, for all its accumulators
+            for x, y in group:
+                if (x, y) not in accumulators:
+                    accumulators[(x, y)] = (CrossMoments(paired=False, shift_x=shifts[x]) if x == y
+                                            else CrossMoments(shift_x=shifts[x], shift_y=shifts[y]))
+                if x == y:
+                    accumulators[(x, y)].add(block[x], shifted=True)
+                else:
+                    accumulators[(x, y)].add(block[x], Y=block[y], shifted=True)
+            progress.advance("similarity")
+        stats.update({job: accumulator.result() for job, accumulator in accumulators.items()})
+    return stats
+
+
+def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray], layers_a: list[int], layers_b: list[int],
+                        pairs: list[tuple[int, int]], options: SimilarityOptions, values: dict[str, np.ndarray],
+                        progress: Progress) -> dict[str, np.ndarray]:
+    """RSA and mutual k-NN (into `values`) and the permutation null of every measure, on the subsample."""
+    n = len(rows[0])
+    picked = sample_indexes(np.arange(n), options.sample, options.seed)
+    m = len(picked)
+    shuffles = permutations(m, options.permutations, options.seed + 1)
+    null = {measure: np.full(values[measure].shape, np.nan) for measure in values} if shuffles else {}
+    within = stores[0] is stores[1] and layers_a == layers_b
+    sample_a = {layer: _read(stores[0], layer, rows[0][picked]) for layer in layers_a}
+    sample_b = sample_a if within else {layer: _read(stores[1], layer, rows[1][picked]) for layer in layers_b}
+    wants = set(options.measures)
+    progress.start("similarity on the subsample", len(pairs), unit="layer pairs")
+    ranks_a = {layer: rdm_ranks(X) for layer, X in sample_a.items()} if "rsa" in wants else {}
+    ranks_b = ranks_a if within else {layer: rdm_ranks(X) for layer, X in sample_b.items()} if "rsa" in wants else {}
+    near_a = {layer: knn_indices(X, options.k) for layer, X in sample_a.items()} if "knn" in wants else {}
+    near_b = near_a if within else {layer: knn_indices(X, options.k) for layer, X in sample_b.items()} if "knn" in wants else {}
+    shuffled_ranks = {layer: [permuted_ranks(r, p) for p in shuffles] for layer, r in ranks_b.items()}
+    shuffled_near = {layer: [permuted_neighbours(nn, p) for p in shuffles] for layer, nn in near_b.items()}
+    streamed = [measure for measure in options.measures if measure in STREAMED_MEASURES]
+    # a shuffle leaves each side's self pair as it is: one per layer, the cross pairs per shuffle
+    means = {**{(0, layer): X.mean(axis=0) for layer, X in sample_a.items()},
+             **{(1, layer): X.mean(axis=0) for layer, X in sample_b.items()}}
+    selves = {side: CrossMoments(paired=False, shift_x=means[side]).add((sample_a if side[0] == 0 else sample_b)[side[1]]).result()
+              for side in means} if streamed and shuffles else {}
+    for i, j in pairs:
+        la, lb = layers_a[i], layers_b[j]
+        if "rsa" in wants:
+            values["rsa"][i, j] = rsa(ranks_a[la], ranks_b[lb])
+            if shuffles:
+                null["rsa"][i, j] = np.mean([rsa(ranks_a[la], r) for r in shuffled_ranks[lb]])
+        if "knn" in wants:
+            values["knn"][i, j] = mutual_knn(near_a[la], near_b[lb])
+            if shuffles:
+                null["knn"][i, j] = np.mean([mutual_knn(near_a[la], nn) for nn in shuffled_near[lb]])
+        if streamed and shuffles:
+            baselines = [streamed_measures(CrossMoments(shift_x=means[(0, la)], shift_y=means[(1, lb)]).add(
+                sample_a[la], Y=sample_b[lb][p]).result(), selves[(0, la)], selves[(1, lb)]) for p in shuffles]
+            for measure in streamed:
+                null[measure][i, j] = np.mean([baseline[measure] for baseline in baselines])
+        progress.advance("similarity on the subsample")
+    return null
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str] | None) -> Path:
+    """Where `lmgeom similarity` writes by default: the first store's folder for one store, its
+    `similarity/<second store's name>/` folder for two."""
+    base = Path(store_a)
+    return base if store_b is None else base / rundir.SIMILARITY_PAIRS.name / Path(store_b).resolve().name
+
+
+def write_similarity(result: SimilarityResult, out: str | os.PathLike[str]) -> list[Path]:
+    """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records)
+    in `out`; the document's provenance is the first store's."""
+    store_meta = {key: result.stores[0][key] for key in ("model_id", "corpus_fingerprint")}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"settings": result.settings, "counts": result.counts, "stores": result.stores, "records": result.records,
+               "layers_a": result.layers_a, "layers_b": result.layers_b,
+               "matrices": {measure: table for measure, table in result.values.items()},
+               "null": {measure: table for measure, table in result.null.items()}}
+    paths = [rundir.write_json(rundir.SIMILARITY.at(out), rundir.SIMILARITY.kind, payload, store_meta=store_meta),
+             rundir.write_records_csv(rundir.SIMILARITY_CSV.at(out), result.records)]
+    result.paths = paths
+    return paths
