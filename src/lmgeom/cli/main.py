@@ -20,6 +20,7 @@ from lmgeom.cli import report  # noqa: E402
 from lmgeom.cli import export  # noqa: E402
 from lmgeom.cli import experiment  # noqa: E402
 from lmgeom.cli import verify  # noqa: E402
+from lmgeom.cli import geometry  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -30,3 +31,4 @@ report.register(app)
 export.register(app)
 experiment.register(app)
 verify.register(app)
+geometry.register(app)
