@@ -43,8 +43,9 @@ def print_geometry(result: GeometryResult, out: Path | None = None) -> None:
     settings = result.settings
     ids = Table(title=f"{model}: intrinsic dimension per layer (layer 0 = embedding output; "
                       f"{settings['n_points']:,} sampled rows, {settings['intrinsic_dimension']['interval']} over "
-                      f"{settings['intrinsic_dimension']['n_boot']} resamples)")
-    for header in ("layer", "dup", "TwoNN [CI]", "MLE k=20 [CI]", "GRIDE 8", "GRIDE 64"):
+                      f"{settings['intrinsic_dimension']['n_boot']} resamples; MLE k = {settings['intrinsic_dimension']['mle_k']}, "
+                      "GRIDE at n2 = 8 and 64)")
+    for header in ("layer", "dup", "TwoNN [CI]", "MLE [CI]", "GRIDE 8", "GRIDE 64"):
         ids.add_column(header, justify="right")
     for layer in result.layers:
         gride_8, gride_64 = _estimate(layer, "gride", 8), _estimate(layer, "gride", 64)

@@ -205,7 +205,14 @@ def measure_geometry(
 def _layer_record(store: RepresentationStore, tokens: pd.DataFrame, layer: int, X: np.ndarray, everywhere: MagnitudeAccumulator,
                   selected: MagnitudeAccumulator, sentences: WordMeanAccumulator, pairs: np.ndarray, alignment_note: str | None,
                   *, n_boot: int, max_sentences: int, seed: int, device: str) -> dict[str, Any]:
-    dimension = intrinsic_dimension(X, n_boot=n_boot, seed=seed, device=device)
+    # a small store has fewer distinct rows than the largest neighbour asked for: fewer GRIDE scales, a smaller MLE k
+    n_distinct = len(np.unique(X, axis=0))
+    scales = min(GRIDE_SCALES, int(np.log2(max(n_distinct - 1, 1))))
+    if n_distinct < 3:
+        raise InputError(f"layer {layer} has {n_distinct} distinct sampled rows; the intrinsic dimension needs at least 3 "
+                         "(raise n_points or use a bigger corpus)", param="n_points")
+    dimension = intrinsic_dimension(X, n_boot=n_boot, seed=seed, device=device, mle_k=min(MLE_NEIGHBOURS, n_distinct - 1),
+                                    gride_scales=max(1, scales))
     median = float(np.median(np.abs(X)))
     top = everywhere.result()
     moments = selected.result()
