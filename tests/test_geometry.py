@@ -153,16 +153,17 @@ def test_scikit_dimension_agrees():
 
 
 def test_dadapy_agrees():
+    # DADApy 0.3.4 pins numpy < 2, so it skips beside lmgeom's numpy 2; written against its source
+    # (Data.compute_id_2NN: the same least-squares fit; return_id_scaling_gride: n1 = 2^i, n2 = 2^(i+1))
     dadapy = pytest.importorskip("dadapy")
     X = _subspace_points(1000, 6, ambient=50, seed=9)
     result = intrinsic_dimension(X, n_boot=0)
-    data = dadapy.Data(X, verbose=False)
-    data.compute_distances(maxk=64)
-    twonn_peer = data.compute_id_2NN(algorithm="base", fraction=0.9)[0]
+    twonn_peer = dadapy.Data(coordinates=X).compute_id_2NN(algorithm="base", mu_fraction=0.9)[0]
     assert twonn_peer == pytest.approx(result.get("twonn").dimension, rel=1e-6)
-    ids, _, scales = data.return_id_scaling_gride(range_max=64)
+    ids = dadapy.Data(coordinates=X).return_id_scaling_gride(range_max=64)[0]
+    assert len(ids) == 6
     for estimate, n2 in zip(ids, (2, 4, 8, 16, 32, 64)):
-        assert estimate == pytest.approx(result.get("gride", n2).dimension, rel=1e-3)
+        assert estimate == pytest.approx(result.get("gride", n2).dimension, rel=1e-4)
 
 
 # ---- the profile and the probing layer -------------------------------------------------------

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 import typer
 from rich.table import Table
@@ -25,12 +25,11 @@ def _with_interval(estimate: dict[str, Any] | None) -> str:
     return f"{number(estimate['dimension'], 1)} [{number(estimate['low'], 1)}, {number(estimate['high'], 1)}]"
 
 
-def _isotropy_columns(result: GeometryResult, out: Path | None) -> dict[int, dict[str, float]]:
-    """average_cosine_without_rogue / _standardized per layer from the run's isotropy.json, if there."""
+def _isotropy_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
+    """average_cosine_without_rogue / _standardized per layer from the first isotropy.json in `folders`."""
     from lmgeom.runs.rundir import ISOTROPY, read_json
 
-    folder = out if out is not None else (result.paths[0].parent if result.paths else None)
-    document = read_json(ISOTROPY.at(folder), "isotropy") if folder is not None else None
+    document = next((d for d in (read_json(ISOTROPY.at(folder), "isotropy") for folder in folders) if d is not None), None)
     columns: dict[int, dict[str, float]] = {}
     for record in (document or {}).get("records", []):
         if record["measure"] in ("average_cosine_without_rogue", "average_cosine_standardized"):
@@ -38,7 +37,9 @@ def _isotropy_columns(result: GeometryResult, out: Path | None) -> dict[int, dic
     return columns
 
 
-def print_geometry(result: GeometryResult, out: Path | None = None) -> None:
+def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> None:
+    """The three per-layer tables; the rogue and standardised cosines come from the isotropy.json of
+    the first of `run_folders` that has one."""
     model = result.store_meta.get("model_id")
     settings = result.settings
     ids = Table(title=f"{model}: intrinsic dimension per layer (layer 0 = embedding output; "
@@ -67,7 +68,7 @@ def print_geometry(result: GeometryResult, out: Path | None = None) -> None:
                          number(abs(top["value"]), 1), number(top["ratio_to_median"], 0), where)
     console.print(outliers)
 
-    isotropy = _isotropy_columns(result, out)
+    isotropy = _isotropy_columns(run_folders)
     cosines = Table(title="average cosine of the sampled rows: raw, without the 3σ dims; without the rogue dims and "
                           "standardised (isotropy.json); uniformity (t=2) of sentence vectors; alignment")
     for header in ("layer", "raw", "w/o 3σ", "w/o rogue", "standard.", "uniformity", "alignment"):
@@ -113,7 +114,8 @@ def register(app: typer.Typer) -> None:
                                       include_punct=include_punct, include_special=include_special,
                                       exclude_first_word=exclude_first_word, seed=seed, device=device, data_dir=data_dir,
                                       out=out, progress=progress)
-        print_geometry(result, out)
+        print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)
+                                if folder is not None])
         console.print("wrote " + ", ".join(str(p) for p in result.paths))
 
     @app.command("geometry-probes")
