@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.metrics.alignment import alignment, uniformity
+from lmgeom.metrics.contextuality import intra_sentence_similarity, self_similarity
 from lmgeom.metrics.intrinsic import (
     gride_from_ratios,
     gride_log_likelihood,
@@ -252,6 +253,22 @@ def test_geometry_locates_the_planted_massive_activation_on_a_special_row(tmp_pa
     assert layer["n_rows"] == 300 and result.counts["rows_analysed"] == 320
     document = json.loads((store.path / "geometry.json").read_text())
     assert document["kind"] == "geometry" and len(document["layers"]) == 2
+
+
+def test_self_and_intra_similarity_without_outliers_and_standardised_equal_brute_force(tmp_path):
+    store = _planted_store(tmp_path)
+    result = measure_geometry(store, n_points=300, n_boot=0, top_k=1, min_contexts=5, data_dir=tmp_path / "no-data", write=False)
+    tokens = store.tokens
+    words = ~tokens["is_special"].to_numpy()
+    X = store.layer(1)[:].astype(np.float64)[words]
+    word_ids, sentence_ids = tokens["word_id"].to_numpy()[words], tokens["sentence_id"].to_numpy()[words]
+    counts = tokens[words].groupby("word_id")["sentence_id"].nunique()
+    known = np.isin(word_ids, counts.index[counts >= 5])
+    for name, Y in (("without_outlier_dimensions", np.delete(X, [2], axis=1)), ("standardized", (X - X.mean(0)) / X.std(0))):
+        layer = result.layers[1]
+        assert layer[f"self_similarity_{name}"] == pytest.approx(self_similarity(Y[known], word_ids[known]).mean(), rel=1e-10)
+        assert layer[f"intra_sentence_similarity_{name}"] == pytest.approx(
+            intra_sentence_similarity(Y, sentence_ids).mean(), rel=1e-10)
 
 
 def test_alignment_on_stsb_pairs_found_in_the_corpus(tmp_path):

@@ -37,6 +37,18 @@ def _isotropy_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
     return columns
 
 
+def _contextuality_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
+    """Raw self_similarity / intra_sentence_similarity per layer from the first contextuality.json in `folders`."""
+    from lmgeom.runs.rundir import CONTEXTUALITY, read_json
+
+    document = next((d for d in (read_json(CONTEXTUALITY.at(folder), "contextuality") for folder in folders) if d is not None), None)
+    columns: dict[int, dict[str, float]] = {}
+    for record in (document or {}).get("records", []):
+        if record["metric"] in ("self_similarity", "intra_sentence_similarity"):
+            columns.setdefault(int(record["layer"]), {})[record["metric"]] = record["raw"]
+    return columns
+
+
 def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> None:
     """The three per-layer tables; the rogue and standardised cosines come from the isotropy.json of
     the first of `run_folders` that has one."""
@@ -80,11 +92,24 @@ def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> 
                         number(extra.get("average_cosine_without_rogue"), 3), number(extra.get("average_cosine_standardized"), 3),
                         number(layer["uniformity"], 3), number(layer["alignment"], 3))
     console.print(cosines)
+    raw = _contextuality_columns(run_folders)
+    similarities = Table(title="self-similarity and intra-sentence similarity: raw (contextuality.json), without the 3σ "
+                               "dims, standardised")
+    for header in ("layer", "SelfSim", "w/o 3σ", "standard.", "IntraSim", "w/o 3σ", "standard."):
+        similarities.add_column(header, justify="right")
+    for layer in result.layers:
+        extra = raw.get(layer["layer"], {})
+        similarities.add_row(str(layer["layer"]), number(extra.get("self_similarity"), 3),
+                             number(layer["self_similarity_without_outlier_dimensions"], 3),
+                             number(layer["self_similarity_standardized"], 3), number(extra.get("intra_sentence_similarity"), 3),
+                             number(layer["intra_sentence_similarity_without_outlier_dimensions"], 3),
+                             number(layer["intra_sentence_similarity_standardized"], 3))
+    console.print(similarities)
     note = settings["alignment"]["note"]
     if note:
         console.print(f"alignment: none ({note})")
-    if not isotropy:
-        console.print("w/o rogue, standard.: run `lmgeom run` (isotropy.json) for these columns")
+    if not isotropy or not raw:
+        console.print("missing columns come from the run's isotropy.json and contextuality.json: `lmgeom run` writes them")
 
 
 def register(app: typer.Typer) -> None:
@@ -99,6 +124,7 @@ def register(app: typer.Typer) -> None:
         include_punct: bool = typer.Option(False, "--include-punct", help="also use punctuation rows"),
         include_special: bool = typer.Option(False, "--include-special", help="also use special-token rows the store kept"),
         exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word"),
+        min_contexts: int = typer.Option(5, min=2, metavar="<int>", help="self-similarity of words in at least this many sentences"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the samples and the bootstrap"),
         device: str = typer.Option("cpu", help="where the k-NN search runs: cpu, cuda, cuda:N or auto"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
@@ -111,7 +137,7 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             store = RepresentationStore.open(store_path)
             result = measure_geometry(store, n_points=points, n_boot=boot, top_k=top_k, max_sentences=max_sentences,
-                                      include_punct=include_punct, include_special=include_special,
+                                      min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
                                       exclude_first_word=exclude_first_word, seed=seed, device=device, data_dir=data_dir,
                                       out=out, progress=progress)
         print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)

@@ -14,7 +14,11 @@ accumulators, so the pass can be registered in the analysis engine as it stands)
 - a `WordMeanAccumulator` keyed by sentence: each sentence's vector is the mean of its selected
   rows, for uniformity (on at most `max_sentences` seeded sentences) and, where the corpus holds
   STS-B pairs with gold >= 4, alignment.
-Then the sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on `device`.
+Then the sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on `device`. A second
+read of the layer (it needs the first pass's per-dimension moments) gives self-similarity (words in
+at least `min_contexts` sentences) and intra-sentence similarity of the rows without the 3-sigma
+outlier dimensions and of the rows standardised per dimension (z-scores with the selected rows' mean
+and population std), beside the raw ones in contextuality.json.
 Written to RUN/geometry.json.
 """
 
@@ -23,14 +27,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from lmgeom.errors import InputError
 from lmgeom.metrics.alignment import ALIGNMENT_ALPHA, UNIFORMITY_T, alignment, uniformity
-from lmgeom.metrics.contextuality import RowSampleAccumulator, WordMeanAccumulator, average_cosine, sample_indexes
+from lmgeom.metrics.contextuality import (
+    IntraSentenceAccumulator,
+    RowSampleAccumulator,
+    SelfSimilarityAccumulator,
+    WordMeanAccumulator,
+    average_cosine,
+    sample_indexes,
+)
 from lmgeom.metrics.intrinsic import (
     CONFIDENCE,
     GRIDE_SCALES,
@@ -51,11 +62,12 @@ from lmgeom.metrics.outliers import (
     MagnitudeAccumulator,
     is_massive,
     magnitude_outliers,
+    standardized,
 )
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.rundir import GEOMETRY, write_json
-from lmgeom.runs.selection import select_rows
-from lmgeom.runs.tally import Feed, tally
+from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
+from lmgeom.runs.tally import Feed, RowSink, tally
 from lmgeom.store import RepresentationStore
 
 GEOMETRY_POINTS = 5000
@@ -78,6 +90,43 @@ class GeometryResult:
         """The intrinsic dimension of every layer by `method` (GRIDE at neighbour `n2`)."""
         return np.array([next(e["dimension"] for e in layer["intrinsic_dimension"]
                               if e["method"] == method and (n2 is None or e["n2"] == n2)) for layer in self.layers])
+
+
+class _Transformed:
+    """A `RowSink` handing `accumulator` its rows transformed (outlier dimensions dropped, or standardised)."""
+
+    def __init__(self, accumulator: RowSink, transform: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.accumulator = accumulator
+        self.transform = transform
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> _Transformed:
+        self.accumulator.add(self.transform(X), **ids)
+        return self
+
+
+def _mean_defined(values: np.ndarray) -> float | None:
+    defined = values[~np.isnan(values)]
+    return float(defined.mean()) if len(defined) else None
+
+
+def _cosines_without_outliers(store: RepresentationStore, layer: int, selection: RowSelection, words: WordSelection | None,
+                              kept: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str, float | None]:
+    """SelfSim and IntraSim of the rows without the outlier dimensions and standardised: one read."""
+    variants: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "without_outlier_dimensions": lambda X: X[:, kept], "standardized": lambda X: standardized(X, mean, std)}
+    self_sims = {name: SelfSimilarityAccumulator(len(words)) for name in variants} if words is not None else {}
+    intras = {name: IntraSentenceAccumulator() for name in variants}
+    feeds = []
+    for name, transform in variants.items():
+        if words is not None:
+            feeds.append(Feed(_Transformed(self_sims[name], transform), words.word_index >= 0, {"word_ids": words.word_index}))
+        feeds.append(Feed(_Transformed(intras[name], transform), selection.mask, {"sentence_ids": selection.sentence_ids}))
+    tally(store, layer, feeds)
+    out: dict[str, float | None] = {}
+    for name in variants:
+        out[f"self_similarity_{name}"] = _mean_defined(self_sims[name].result()) if name in self_sims else None
+        out[f"intra_sentence_similarity_{name}"] = _mean_defined(intras[name].result().to_numpy(dtype=np.float64))
+    return out
 
 
 def _sentence_text_index(store: RepresentationStore) -> dict[str, int]:
@@ -136,6 +185,7 @@ def measure_geometry(
     n_boot: int = N_BOOT,
     top_k: int = TOP_ACTIVATIONS,
     max_sentences: int = MAX_SENTENCES,
+    min_contexts: int = 5,
     include_punct: bool = False,
     include_special: bool = False,
     exclude_first_word: bool = False,
@@ -158,6 +208,10 @@ def measure_geometry(
     selection = select_rows(tokens, include_special=include_special, include_punct=include_punct,
                             exclude_first_word=exclude_first_word)
     sample = sample_indexes(selection.rows, n_points, seed)
+    try:
+        words: WordSelection | None = select_words(store.vocab, selection, min_contexts=min_contexts)
+    except InputError:  # no word in min_contexts sentences: no self-similarity, the rest stands
+        words = None
     n_sentences = len(store.sentences)
     pairs, alignment_note = positive_pairs(store, data_dir)
     all_rows = {"rows": np.arange(store.n_tokens)}
@@ -171,8 +225,12 @@ def measure_geometry(
                              Feed(sampled, selection.mask, all_rows),
                              Feed(sentences, selection.mask, {"word_ids": selection.sentence_ids})])
         X = sampled.result()
-        records.append(_layer_record(store, tokens, layer, X, everywhere, selected, sentences, pairs, alignment_note,
-                                     n_boot=n_boot, max_sentences=max_sentences, seed=seed, device=device))
+        record = _layer_record(store, tokens, layer, X, everywhere, selected, sentences, pairs, alignment_note,
+                               n_boot=n_boot, max_sentences=max_sentences, seed=seed, device=device)
+        moments = selected.result()
+        kept = np.setdiff1d(np.arange(store.dim), [d["dimension"] for d in record["outlier_dimensions"]])
+        record.update(_cosines_without_outliers(store, layer, selection, words, kept, moments.mean, moments.std))
+        records.append(record)
         progress.advance("geometry", note=f"layer {layer}")
     store.check_unchanged()
     settings = {
@@ -186,13 +244,16 @@ def measure_geometry(
                      "top_k": top_k, "top_over": "every stored row (special tokens and first positions included)",
                      "median": "median |h| over the sampled rows and all dimensions",
                      "massive": f"|h| > {MASSIVE_MIN_MAGNITUDE:g} and >= {MASSIVE_MIN_RATIO:g} x median (Sun et al. 2024)",
-                     "rogue_top_k": ROGUE_TOP_K, "layernorm_weights": "not measured: a store holds activations, not weights"},
+                     "rogue_top_k": ROGUE_TOP_K, "layernorm_weights": "not measured: a store holds activations, not weights",
+                     "cosines": (f"self-similarity (words in >= {min_contexts} sentences) and intra-sentence similarity without "
+                                 "the outlier dimensions and standardised (selected rows' mean and population std): "
+                                 "a second read of each layer")},
         "uniformity": {"t": UNIFORMITY_T, "vectors": "sentence vectors (mean of the sentence's selected rows), normalised",
                        "max_sentences": max_sentences},
         "alignment": {"alpha": ALIGNMENT_ALPHA, "pairs": f"STS-B pairs with gold >= {ALIGNMENT_MIN_GOLD:g}", "n_pairs": len(pairs),
                       "note": alignment_note},
     }
-    counts = {**selection.counts, "sentences": n_sentences}
+    counts = {**selection.counts, "sentences": n_sentences, "words_analysed": 0 if words is None else len(words)}
     result = GeometryResult(records, settings, counts, dict(store.meta))
     if write:
         target = store.path if out is None else Path(out)
