@@ -1,7 +1,9 @@
 """TwoNN against its limit, one blocked exact k-NN search, and against scikit-dimension.
 
 Points: --points rows of a --manifold-dimensional Gaussian on a random linear subspace of R^--dim
-plus isotropic noise of 0.01 (no duplicates), float64. Timed, side by side, median of --repeat:
+plus isotropic noise of 0.01 (no duplicates), float64. Timed one after the other in one process,
+wall and CPU seconds (one thread: CPU seconds carry over to another machine and ignore other load),
+median of --repeat:
 - `limit`: `lmgeom.metrics.intrinsic.nearest_neighbours(X, 2)`, one blocked exact k-NN search;
 - `lmgeom TwoNN`: `twonn(X)`: duplicates removed, that search, the fit (goal: <= 2x the limit);
 - `lmgeom all`: `intrinsic_dimension(X, n_boot=0)`: TwoNN, MLE (k = 20) and GRIDE up to n2 = 64 from one 64-NN search;
@@ -30,13 +32,15 @@ def points(n: int, dim: int, manifold: int, seed: int = 0) -> np.ndarray:
     return rng.normal(size=(n, manifold)) @ basis.T + 0.01 * rng.normal(size=(n, dim))
 
 
-def timed(function: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    times, value = [], None
+def timed(function: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
+    """(median wall seconds, median CPU seconds of this process, the last value)."""
+    walls, cpus, value = [], [], None
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         value = function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), value
+        walls.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus), value
 
 
 def main() -> None:
@@ -52,16 +56,15 @@ def main() -> None:
     X = points(args.points, args.dim, args.manifold)
     rows = []
     nearest_neighbours(X[:100], 2, device=args.device)  # torch's first call (thread pool, kernels) is not timed
-    limit, _ = timed(lambda: nearest_neighbours(X, 2, device=args.device), args.repeat)
-    rows.append(("limit: one 2-NN search", args.points, limit, None))
-    ours, value = timed(lambda: twonn(X, device=args.device), args.repeat)
-    rows.append(("lmgeom TwoNN", args.points, ours, value))
+    limit = timed(lambda: nearest_neighbours(X, 2, device=args.device), args.repeat)
+    rows.append(("limit: one 2-NN search", args.points, *limit[:2], None))
+    ours = timed(lambda: twonn(X, device=args.device), args.repeat)
+    rows.append(("lmgeom TwoNN", args.points, *ours))
     if not args.skip_all:
-        every, result = timed(lambda: intrinsic_dimension(X, n_boot=0, device=args.device), args.repeat)
-        rows.append(("lmgeom all (64-NN)", args.points, every, result.get("twonn").dimension))
+        every = timed(lambda: intrinsic_dimension(X, n_boot=0, device=args.device), args.repeat)
+        rows.append(("lmgeom all (64-NN)", args.points, *every[:2], every[2].get("twonn").dimension))
     small = X[: args.peer_points]
-    ours_small, value_small = timed(lambda: twonn(small, device=args.device), args.repeat)
-    rows.append(("lmgeom TwoNN", args.peer_points, ours_small, value_small))
+    rows.append(("lmgeom TwoNN", args.peer_points, *timed(lambda: twonn(small, device=args.device), args.repeat)))
     try:
         import skdim
     except ImportError:
@@ -69,13 +72,13 @@ def main() -> None:
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            peer, estimator = timed(lambda: skdim.id.TwoNN().fit(small), args.repeat)
-        rows.append(("scikit-dimension TwoNN", args.peer_points, peer, estimator.dimension_))
-    print(f"{'what':<26} {'points':>8} {'seconds':>9} {'x limit':>8} {'dimension':>10}")
-    for name, n, seconds, dimension in rows:
-        ratio = f"{seconds / limit:.2f}" if n == args.points else ""
+            wall, cpu, estimator = timed(lambda: skdim.id.TwoNN().fit(small), args.repeat)
+        rows.append(("scikit-dimension TwoNN", args.peer_points, wall, cpu, estimator.dimension_))
+    print(f"{'what':<26} {'points':>8} {'wall s':>8} {'CPU s':>8} {'x limit (CPU)':>14} {'dimension':>10}")
+    for name, n, wall, cpu, dimension in rows:
+        ratio = f"{cpu / limit[1]:.2f}" if n == args.points else ""
         shown = "" if dimension is None else f"{dimension:.3f}"
-        print(f"{name:<26} {n:>8,} {seconds:>9.2f} {ratio:>8} {shown:>10}")
+        print(f"{name:<26} {n:>8,} {wall:>8.2f} {cpu:>8.2f} {ratio:>14} {shown:>10}")
 
 
 if __name__ == "__main__":
