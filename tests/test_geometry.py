@@ -61,6 +61,15 @@ def test_nearest_neighbours_equal_a_brute_force_in_every_block_size():
         np.testing.assert_allclose(distances, np.take_along_axis(D, order, axis=1), rtol=1e-10)
 
 
+def test_near_duplicates_keep_a_positive_distance():
+    rng = np.random.default_rng(15)
+    X = rng.normal(size=(50, 8)) * 1e3 + 1e4
+    X[1] = X[0]
+    X[1, 3] = np.nextafter(X[0, 3], np.inf)  # one ulp apart: below the float64 formula's rounding
+    distances, indexes = nearest_neighbours(X, 3)
+    assert indexes[0, 0] == 1 and distances[0, 0] == pytest.approx(np.linalg.norm(X[0] - X[1]), rel=1e-6) and distances[0, 0] > 0
+
+
 def test_nearest_neighbours_see_duplicates_at_distance_zero_and_never_themselves():
     X = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])
     distances, indexes = nearest_neighbours(X, 2)

@@ -86,6 +86,15 @@ def nearest_neighbours(X: Any, k: int, *, device: str = "cpu", memory_mb: float 
         values, found = torch.topk(block_distances, k, dim=1, largest=False, sorted=True)
         distances[start:stop] = values.clamp_(min=0).sqrt_().cpu().numpy()
         indexes[start:stop] = found.cpu().numpy()
+    # near-duplicates (a squared distance near the formula's rounding, ~dim * 1e-16 * ||x||^2): their
+    # neighbours' distances measured directly, ||x - y||, so two distinct rows are never at distance 0
+    close = np.flatnonzero(distances[:, 0] ** 2 <= 1e-10 * float(squared.max()))
+    if len(close):
+        rows = torch.from_numpy(close).to(target)
+        direct = torch.linalg.vector_norm(points[torch.from_numpy(indexes[close]).to(target)] - points[rows, None, :], dim=2)
+        order = torch.argsort(direct, dim=1, stable=True)
+        distances[close] = torch.gather(direct, 1, order).cpu().numpy()
+        indexes[close] = np.take_along_axis(indexes[close], order.cpu().numpy(), axis=1)
     return distances, indexes
 
 
