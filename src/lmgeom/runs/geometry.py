@@ -342,6 +342,8 @@ def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequen
     does the intrinsic-dimension peak (Cheng et al. 2025) or the minimum after it (Valeriani et al.
     2023) name the best probing layer? Hits against chance (1 / number of layers per case) with an
     exact one-sided Poisson-binomial test, for each rule."""
+    if method not in ("twonn", "mle"):
+        raise InputError(f"unknown method {method!r}; use twonn or mle", param="method")
     profiles: dict[str, list[float]] = {}
     for path in geometry_files:
         document = json.loads(Path(path).read_text())
