@@ -21,6 +21,7 @@ from lmgeom.cli import export  # noqa: E402
 from lmgeom.cli import experiment  # noqa: E402
 from lmgeom.cli import verify  # noqa: E402
 from lmgeom.cli import similarity  # noqa: E402
+from lmgeom.cli import geometry  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -32,3 +33,4 @@ export.register(app)
 experiment.register(app)
 verify.register(app)
 similarity.register(app)
+geometry.register(app)

@@ -8,6 +8,7 @@ RUN/                         a store (lmgeom.store.layout) plus the result files
   contextuality.json         the analysis: settings, counts, records, findings
   contextuality_layers.csv   its records;  contextuality_words.csv: word x layer
   isotropy.json, .csv        global and local isotropy of every layer
+  geometry.json              intrinsic dimension, outlier panel, uniformity/alignment of every layer
   calibration.json, .csv     isotropy before and after each fitted (layer, method)
   calibrators/<method>-L<layer>.npz|.pt
   static/<layer>.benchmarks.json, .csv, and the layer's static vectors
@@ -91,6 +92,7 @@ CALIBRATOR = ResultFile("calibrators/{method}-L{layer}", CALIBRATION.producer)  
 STATIC = ResultFile("static", "lmgeom static-embeddings RUN --layer L")
 STATIC_BENCHMARKS = ResultFile("static/{layer}.benchmarks.json", STATIC.producer, "static_embedding_benchmarks", ("records",))
 STATIC_BENCHMARKS_CSV = ResultFile("static/{layer}.benchmarks.csv", STATIC.producer)
+GEOMETRY = ResultFile("geometry.json", "lmgeom geometry RUN", "geometry", ("settings", "counts", "layers"))
 STS = ResultFile("sts.json", "lmgeom sts MODEL --data DIR --out RUN/sts.json", "sts", ("settings", "records"))
 EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experiments/NAME/results.json")
 EXPERIMENT_RESULTS = ResultFile("experiments/{name}/results.json", EXPERIMENTS.producer)
@@ -103,7 +105,7 @@ SIMILARITY_PAIRS = ResultFile("similarity", "lmgeom similarity STORE STORE2 (wri
 REPORT = ResultFile("report.html", "lmgeom report RUN")
 FIGURES = ResultFile("figures", REPORT.producer)
 
-RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV,
+RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
                 CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
                 EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES)
 KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}

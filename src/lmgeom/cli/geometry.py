@@ -1,0 +1,172 @@
+"""`lmgeom geometry` (intrinsic dimension, outlier panel, uniformity/alignment per layer) and
+`lmgeom geometry-probes` (does the intrinsic-dimension profile pick the best probing layer?)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+
+import typer
+from rich.table import Table
+
+from lmgeom.cli.common import RichProgress, console, number, user_errors
+
+if TYPE_CHECKING:
+    from lmgeom.runs.geometry import GeometryResult
+
+
+def _estimate(layer: dict[str, Any], method: str, n2: int | None = None) -> dict[str, Any] | None:
+    return next((e for e in layer["intrinsic_dimension"] if e["method"] == method and (n2 is None or e["n2"] == n2)), None)
+
+
+def _with_interval(estimate: dict[str, Any] | None) -> str:
+    if estimate is None:
+        return "—"
+    return f"{number(estimate['dimension'], 1)} [{number(estimate['low'], 1)}, {number(estimate['high'], 1)}]"
+
+
+def _isotropy_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
+    """average_cosine_without_rogue / _standardized per layer from the first isotropy.json in `folders`."""
+    from lmgeom.runs.rundir import ISOTROPY, read_json
+
+    document = next((d for d in (read_json(ISOTROPY.at(folder), "isotropy") for folder in folders) if d is not None), None)
+    columns: dict[int, dict[str, float]] = {}
+    for record in (document or {}).get("records", []):
+        if record["measure"] in ("average_cosine_without_rogue", "average_cosine_standardized"):
+            columns.setdefault(int(record["layer"]), {})[record["measure"]] = record["value"]
+    return columns
+
+
+def _contextuality_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
+    """Raw self_similarity / intra_sentence_similarity per layer from the first contextuality.json in `folders`."""
+    from lmgeom.runs.rundir import CONTEXTUALITY, read_json
+
+    document = next((d for d in (read_json(CONTEXTUALITY.at(folder), "contextuality") for folder in folders) if d is not None), None)
+    columns: dict[int, dict[str, float]] = {}
+    for record in (document or {}).get("records", []):
+        if record["metric"] in ("self_similarity", "intra_sentence_similarity"):
+            columns.setdefault(int(record["layer"]), {})[record["metric"]] = record["raw"]
+    return columns
+
+
+def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> None:
+    """The three per-layer tables; the rogue and standardised cosines come from the isotropy.json of
+    the first of `run_folders` that has one."""
+    model = result.store_meta.get("model_id")
+    settings = result.settings
+    ids = Table(title=f"{model}: intrinsic dimension per layer (layer 0 = embedding output; "
+                      f"{settings['n_points']:,} sampled rows, {settings['intrinsic_dimension']['interval']} over "
+                      f"{settings['intrinsic_dimension']['n_boot']} resamples; MLE k = {settings['intrinsic_dimension']['mle_k']}, "
+                      "GRIDE at n2 = 8 and 64)")
+    for header in ("layer", "dup", "TwoNN [CI]", "MLE [CI]", "GRIDE 8", "GRIDE 64"):
+        ids.add_column(header, justify="right")
+    for layer in result.layers:
+        gride_8, gride_64 = _estimate(layer, "gride", 8), _estimate(layer, "gride", 64)
+        ids.add_row(str(layer["layer"]), f"{layer['n_duplicates']:,}", _with_interval(_estimate(layer, "twonn")),
+                    _with_interval(_estimate(layer, "mle")), number(gride_8["dimension"] if gride_8 else None, 1),
+                    number(gride_64["dimension"] if gride_64 else None, 1))
+    console.print(ids)
+
+    outliers = Table(title=f"outlier dimensions (mean |h| > {settings['outliers']['n_sigma']:g}σ), rogue dimensions "
+                           "(cosine), top |h| over every row")
+    for header in ("layer", "3σ: n, first", "rogue", "top |h|", "× median", "at word@position dim"):
+        outliers.add_column(header, justify="left" if header.startswith("at") else "right")
+    for layer in result.layers:
+        dims = [str(d["dimension"]) for d in layer["outlier_dimensions"]]
+        shown = f"{len(dims)}: {','.join(dims[:2])}" if dims else ""
+        top = layer["top_activations"][0]
+        where = f"{top['word'][:10]}@{top['position']} {top['dimension']}" + (" massive" if top["massive"] else "")
+        outliers.add_row(str(layer["layer"]), shown or "—", ",".join(map(str, layer["rogue_dimensions"])) or "—",
+                         number(abs(top["value"]), 1), number(top["ratio_to_median"], 0), where)
+    console.print(outliers)
+
+    isotropy = _isotropy_columns(run_folders)
+    cosines = Table(title="average cosine of the sampled rows: raw, without the 3σ dims; without the rogue dims and "
+                          "standardised (isotropy.json); uniformity (t=2) of sentence vectors; alignment")
+    for header in ("layer", "raw", "w/o 3σ", "w/o rogue", "standard.", "uniformity", "alignment"):
+        cosines.add_column(header, justify="right")
+    for layer in result.layers:
+        extra = isotropy.get(layer["layer"], {})
+        cosines.add_row(str(layer["layer"]), number(layer["anisotropy_sampled"], 3),
+                        number(layer["anisotropy_without_outlier_dimensions"], 3),
+                        number(extra.get("average_cosine_without_rogue"), 3), number(extra.get("average_cosine_standardized"), 3),
+                        number(layer["uniformity"], 3), number(layer["alignment"], 3))
+    console.print(cosines)
+    raw = _contextuality_columns(run_folders)
+    similarities = Table(title="self-similarity and intra-sentence similarity: raw (contextuality.json), without the 3σ "
+                               "dims, standardised")
+    for header in ("layer", "SelfSim", "w/o 3σ", "standard.", "IntraSim", "w/o 3σ", "standard."):
+        similarities.add_column(header, justify="right")
+    for layer in result.layers:
+        extra = raw.get(layer["layer"], {})
+        similarities.add_row(str(layer["layer"]), number(extra.get("self_similarity"), 3),
+                             number(layer["self_similarity_without_outlier_dimensions"], 3),
+                             number(layer["self_similarity_standardized"], 3), number(extra.get("intra_sentence_similarity"), 3),
+                             number(layer["intra_sentence_similarity_without_outlier_dimensions"], 3),
+                             number(layer["intra_sentence_similarity_standardized"], 3))
+    console.print(similarities)
+    note = settings["alignment"]["note"]
+    if note:
+        console.print(f"alignment: none ({note})")
+    if not isotropy or not raw:
+        console.print("missing columns come from the run's isotropy.json and contextuality.json: `lmgeom run` writes them")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("geometry")
+    def geometry_command(
+        store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
+        out: Optional[Path] = typer.Option(None, help="folder for geometry.json (default: the store's folder)"),
+        points: int = typer.Option(5000, min=2, metavar="<int>", help="rows sampled (seeded, the same at every layer) for the intrinsic dimension"),
+        boot: int = typer.Option(200, min=0, metavar="<int>", help="bootstrap resamples for the intervals (0: none)"),
+        top_k: int = typer.Option(10, min=1, metavar="<int>", help="largest |h| per layer to locate"),
+        max_sentences: int = typer.Option(10_000, min=2, metavar="<int>", help="sentence vectors (seeded) for uniformity"),
+        include_punct: bool = typer.Option(False, "--include-punct", help="also use punctuation rows"),
+        include_special: bool = typer.Option(False, "--include-special", help="also use special-token rows the store kept"),
+        exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word"),
+        min_contexts: int = typer.Option(5, min=2, metavar="<int>", help="self-similarity of words in at least this many sentences"),
+        seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the samples and the bootstrap"),
+        device: str = typer.Option("cpu", help="where the k-NN search runs: cpu, cuda, cuda:N or auto"),
+        data_dir: Optional[Path] = typer.Option(None, help="folder holding stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
+    ) -> None:
+        """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
+        uniformity and alignment of every layer, written to geometry.json."""
+        from lmgeom.runs.geometry import measure_geometry
+        from lmgeom.store import RepresentationStore
+
+        with user_errors(), RichProgress() as progress:
+            store = RepresentationStore.open(store_path)
+            result = measure_geometry(store, n_points=points, n_boot=boot, top_k=top_k, max_sentences=max_sentences,
+                                      min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
+                                      exclude_first_word=exclude_first_word, seed=seed, device=device, data_dir=data_dir,
+                                      out=out, progress=progress)
+        print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)
+                                if folder is not None])
+        console.print("wrote " + ", ".join(str(p) for p in result.paths))
+
+    @app.command("geometry-probes")
+    def geometry_probes_command(
+        geometry: List[Path] = typer.Argument(..., metavar="GEOMETRY...", help="geometry.json files, one per model"),
+        results: List[Path] = typer.Option(..., "--results", help="a layer experiment's results.json (repeatable)"),
+        method: str = typer.Option("twonn", help="the intrinsic-dimension estimate of the profile: twonn or mle"),
+    ) -> None:
+        """Does the intrinsic-dimension peak (Cheng et al. 2025) or the minimum after it (Valeriani et
+        al. 2023) pick the best probing layer? Hits against chance, with an exact test."""
+        from lmgeom.runs.geometry import probe_layer_test
+
+        with user_errors():
+            test = probe_layer_test(geometry, results, method=method)
+        table = Table(title=f"best probing layer vs the {method} profile (layer 0 = embedding output)")
+        for header in ("model", "task", "best", "peak", "min after", "layers"):
+            table.add_column(header, justify="left" if header in ("model", "task") else "right")
+        for case in test["cases"]:
+            after = case["minimum_after_peak"]
+            table.add_row(case["model"], case["task"], str(case["best_layer"]), str(case["peak_layer"]),
+                          "—" if after is None else str(after), str(case["n_layers"]))
+        console.print(table)
+        for rule, outcome in test["tests"].items():
+            console.print(f"{rule}: {outcome['hits']}/{outcome['cases']} hits, {outcome['expected_hits']:.2f} expected by chance, "
+                          f"p = {outcome['p_value']:.3g}")
+        console.print(test["test"])
+        if test["missing"]:
+            console.print("no geometry for: " + ", ".join(test["missing"]))

@@ -1,0 +1,375 @@
+"""Geometry of every layer beyond contextuality: intrinsic dimension, outlier dimensions and massive
+activations, uniformity and alignment; and whether the intrinsic-dimension profile over depth picks
+the best probing layer.
+
+Each layer is read once, chunk by chunk, through `lmgeom.runs.tally` (`Feed`s of mergeable
+accumulators, so the pass can be registered in the analysis engine as it stands):
+- a `MagnitudeAccumulator` over *every* stored row (special tokens and first positions included:
+  massive activations sit there) for the top |h| and where they are;
+- a `MagnitudeAccumulator` over the selected rows (words; punctuation and special tokens out by
+  default) for the per-dimension mean |h| and its 3-sigma outliers;
+- a `RowSampleAccumulator` keeping one seeded sample of `n_points` selected rows, the same rows at
+  every layer, for the intrinsic dimension, the median |h| and the anisotropy with and without the
+  outlier and rogue dimensions;
+- a `WordMeanAccumulator` keyed by sentence: each sentence's vector is the mean of its selected
+  rows, for uniformity (on at most `max_sentences` seeded sentences) and, where the corpus holds
+  STS-B pairs with gold >= 4, alignment.
+Then the sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on `device`. A second
+read of the layer (it needs the first pass's per-dimension moments) gives self-similarity (words in
+at least `min_contexts` sentences) and intra-sentence similarity of the rows without the 3-sigma
+outlier dimensions and of the rows standardised per dimension (z-scores with the selected rows' mean
+and population std), beside the raw ones in contextuality.json.
+Written to RUN/geometry.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmgeom.errors import InputError
+from lmgeom.metrics.alignment import ALIGNMENT_ALPHA, UNIFORMITY_T, alignment, uniformity
+from lmgeom.metrics.contextuality import (
+    IntraSentenceAccumulator,
+    RowSampleAccumulator,
+    SelfSimilarityAccumulator,
+    WordMeanAccumulator,
+    average_cosine,
+    sample_indexes,
+)
+from lmgeom.metrics.intrinsic import (
+    CONFIDENCE,
+    GRIDE_SCALES,
+    MLE_NEIGHBOURS,
+    N_BOOT,
+    TWONN_DISCARD_FRACTION,
+    hit_rate_test,
+    intrinsic_dimension,
+    minimum_after_peak,
+    peak_layer,
+)
+from lmgeom.metrics.isotropy import rogue_dimensions
+from lmgeom.metrics.outliers import (
+    MASSIVE_MIN_MAGNITUDE,
+    MASSIVE_MIN_RATIO,
+    OUTLIER_SIGMAS,
+    TOP_ACTIVATIONS,
+    MagnitudeAccumulator,
+    is_massive,
+    magnitude_outliers,
+    standardized,
+)
+from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs.rundir import GEOMETRY, write_json
+from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
+from lmgeom.runs.tally import Feed, RowSink, tally
+from lmgeom.store import RepresentationStore
+
+GEOMETRY_POINTS = 5000
+MAX_SENTENCES = 10_000
+ALIGNMENT_MIN_GOLD = 4.0
+ROGUE_TOP_K = 3
+
+
+@dataclass
+class GeometryResult:
+    """Per-layer records, the settings and counts, and the files written."""
+
+    layers: list[dict[str, Any]]
+    settings: dict[str, Any]
+    counts: dict[str, Any]
+    store_meta: dict[str, Any] = field(repr=False)
+    paths: list[Path] = field(default_factory=list)
+
+    def profile(self, method: str = "twonn", n2: int | None = None) -> np.ndarray:
+        """The intrinsic dimension of every layer by `method` (GRIDE at neighbour `n2`)."""
+        return np.array([next(e["dimension"] for e in layer["intrinsic_dimension"]
+                              if e["method"] == method and (n2 is None or e["n2"] == n2)) for layer in self.layers])
+
+
+class _Transformed:
+    """A `RowSink` handing `accumulator` its rows transformed (outlier dimensions dropped, or standardised)."""
+
+    def __init__(self, accumulator: RowSink, transform: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.accumulator = accumulator
+        self.transform = transform
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> _Transformed:
+        self.accumulator.add(self.transform(X), **ids)
+        return self
+
+
+def _mean_defined(values: np.ndarray) -> float | None:
+    defined = values[~np.isnan(values)]
+    return float(defined.mean()) if len(defined) else None
+
+
+def _cosines_without_outliers(store: RepresentationStore, layer: int, selection: RowSelection, words: WordSelection | None,
+                              kept: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str, float | None]:
+    """SelfSim and IntraSim of the rows without the outlier dimensions and standardised: one read."""
+    variants: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "without_outlier_dimensions": lambda X: X[:, kept], "standardized": lambda X: standardized(X, mean, std)}
+    self_sims = {name: SelfSimilarityAccumulator(len(words)) for name in variants} if words is not None else {}
+    intras = {name: IntraSentenceAccumulator() for name in variants}
+    feeds = []
+    for name, transform in variants.items():
+        if words is not None:
+            feeds.append(Feed(_Transformed(self_sims[name], transform), words.word_index >= 0, {"word_ids": words.word_index}))
+        feeds.append(Feed(_Transformed(intras[name], transform), selection.mask, {"sentence_ids": selection.sentence_ids}))
+    tally(store, layer, feeds)
+    out: dict[str, float | None] = {}
+    for name in variants:
+        out[f"self_similarity_{name}"] = _mean_defined(self_sims[name].result()) if name in self_sims else None
+        out[f"intra_sentence_similarity_{name}"] = _mean_defined(intras[name].result().to_numpy(dtype=np.float64))
+    return out
+
+
+def _sentence_text_index(store: RepresentationStore) -> dict[str, int]:
+    texts = store.sentences["text"].tolist()
+    return {text: index for index, text in enumerate(texts)}
+
+
+def positive_pairs(store: RepresentationStore, data_dir: str | Path | None = None) -> tuple[np.ndarray, str | None]:
+    """(pairs of store sentence ids, None) for the STS-B pairs with gold >= 4 whose two sentences are
+    both sentences of the store (every split found under `data_dir`, default ../shared/data or
+    LMGEOM_DATA), or (empty, why there are none)."""
+    from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
+    from lmgeom.evaluate.sts_data import STSB_FOLDERS, STSB_SPLITS, read_stsb
+
+    root = Path(DEFAULT_DATA_DIR if data_dir is None else data_dir)
+    folder = next((root / name for name in STSB_FOLDERS if any((root / name / f"sts-{s}.csv").is_file() for s in STSB_SPLITS)), None)
+    none = np.zeros((0, 2), dtype=np.int64)
+    if folder is None:
+        return none, f"no STS Benchmark (stsbenchmark/sts-*.csv) under {root}"
+    index = _sentence_text_index(store)
+    pairs = []
+    for split in STSB_SPLITS:
+        if not (folder / f"sts-{split}.csv").is_file():
+            continue
+        data = read_stsb(folder, split)
+        for first, second, score in zip(data.sentences1, data.sentences2, data.scores):
+            if score >= ALIGNMENT_MIN_GOLD and first in index and second in index and index[first] != index[second]:
+                pairs.append((index[first], index[second]))
+    if not pairs:
+        return none, (f"the store's corpus ({store.meta.get('corpus_name')}) holds no STS-B pair with gold >= {ALIGNMENT_MIN_GOLD:g} "
+                      "(alignment needs positive pairs: extract a corpus of STS-B sentences)")
+    return np.array(pairs, dtype=np.int64), None
+
+
+def _located(store: RepresentationStore, tokens: pd.DataFrame, values: np.ndarray, rows: np.ndarray, dims: np.ndarray,
+             median: float) -> list[dict[str, Any]]:
+    """The top activations with their token, sentence, position and ratio to the median |h|."""
+    first_rows = store.sentences["first_row"].to_numpy()
+    located = []
+    for value, row, dim in zip(values, rows, dims):
+        token = tokens.iloc[int(row)]
+        sentence = int(token["sentence_id"])
+        ratio = float(abs(value) / median) if median > 0 else float("inf")
+        located.append({"value": float(value), "ratio_to_median": ratio, "massive": is_massive(abs(float(value)), ratio),
+                        "row": int(row), "dimension": int(dim), "word": str(token["word"]), "is_special": bool(token["is_special"]),
+                        "sentence_id": sentence, "position": int(token["position"]),
+                        "first_row_of_sentence": bool(int(row) == int(first_rows[sentence]))})
+    return located
+
+
+def measure_geometry(
+    store: RepresentationStore,
+    *,
+    layers: Sequence[int] | None = None,
+    n_points: int = GEOMETRY_POINTS,
+    n_boot: int = N_BOOT,
+    top_k: int = TOP_ACTIVATIONS,
+    max_sentences: int = MAX_SENTENCES,
+    min_contexts: int = 5,
+    include_punct: bool = False,
+    include_special: bool = False,
+    exclude_first_word: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    data_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    write: bool = True,
+    progress: Progress | None = None,
+) -> GeometryResult:
+    """Every layer's intrinsic dimension, outlier panel, uniformity and alignment (module docstring);
+    written to OUT/geometry.json (OUT defaults to the store's folder)."""
+    progress = progress or NoProgress()
+    if n_points < 2 or max_sentences < 2:
+        raise InputError(f"n_points and max_sentences must be at least 2, got {n_points} and {max_sentences}", param="n_points")
+    layers = list(store.layers if layers is None else layers)
+    for layer in layers:
+        store.layer(layer)
+    tokens = store.token_columns("sentence_id", "word_id", "is_punct", "is_special", "position", "word")
+    selection = select_rows(tokens, include_special=include_special, include_punct=include_punct,
+                            exclude_first_word=exclude_first_word)
+    sample = sample_indexes(selection.rows, n_points, seed)
+    try:
+        words: WordSelection | None = select_words(store.vocab, selection, min_contexts=min_contexts)
+    except InputError:  # no word in min_contexts sentences: no self-similarity, the rest stands
+        words = None
+    n_sentences = len(store.sentences)
+    pairs, alignment_note = positive_pairs(store, data_dir)
+    all_rows = {"rows": np.arange(store.n_tokens)}
+    progress.start("geometry", len(layers), unit="layers")
+    records: list[dict[str, Any]] = []
+    for layer in layers:
+        everywhere, selected = MagnitudeAccumulator(top_k), MagnitudeAccumulator(top_k)
+        sampled = RowSampleAccumulator(sample)
+        sentences = WordMeanAccumulator(n_sentences)
+        tally(store, layer, [Feed(everywhere, None, all_rows), Feed(selected, selection.mask, all_rows),
+                             Feed(sampled, selection.mask, all_rows),
+                             Feed(sentences, selection.mask, {"word_ids": selection.sentence_ids})])
+        X = sampled.result()
+        record = _layer_record(store, tokens, layer, X, everywhere, selected, sentences, pairs, alignment_note,
+                               n_boot=n_boot, max_sentences=max_sentences, seed=seed, device=device)
+        moments = selected.result()
+        kept = np.setdiff1d(np.arange(store.dim), [d["dimension"] for d in record["outlier_dimensions"]])
+        record.update(_cosines_without_outliers(store, layer, selection, words, kept, moments.mean, moments.std))
+        records.append(record)
+        progress.advance("geometry", note=f"layer {layer}")
+    store.check_unchanged()
+    settings = {
+        "layers": layers, "n_points": len(sample), "seed": seed, **selection.options(),
+        "intrinsic_dimension": {"twonn_discard_fraction": TWONN_DISCARD_FRACTION, "mle_k": MLE_NEIGHBOURS,
+                                "mle_combination": "MacKay-Ghahramani (inverse of the mean of the inverse estimates)",
+                                "gride_n2": [2**s for s in range(1, GRIDE_SCALES + 1)], "n_boot": n_boot,
+                                "interval": f"bootstrap percentile, {CONFIDENCE:.0%}", "knn": "exact, blocked, float64",
+                                "rows": "one seeded sample of the selected rows, the same at every layer; exact duplicates removed per layer"},
+        "outliers": {"n_sigma": OUTLIER_SIGMAS, "over": "selected rows: mean |h| per dimension vs mean and std over dimensions",
+                     "top_k": top_k, "top_over": "every stored row (special tokens and first positions included)",
+                     "median": "median |h| over the sampled rows and all dimensions",
+                     "massive": f"|h| > {MASSIVE_MIN_MAGNITUDE:g} and >= {MASSIVE_MIN_RATIO:g} x median (Sun et al. 2024)",
+                     "rogue_top_k": ROGUE_TOP_K, "layernorm_weights": "not measured: a store holds activations, not weights",
+                     "cosines": (f"self-similarity (words in >= {min_contexts} sentences) and intra-sentence similarity without "
+                                 "the outlier dimensions and standardised (selected rows' mean and population std): "
+                                 "a second read of each layer")},
+        "uniformity": {"t": UNIFORMITY_T, "vectors": "sentence vectors (mean of the sentence's selected rows), normalised",
+                       "max_sentences": max_sentences},
+        "alignment": {"alpha": ALIGNMENT_ALPHA, "pairs": f"STS-B pairs with gold >= {ALIGNMENT_MIN_GOLD:g}", "n_pairs": len(pairs),
+                      "note": alignment_note},
+    }
+    counts = {**selection.counts, "sentences": n_sentences, "words_analysed": 0 if words is None else len(words)}
+    result = GeometryResult(records, settings, counts, dict(store.meta))
+    if write:
+        target = store.path if out is None else Path(out)
+        target.mkdir(parents=True, exist_ok=True)
+        result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, {"settings": settings, "counts": counts, "layers": records},
+                                   store_meta=store.meta)]
+    return result
+
+
+def _layer_record(store: RepresentationStore, tokens: pd.DataFrame, layer: int, X: np.ndarray, everywhere: MagnitudeAccumulator,
+                  selected: MagnitudeAccumulator, sentences: WordMeanAccumulator, pairs: np.ndarray, alignment_note: str | None,
+                  *, n_boot: int, max_sentences: int, seed: int, device: str) -> dict[str, Any]:
+    # a small store has fewer distinct rows than the largest neighbour asked for: fewer GRIDE scales, a smaller MLE k
+    n_distinct = len(np.unique(X, axis=0))
+    scales = min(GRIDE_SCALES, int(np.log2(max(n_distinct - 1, 1))))
+    if n_distinct < 3:
+        raise InputError(f"layer {layer} has {n_distinct} distinct sampled rows; the intrinsic dimension needs at least 3 "
+                         "(raise n_points or use a bigger corpus)", param="n_points")
+    dimension = intrinsic_dimension(X, n_boot=n_boot, seed=seed, device=device, mle_k=min(MLE_NEIGHBOURS, n_distinct - 1),
+                                    gride_scales=max(1, scales))
+    median = float(np.median(np.abs(X)))
+    top = everywhere.result()
+    moments = selected.result()
+    outliers = magnitude_outliers(moments.mean_abs)
+    rogue = rogue_dimensions(X, top_k=ROGUE_TOP_K) if X.shape[1] > ROGUE_TOP_K else None
+    kept = np.setdiff1d(np.arange(X.shape[1]), outliers.dimensions)
+    counts = sentences.counts
+    present = np.flatnonzero(counts > 0)
+    means = sentences.sums[present] / counts[present, None]
+    chosen = sample_indexes(np.arange(len(present)), max_sentences, seed)
+    aligned = None
+    if len(pairs):
+        position = np.full(len(counts), -1)
+        position[present] = np.arange(len(present))
+        usable = (position[pairs[:, 0]] >= 0) & (position[pairs[:, 1]] >= 0)
+        if usable.any():
+            aligned = alignment(means[position[pairs[usable, 0]]], means[position[pairs[usable, 1]]])
+    return {
+        "layer": layer,
+        "n_rows": dimension.n_rows,
+        "n_duplicates": dimension.n_duplicates,
+        "intrinsic_dimension": [estimate.record() for estimate in dimension.estimates],
+        "outlier_dimensions": [{"dimension": int(d), "mean_abs": float(m), "z": float(z)}
+                               for d, m, z in zip(outliers.dimensions, outliers.mean_abs, outliers.z_scores)],
+        "rogue_dimensions": [] if rogue is None else [int(d) for d in rogue.top_dimensions],
+        "rogue_share": None if rogue is None else rogue.top_share,
+        "median_abs": median,
+        "top_activations": _located(store, tokens, top.top_values, top.top_rows, top.top_dims, median),
+        "anisotropy_sampled": average_cosine(X),
+        "anisotropy_without_outlier_dimensions": average_cosine(X[:, kept]) if len(kept) else None,
+        "uniformity": uniformity(means[chosen]) if len(chosen) >= 2 else None,
+        "uniformity_sentences": int(len(chosen)),
+        "alignment": aligned,
+        "alignment_note": alignment_note,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# does the intrinsic-dimension profile pick the best probing layer?
+# --------------------------------------------------------------------------------------------
+
+# the split and metric that rank a task's layers, first match (the dev split where the task has one)
+PROBE_SCORES = (("dev", "matthews"), ("dev", "accuracy"), ("test", "accuracy"))
+
+
+def best_probe_layer(results: Mapping[str, Any]) -> tuple[int, str, str, list[float]]:
+    """(the layer whose linear probe scores highest, split, metric, every layer's mean score) from a
+    layer experiment's results.json (its `summaries`, features `layer:L`)."""
+    summaries = [s for s in results["summaries"] if str(s["features"]).startswith("layer:")]
+    for split, metric in PROBE_SCORES:
+        chosen = [s for s in summaries if s["split"] == split and s["metric"] == metric]
+        if chosen:
+            by_layer = {int(str(s["features"]).split(":")[1]): float(s["mean"]) for s in chosen}
+            scores = [by_layer[layer] for layer in sorted(by_layer)]
+            return int(np.argmax(scores)), split, metric, scores
+    raise InputError(f"no per-layer probe scores on {PROBE_SCORES} in these results")
+
+
+def _model_name(model_id: str | None) -> str:
+    return str(model_id or "").split(" ")[0]
+
+
+def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequence[str | Path], *,
+                     method: str = "twonn") -> dict[str, Any]:
+    """For each (model, task) with a geometry.json of the model and a layer experiment of that task:
+    does the intrinsic-dimension peak (Cheng et al. 2025) or the minimum after it (Valeriani et al.
+    2023) name the best probing layer? Hits against chance (1 / number of layers per case) with an
+    exact one-sided Poisson-binomial test, for each rule."""
+    if method not in ("twonn", "mle"):
+        raise InputError(f"unknown method {method!r}; use twonn or mle", param="method")
+    profiles: dict[str, list[float]] = {}
+    for path in geometry_files:
+        document = json.loads(Path(path).read_text())
+        if document.get("kind") != GEOMETRY.kind:
+            raise InputError(f"{path} is not a geometry.json (kind {document.get('kind')!r}); write one with `lmgeom geometry STORE`")
+        profiles[_model_name(document.get("model_id"))] = [
+            next(e["dimension"] for e in layer["intrinsic_dimension"] if e["method"] == method) for layer in document["layers"]]
+    cases: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for path in results_files:
+        results = json.loads(Path(path).read_text())
+        model, task = results["settings"]["model"], results["settings"]["task"]
+        if model not in profiles:
+            missing.append(f"{model} × {task}")
+            continue
+        profile = np.array(profiles[model])
+        best, split, metric, scores = best_probe_layer(results)
+        if len(scores) != len(profile):
+            raise InputError(f"{path}: {len(scores)} probed layers, but the {model} geometry has {len(profile)}")
+        after = minimum_after_peak(profile)
+        cases.append({"model": model, "task": task, "split": split, "metric": metric, "best_layer": best,
+                      "n_layers": len(profile), "peak_layer": peak_layer(profile), "minimum_after_peak": after,
+                      "probe_scores": scores, "profile": profile.tolist()})
+    tests = {}
+    for rule, key in (("peak (Cheng et al. 2025)", "peak_layer"), ("minimum after the peak (Valeriani et al. 2023)", "minimum_after_peak")):
+        hits = [case[key] == case["best_layer"] for case in cases]
+        tests[rule] = hit_rate_test(hits, [1 / case["n_layers"] for case in cases])
+    return {"method": method, "cases": cases, "tests": tests, "missing": missing,
+            "test": "exact one-sided Poisson-binomial: P(hits >= observed) when each case's rule hits with chance 1 / n_layers"}
