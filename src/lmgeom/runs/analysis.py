@@ -28,13 +28,6 @@ from lmgeom.errors import InputError
 from lmgeom.store import RepresentationStore
 
 
-def analysis_options(options: AnalysisOptions | None, keywords: dict[str, Any]) -> AnalysisOptions:
-    """`options` with `keywords` changed (the keyword form of every driver: `min_contexts=2`, ...)."""
-    if "layers" in keywords and keywords["layers"] is not None:
-        keywords["layers"] = tuple(keywords["layers"])
-    return (options or AnalysisOptions()).replace(**keywords)
-
-
 def analyze_store(
     store: RepresentationStore | str | os.PathLike[str],
     options: AnalysisOptions | None = None,
@@ -56,7 +49,7 @@ def analyze_store(
     the CPU), recorded resolved in the settings.
     `write_to`: True writes the result files next to the store, a path writes them there
     (`result.written` names them)."""
-    options = analysis_options(options, keywords)
+    options = (options or AnalysisOptions()).replace(**keywords)
     store = _open(store)
     result = contextuality_result(store, run_analysis(store, options, executor=executor, progress=progress,
                                                       label="analyze layers"))
@@ -77,7 +70,7 @@ def analyze_shard(
     Shards over disjoint row ranges that cover the store, merged (`AnalysisState.merge`) and finished
     (`finish_analysis`), give the result of `analyze_store` with the same options. A shard holds the
     MEV state of its own rows (at most its rows x dim per word group)."""
-    options = analysis_options(options, keywords)
+    options = (options or AnalysisOptions()).replace(**keywords)
     store = _open(store)
     span = row_range(store, rows)
     plan, plan_rows = plan_analysis(store, options, rows=span)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lmgeom.errors import InputError
+from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
 from lmgeom.metrics.spectrum import MEV_VARIANTS, mev_variants
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
 
@@ -34,7 +35,8 @@ class AnalysisOptions:
     sentences; `n_samples` occurrences drawn with `seed` make the sampled baselines; `layers` (None:
     every layer); `statistics`: the registered statistics computed (`lmgeom.runs.engine.statistics`);
     `mev_variants`: the MEV variants solved; `mev_memory_mb` bounds the per-word occurrence matrices
-    held at once (the other word groups wait in scratch files).
+    held at once (the other word groups wait in scratch files); `isotropy_rows` selected rows (drawn
+    with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures.
     How: `device` where block statistics compute (cpu, cuda, cuda:N, auto, torch:cpu); `engine`
     (`auto`: `processes` when `num_workers` > 1, else `local`; `ray`); `num_workers` tasks at once;
     `row_parts` row ranges per layer (None: 1, or 2 per worker on Ray; more than 1 gives a task per
@@ -51,7 +53,9 @@ class AnalysisOptions:
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB
     mev_variants: tuple[str, ...] = MEV_VARIANTS
     statistics: tuple[str, ...] = CONTEXTUALITY_STATISTICS
-    device: str = "auto"
+    isotropy_rows: int = REPORT_MAX_ROWS
+    isotropy_clusters: int = 8
+    device: str = "cpu"
     engine: str = "auto"
     num_workers: int = 1
     row_parts: int | None = None
@@ -76,6 +80,9 @@ class AnalysisOptions:
             raise InputError(f"`mev_memory_mb` must be above 0; got {self.mev_memory_mb}", param="mev_memory_mb")
         if self.row_parts is not None and self.row_parts < 1:
             raise InputError(f"`row_parts` must be at least 1; got {self.row_parts}", param="row_parts")
+        if self.isotropy_rows < 2 or self.isotropy_clusters < 1:
+            raise InputError(f"`isotropy_rows` must be at least 2 and `isotropy_clusters` at least 1; got "
+                             f"{self.isotropy_rows} and {self.isotropy_clusters}", param="isotropy_rows")
         if self.chunk_rows < 1:
             raise InputError(f"`chunk_rows` must be at least 1; got {self.chunk_rows}", param="chunk_rows")
         if self.engine not in ENGINES:

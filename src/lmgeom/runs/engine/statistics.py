@@ -35,6 +35,7 @@ from lmgeom.metrics.contextuality import (
     occurrence_spectrum,
     row_norms,
 )
+from lmgeom.metrics.isotropy import MomentAccumulator, isotropy_report, local_isotropy
 from lmgeom.metrics.spectrum import MEV_VARIANTS
 
 if TYPE_CHECKING:
@@ -312,4 +313,51 @@ register_statistic(Statistic(
 register_statistic(Statistic(
     "word_mean", WORD_GROUPS, per_word(WordMeanAccumulator), partial(result_as, "word_mean"),
     description="each word's mean vector",
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# isotropy (isotropy.json): every global measure of `isotropy_report` and the size-weighted local
+# isotropy inside k-means clusters, on one seeded sample of selected rows
+
+
+def _isotropy_accumulator(rows: PlanRows, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(rows.sample(rows.options.isotropy_rows))
+
+
+def _isotropy_values(acc: RowSampleAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    X = acc.result()
+    seed = rows.options.seed
+    measures: dict[str, float] = dict(isotropy_report(X, seed=seed, max_rows=None))
+    local = local_isotropy(X, n_clusters=min(rows.options.isotropy_clusters, len(X)), seed=seed)
+    measures.update({f"local_{name}": value for name, value in local.weighted_mean.items()})
+    return {"isotropy": {name: value for name, value in measures.items() if name not in ("n_points", "n_used", "dim")},
+            "isotropy_rows": len(X)}
+
+
+register_statistic(Statistic(
+    "isotropy", ROWS, _isotropy_accumulator, _isotropy_values, description="global and local isotropy of a row sample",
+    labels=row_number_labels,
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# moments of the selected rows (the calibrators that need only mean and covariance fit on them)
+
+
+def _moments_accumulator(full_covariance: bool, rows: PlanRows, words: np.ndarray | None) -> MomentAccumulator:
+    return MomentAccumulator(full_covariance=full_covariance)
+
+
+def _keep_accumulator(name: str, acc: Any, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    return {name: acc}
+
+
+register_statistic(Statistic(
+    "moments", ROWS, partial(_moments_accumulator, True), partial(_keep_accumulator, "moments"),
+    description="count, mean and covariance of the selected rows",
+))
+register_statistic(Statistic(
+    "variances", ROWS, partial(_moments_accumulator, False), partial(_keep_accumulator, "variances"),
+    description="count, mean and per-dimension variances of the selected rows",
 ))
