@@ -25,7 +25,7 @@ import pandas as pd
 from gensim.parsing.preprocessing import STOPWORDS
 from scipy.stats import spearmanr
 
-from lmgeom.runs.analysis import layer_name
+from lmgeom.runs.contextuality import layer_name
 from lmgeom.metrics.contextuality import (
     MEV_VARIANTS,
     average_cosine,
