@@ -17,6 +17,7 @@ distinct sentences (two occurrences in one sentence count as two occurrences, as
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
