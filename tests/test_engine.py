@@ -5,7 +5,10 @@ the numbers of one process bit for bit; Ray, which merges in another order, to 1
 registered once (here, with its tiny accumulator) appears in the results of all three executors;
 the plan is data and is recorded in the results; options round-trip through the settings; saved
 shard states carry a schema version. The slow test re-analyses the real MiniLM x Lee store
-(LMGEOM_EXPECT_STORE) against tests/data/minilm_lee_run (1e-12 relative)."""
+(LMGEOM_EXPECT_STORE) against tests/data/minilm_lee_run (1e-12 relative); run it with the BLAS
+threads the expectation was made with (the machine's default: leave OMP_NUM_THREADS and
+OPENBLAS_NUM_THREADS unset), as multi-threaded BLAS sums in another order (isotropy's measures move
+by up to 3e-10 relative at one thread)."""
 
 from __future__ import annotations
 

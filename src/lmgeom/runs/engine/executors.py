@@ -12,6 +12,7 @@ goes to the driver's `Merger`; no executor holds a statistic, a loop over rows o
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -126,7 +127,9 @@ def _bounded(ray: ModuleType, submit: Sequence[Any], *, max_in_flight: int) -> I
         following = next(queue, None)
         if following is not None:
             running.append(following())
-        yield ray.get(ready)
+        # a copy: Ray hands numpy arrays back as read-only views of its object store, and the
+        # driver merges other states into them
+        yield copy.deepcopy(ray.get(ready))
 
 
 def executor_for(options: AnalysisOptions) -> Executor:
