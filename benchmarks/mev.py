@@ -112,10 +112,10 @@ def errors(spectrum: OccurrenceSpectrum, reference: dict[str, Any]) -> tuple[flo
 def store_layer(path: str, layer: int) -> tuple[np.ndarray, np.ndarray, int]:
     """The rows and word ids `lmgeom analyze` hands MEV at `layer` (default selection and words)."""
     from lmgeom import RepresentationStore
-    from lmgeom.runs.analysis import plan_analysis
+    from lmgeom.runs.engine import plan_analysis
 
     store = RepresentationStore.open(path)
-    word_index = plan_analysis(store).words.word_index
+    word_index = plan_analysis(store)[1].words.word_index
     kept = word_index >= 0
     return np.ascontiguousarray(np.asarray(store.layer(layer)[:])[kept]), word_index[kept], int(word_index.max()) + 1
 

@@ -163,7 +163,7 @@ def build() -> Documents:
 
 def first_word_table(run: Path, layers: list[int], *, n_samples: int = 1000, seed: int = 0) -> str:
     from lmgeom.metrics.contextuality import average_cosine, intra_sentence_similarity, occurrence_spectrum, row_norms, sample_indexes
-    from lmgeom.runs.analysis import layer_name
+    from lmgeom.runs.contextuality import layer_name
     from lmgeom.store import RepresentationStore
 
     store = RepresentationStore.open(run)

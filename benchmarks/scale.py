@@ -7,7 +7,7 @@ peak RSS is its own) and returns a row:
   mean norm, SelfSim, IntraSim) over every layer, without MEV.
 - `analysis`: `analyze_store` itself, MEV included (three variants, word groups of `--mev-memory-mb`),
   `--num-workers` layers at once (each in a worker process of its own; default 1: one process).
-- `analysis-ray`: the same analysis as Ray tasks (`analyze_ray`, `--ray-workers` at once, tasks by
+- `analysis-ray`: the same analysis as Ray tasks (`analyze_store(engine="ray")`, `--ray-workers` at once, tasks by
   row range and word group, states merged), on a local Ray cluster of `--ray-workers` CPUs that the
   child starts before its clock (or joins at RAY_ADDRESS).
 The kinds alternate (read, no-mev, mev, ray, read, ...) `--repeat` times; the tables show the best
@@ -105,15 +105,10 @@ def _read(store: RepresentationStore) -> None:
 
 
 def _analysis_without_mev(store: RepresentationStore) -> None:
-    from lmgeom.runs.analysis import AnalysisOptions, LayerAccumulators, plan_analysis
-    from lmgeom.runs.tally import tally
+    from lmgeom.runs.engine import AnalysisOptions, run_analysis
 
-    plan = plan_analysis(store, AnalysisOptions())
-    for layer in store.layers:
-        accumulators = LayerAccumulators.empty(plan, groups=[])
-        tally(store, layer, accumulators.feeds(plan), device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"))
-        for accumulator in accumulators.named().values():
-            accumulator.result()
+    run_analysis(store, AnalysisOptions(statistics=("baseline", "norms", "sample", "self_similarity", "intra"),
+                                        device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu")))
 
 
 def _analysis(store: RepresentationStore, *, num_workers: int) -> None:
@@ -123,10 +118,9 @@ def _analysis(store: RepresentationStore, *, num_workers: int) -> None:
 
 
 def _analysis_on_ray(store: RepresentationStore) -> None:
-    from lmgeom.runs.analysis import AnalysisOptions
-    from lmgeom.runs.distributed import analyze_ray
+    from lmgeom.runs import analyze_store
 
-    analyze_ray(store, AnalysisOptions(), num_workers=RAY_WORKERS)
+    analyze_store(store, engine="ray", num_workers=RAY_WORKERS)
 
 
 MEASURES: dict[str, Callable[..., None]] = {

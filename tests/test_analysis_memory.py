@@ -18,7 +18,7 @@ import pytest
 
 from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, mev
 from lmgeom.runs import Feed, analyze_store, tally
-from lmgeom.runs.analysis import AnalysisOptions, mev_feeds, plan_analysis, solve_word_groups, word_spectra
+from lmgeom.runs.engine import AnalysisOptions, PlanRows, plan_analysis, run_analysis
 from lmgeom.runs.selection import select_rows
 from lmgeom.runs.spool import RowSpool
 from lmgeom.store import RepresentationStore
@@ -60,6 +60,11 @@ class MeasuredMEV(MEVAccumulator):
         return self
 
 
+def group_feed(rows: PlanRows, group: int, accumulator: Any) -> Feed:
+    """The feed of a word group's rows into an MEV accumulator, as the engine makes it."""
+    return Feed(accumulator, rows.group_mask(group), {"word_ids": rows.local_of_row}, stored_rows=True)
+
+
 def test_mev_state_stays_within_the_budget_of_its_word_group(tmp_path: Any) -> None:
     """10 frequent words (1,500 occurrences: past 4d float32 rows they become X^T X, mid-pass) among
     300 rare ones, in the store's 4,096-row chunks: after every add, each group holds at most its
@@ -69,13 +74,13 @@ def test_mev_state_stays_within_the_budget_of_its_word_group(tmp_path: Any) -> N
     counts = {f"often{i}": 1500 for i in range(10)} | {f"rare{i}": int(rng.integers(5, 40)) for i in range(300)}
     store = synthetic_store(tmp_path / "store", dim=dim, counts=counts)
     memory_mb = 4
-    plan = plan_analysis(store, AnalysisOptions(min_contexts=2, mev_memory_mb=memory_mb))
-    assert plan.n_groups >= 4 and len(plan.words) == len(counts)
+    plan, rows = plan_analysis(store, AnalysisOptions(min_contexts=2, mev_memory_mb=memory_mb))
+    assert plan.n_groups >= 4 and len(rows.words) == len(counts)
     budget = memory_mb * 2**20
     peaks = []
     for group in range(plan.n_groups):
-        accumulator = MeasuredMEV(len(plan.words))
-        tally(store, 0, mev_feeds(plan, {group: accumulator}), chunk_rows=int(store.layer(0).chunks[0]))
+        accumulator = MeasuredMEV(len(rows.group_words[group]))
+        tally(store, 0, [group_feed(rows, group, accumulator)], chunk_rows=int(store.layer(0).chunks[0]))
         assert accumulator.given == {np.dtype(np.float32)}
         assert len(accumulator.held) == -(-store.n_tokens // 4096)  # one add per stored chunk
         assert max(accumulator.held) <= budget, f"group {group}: {accumulator.held} bytes held, budget {budget:.0f}"
@@ -92,14 +97,14 @@ def test_analysis_from_float32_rows_equals_the_float64_path(tmp_path: Any, dtype
     counts = {"often": 400, "sometimes": 120} | {f"rare{i}": 6 + i % 9 for i in range(40)}
     store = synthetic_store(tmp_path / "store", dim=dim, counts=counts, dtype=dtype)
     options = AnalysisOptions(min_contexts=2)
-    plan = plan_analysis(store, options)
-    word_index = plan.words.word_index
+    plan, rows = plan_analysis(store, options)
+    word_index = rows.words.word_index
     analysed = word_index >= 0
     as_float64 = np.asarray(store.layer(0)[:], dtype=np.float64)
-    reference = MEVAccumulator(len(plan.words)).add(as_float64[analysed], word_ids=word_index[analysed]).result()
+    reference = MEVAccumulator(len(rows.words)).add(as_float64[analysed], word_ids=word_index[analysed]).result()
 
-    streamed = MeasuredMEV(len(plan.words))
-    tally(store, 0, mev_feeds(plan, {0: streamed}))
+    streamed = MeasuredMEV(len(rows.words))
+    tally(store, 0, [group_feed(rows, 0, streamed)])
     assert plan.n_groups == 1 and streamed.given == {np.dtype(np.float32)}
     spectra = streamed.result()
     assert spectra.keys() == reference.keys() and len(spectra) == len(counts)
@@ -110,7 +115,7 @@ def test_analysis_from_float32_rows_equals_the_float64_path(tmp_path: Any, dtype
 
     words = analyze_store(store, min_contexts=2, device="cpu").words
     for variant in MEV_VARIANTS:
-        expected = [reference[word].mev(variant) for word in range(len(plan.words))]
+        expected = [reference[word].mev(variant) for word in range(len(rows.words))]
         np.testing.assert_allclose(words[f"mev_{variant}"].to_numpy(), expected, rtol=RTOL[variant])
 
 
@@ -162,14 +167,14 @@ def test_several_word_groups_give_the_numbers_of_one(grouped_store: Representati
     assert grouped.words["word"].tolist() == one.words["word"].tolist()
     mev_columns = [column for column in one.words if column.startswith("mev_")]
     pd.testing.assert_frame_equal(grouped.words.drop(columns=mev_columns), one.words.drop(columns=mev_columns), rtol=0, atol=1e-12)
-    plan = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2))
-    analysed = plan.words.word_index >= 0
+    _, rows = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2))
+    analysed = rows.words.word_index >= 0
     for layer in grouped_store.layers:
         at_layer = grouped.words["layer"] == layer
-        rows = np.asarray(grouped_store.layer(layer)[:], dtype=np.float64)[analysed]
+        X = np.asarray(grouped_store.layer(layer)[:], dtype=np.float64)[analysed]
         for variant in MEV_VARIANTS:
             column = f"mev_{variant}"
-            reference = mev(rows, plan.words.word_index[analysed], variant=variant)
+            reference = mev(X, rows.words.word_index[analysed], variant=variant)
             np.testing.assert_allclose(grouped.words.loc[at_layer, column], one.words.loc[at_layer, column], rtol=RTOL[variant])
             np.testing.assert_allclose(grouped.words.loc[at_layer, column], reference.sort_index().to_numpy(), rtol=RTOL[variant])
     layer_mev = one.layers["metric"].str.startswith("mev_")
@@ -192,7 +197,8 @@ def test_the_store_is_read_once_per_layer_whatever_the_word_groups(grouped_store
         drain(self, accumulator)
 
     monkeypatch.setattr(RowSpool, "drain", counting_drain)
-    plan = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB))
+    options = AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB)
+    plan, rows = plan_analysis(grouped_store, options)
     chunk_rows = int(grouped_store.layer(0).chunks[0])  # the store's own chunks: 4 a layer
     chunk_starts = list(range(0, grouped_store.n_tokens, chunk_rows))
     assert len(chunk_starts) >= 3 and plan.n_groups >= 4
@@ -202,15 +208,15 @@ def test_the_store_is_read_once_per_layer_whatever_the_word_groups(grouped_store
     assert len(spooled) == len(grouped_store.layers) * (plan.n_groups - 1) and min(spooled) > 0
 
     counted_reads.clear()
-    spectra = word_spectra(grouped_store, 1, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
+    vectors = run_analysis(grouped_store, options.replace(layers=(1,), statistics=("first_pc",), chunk_rows=chunk_rows)).layers[1]
     assert sorted(counted_reads) == [(1, start) for start in chunk_starts]
-    one_group = MEVAccumulator(len(plan.words))
-    tally(grouped_store, 1, [Feed(one_group, plan.words.word_index >= 0, {"word_ids": plan.words.word_index}, stored_rows=True)])
+    one_group = MEVAccumulator(len(rows.words))
+    tally(grouped_store, 1, [Feed(one_group, rows.words.word_index >= 0, {"word_ids": rows.words.word_index}, stored_rows=True)])
     expected = one_group.result()
-    assert list(spectra) == list(range(len(plan.words))) and spectra.keys() == expected.keys()
-    for word, spectrum in spectra.items():
-        for variant in MEV_VARIANTS:
-            assert spectrum.mev(variant) == pytest.approx(expected[word].mev(variant), rel=RTOL[variant])
+    assert vectors["has_vector"].all() and len(expected) == len(rows.words)
+    for word, spectrum in expected.items():
+        assert np.linalg.norm(vectors["first_pc"][word] - spectrum.direction) < 1e-6
+        np.testing.assert_allclose(vectors["first_pc_mean"][word], spectrum.mean, rtol=1e-12)
     assert list(os.scandir(scratch)) == []
 
 
@@ -219,7 +225,9 @@ def test_scratch_files_are_removed_also_after_an_error(grouped_store: Representa
                                                        failing: str) -> None:
     """An error while the layer is read (spools half written) or while a group is solved (later
     groups' spools not yet read) leaves no scratch file or folder behind."""
-    plan = plan_analysis(grouped_store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB))
+    options = AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB, layers=(0,), statistics=("first_pc",),
+                              chunk_rows=int(grouped_store.layer(0).chunks[0]))
+    plan, _ = plan_analysis(grouped_store, options)
     stored_chunks = TALLY.stored_chunks
     seen: list[list[str]] = []
 
@@ -230,15 +238,16 @@ def test_scratch_files_are_removed_also_after_an_error(grouped_store: Representa
                 raise OSError("the disk went away")
             yield start, chunk
 
-    def failing_record(spectra: dict[int, Any]) -> None:
+    def failing_solve(self: MEVAccumulator) -> None:
         seen.append([entry.name for folder in os.scandir(scratch) for entry in os.scandir(folder.path)])
         raise RuntimeError("stop after the first group")
 
     if failing == "read":
         monkeypatch.setattr(TALLY, "stored_chunks", failing_read)
+    else:
+        monkeypatch.setattr(MEVAccumulator, "result", failing_solve)
     with pytest.raises(OSError if failing == "read" else RuntimeError):
-        solve_word_groups(grouped_store, 0, plan, groups=range(plan.n_groups), chunk_rows=int(grouped_store.layer(0).chunks[0]),
-                          record=failing_record if failing == "solve" else (lambda spectra: None))
+        run_analysis(grouped_store, options)
     assert len(seen[0]) == plan.n_groups - 1  # the spools were there when it failed
     assert list(os.scandir(scratch)) == []
 
@@ -250,7 +259,8 @@ def test_the_plan_reads_few_token_columns_and_selects_as_the_whole_table(tmp_pat
     counts = {f"w{i}": 2 + i % 6 for i in range(60)} | {",": 40, "the": 90}
     store = synthetic_store(tmp_path / "store", dim=8, counts=counts, sentence_length=6)
     for options in (AnalysisOptions(min_contexts=3), AnalysisOptions(min_contexts=2, include_punct=True, exclude_first_word=True)):
-        plan = plan_analysis(RepresentationStore.open(store.path), options)
+        _, plan = plan_analysis(RepresentationStore.open(store.path), options)
+        plan.words  # the words are selected on first use
         fresh = RepresentationStore.open(store.path)
         plan_analysis(fresh, options)
         assert "tokens" not in fresh.__dict__

@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 
 from lmgeom.runs import analyze_store
-from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
+from lmgeom.runs.engine import AnalysisOptions, plan_analysis
 from lmgeom.store import layout, write_store_from_arrays
 from lmgeom.store.location import Location
 
 from helpers import RecordedProgress, synthetic_store
 
-ANALYSIS = sys.modules["lmgeom.runs.analysis"]
+EXECUTORS = sys.modules["lmgeom.runs.engine.executors"]
 COUNTS = {f"often{i}": 150 for i in range(3)} | {f"rare{i}": 4 + i % 7 for i in range(60)}
 SMALL_BUDGET_MB = 0.02  # several MEV word groups: all but the first go through a worker's spools
 
@@ -39,9 +39,9 @@ def pools(monkeypatch: Any) -> list[int]:
             sizes.append(max_workers)
             super().__init__(max_workers, **options)
 
-    monkeypatch.setattr(ANALYSIS, "ProcessPoolExecutor", RecordedPool)
+    monkeypatch.setattr(EXECUTORS, "ProcessPoolExecutor", RecordedPool)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(ANALYSIS, "POOL_MIN_LAYER_VALUES", 0)
+    monkeypatch.setattr(EXECUTORS, "POOL_MIN_LAYER_VALUES", 0)
     return sizes
 
 
@@ -58,7 +58,7 @@ def scratch(tmp_path: Any, monkeypatch: Any) -> Any:
 def test_layers_in_worker_processes_give_the_numbers_of_one_process(tmp_path: Any, pools: list[int], scratch: Any) -> None:
     store = synthetic_store(tmp_path / "store", dim=24, counts=COUNTS, n_layers=3, sentence_length=6)
     options = {"min_contexts": 2, "n_samples": 100, "mev_memory_mb": SMALL_BUDGET_MB, "device": "cpu"}
-    assert plan_analysis(store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB)).n_groups >= 2
+    assert plan_analysis(store, AnalysisOptions(min_contexts=2, mev_memory_mb=SMALL_BUDGET_MB))[0].n_groups >= 2
 
     one = analyze_store(store, **options)
     progress = RecordedProgress()
@@ -110,9 +110,9 @@ def test_layers_too_small_for_a_worker_are_analysed_in_this_process(tmp_path: An
     """Below `POOL_MIN_LAYER_VALUES` analysed values a layer costs less than starting a worker."""
     local = synthetic_store(tmp_path / "store", dim=8, counts={"a": 6, "b": 5}, n_layers=2, sentence_length=3)
     analysed_values = 11 * 8  # every row of the two words, d = 8
-    monkeypatch.setattr(ANALYSIS, "POOL_MIN_LAYER_VALUES", analysed_values + 1)
+    monkeypatch.setattr(EXECUTORS, "POOL_MIN_LAYER_VALUES", analysed_values + 1)
     analyze_store(local, min_contexts=2, device="cpu", num_workers=2)
     assert pools == []
-    monkeypatch.setattr(ANALYSIS, "POOL_MIN_LAYER_VALUES", analysed_values)
+    monkeypatch.setattr(EXECUTORS, "POOL_MIN_LAYER_VALUES", analysed_values)
     analyze_store(local, min_contexts=2, device="cpu", num_workers=2)
     assert pools == [2]

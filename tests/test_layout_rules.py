@@ -51,3 +51,90 @@ def test_the_markers_of_the_fast_loop_are_registered() -> None:
     options = tomllib.loads((TESTS.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
     registered = {marker.split(":")[0] for marker in options["markers"]}
     assert {"slow", "ray", "browser", "processes"} <= registered
+
+
+# ---- the analysis engine and the driver package ------------------------------------------------
+
+SRC = TESTS.parent / "src" / "lmgeom"
+RUNS = SRC / "runs"
+EXECUTORS = RUNS / "engine" / "executors.py"
+
+
+def _lmgeom_imports(source: str) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) of every `import`/`from ... import` of an lmgeom module in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom"):
+            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, []) for alias in node.names if alias.name.startswith("lmgeom")]
+    return found
+
+
+def test_the_check_sees_private_names_imported_and_used() -> None:
+    source = "from lmgeom.runs.analysis import _result, public\nimport lmgeom.runs.tally as tally\ntally._feed_chunk()\n"
+    assert _private_uses(source, "lmgeom.runs.job") == ["line 1: _result of lmgeom.runs.analysis",
+                                                        "line 3: _feed_chunk of lmgeom.runs.tally"]
+    assert _private_uses("from lmgeom.runs.job import _own\n", "lmgeom.runs.job") == []
+
+
+def _private_uses(source: str, module: str) -> list[str]:
+    """The private names (`_x`, not dunders) `source` (the code of `module`) takes from another module:
+    imported by name, or read as an attribute of a module it imported."""
+    offences = [f"line {line}: {name} of {imported}" for line, imported, names in _lmgeom_imports(source)
+                for name in names if imported != module and name.startswith("_") and not name.startswith("__")
+                and not _is_module(imported, name)]
+    aliases = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("lmgeom") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__") and aliases[node.value.id] != module):
+            offences.append(f"line {node.lineno}: {node.attr} of {aliases[node.value.id]}")
+    return sorted(offences)
+
+
+def _is_module(package: str, name: str) -> bool:
+    """Whether `name` of `package` is a module of its own (`lmgeom/_lazy.py`: a package's private
+    helper module, not a private name of another module)."""
+    return (SRC.parent.joinpath(*package.split("."), f"{name}.py")).exists()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_driver_module_imports_another_modules_private_names() -> None:
+    offences = [f"{path.relative_to(SRC)} {use}" for path in sorted(RUNS.rglob("*.py"))
+                for use in _private_uses(path.read_text(encoding="utf-8"), _module_name(path))]
+    assert not offences, "make the name public (and document it) or move the code to its module: " + "; ".join(offences)
+
+
+def test_executors_only_schedule() -> None:
+    """The executors (local, processes, Ray) hold no statistic, no accumulator and no loop over rows:
+    they run `run_task` and nothing else of the analysis."""
+    source = EXECUTORS.read_text(encoding="utf-8")
+    imported = _lmgeom_imports(source)
+    assert not [module for _, module, _ in imported if module.startswith("lmgeom.metrics")], "an executor imports metrics"
+    names = {name for _, _, names in imported for name in names}
+    assert not {name for name in names if name.endswith("Accumulator")}, names
+    assert not names & {"tally", "Feed", "stored_chunks", "layer_chunks", "register_statistic", "statistic", "Statistic"}, names
+    used = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    assert not {name for name in used if name.endswith("Accumulator") or name in ("tally", "Feed")}
+
+
+def test_the_ray_executor_imports_no_accumulator_or_loop_of_its_own() -> None:
+    tree = ast.parse(EXECUTORS.read_text(encoding="utf-8"))
+    ray = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "RayExecutor")
+    imports = [node for node in ast.walk(ray) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert [(node.module, [alias.name for alias in node.names]) for node in imports if isinstance(node, ast.ImportFrom)] == [
+        ("lmgeom.runs.distributed", ["connect_ray"])]
+    # its only code that touches rows is `run_task`, through the module's `_run_on_ray`
+    calls = {node.func.id for node in ast.walk(ray) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert calls <= {"connect_ray", "_bounded"}, calls
+    distributed = (RUNS / "distributed.py").read_text(encoding="utf-8")
+    assert "Accumulator" not in distributed and "tally" not in distributed  # no second analysis path beside the engine

@@ -27,8 +27,9 @@ from lmgeom.corpus.corpus import Corpus, Sentence  # noqa: E402
 from lmgeom.encoders.base import EncodedSentence  # noqa: E402
 from lmgeom.encoders.registry import load_encoder  # noqa: E402
 from lmgeom.runs import extract  # noqa: E402
-from lmgeom.runs.analysis import AnalysisOptions, analyze_store, plan_analysis  # noqa: E402
-from lmgeom.runs.distributed import analyze_ray, extract_sharded  # noqa: E402
+from lmgeom.runs.analysis import analyze_store  # noqa: E402
+from lmgeom.runs.distributed import extract_sharded  # noqa: E402
+from lmgeom.runs.engine import AnalysisOptions, plan_analysis  # noqa: E402
 from lmgeom.store import RepresentationStore  # noqa: E402
 from lmgeom.store.location import Location  # noqa: E402
 from lmgeom.store.sharded import SHARDS  # noqa: E402
@@ -148,9 +149,9 @@ def test_cli_analyze_on_ray_gives_the_local_engine_numbers(ray_store, local_stor
 
 def test_merged_ray_analysis_states_equal_the_local_analysis(ray_store):
     options = AnalysisOptions(min_contexts=2, mev_memory_mb=0.025)  # groups planned on float32 rows
-    plan = plan_analysis(ray_store, options)
+    plan, _ = plan_analysis(ray_store, options)
     assert plan.n_groups >= 3  # per-word state split by word group: no task holds every word
-    on_ray = analyze_ray(ray_store, options, num_workers=2, row_parts=3)
+    on_ray = analyze_store(ray_store, options, engine="ray", num_workers=2, row_parts=3)
     local = analyze_store(ray_store, min_contexts=2, mev_memory_mb=0.025)
     pd.testing.assert_frame_equal(on_ray.layers, local.layers, rtol=0, atol=1e-12)
     pd.testing.assert_frame_equal(on_ray.words, local.words, rtol=0, atol=1e-12)

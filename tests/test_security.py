@@ -219,11 +219,11 @@ def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(hostile: Path
 
 POOL_SCRIPT = textwrap.dedent("""
     import os, sys
-    import lmgeom.runs.analysis as analysis
+    import lmgeom.runs.engine.executors as executors
     from lmgeom.runs import analyze_store
 
     if __name__ == "__main__":
-        analysis.POOL_MIN_LAYER_VALUES = 0  # a pool even for this small store
+        executors.POOL_MIN_LAYER_VALUES = 0  # a pool even for this small store
         os.cpu_count = lambda: 8
         analyze_store(sys.argv[1], min_contexts=2, n_samples=100, mev_memory_mb=0.02, device="cpu", num_workers=2,
                       write_to=False)

@@ -324,7 +324,7 @@ def test_a_store_rewritten_under_a_reader_is_detected_by_every_step_that_reads_l
     with pytest.raises(ValueError, match=expected):
         analyze_store(opened, min_contexts=2)
     with pytest.raises(ValueError, match=expected):
-        measure_isotropy(opened, write=False, n_clusters=2)
+        measure_isotropy(opened, write=False, isotropy_clusters=2)
     with pytest.raises(ValueError, match=expected):
         calibrate_store(opened, methods=["whitening"], layers=[1], save=False)
     with pytest.raises(ValueError, match=expected):

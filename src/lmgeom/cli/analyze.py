@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import RichProgress, above, console, number, user_errors
-from lmgeom.errors import InputError
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -39,8 +38,7 @@ def print_static_benchmarks(scores: pd.DataFrame, title: str) -> None:
 
 
 def print_contextuality(result: ContextualityResult) -> None:
-    from lmgeom.metrics.contextuality import MEV_VARIANTS
-
+    variants = result.settings.get("mev_variants", [])
     summary = result.summary()
     title = f"{result.store_meta.get('model_id')}: contextuality per layer (layer 0 = embedding output; adjusted = raw − baseline)"
     cosines = Table(title=title)
@@ -56,11 +54,11 @@ def print_contextuality(result: ContextualityResult) -> None:
 
     mev = Table(title="MEV: share of a word's variance explained by its first principal direction (baseline = sampled occurrences)")
     mev.add_column("layer", justify="right")
-    for variant in MEV_VARIANTS:
+    for variant in variants:
         mev.add_column(f"{variant}", justify="right")
         mev.add_column(f"{variant} adj", justify="right")
     for _, row in summary.iterrows():
-        cells = [number(row[f"mev_{v}{suffix}"]) for v in MEV_VARIANTS for suffix in ("", "_adjusted")]
+        cells = [number(row[f"mev_{v}{suffix}"]) for v in variants for suffix in ("", "_adjusted")]
         mev.add_row(str(row["layer"]), *cells)
     console.print(mev)
     zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
@@ -88,30 +86,24 @@ def register(app: typer.Typer) -> None:
         out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
-        engine: str = typer.Option("local", help="local (this machine) or ray (tasks on a Ray cluster)"),
+        engine: str = typer.Option("auto", help="local (one task after another here), processes (worker processes), "
+                                                "ray (tasks on a Ray cluster), auto (processes with more than one worker)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: a local one)"),
-        num_workers: int = typer.Option(2, min=1, metavar="<int>", help="local: layers analysed at once, a worker process each; ray: tasks at once (see docs/performance.md)"),
+        num_workers: int = typer.Option(2, min=1, metavar="<int>", help="tasks at once: layers in worker processes, or Ray tasks (see docs/performance.md)"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
-        from lmgeom.runs import analyze_store
-        from lmgeom.runs.analysis import AnalysisOptions
-        from lmgeom.runs.distributed import ENGINES, analyze_ray, write_contextuality
+        from lmgeom.runs.analysis import analyze_store
+        from lmgeom.runs.contextuality import write_contextuality
+        from lmgeom.runs.engine import AnalysisOptions
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
-            if engine not in ENGINES:
-                raise InputError(f"unknown --engine {engine!r}; use one of {', '.join(ENGINES)}")
+            options = AnalysisOptions(
+                min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
+                exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
+                device=device, engine=engine, num_workers=num_workers, ray_address=ray_address)
             store = RepresentationStore.open(store_path)
-            if engine == "ray":
-                result = analyze_ray(store, AnalysisOptions(
-                    min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
-                    exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb),
-                    num_workers=num_workers, ray_address=ray_address, progress=progress)
-            else:
-                result = analyze_store(
-                    store, min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
-                    exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
-                    progress=progress, device=device, num_workers=num_workers)
+            result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
         print_contextuality(result)
         console.print("wrote " + ", ".join(written))
@@ -127,7 +119,7 @@ def register(app: typer.Typer) -> None:
             "also load gensim .kv files given to --static-vectors: a .kv is a Python pickle, and loading one can "
             "run arbitrary code, so pass this only for files you made yourself (word2vec format needs no trust)")),
         min_contexts: int = typer.Option(1, min=1, help="export words occurring in at least this many distinct sentences"),
-        exclude_punct: bool = typer.Option(True, "--exclude-punct/--include-punct", help="leave punctuation out"),
+        include_punct: bool = typer.Option(False, "--include-punct/--exclude-punct", help="also export punctuation"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
                                                       "(default ../shared/data or LMGEOM_DATA)"),
     ) -> None:
@@ -138,7 +130,7 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             exported = export_static_embeddings(
                 store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
-                trust_pickle=trust_pickle, min_contexts=min_contexts, include_punct=not exclude_punct, data_dir=data_dir,
+                trust_pickle=trust_pickle, min_contexts=min_contexts, include_punct=include_punct, data_dir=data_dir,
                 progress=progress,
             )
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "

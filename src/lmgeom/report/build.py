@@ -45,7 +45,8 @@ def _metadata(run: RunData) -> list[tuple[str, Any]]:
          if meta else "no meta.json: the store is not in this directory"),
         ("analysis", run.counts_caption() + (
             f"; words in ≥ {settings.get('min_contexts')} sentences; punctuation "
-            f"{'excluded' if settings.get('exclude_punct') else 'included'}; seed {settings.get('seed')}" if settings else "")),
+            f"{'included' if settings.get('include_punct', not settings.get('exclude_punct', True)) else 'excluded'}; "
+            f"seed {settings.get('seed')}" if settings else "")),
         ("layers", "layer 0 = embedding output; layer l ≥ 1 = output of transformer block l"),
         ("lmgeom version", contextuality.get("lmgeom_version") or meta.get("lmgeom_version", "—")),
         ("extracted", meta.get("created", "—")),

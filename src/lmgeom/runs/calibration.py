@@ -14,13 +14,14 @@ from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
-from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, MomentAccumulator, isotropy_report
+from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, isotropy_report
 from lmgeom.runs.extraction import open_or_extract
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.rundir import (CALIBRATION, CALIBRATION_CSV, CALIBRATOR, CALIBRATORS, ResultFileError, read_json,
                                 write_json, write_records_csv)
 from lmgeom.runs.selection import RowSelection, select_rows
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
+from lmgeom.runs.engine import AnalysisOptions, run_analysis
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
 from lmgeom.store import RepresentationStore
 
 # The measures recorded before/after; counts (n_points, dim) are settings, not measures.
@@ -129,9 +130,11 @@ def fit_store(
     if selection is None:
         selection = select_rows(store.tokens, include_special=include_special, include_punct=include_punct)
     if isinstance(estimator, MomentCalibrator):
-        moments = MomentAccumulator(full_covariance=estimator.full_covariance)
-        tally(store, layer, [Feed(moments, selection.mask)], chunk_rows=chunk_rows)
-        return estimator.fit_moments(moments)
+        statistic = "moments" if estimator.full_covariance else "variances"
+        options = AnalysisOptions(include_special=selection.include_special, include_punct=selection.include_punct,
+                                  exclude_first_word=selection.exclude_first_word, layers=(layer,), statistics=(statistic,),
+                                  chunk_rows=chunk_rows, device="cpu")
+        return estimator.fit_moments(run_analysis(store, options).layers[layer][statistic])
     sample = sample_indexes(selection.rows, max_rows, seed)
     return estimator.fit(as_float64_rows(store.rows(layer, sample), name="store rows", layer=layer))
 

@@ -13,12 +13,7 @@ then one final step writes the global tables (word ids over all shards) and the 
 A killed actor is restarted and its shard redone (`max_retries`); a failed run resumes: shards with a
 manifest are skipped, the others are written afresh.
 
-Analysis (`analyze_ray`): Ray tasks return accumulator states that the driver merges with `merge()`.
-Tasks are partitioned so that none holds per-word state for the whole vocabulary: per layer, a task
-per row range (cut at sentence starts) for the global statistics (baselines, norms, intra-sentence
-similarity, the sampled rows), and a task per row range and word group (`plan_word_groups`, the
-MEV memory budget) for the per-word ones (self-similarity and MEV of that group's words only). The
-merged result equals `analyze_store` of the same store (closed-form statistics to float64 rounding).
+The analysis of a store on Ray is the analysis engine's `RayExecutor` (`lmgeom.runs.engine`).
 """
 
 from __future__ import annotations
@@ -26,41 +21,16 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequence, cast
-
-import numpy as np
 
 from lmgeom.errors import InputError, MissingDependency
 from lmgeom.corpus.builtin import open_corpus
 from lmgeom.corpus.corpus import Corpus, CorpusStream, CorpusSummary, Fingerprint, Sentence
 from lmgeom.encoders.base import Encoder
-from lmgeom.metrics.base import StatefulAccumulator
-from lmgeom.metrics.contextuality import (
-    AverageCosineAccumulator,
-    IntraSentenceAccumulator,
-    MeanNormAccumulator,
-    MEVAccumulator,
-    RowSampleAccumulator,
-    SelfSimilarityAccumulator,
-)
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.analysis import (
-    AnalysisOptions,
-    ContextualityResult,
-    LayerAccumulators,
-    _layer_stats,
-    _require_two_contexts,
-    _result,
-    empty_mev,
-    plan_analysis,
-    record_mev,
-)
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, layer_chunks, require_finite, stored_chunks, stored_float_rows
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
@@ -307,191 +277,3 @@ def extract_model_sharded(
                            dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
                            compress=compress, num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
                            overwrite=overwrite, progress=progress)
-
-
-# ---------------------------------------------------------------------------------------------
-# analysis
-
-
-@dataclass(frozen=True)
-class _GlobalTask:
-    """Rows [start, stop) of a layer: the selected rows' mask, sentence ids and the sampled rows."""
-
-    layer: int
-    start: int
-    stop: int
-    mask: np.ndarray
-    sentence_ids: np.ndarray
-    sampled_rows: np.ndarray
-
-
-@dataclass(frozen=True)
-class _WordGroupTask:
-    """Rows [start, stop) of a layer, for the words of one group: each row's index within the group (-1: not in it)."""
-
-    layer: int
-    start: int
-    stop: int
-    group: int
-    local_ids: np.ndarray
-    n_group_words: int
-
-
-def _global_states(url: str, meta: dict[str, Any], task: _GlobalTask, chunk_rows: int) -> dict[str, Any]:
-    store = RepresentationStore(Location.of(url), meta)
-    baseline, norms, intra = AverageCosineAccumulator(), MeanNormAccumulator(), IntraSentenceAccumulator()
-    sample = RowSampleAccumulator(task.sampled_rows)
-    for start, X in layer_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
-        local = slice(start - task.start, start - task.start + len(X))
-        keep = task.mask[local]
-        if not keep.any():
-            continue
-        rows = X[keep]
-        baseline.add(rows)
-        norms.add(rows)
-        intra.add(rows, sentence_ids=task.sentence_ids[local][keep])
-        sample.add(rows, rows=np.arange(start, start + len(X))[keep])
-    return {name: acc.state_dict() for name, acc in (("baseline", baseline), ("norms", norms), ("intra", intra), ("sample", sample))}
-
-
-def _word_group_states(url: str, meta: dict[str, Any], task: _WordGroupTask, chunk_rows: int) -> dict[str, Any]:
-    store = RepresentationStore(Location.of(url), meta)
-    group_ids = task.local_ids[task.local_ids >= 0]
-    self_similarity = SelfSimilarityAccumulator(task.n_group_words)
-    mev = MEVAccumulator(task.n_group_words, expected_counts=np.bincount(group_ids, minlength=task.n_group_words))
-    for start, chunk in stored_chunks(store, task.layer, rows=(task.start, task.stop), chunk_rows=chunk_rows):
-        require_finite(store, task.layer, chunk, start)
-        ids = task.local_ids[start - task.start : start - task.start + len(chunk)]
-        keep = ids >= 0
-        if keep.any():
-            rows = stored_float_rows(chunk[keep])  # MEV keeps float32 rows as float32, as `tally` hands them
-            self_similarity.add(rows, word_ids=ids[keep])
-            mev.add(rows, word_ids=ids[keep])
-    return {"self_similarity": self_similarity.state_dict(), "mev": mev.state_dict()}
-
-
-_STATE_CLASSES: dict[str, type[StatefulAccumulator]] = {
-    "baseline": AverageCosineAccumulator, "norms": MeanNormAccumulator, "intra": IntraSentenceAccumulator,
-    "sample": RowSampleAccumulator, "self_similarity": SelfSimilarityAccumulator, "mev": MEVAccumulator,
-}
-
-
-def _accumulators(states: dict[str, Any]) -> dict[str, Any]:
-    return {name: _STATE_CLASSES[name].from_state_dict(state) for name, state in states.items()}
-
-
-def row_partitions(first_rows: np.ndarray, n_rows: int, parts: int) -> list[tuple[int, int]]:
-    """About `parts` row ranges of similar size covering [0, n_rows), each starting at a sentence's first row."""
-    targets = np.linspace(0, n_rows, max(1, parts) + 1)[1:-1]
-    cuts = np.unique(first_rows[np.clip(np.searchsorted(first_rows, targets), 0, len(first_rows) - 1)])
-    bounds = [0, *[int(c) for c in cuts if 0 < c < n_rows], n_rows]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def analyze_ray(
-    store: RepresentationStore | str | os.PathLike[str],
-    options: AnalysisOptions = AnalysisOptions(),
-    *,
-    num_workers: int = 2,
-    row_parts: int | None = None,
-    ray_address: str | None = None,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    progress: Progress | None = None,
-) -> ContextualityResult:
-    """`analyze_store` as Ray tasks whose accumulator states are merged with `merge()` (see the module
-    docstring); at most `num_workers` tasks run at once, over `row_parts` row ranges (default 2 per worker)."""
-    ray = connect_ray(ray_address)
-    store = store if isinstance(store, RepresentationStore) else RepresentationStore.open(store)
-    progress = progress or NoProgress()
-    _require_two_contexts(options.min_contexts)
-    plan = plan_analysis(store, options)
-    spans = row_partitions(store.sentences["first_row"].to_numpy(), store.n_tokens, row_parts or 2 * num_workers)
-    group_words = [np.flatnonzero(plan.groups == group) for group in range(plan.n_groups)]
-    word_index = plan.words.word_index
-    local_index = np.full(len(plan.words), -1, dtype=np.int64)
-    for words in group_words:
-        local_index[words] = np.arange(len(words))
-    group_of_row = np.where(word_index >= 0, plan.groups[np.maximum(word_index, 0)], -1)
-    local_of_row = np.where(word_index >= 0, local_index[np.maximum(word_index, 0)], -1)
-
-    global_task = ray.remote(num_cpus=1)(_global_states)
-    group_task = ray.remote(num_cpus=1)(_word_group_states)
-    meta = ray.put(store.meta)
-
-    def tasks() -> Iterator[tuple[tuple[int, int], Callable[[], Any]]]:
-        """(key, submit) in the order their merged states can be finished: a layer's global rows, then its groups."""
-        for layer in plan.layers:
-            for start, stop in spans:
-                task = _GlobalTask(layer, start, stop, plan.selection.mask[start:stop], plan.selection.sentence_ids[start:stop],
-                                   plan.sampled_rows)
-                yield (layer, -1), lambda task=task: global_task.remote(store.url, meta, task, chunk_rows)  # type: ignore[misc]
-            for group, words in enumerate(group_words):
-                for start, stop in spans:
-                    in_group = group_of_row[start:stop] == group
-                    if not in_group.any():
-                        continue
-                    word_task = _WordGroupTask(layer, start, stop, group, np.where(in_group, local_of_row[start:stop], -1), len(words))
-                    yield (layer, group), lambda task=word_task: group_task.remote(store.url, meta, task, chunk_rows)  # type: ignore[misc]
-
-    submitted = list(tasks())
-    expected: dict[tuple[int, int], int] = {}
-    for key, _ in submitted:
-        expected[key] = expected.get(key, 0) + 1
-    merged: dict[tuple[int, int], dict[str, Any]] = {}
-    finished: dict[int, dict[str, Any]] = {layer: {"mev": empty_mev(len(plan.words)), "values": np.full(len(plan.words), np.nan),
-                                                  "counts": np.zeros(len(plan.words), dtype=np.int64)} for layer in plan.layers}
-    progress.start("analyze on ray", len(submitted), unit="tasks")
-    for key, states in _bounded(ray, submitted, max_in_flight=num_workers):
-        accumulators = _accumulators(states)
-        if key in merged:
-            for name, accumulator in accumulators.items():
-                merged[key][name].merge(accumulator)
-        else:
-            merged[key] = accumulators
-        expected[key] -= 1
-        progress.advance("analyze on ray", note=f"layer {key[0]}")
-        layer, group = key
-        if expected[key] or group < 0:
-            continue
-        # a word group is complete: keep its words' results, drop its per-word state
-        parts, words = merged.pop(key), group_words[group]
-        finished[layer]["values"][words] = parts["self_similarity"].result()
-        finished[layer]["counts"][words] = parts["self_similarity"].counts
-        record_mev(finished[layer]["mev"], parts["mev"].result(), words)
-    stats = []
-    for layer in plan.layers:
-        rows = merged.pop((layer, -1))
-        layer_rows = LayerAccumulators(rows["baseline"], rows["norms"], rows["intra"], SelfSimilarityAccumulator(len(plan.words)),
-                                       rows["sample"], {})
-        stats.append(_layer_stats(layer, layer_rows, finished[layer]["mev"],
-                                  self_similarity=(finished[layer]["values"], finished[layer]["counts"])))
-    return _result(store, plan, stats)
-
-
-def _bounded(ray: ModuleType, submitted: list[tuple[Any, Callable[[], Any]]], *, max_in_flight: int) -> Iterator[tuple[Any, Any]]:
-    """(key, result) of each submitted task as it finishes, with at most `max_in_flight` running."""
-    queue = iter(submitted)
-    running: dict[Any, Any] = {}
-    for key, submit in queue:
-        running[submit()] = key
-        if len(running) >= max_in_flight:
-            break
-    while running:
-        (ready,), _ = ray.wait(list(running), num_returns=1)
-        key = running.pop(ready)
-        next_task = next(queue, None)
-        if next_task is not None:
-            running[next_task[1]()] = next_task[0]
-        yield key, ray.get(ready)
-
-
-def write_contextuality(result: ContextualityResult, store: RepresentationStore, out: str | os.PathLike[str] | None) -> list[str]:
-    """Write the result files to `out` (a folder or URL; default: next to the store, on any filesystem)."""
-    target = Location.of(out) if out is not None else store.location
-    if target.is_local:
-        return [str(path) for path in result.write(target.local_path).values()]
-    with tempfile.TemporaryDirectory() as scratch:
-        written = result.write(Path(scratch)).values()
-        for path in written:
-            target.fs.put_file(str(path), target.path(path.name))
-        return [target.child(path.name).url for path in written]

@@ -20,7 +20,7 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.report.data import RunData
 from lmgeom.report.explorer import WORD_COLUMNS
 from lmgeom.runs.rundir import CONTEXTUALITY_WORDS, EXPLORER, ResultFileError, read_json, write_json
-from lmgeom.runs.analysis import AnalysisOptions, plan_analysis
+from lmgeom.runs.engine import AnalysisOptions
 from lmgeom.runs.static import first_pc_vectors
 from lmgeom.store import RepresentationStore, layout
 
@@ -81,23 +81,19 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
         payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need its extracted layers"
         return payload
     store = RepresentationStore.open(run.path)
-    settings = (run.contextuality or {}).get("settings", {})
-    # the analysis's own rows and words, planned once for every layer
-    plan = plan_analysis(store, AnalysisOptions(
-        min_contexts=int(settings.get("min_contexts", 1)), include_punct=not bool(settings.get("exclude_punct", True)),
-        include_special=bool(settings.get("include_special", False)),
-        exclude_first_word=bool(settings.get("exclude_first_word", False)), layers=tuple(payload["layers"])))
-    word_names = plan.words.words["word"].to_numpy()
+    # the analysis's own rows and words, with the options it recorded (its seed, samples and memory budget too)
+    options = AnalysisOptions.from_settings((run.contextuality or {}).get("settings", {}), device="cpu")  # MEV runs on the CPU
     index = {word: i for i, word in enumerate(chosen)}
     progress = progress or NoProgress()
     progress.start("word explorer", len(payload["layers"]), unit="layers")
     for layer in payload["layers"]:
-        ordered, spectra = first_pc_vectors(store, layer, plan)
-        rows = [w for w in ordered if word_names[w] in index]
-        names = [str(word_names[w]) for w in rows]
-        if len(rows) < 2:
+        vectors = first_pc_vectors(store, layer, options)
+        word_names = vectors.words["word"].to_numpy()
+        kept = [i for i, w in enumerate(vectors.order) if word_names[w] in index]
+        names = [str(word_names[vectors.order[i]]) for i in kept]
+        if len(kept) < 2:
             continue
-        order, cosines = nearest_neighbours(np.stack([spectra[w].direction for w in rows]), k)
+        order, cosines = nearest_neighbours(vectors.first_pc[kept], k)
         # per chosen word (by index; null without a vector): [neighbour indexes], [cosines]
         entries: list[list[list[Any]] | None] = [None] * len(chosen)
         for i, name in enumerate(names):

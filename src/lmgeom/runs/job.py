@@ -12,7 +12,9 @@ from typing import Any, Callable, Sequence
 from lmgeom.errors import InputError
 from lmgeom.corpus import require_count
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.analysis import ContextualityResult, analyze_store, require_num_workers
+from lmgeom.runs.analysis import analyze_store
+from lmgeom.runs.contextuality import ContextualityResult
+from lmgeom.runs.engine import AnalysisOptions
 from lmgeom.runs.calibration import calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.isotropy import measure_isotropy
@@ -163,7 +165,7 @@ def run(
     local folder or a file:// URL (`run_folder`). `num_workers`: layers the contextuality analysis
     runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
     about this many times one layer's memory); not a setting of the step, as it changes no number."""
-    require_num_workers(num_workers)  # before the extraction, which can take hours
+    analysis = AnalysisOptions(min_contexts=min_contexts, seed=seed, num_workers=num_workers, device=device)  # checked before the extraction, which can take hours
     require_count(limit, "limit")
     progress = progress or NoProgress()
     out = run_folder(out)
@@ -181,8 +183,7 @@ def run(
         contextuality = ContextualityResult.read(store)
     else:
         started = time.perf_counter()
-        contextuality = analyze_store(store, min_contexts=min_contexts, seed=seed, progress=progress, write_to=True,
-                                       num_workers=num_workers, device=device)
+        contextuality = analyze_store(store, analysis, progress=progress, write_to=True)
         steps.record("contextuality", settings, started, list(contextuality.written.values()))
     summary = layer_summary(store, contextuality)
     paths += [rundir.SUMMARY.at(store.path), *(spec.at(store.path) for spec in

@@ -1,11 +1,11 @@
 """Rows kept on local disk between the read of a layer and the step that uses them.
 
-`analyze_store` bounds MEV's memory by solving the analysed words in groups (`plan_word_groups`,
-`--mev-memory-mb`). Reading the layer again for every group made the time quadratic in the corpus
-(the number of groups grows with the rows, and so does each read); instead, the one read of a layer
-hands the rows of every group it does not hold in memory to a `RowSpool`, a file of that group's
-rows alone, and each group is then solved from its own file in one sequential read
-(`lmgeom.runs.analysis.solve_word_groups`).
+The analysis engine bounds MEV's memory by solving the analysed words in groups (`plan_word_groups`,
+`mev_memory_mb`). Reading the layer again for every group would make the time quadratic in the
+corpus (the number of groups grows with the rows, and so does each read); instead, the one read of a
+layer hands the rows of every group it does not hold in memory to a `RowSpool`, a file of that
+group's rows alone, and each group is then solved from its own file in one sequential read
+(`lmgeom.runs.engine.tasks.run_task`).
 
 The spools of a layer live in a scratch folder of the system's temporary directory (TMPDIR),
 `lmgeom-mev-<pid>@<host>-<random>` (`scratch_folder`), removed when the layer is done; a folder

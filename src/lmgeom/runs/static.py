@@ -27,12 +27,9 @@ from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, find_word_benchmarks,
                                        read_word_benchmarks)
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors, static_vectors_format
-from lmgeom.metrics.contextuality import WordMeanAccumulator
-from lmgeom.metrics.spectrum import OccurrenceSpectrum
-from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
+from lmgeom.runs.engine import AnalysisOptions, run_analysis
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.rundir import write_json, write_records_csv
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore
 
 STATIC_KINDS = ("first_pc", "mean", "layer0_mean")
@@ -70,50 +67,56 @@ class StaticEmbeddings:
         return {"kv": kv_path, "word2vec_text": text_path}
 
 
-def first_pc_vectors(store: RepresentationStore, layer: int, plan: AnalysisPlan, *,
-                     chunk_rows: int = DEFAULT_CHUNK_ROWS) -> tuple[np.ndarray, dict[int, OccurrenceSpectrum]]:
-    """(analysed word indexes ordered by frequency, most frequent first, and their spectra at `layer`);
-    a word whose occurrences are all zero vectors has no direction and is left out."""
-    spectra = word_spectra(store, layer, plan, groups=range(plan.n_groups), chunk_rows=chunk_rows)
-    present = np.array(sorted(spectra))
-    order = np.argsort(-plan.words.words["count"].to_numpy()[present], kind="stable")
-    return present[order], spectra
+@dataclass
+class LayerVectors:
+    """The first-PC vectors of the analysed words of one layer that have one (a word whose
+    occurrences are all zero vectors has no direction), most frequent first."""
+
+    words: pd.DataFrame  # the analysed words (word_id, word, count, contexts)
+    order: np.ndarray  # indexes into `words`, most frequent first
+    first_pc: np.ndarray  # (len(order), dim)
+    mean: np.ndarray  # (len(order), dim): each word's mean occurrence
+
+
+def first_pc_vectors(store: RepresentationStore, layer: int, options: AnalysisOptions) -> LayerVectors:
+    """The first-PC vectors and means at `layer` of the words `options` analyses (`statistics`
+    `first_pc`, from one read of the layer on the engine: one MEV word group in memory at a time)."""
+    analysis = run_analysis(store, options.replace(layers=(layer,), statistics=("first_pc",)))
+    values, words = analysis.layers[layer], analysis.rows.words.words
+    present = np.flatnonzero(values["has_vector"])
+    order = present[np.argsort(-words["count"].to_numpy()[present], kind="stable")]
+    return LayerVectors(words, order, values["first_pc"][order], values["first_pc_mean"][order])
+
+
+# static vectors are of every word in at least one sentence unless asked otherwise
+STATIC_OPTIONS = AnalysisOptions(min_contexts=1)
 
 
 def static_embeddings(
     store: RepresentationStore | str | os.PathLike[str],
+    options: AnalysisOptions = STATIC_OPTIONS,
     *,
     layer: int,
-    min_contexts: int = 1,
-    include_special: bool = False,
-    include_punct: bool = False,
-    exclude_first_word: bool = False,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
+    **keywords: Any,
 ) -> StaticEmbeddings:
-    """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences
-    (rows chosen by the row selection of `lmgeom.runs.selection`)."""
+    """First-PC, mean and layer-0-mean vectors at `layer` for the words `options` (or its fields as
+    `keywords`) analyses: by default every word in at least one sentence (`min_contexts` 1; rows
+    chosen by the row selection of `lmgeom.runs.selection`)."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
-    plan = plan_analysis(store, AnalysisOptions(min_contexts=min_contexts, include_special=include_special,
-                                                include_punct=include_punct, exclude_first_word=exclude_first_word,
-                                                layers=(layer,), mev_memory_mb=mev_memory_mb))
-    words = plan.words.words
-    ordered, spectra = first_pc_vectors(store, layer, plan, chunk_rows=chunk_rows)
-    mean = np.stack([spectra[w].mean for w in ordered])
+    options = options.replace(**keywords)
+    vectors = first_pc_vectors(store, layer, options)
     if layer == 0:
-        layer0_mean = mean
+        layer0_mean = vectors.mean
     else:
-        means = WordMeanAccumulator(len(words))
-        tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows)
-        layer0_mean = means.result()[ordered]
-    store.check_unchanged()
+        means = run_analysis(store, options.replace(layers=(0,), statistics=("word_mean",)))
+        layer0_mean = means.layers[0]["word_mean"][vectors.order]
     return StaticEmbeddings(
         layer=layer,
-        words=words["word"].to_numpy()[ordered].tolist(),
-        counts=words["count"].to_numpy()[ordered],
-        vectors={"first_pc": np.stack([spectra[w].direction for w in ordered]), "mean": mean, "layer0_mean": layer0_mean},
+        words=vectors.words["word"].to_numpy()[vectors.order].tolist(),
+        counts=vectors.words["count"].to_numpy()[vectors.order],
+        vectors={"first_pc": vectors.first_pc, "mean": vectors.mean, "layer0_mean": layer0_mean},
         store_meta=dict(store.meta),
     )
 
@@ -233,7 +236,8 @@ def export_static_embeddings(
         static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
-    embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, include_punct=include_punct)
+    embeddings = static_embeddings(store, STATIC_OPTIONS.replace(min_contexts=min_contexts, include_punct=include_punct),
+                                   layer=layer)
     progress.advance(f"distil layer {layer}")
     directory = store.path / "static"
     saved = embeddings.save(directory, text_path=text_path)

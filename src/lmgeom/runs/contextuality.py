@@ -1,0 +1,178 @@
+"""The result of a contextuality analysis: per-layer records, per word x layer values, findings, and
+their files (contextuality.json, contextuality_layers.csv, contextuality_words.csv).
+
+`contextuality_result` builds it from the engine's finished analysis: each statistic of the plan
+adds its records, word columns and counts (`lmgeom.runs.engine.statistics.Statistic`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lmgeom.errors import InputError
+from lmgeom.runs import rundir
+from lmgeom.runs.engine import Analysis
+from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, findings
+from lmgeom.runs.rundir import LAYER_NOTE, write_json, write_records_csv
+from lmgeom.store import RepresentationStore
+from lmgeom.store.location import Location
+
+ADJUSTED_DEFINITION = "raw minus baseline, per layer"
+SETTINGS_NOTES = {
+    "sampling": "occurrences drawn uniformly without replacement from the analysed rows; the same rows at every layer",
+    "adjusted_baselines": "SelfSim and IntraSim: anisotropy_exact of the layer; MEV: the same MEV variant "
+                          "computed on the sampled occurrences of the layer",
+    "anisotropy_threshold": ANISOTROPY_THRESHOLD, "static_variance_threshold": STATIC_VARIANCE_THRESHOLD,
+}
+
+
+def layer_name(layer: int) -> str:
+    return "embedding output" if layer == 0 else f"block {layer}"
+
+
+@dataclass
+class ContextualityResult:
+    """Per-layer tidy records (`layers`), per word x layer values (`words`), computed findings."""
+
+    layers: pd.DataFrame
+    words: pd.DataFrame
+    findings: dict[str, Any]
+    statements: list[str]
+    settings: dict[str, Any]
+    counts: dict[str, Any]
+    store_meta: dict[str, Any] = field(default_factory=dict)
+    store_path: Path | None = None
+    definitions: dict[str, str] = field(default_factory=dict)  # metric -> what it is
+    plan: dict[str, Any] = field(default_factory=dict)  # the engine's plan (`lmgeom.runs.engine.Analysis.to_json`)
+    written: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """One record per layer x metric: raw, baseline, adjusted."""
+        return self.layers.to_dict("records")
+
+    def summary(self) -> pd.DataFrame:
+        """One row per layer, one column per metric (raw, and adjusted beside it for a metric with a
+        baseline); NaN where a value is undefined (e.g. a centred MEV of words without spread)."""
+        wide = self.layers.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
+        columns = {}
+        for metric in self.layers["metric"].unique():
+            columns[metric] = wide[("raw", metric)]
+            if (self.layers.loc[self.layers["metric"] == metric, "baseline_source"] != "").any():
+                columns[f"{metric}_adjusted"] = wide[("adjusted", metric)]
+        table = pd.DataFrame(columns)
+        table.insert(0, "layer_name", [layer_name(layer) for layer in table.index])
+        return table.reset_index()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON payload (provenance is added by `write`)."""
+        return {
+            "layer_note": LAYER_NOTE,
+            "settings": self.settings,
+            "definitions": self.definitions,
+            "counts": self.counts,
+            "records": self.records,
+            "findings": self.findings,
+            "statements": self.statements,
+            "plan": self.plan,
+        }
+
+    @classmethod
+    def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None) -> ContextualityResult:
+        """The result written by `write` for `store` (default: next to the store)."""
+        target = Path(directory) if directory is not None else store.path
+        document, words = rundir.read_json(rundir.CONTEXTUALITY.at(target), "contextuality"), rundir.read_words(target)
+        if document is None or words is None:
+            raise FileNotFoundError(f"no {rundir.CONTEXTUALITY.name} and {rundir.CONTEXTUALITY_WORDS.name} in {target}; "
+                                    f"run `{rundir.CONTEXTUALITY.producer}`")
+        counts = dict(document["counts"])
+        for key in ("zero_vectors_excluded_by_layer", "mean_norm_by_layer"):
+            counts[key] = {int(layer): value for layer, value in counts[key].items()}
+        records = pd.DataFrame(document["records"]).astype({"raw": float, "baseline": float, "adjusted": float})
+        return cls(
+            layers=records,
+            words=words,
+            findings=document["findings"],
+            statements=document["statements"],
+            settings=document["settings"],
+            counts=counts,
+            store_meta=dict(store.meta),
+            store_path=store.path if store.location.is_local else None,
+            definitions=document["definitions"],
+            plan=document.get("plan", {}),
+        )
+
+    def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+        """contextuality.json, contextuality_layers.csv, contextuality_words.csv (default: next to the store)."""
+        if directory is not None:
+            target = Path(directory)
+        elif self.store_path is not None:
+            target = self.store_path
+        else:
+            raise InputError("give a directory to write to (this result has no store path)")
+        self.written = {
+            "json": write_json(rundir.CONTEXTUALITY.at(target), "contextuality", self.to_json(), store_meta=self.store_meta),
+            "layers_csv": write_records_csv(rundir.CONTEXTUALITY_LAYERS.at(target), self.records),
+            "words_csv": write_records_csv(rundir.CONTEXTUALITY_WORDS.at(target), self.words.to_dict("records")),
+        }
+        return self.written
+
+
+def contextuality_result(store: RepresentationStore, analysis: Analysis) -> ContextualityResult:
+    """The result of a finished analysis: each statistic's records, word columns and counts, layer by layer."""
+    plan, rows = analysis.plan, analysis.rows
+    records: list[dict[str, Any]] = []
+    frames: list[pd.DataFrame] = []
+    by_layer: dict[str, dict[int, Any]] = {}
+    word_statistics = [stat for stat in plan.statistics if stat.word_columns is not None]
+    for layer in plan.layers:
+        values = analysis.layers[layer]
+        head = {"layer": layer, "layer_name": layer_name(layer)}
+        for stat in plan.statistics:
+            if stat.records is not None:
+                records += [{**head, **record} for record in stat.records(values)]
+            if stat.counts is not None:
+                for name, value in stat.counts(values).items():
+                    by_layer.setdefault(name, {})[layer] = value
+        if word_statistics:
+            words = rows.words.words
+            columns: dict[str, Any] = {**head, **{name: words[name].to_numpy() for name in ("word_id", "word", "count", "contexts")}}
+            for stat in word_statistics:
+                assert stat.word_columns is not None
+                columns.update(stat.word_columns(values))
+            frames.append(pd.DataFrame(columns))
+    settings = {**plan.options.to_settings(), "layers": list(plan.layers), "device": plan.device, **SETTINGS_NOTES}
+    definitions = {metric: text for stat in plan.statistics for metric, text in stat.definitions.items()}
+    result = ContextualityResult(
+        layers=pd.DataFrame(records),
+        words=pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(),
+        findings={},
+        statements=[],
+        settings=settings,
+        counts={**rows.counts(), **by_layer},
+        store_meta=dict(store.meta),
+        store_path=store.path if store.location.is_local else None,
+        definitions={**definitions, "adjusted": ADJUSTED_DEFINITION},
+        plan=analysis.to_json(),
+    )
+    if {"baseline", "self_similarity", "intra", "sample", "mev"} <= {stat.name for stat in plan.statistics}:
+        result.findings, result.statements = findings(result.summary(), result.words, variants=plan.options.mev_variants)
+    return result
+
+
+def write_contextuality(result: ContextualityResult, store: RepresentationStore, out: str | os.PathLike[str] | None) -> list[str]:
+    """Write the result files to `out` (a folder or URL; default: next to the store, on any filesystem)."""
+    target = Location.of(out) if out is not None else store.location
+    if target.is_local:
+        return [str(path) for path in result.write(target.local_path).values()]
+    with tempfile.TemporaryDirectory() as scratch:
+        written = result.write(Path(scratch)).values()
+        for path in written:
+            target.fs.put_file(str(path), target.path(path.name))
+        return [target.child(path.name).url for path in written]

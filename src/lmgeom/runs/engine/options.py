@@ -1,0 +1,114 @@
+"""`AnalysisOptions`: everything an analysis of a store is asked for, as one frozen object.
+
+Built once (by the CLI from its flags, by `analyze_store` or `run` from keywords) and passed whole to
+the plan and the executors. `to_settings()` is what the result files record; `from_settings()` reads
+it back, so a result (the word explorer, merged shards) is re-read with exactly the options that
+produced it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from lmgeom.errors import InputError
+from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
+from lmgeom.metrics.spectrum import MEV_VARIANTS, mev_variants
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
+
+DEFAULT_MEV_MEMORY_MB = 512
+# the statistics of the contextuality analysis (Ethayarajh 2019), in the order their records appear
+CONTEXTUALITY_STATISTICS = ("baseline", "norms", "sample", "self_similarity", "intra", "mev")
+ENGINES = ("auto", "local", "processes", "ray")
+# options that say how an analysis runs, not what it computes: shards computed on other machines
+# (another device, other workers) merge
+EXECUTION_FIELDS = ("device", "engine", "num_workers", "chunk_rows", "row_parts", "ray_address")
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """What an analysis of a store computes and how it runs.
+
+    What: rows follow `lmgeom.runs.selection` (`include_special`, `include_punct`,
+    `exclude_first_word`); word statistics use the words in at least `min_contexts` distinct
+    sentences; `n_samples` occurrences drawn with `seed` make the sampled baselines; `layers` (None:
+    every layer); `statistics`: the registered statistics computed (`lmgeom.runs.engine.statistics`);
+    `mev_variants`: the MEV variants solved; `mev_memory_mb` bounds the per-word occurrence matrices
+    held at once (the other word groups wait in scratch files); `isotropy_rows` selected rows (drawn
+    with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures.
+    How: `device` where block statistics compute (cpu, cuda, cuda:N, auto, torch:cpu); `engine`
+    (`auto`: `processes` when `num_workers` > 1, else `local`; `ray`); `num_workers` tasks at once;
+    `row_parts` row ranges per layer (None: 1, or 2 per worker on Ray; more than 1 gives a task per
+    row range and word group, so that no task holds the state of every word); `chunk_rows` rows read
+    at a time; `ray_address` the Ray cluster to join (None: RAY_ADDRESS or a local one)."""
+
+    min_contexts: int = 5
+    include_special: bool = False
+    include_punct: bool = False
+    exclude_first_word: bool = False
+    seed: int = 0
+    n_samples: int = 1000
+    layers: tuple[int, ...] | None = None
+    mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB
+    mev_variants: tuple[str, ...] = MEV_VARIANTS
+    statistics: tuple[str, ...] = CONTEXTUALITY_STATISTICS
+    isotropy_rows: int = REPORT_MAX_ROWS
+    isotropy_clusters: int = 8
+    device: str = "cpu"
+    engine: str = "auto"
+    num_workers: int = 1
+    row_parts: int | None = None
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        # sequences given as lists (from JSON or a caller) become tuples: the options stay hashable
+        for name in ("layers", "mev_variants", "statistics"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        object.__setattr__(self, "mev_variants", mev_variants(self.mev_variants))
+        if self.min_contexts < 1:
+            raise InputError(f"`min_contexts` must be at least 1; got {self.min_contexts}", param="min_contexts")
+        if self.num_workers < 1:
+            raise InputError(f"`num_workers` must be at least 1 (1 analyses one task after another in this process); "
+                             f"got {self.num_workers}", param="num_workers")
+        if self.n_samples < 1:
+            raise InputError(f"`n_samples` must be at least 1; got {self.n_samples}", param="n_samples")
+        if not self.mev_memory_mb > 0:
+            raise InputError(f"`mev_memory_mb` must be above 0; got {self.mev_memory_mb}", param="mev_memory_mb")
+        if self.row_parts is not None and self.row_parts < 1:
+            raise InputError(f"`row_parts` must be at least 1; got {self.row_parts}", param="row_parts")
+        if self.isotropy_rows < 2 or self.isotropy_clusters < 1:
+            raise InputError(f"`isotropy_rows` must be at least 2 and `isotropy_clusters` at least 1; got "
+                             f"{self.isotropy_rows} and {self.isotropy_clusters}", param="isotropy_rows")
+        if self.chunk_rows < 1:
+            raise InputError(f"`chunk_rows` must be at least 1; got {self.chunk_rows}", param="chunk_rows")
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown `engine` {self.engine!r}; use one of {', '.join(ENGINES)}", param="engine")
+
+    def replace(self, **changes: Any) -> AnalysisOptions:
+        return dataclasses.replace(self, **changes)
+
+    def to_settings(self) -> dict[str, Any]:
+        """The options as JSON (what result files record under `settings`)."""
+        settings = dataclasses.asdict(self)
+        for name in ("layers", "mev_variants", "statistics"):
+            if settings[name] is not None:
+                settings[name] = list(settings[name])
+        return settings
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], **changes: Any) -> AnalysisOptions:
+        """The options recorded by `to_settings` (other keys of a result's settings are ignored), with
+        `changes`. Files written before `include_punct` was recorded hold `exclude_punct`, its negation."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        known = {key: value for key, value in settings.items() if key in names}
+        if "include_punct" not in known and "exclude_punct" in settings:
+            known["include_punct"] = not bool(settings["exclude_punct"])
+        return cls(**{**known, **changes})
+
+    def analysis_settings(self) -> dict[str, Any]:
+        """`to_settings` without the options of how it runs: what two shards must share to merge."""
+        return {key: value for key, value in self.to_settings().items() if key not in EXECUTION_FIELDS}

@@ -1,0 +1,363 @@
+"""The registry of per-layer statistics: each is registered once, here (or by a caller with
+`register_statistic`), and every executor computes it the same way.
+
+A `Statistic` names its accumulator (in `lmgeom.metrics`), which rows it takes, how the merged
+accumulator becomes values (`finish`), and its section of the result files: its `records` in
+contextuality.json / contextuality_layers.csv, its `word_columns` in contextuality_words.csv and its
+per-layer `counts`. Scopes:
+- `rows`: one accumulator over a layer's selected rows (labels per row from `labels`);
+- `word_groups`: one accumulator per word group, over the rows of the group's words, labelled
+  `word_ids` = each row's word index within the group; its values are arrays over the group's words,
+  which the engine places into arrays over every analysed word. With `spool`, the accumulator of
+  every group but the first waits in a scratch file during a layer's one read (MEV: one group's
+  occurrence matrices in memory at a time).
+`finish` and the result hooks get the layer's values: a dict of every statistic's values by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import numpy as np
+
+from lmgeom.errors import InputError
+from lmgeom.metrics.contextuality import (
+    AverageCosineAccumulator,
+    IntraSentenceAccumulator,
+    MeanNormAccumulator,
+    MEVAccumulator,
+    RowSampleAccumulator,
+    SelfSimilarityAccumulator,
+    WordMeanAccumulator,
+    average_cosine,
+    occurrence_spectrum,
+    row_norms,
+)
+from lmgeom.metrics.isotropy import MomentAccumulator, isotropy_report, local_isotropy
+from lmgeom.metrics.spectrum import MEV_VARIANTS
+
+if TYPE_CHECKING:
+    from lmgeom.runs.engine.plan import PlanRows
+
+ROWS = "rows"
+WORD_GROUPS = "word_groups"
+LayerValues = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One per-layer statistic (see the module docstring). `accumulator(rows, words)`: a fresh
+    accumulator (`words`: the group's words, indexes into the analysed words; None for `rows`
+    scope); `finish(accumulator, rows, words)`: its values."""
+
+    name: str
+    scope: str
+    accumulator: Callable[[PlanRows, np.ndarray | None], Any]
+    finish: Callable[[Any, PlanRows, np.ndarray | None], LayerValues]
+    description: str = ""
+    labels: Callable[[PlanRows], Mapping[str, np.ndarray]] | None = None  # rows scope: labels per store row
+    stored_rows: bool = False  # rows as stored (float32 exact) instead of float64 (`lmgeom.runs.tally.Feed`)
+    spool: bool = False
+    requires: tuple[str, ...] = ()  # statistics whose values its result hooks read
+    min_contexts: int = 1
+    records: Callable[[LayerValues], list[dict[str, Any]]] | None = None
+    word_columns: Callable[[LayerValues], dict[str, np.ndarray]] | None = None
+    counts: Callable[[LayerValues], dict[str, Any]] | None = None
+    definitions: dict[str, str] = field(default_factory=dict)  # metric -> what it is (contextuality.json)
+
+    def __post_init__(self) -> None:
+        if self.scope not in (ROWS, WORD_GROUPS):
+            raise InputError(f"unknown statistic scope {self.scope!r}; use {ROWS!r} or {WORD_GROUPS!r}", param="scope")
+        if self.spool and not self.stored_rows:
+            raise InputError("a spooled statistic takes its rows as stored (`stored_rows=True`)", param="spool")
+
+
+_REGISTRY: dict[str, Statistic] = {}
+
+
+def register_statistic(stat: Statistic) -> Statistic:
+    """Make `stat` computable by name (`AnalysisOptions(statistics=(..., stat.name))`)."""
+    _REGISTRY[stat.name] = stat
+    return stat
+
+
+def statistic(name: str) -> Statistic:
+    if name not in _REGISTRY:
+        raise InputError(f"unknown statistic {name!r}; registered: {', '.join(_REGISTRY)}", param="statistics")
+    return _REGISTRY[name]
+
+
+def registered_statistics() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def layer_record(metric: str, raw: float, n: int, *, baseline: float = float("nan"), source: str = "") -> dict[str, Any]:
+    """One record of contextuality_layers.csv (the engine adds `layer` and `layer_name` before it):
+    with a baseline `source`, `adjusted` is raw minus baseline."""
+    return {"metric": metric, "raw": raw, "baseline": baseline, "adjusted": raw - baseline if source else float("nan"),
+            "baseline_source": source, "n": n}
+
+
+def mean_defined(values: np.ndarray) -> float:
+    defined = values[~np.isnan(values)]
+    return float(defined.mean()) if len(defined) else float("nan")
+
+
+def _n_defined(values: np.ndarray) -> int:
+    return int(np.count_nonzero(~np.isnan(values)))
+
+
+# accumulator factories and finishers for the common cases (module-level functions and partials:
+# a plan's statistics are pickled to worker processes)
+
+
+def _fresh(cls: type, rows: PlanRows, words: np.ndarray | None) -> Any:
+    return cls()
+
+
+def fresh(cls: type) -> Callable[[PlanRows, np.ndarray | None], Any]:
+    """`accumulator` of a statistic whose accumulator takes no arguments."""
+    return partial(_fresh, cls)
+
+
+def _per_word(cls: type, rows: PlanRows, words: np.ndarray | None) -> Any:
+    assert words is not None, f"{cls.__name__} counts by word: register it with scope {WORD_GROUPS!r}"
+    return cls(len(words))
+
+
+def per_word(cls: type) -> Callable[[PlanRows, np.ndarray | None], Any]:
+    """`accumulator` of a word statistic whose accumulator takes the number of words."""
+    return partial(_per_word, cls)
+
+
+def result_as(name: str, acc: Any, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    """`finish` (as `partial(result_as, name)`) keeping the accumulator's result under `name`."""
+    return {name: acc.result()}
+
+
+# ---------------------------------------------------------------------------------------------
+# the contextuality statistics (Ethayarajh 2019)
+
+
+def _baseline_values(acc: AverageCosineAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    return {"anisotropy_exact": acc.result(), "n_points": acc.n_points, "n_zero": acc.n_zero}
+
+
+def _baseline_records(v: LayerValues) -> list[dict[str, Any]]:
+    return [layer_record("anisotropy_exact", v["anisotropy_exact"], v["n_points"])]
+
+
+def _baseline_counts(v: LayerValues) -> dict[str, Any]:
+    return {"zero_vectors_excluded_by_layer": v["n_zero"]}
+
+
+register_statistic(Statistic(
+    "baseline", ROWS, fresh(AverageCosineAccumulator), _baseline_values,
+    description="the exact anisotropy baseline", records=_baseline_records, counts=_baseline_counts,
+    definitions={"anisotropy_exact": "mean cosine over all ordered pairs of distinct analysed occurrences (closed form, exact)"},
+))
+
+def _norms_counts(v: LayerValues) -> dict[str, Any]:
+    return {"mean_norm_by_layer": v["mean_norm"]}
+
+
+register_statistic(Statistic(
+    "norms", ROWS, fresh(MeanNormAccumulator), partial(result_as, "mean_norm"),
+    description="the mean norm of the analysed rows", counts=_norms_counts,
+))
+
+
+def _sample_values(acc: RowSampleAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    sample = acc.result()
+    sample = sample[row_norms(sample) > 0]
+    spectrum = occurrence_spectrum(sample)
+    return {"anisotropy_sampled": average_cosine(sample), "n_sampled": len(sample),
+            "mev_baseline": {variant: spectrum.mev(variant) for variant in rows.options.mev_variants}}
+
+
+def _sample_accumulator(rows: PlanRows, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(rows.sample(rows.options.n_samples))
+
+
+def row_number_labels(rows: PlanRows) -> dict[str, np.ndarray]:
+    """`rows` labels: each row's number in the store (what a row sample keeps)."""
+    return {"rows": rows.row_numbers}
+
+
+def _sample_records(v: LayerValues) -> list[dict[str, Any]]:
+    return [layer_record("anisotropy_sampled", v["anisotropy_sampled"], v["n_sampled"])]
+
+
+register_statistic(Statistic(
+    "sample", ROWS, _sample_accumulator, _sample_values,
+    description="the sampled baselines", labels=row_number_labels, records=_sample_records,
+    definitions={"anisotropy_sampled": "the same mean over the pairs of n uniformly sampled occurrences (the paper's estimate; seeded)"},
+))
+
+
+def _self_similarity_values(acc: SelfSimilarityAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    return {"self_similarity": acc.result(), "nonzero_occurrences": acc.counts}
+
+
+def _self_similarity_columns(v: LayerValues) -> dict[str, np.ndarray]:
+    return {"nonzero_occurrences": v["nonzero_occurrences"], "self_similarity": v["self_similarity"],
+            "self_similarity_adjusted": v["self_similarity"] - v["anisotropy_exact"]}
+
+
+def _self_similarity_records(v: LayerValues) -> list[dict[str, Any]]:
+    return [layer_record("self_similarity", mean_defined(v["self_similarity"]), _n_defined(v["self_similarity"]),
+                         baseline=v["anisotropy_exact"], source="anisotropy_exact")]
+
+
+register_statistic(Statistic(
+    "self_similarity", WORD_GROUPS, per_word(SelfSimilarityAccumulator), _self_similarity_values,
+    description="self-similarity needs two occurrences", requires=("baseline",), min_contexts=2,
+    records=_self_similarity_records, word_columns=_self_similarity_columns,
+    definitions={"self_similarity": "mean over words of the mean cosine between a word's occurrences; baseline = anisotropy_exact"},
+))
+
+def sentence_labels(rows: PlanRows) -> dict[str, np.ndarray]:
+    """`rows` labels: each row's sentence."""
+    return {"sentence_ids": rows.selection.sentence_ids}
+
+
+def _intra_records(v: LayerValues) -> list[dict[str, Any]]:
+    return [layer_record("intra_sentence_similarity", mean_defined(v["intra"].to_numpy()), int(v["intra"].notna().sum()),
+                         baseline=v["anisotropy_exact"], source="anisotropy_exact")]
+
+
+register_statistic(Statistic(
+    "intra", ROWS, fresh(IntraSentenceAccumulator), partial(result_as, "intra"),
+    description="intra-sentence similarity", labels=sentence_labels, requires=("baseline",), records=_intra_records,
+    definitions={"intra_sentence_similarity": "mean over sentences of the mean cosine between each word and the sentence's "
+                                              "mean vector; baseline = anisotropy_exact"},
+))
+
+
+def _mev_accumulator(rows: PlanRows, words: np.ndarray | None, *, variants: tuple[str, ...] | None = None) -> MEVAccumulator:
+    """An MEV accumulator of a group's words that knows their counts (the words that will outgrow the
+    row budget go to X^T X from their first rows; the others' rows are never copied again), solving
+    `variants` (default: the plan's)."""
+    assert words is not None
+    counts = rows.words.words["count"].to_numpy()[words]
+    return MEVAccumulator(len(words), expected_counts=counts, variants=rows.options.mev_variants if variants is None else variants)
+
+
+def _mev_values(acc: MEVAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    """Each MEV variant of each word (NaN for a word without a non-zero occurrence); only these
+    numbers are kept, not a spectrum's direction and mean (2d floats a word)."""
+    spectra = acc.result()
+    values = {}
+    for variant in acc.variants:
+        column = np.full(acc.n_words, np.nan)
+        for word, spectrum in spectra.items():
+            column[word] = spectrum.mev(variant)
+        values[f"mev_{variant}"] = column
+    return values
+
+
+def _mev_records(v: LayerValues) -> list[dict[str, Any]]:
+    return [layer_record(f"mev_{variant}", mean_defined(v[f"mev_{variant}"]), _n_defined(v[f"mev_{variant}"]),
+                         baseline=baseline, source=f"mev_{variant} of the sampled occurrences")
+            for variant, baseline in v["mev_baseline"].items()]
+
+
+def _mev_columns(v: LayerValues) -> dict[str, np.ndarray]:
+    columns = {}
+    for variant, baseline in v["mev_baseline"].items():
+        columns[f"mev_{variant}"] = v[f"mev_{variant}"]
+        columns[f"mev_{variant}_adjusted"] = v[f"mev_{variant}"] - baseline
+    return columns
+
+
+register_statistic(Statistic(
+    "mev", WORD_GROUPS, _mev_accumulator, _mev_values,
+    description="maximum explainable variance", stored_rows=True, spool=True, requires=("sample",),
+    records=_mev_records, word_columns=_mev_columns,
+    definitions={
+        "mev_uncentred": "mean over words of sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's formula); "
+                         "baseline = the same on the sampled occurrences",
+        "mev_centred": "mean over words of the first principal component's share of variance after removing the word's mean "
+                       "(PCA; a later version of the original code); baseline = the same on the sampled occurrences",
+        "mev_svd_ratio": "mean over words of var(X v1) / total centred variance, v1 = first uncentred singular vector "
+                         "(TruncatedSVD explained_variance_ratio_[0], as for the paper's released figures); baseline = the "
+                         "same on the sampled occurrences",
+    },
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# static vectors (Ethayarajh 2019, section 5) and the word explorer's neighbours
+
+
+def _first_pc_values(acc: MEVAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    """Each word's first principal direction and mean (NaN rows, and `has_vector` False, for a word
+    whose occurrences are all zero vectors: it has no direction)."""
+    spectra = acc.result()
+    directions = np.full((acc.n_words, rows.dim), np.nan)
+    means = np.full((acc.n_words, rows.dim), np.nan)
+    for word, spectrum in spectra.items():
+        directions[word], means[word] = spectrum.direction, spectrum.mean
+    has_vector = np.zeros(acc.n_words, dtype=bool)
+    has_vector[list(spectra)] = True
+    return {"first_pc": directions, "first_pc_mean": means, "has_vector": has_vector}
+
+
+register_statistic(Statistic(
+    "first_pc", WORD_GROUPS, partial(_mev_accumulator, variants=MEV_VARIANTS), _first_pc_values,
+    description="each word's first principal direction (its static vector)", stored_rows=True, spool=True,
+))
+
+register_statistic(Statistic(
+    "word_mean", WORD_GROUPS, per_word(WordMeanAccumulator), partial(result_as, "word_mean"),
+    description="each word's mean vector",
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# isotropy (isotropy.json): every global measure of `isotropy_report` and the size-weighted local
+# isotropy inside k-means clusters, on one seeded sample of selected rows
+
+
+def _isotropy_accumulator(rows: PlanRows, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(rows.sample(rows.options.isotropy_rows))
+
+
+def _isotropy_values(acc: RowSampleAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    X = acc.result()
+    seed = rows.options.seed
+    measures: dict[str, float] = dict(isotropy_report(X, seed=seed, max_rows=None))
+    local = local_isotropy(X, n_clusters=min(rows.options.isotropy_clusters, len(X)), seed=seed)
+    measures.update({f"local_{name}": value for name, value in local.weighted_mean.items()})
+    return {"isotropy": {name: value for name, value in measures.items() if name not in ("n_points", "n_used", "dim")},
+            "isotropy_rows": len(X)}
+
+
+register_statistic(Statistic(
+    "isotropy", ROWS, _isotropy_accumulator, _isotropy_values, description="global and local isotropy of a row sample",
+    labels=row_number_labels,
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# moments of the selected rows (the calibrators that need only mean and covariance fit on them)
+
+
+def _moments_accumulator(full_covariance: bool, rows: PlanRows, words: np.ndarray | None) -> MomentAccumulator:
+    return MomentAccumulator(full_covariance=full_covariance)
+
+
+def _keep_accumulator(name: str, acc: Any, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    return {name: acc}
+
+
+register_statistic(Statistic(
+    "moments", ROWS, partial(_moments_accumulator, True), partial(_keep_accumulator, "moments"),
+    description="count, mean and covariance of the selected rows",
+))
+register_statistic(Statistic(
+    "variances", ROWS, partial(_moments_accumulator, False), partial(_keep_accumulator, "variances"),
+    description="count, mean and per-dimension variances of the selected rows",
+))
