@@ -58,7 +58,7 @@ from lmgeom.runs.rundir import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.spool import RowSpool, scratch_folder
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, RowSink, row_range, stored_row_bytes, tally
-from lmgeom.runs.workers import die_with_parent
+from lmgeom.runs.workers import start_worker
 from lmgeom.store import RepresentationStore
 
 ANISOTROPY_THRESHOLD = 0.05  # a layer is called anisotropic when its exact baseline exceeds this
@@ -688,9 +688,9 @@ def _analyze_layer(store: RepresentationStore, plan: AnalysisPlan, layer: int, *
 _worker_analysis: tuple[str, AnalysisPlan] | None = None
 
 
-def _start_layer_worker(store_url: str, plan: AnalysisPlan) -> None:
+def _start_layer_worker(store_url: str, plan: AnalysisPlan, pool_size: int) -> None:
     global _worker_analysis
-    die_with_parent()  # a killed caller leaves no worker behind
+    start_worker(pool_size)  # a killed caller leaves no worker behind; each worker its share of the cores
     _worker_analysis = (store_url, plan)
 
 
@@ -713,7 +713,7 @@ def _analyze_layers_in_pool(store: RepresentationStore, plan: AnalysisPlan, *, p
         device = "cpu" if target is None else str(target)
     # spawn, not fork: this process has threads (BLAS, the tally's read-ahead), which a fork copies mid-state
     with ProcessPoolExecutor(max_workers=pool_size, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_start_layer_worker, initargs=(store.url, plan)) as pool:
+                             initializer=_start_layer_worker, initargs=(store.url, plan, pool_size)) as pool:
         try:
             layer_of = {pool.submit(_analyze_layer_in_worker, layer, chunk_rows=chunk_rows, device=device): layer
                         for layer in plan.layers}
