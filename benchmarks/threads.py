@@ -219,13 +219,10 @@ def pools_workload(name: str, scratch: Path) -> None:
 
 def pools_one(name: str) -> None:
     """In this fresh process: start each pool in turn (naming its threads), then run the workload."""
-    known = _thread_ids()
-    matrix = np.ones((600, 600))
-    matrix @ matrix
-    known = _name_new_threads(known, "numpy-blas")
+    known = _name_new_threads({os.getpid()}, "numpy-blas")  # numpy's OpenBLAS started its threads on import
     import scipy.linalg
 
-    scipy.linalg.eigh(matrix[:300, :300] + np.eye(300))
+    scipy.linalg.eigh(np.eye(300))
     known = _name_new_threads(known, "scipy-blas")
     import torch
 
