@@ -8,7 +8,8 @@ Two commands:
   that started them; `python` = started during the work, `child` = a worker process's thread).
 - `time` (the default): seconds of each job with and without the cap, the variants alternating within
   each round, each job in a fresh process; the table gives the median and the range over --repeat rounds.
-  `busy` runs --hogs busy-loop processes at `nice 19` beside the job (the measured job is not niced).
+  `as is` runs the job on the CPU as it is (idle, or shared with whatever else runs); `busy` adds --hogs
+  busy-loop processes at `nice 19` beside the job (the measured job is not niced).
 
 Jobs and variants:
 - flow d=128 / d=384: `FlowCalibrator(device="cpu", n_epochs=1)` on --flow-rows seeded Gaussian rows
@@ -129,7 +130,7 @@ def time_command(args: argparse.Namespace) -> None:
         seconds: dict[tuple[str, str, str], list[float]] = {}
         loads: dict[tuple[str, str, str], list[float]] = {}
         for round_ in range(args.repeat):
-            for condition in ("idle", "busy"):
+            for condition in ("as is", "busy"):
                 hogs = []
                 if condition == "busy":
                     hogs = [subprocess.Popen(["nice", "-n", "19", sys.executable, __file__, "hog"]) for _ in range(args.hogs)]
@@ -140,7 +141,7 @@ def time_command(args: argparse.Namespace) -> None:
                             key = (condition, name, variant)
                             loads.setdefault(key, []).append(os.getloadavg()[0])
                             seconds.setdefault(key, []).append(timed(job, variant))
-                            print(f"round {round_ + 1} {condition:4s} {name:20s} {variant:19s} "
+                            print(f"round {round_ + 1} {condition:5s} {name:20s} {variant:19s} "
                                   f"{seconds[key][-1]:8.2f} s  load {loads[key][-1]:.1f}", flush=True)
                 finally:
                     for process in hogs:
@@ -148,7 +149,7 @@ def time_command(args: argparse.Namespace) -> None:
                         process.wait()
     print(f"\nseconds, median (min-max) of {args.repeat} rounds; {available_cores()} cores; busy = {args.hogs} busy "
           f"processes at nice 19; flow: {args.flow_rows} rows, 1 epoch; analysis: 2 layers of {args.analysis_rows} rows, d = 384")
-    print("| job | cores | variant | seconds | load average (1 min) at the starts |")
+    print("| job | CPU | variant | seconds | load average (1 min) at the starts |")
     print("|---|---|---|---:|---:|")
     for (condition, name, variant), values in seconds.items():
         load = loads[(condition, name, variant)]
