@@ -285,7 +285,7 @@ ALLOWED = {
     "finetune": {"encoders", "calibrate", "metrics"},
     "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs", "report"},
 }
-SHARED = {"_lazy", "_version", "atomic", "device", "errors", "progress"}
+SHARED = {"_lazy", "_version", "atomic", "device", "errors", "progress", "threads"}
 
 
 # the run-directory module sits at the bottom of the driver: the report reads result files through it

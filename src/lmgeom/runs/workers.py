@@ -1,8 +1,9 @@
-"""Worker processes that end with the process that started them.
+"""Worker processes that end with the process that started them and share its cores.
 
 A pool's workers wait on a queue their parent feeds; killed (kill -9, the out-of-memory killer), the
 parent never tells them to stop, and they would wait for ever. `die_with_parent`, called first in a
-worker (the pool's initializer), ties the worker's life to its parent's.
+worker (the pool's initializer, through `start_worker`), ties the worker's life to its parent's.
+`start_worker` also gives the worker its share of the cores (`lmgeom.threads.share_cores`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ import signal
 import sys
 import threading
 
+from lmgeom.threads import ThreadShare, share_cores
+
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def start_worker(workers: int) -> ThreadShare:
+    """What a pool's initializer does first in each of its `workers` processes: end with the parent
+    (`die_with_parent`) and run torch and BLAS on 1 / `workers` of the cores (`share_cores`: with
+    each pool's default of a thread per core, N workers would run N threads per core)."""
+    die_with_parent()
+    return share_cores(workers)
 
 
 def die_with_parent() -> None:

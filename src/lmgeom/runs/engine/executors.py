@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from types import ModuleType
 from typing import Any, Iterator, Protocol, Sequence
@@ -22,7 +21,8 @@ from typing import Any, Iterator, Protocol, Sequence
 from lmgeom.runs.engine.options import AnalysisOptions
 from lmgeom.runs.engine.plan import AnalysisPlan, PlanRows, Task
 from lmgeom.runs.engine.tasks import TaskOutput, run_task
-from lmgeom.runs.workers import die_with_parent
+from lmgeom.runs.workers import start_worker
+from lmgeom.threads import available_cores
 from lmgeom.store import RepresentationStore
 
 # a layer of fewer analysed values (rows x d) than this is analysed in the calling process: at 2^26
@@ -52,9 +52,9 @@ class LocalExecutor:
 _worker_share: tuple[str, AnalysisPlan, PlanRows] | None = None
 
 
-def _start_worker(store_url: str, plan: AnalysisPlan, rows: PlanRows) -> None:
+def _start_worker(store_url: str, plan: AnalysisPlan, rows: PlanRows, pool_size: int) -> None:
     global _worker_share
-    die_with_parent()  # a killed caller leaves no worker behind
+    start_worker(pool_size)  # a killed caller leaves no worker behind; each worker its share of the cores
     _worker_share = (store_url, plan, rows)
 
 
@@ -77,7 +77,7 @@ class ProcessExecutor:
         a worker's start; else at most one worker a task and one a CPU."""
         if store.url.startswith("memory://") or int(rows.selection.mask.sum()) * store.dim < POOL_MIN_LAYER_VALUES:
             return 1
-        return min(self.num_workers, len(tasks), os.cpu_count() or 1)
+        return min(self.num_workers, len(tasks), available_cores())
 
     def run(self, store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, tasks: Sequence[Task]) -> Iterator[TaskOutput]:
         size = self.pool_size(store, rows, tasks)
@@ -86,7 +86,7 @@ class ProcessExecutor:
             return
         # spawn, not fork: this process has threads (BLAS, the tally's read-ahead), which a fork copies mid-state
         with ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_start_worker, initargs=(store.url, plan, rows)) as pool:
+                                 initializer=_start_worker, initargs=(store.url, plan, rows, size)) as pool:
             try:
                 for finished in as_completed([pool.submit(_run_in_worker, task) for task in tasks]):
                     yield finished.result()  # a worker's exception is raised here, message and all
