@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,8 +22,9 @@ from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
-from lmgeom.atomic import atomic_write_text
-from lmgeom.runs.rundir import FIGURES, REPORT
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import REPORT
+from lmgeom.store.location import Location
 
 N_WORDS_SHOWN = 10
 
@@ -149,7 +151,7 @@ def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], pa
     explained = whitening_note(run.calibration) if (run.calibration["method"] == "whitening").any() else ""
     return (note + body + (f"<p class=\"note\">{esc(explained)}</p>" if explained else "")
             + "<h3>Every isotropy measure, before and after each method</h3><p class=\"note\">I(W) = exp(log I(W)) is in "
-            "calibration.csv.</p>"
+            f"{rundir.CALIBRATION_CSV.name}.</p>"
             + table(labelled(calibration_table(run.calibration).drop(columns=list(REDUNDANT_MEASURES), errors="ignore")), digits=3))
 
 
@@ -198,24 +200,25 @@ def _experiments_section(run: RunData) -> str:
 
 
 def build_report(
-    run_dir: str | os.PathLike,
+    run_dir: str | os.PathLike | RunData,
     *,
     include: Sequence[str | os.PathLike] = (),
     out: str | os.PathLike[str] | None = None,
-) -> Path:
-    """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files; no model is needed.
+) -> rundir.Target:
+    """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files (or the run
+    `load_run` read); no model is needed. The run may be a local folder or an fsspec URL.
 
     `include` adds folders of experiment results (results.json, or */results.json). The word explorer
     shows RUN/explorer.json, which `lmgeom.runs.render_report` computes from the store.
     """
-    run = load_run(run_dir, include=include)
-    out_path = Path(out) if out is not None else REPORT.at(run.path)
-    figures_dir = FIGURES.at(run.path)
-    charts = [(chart, save_figure(chart, figures_dir)) for chart in run_charts(run)]
-    relative = {chart.name: [os.path.relpath(p, out_path.parent) for p in paths] for chart, paths in charts}
+    run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir, include=include)
+    out_path = rundir.target(out) if out is not None else REPORT.at(run.path)
+    charts = [(chart, save_figure(chart, run.path)) for chart in run_charts(run)]
+    page_folder = posixpath.dirname(Location.of(out_path).root)
+    relative = {chart.name: [posixpath.relpath(Location.of(p).root, page_folder) for p in paths] for chart, paths in charts}
     figure_of = {chart.name: (chart, relative[chart.name]) for chart, _ in charts}
 
-    page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.path.name}")
+    page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.name}")
     page.section("run", "Run", definition_list(_metadata(run)))
     contextuality = run.contextuality
     if contextuality is None:
@@ -228,7 +231,7 @@ def build_report(
         if name in figure_of:
             chart, files = figure_of[name]
             return page.chart(chart, files=files)
-        return missing(run.notes.get("contextuality", f"no values for {name} in contextuality.json"))
+        return missing(run.notes.get("contextuality", f"no values for {name} in {rundir.CONTEXTUALITY.name}"))
 
     page.section("anisotropy", "Anisotropy baseline by layer",
                  "<p class=\"note\">Mean cosine between word occurrences at random: the baseline that the adjusted "
@@ -273,5 +276,4 @@ def build_report(
         page.section("sts", "Sentence similarity (STS)", _sts_section(run, page, figure_of))
     page.section("experiments", "Experiment results", _experiments_section(run))
 
-    atomic_write_text(out_path, page.render())
-    return out_path
+    return rundir.write_text(out_path, page.render())

@@ -365,8 +365,8 @@ class ContextualityResult:
     settings: dict[str, Any]
     counts: dict[str, Any]
     store_meta: dict[str, Any] = field(default_factory=dict)
-    store_path: Path | None = None
-    written: dict[str, Path] = field(default_factory=dict)
+    store_path: str | os.PathLike[str] | None = None  # where the store is: a local path or an fsspec URL
+    written: dict[str, rundir.Target] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -401,7 +401,7 @@ class ContextualityResult:
     @classmethod
     def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None) -> ContextualityResult:
         """The result written by `write` for `store` (default: next to the store)."""
-        target = Path(directory) if directory is not None else store.path
+        target = directory if directory is not None else store.url
         document, words = rundir.read_json(rundir.CONTEXTUALITY.at(target), "contextuality"), rundir.read_words(target)
         if document is None or words is None:
             raise FileNotFoundError(f"no {rundir.CONTEXTUALITY.name} and {rundir.CONTEXTUALITY_WORDS.name} in {target}; "
@@ -418,13 +418,13 @@ class ContextualityResult:
             settings=document["settings"],
             counts=counts,
             store_meta=dict(store.meta),
-            store_path=store.path if store.location.is_local else None,
+            store_path=store.url,
         )
 
-    def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+    def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, rundir.Target]:
         """contextuality.json, contextuality_layers.csv, contextuality_words.csv (default: next to the store)."""
         if directory is not None:
-            target = Path(directory)
+            target = directory
         elif self.store_path is not None:
             target = self.store_path
         else:
@@ -617,7 +617,7 @@ def analyze_store(
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
     progress: Progress | None = None,
     write_to: str | os.PathLike[str] | bool = False,
-    device: str = "auto",
+    device: str = "cpu",
     num_workers: int = 1,
 ) -> ContextualityResult:
     """Anisotropy baselines, self-similarity, intra-sentence similarity and MEV for every layer.
@@ -777,7 +777,7 @@ def analyze_shard(
     options: AnalysisOptions = AnalysisOptions(),
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    device: str = "auto",
+    device: str = "cpu",
 ) -> AnalysisState:
     """The accumulator states of the analysis over store rows [start, stop), every word group at once.
 
@@ -853,7 +853,7 @@ def _result(store: RepresentationStore, plan: AnalysisPlan, stats: list[_LayerSt
                 "zero_vectors_excluded_by_layer": {s.layer: s.n_zero for s in stats},
                 "mean_norm_by_layer": {s.layer: s.mean_norm for s in stats}},
         store_meta=dict(store.meta),
-        store_path=store.path if store.location.is_local else None,
+        store_path=store.url,
     )
     result.findings, result.statements = _findings(result.summary(), words)
     return result

@@ -31,6 +31,7 @@ from lmgeom.metrics.contextuality import WordMeanAccumulator
 from lmgeom.metrics.spectrum import OccurrenceSpectrum
 from lmgeom.runs.analysis import DEFAULT_MEV_MEMORY_MB, AnalysisOptions, AnalysisPlan, plan_analysis, word_spectra
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs import rundir
 from lmgeom.runs.rundir import write_json, write_records_csv
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, Feed, tally
 from lmgeom.store import RepresentationStore
@@ -47,6 +48,7 @@ class StaticEmbeddings:
     counts: np.ndarray
     vectors: dict[str, np.ndarray]  # kind -> (n_words, dim)
     store_meta: dict[str, Any]
+    device: str = "cpu"  # where the layer-0 means summed ("cpu", "cuda:0")
 
     def keyed_vectors(self, kind: str = "first_pc") -> KeyedVectors:
         if kind not in self.vectors:
@@ -57,17 +59,22 @@ class StaticEmbeddings:
             vectors.set_vecattr(word, "count", int(count))
         return vectors
 
-    def save(self, directory: str | os.PathLike[str], *, text_path: str | os.PathLike[str] | None = None) -> dict[str, Path]:
-        """`<layer>.kv` (gensim) and word2vec text (default `<layer>.txt`) of the first-PC vectors."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    def save(self, run: rundir.Where, *, text_path: str | os.PathLike[str] | None = None) -> dict[str, rundir.Target]:
+        """STATIC/`<layer>.kv` (gensim) and word2vec text (default STATIC/`<layer>.txt`) of the first-PC
+        vectors, in the run directory `run` (a local folder or an fsspec URL)."""
         vectors = self.keyed_vectors("first_pc")
-        kv_path = directory / f"{self.layer}.kv"
-        text_path = Path(text_path) if text_path is not None else directory / f"{self.layer}.txt"
-        text_path.parent.mkdir(parents=True, exist_ok=True)
-        vectors.save(str(kv_path))
-        vectors.save_word2vec_format(str(text_path), binary=False)
-        return {"kv": kv_path, "word2vec_text": text_path}
+        kv_path = rundir.STATIC_VECTORS.at(run, layer=self.layer)
+        text = Path(text_path) if text_path is not None else rundir.STATIC_TEXT.at(run, layer=self.layer)
+
+        def save_kv(path: Path) -> Path:
+            vectors.save(str(path))
+            return path
+
+        def save_text(path: Path) -> Path:
+            vectors.save_word2vec_format(str(path), binary=False)
+            return path
+
+        return {"kv": rundir.write_with(kv_path, save_kv), "word2vec_text": rundir.write_with(text, save_text)}
 
 
 def first_pc_vectors(store: RepresentationStore, layer: int, plan: AnalysisPlan, *,
@@ -90,12 +97,19 @@ def static_embeddings(
     exclude_first_word: bool = False,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
+    device: str = "cpu",
 ) -> StaticEmbeddings:
     """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences
-    (rows chosen by the row selection of `lmgeom.runs.selection`)."""
+    (rows chosen by the row selection of `lmgeom.runs.selection`). `device`: where the layer-0 means
+    sum (`lmgeom.runs.tally.tally`); each word's principal direction is solved on the CPU."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
+    if device != "cpu":  # torch only where it is asked for
+        from lmgeom.device import device_name, resolve_analysis_device
+
+        target = resolve_analysis_device(device)
+        device = "cpu" if target is None else device_name(target)
     plan = plan_analysis(store, AnalysisOptions(min_contexts=min_contexts, include_special=include_special,
                                                 include_punct=include_punct, exclude_first_word=exclude_first_word,
                                                 layers=(layer,), mev_memory_mb=mev_memory_mb))
@@ -106,7 +120,8 @@ def static_embeddings(
         layer0_mean = mean
     else:
         means = WordMeanAccumulator(len(words))
-        tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows)
+        tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows,
+              device=device)
         layer0_mean = means.result()[ordered]
     store.check_unchanged()
     return StaticEmbeddings(
@@ -115,6 +130,7 @@ def static_embeddings(
         counts=words["count"].to_numpy()[ordered],
         vectors={"first_pc": np.stack([spectra[w].direction for w in ordered]), "mean": mean, "layer0_mean": layer0_mean},
         store_meta=dict(store.meta),
+        device=device,
     )
 
 
@@ -175,10 +191,9 @@ def benchmark_static_embeddings(
     return pd.DataFrame(records)
 
 
-def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike[str], *,
-                     skipped: Mapping[str, str] | None = None) -> dict[str, Path]:
-    """`<layer>.benchmarks.json` (with why any benchmark was `skipped`) and `.csv` in `directory`."""
-    directory = Path(directory)
+def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: rundir.Where, *,
+                     skipped: Mapping[str, str] | None = None) -> dict[str, rundir.Target]:
+    """STATIC/`<layer>.benchmarks.json` (with why any benchmark was `skipped`) and `.csv` in the run `run`."""
     payload = {
         "layer": embeddings.layer,
         "n_words": len(embeddings.words),
@@ -189,12 +204,13 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directo
                                         "L2-normalised vectors (the web package's protocol)"},
         "categorisation_seed": CATEGORISATION_SEED,
         "skipped": dict(skipped or {}),
+        "device": embeddings.device,
         "records": scores.to_dict("records"),
     }
     return {
-        "json": write_json(directory / f"{embeddings.layer}.benchmarks.json", "static_embedding_benchmarks", payload,
-                           store_meta=embeddings.store_meta),
-        "csv": write_records_csv(directory / f"{embeddings.layer}.benchmarks.csv", scores.to_dict("records")),
+        "json": write_json(rundir.STATIC_BENCHMARKS.at(run, layer=embeddings.layer), rundir.STATIC_BENCHMARKS.kind,
+                           payload, store_meta=embeddings.store_meta),
+        "csv": write_records_csv(rundir.STATIC_BENCHMARKS_CSV.at(run, layer=embeddings.layer), scores.to_dict("records")),
     }
 
 
@@ -202,7 +218,7 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directo
 class StaticEmbeddingRun:
     embeddings: StaticEmbeddings
     scores: pd.DataFrame
-    paths: dict[str, Path]
+    paths: dict[str, rundir.Target]
     skipped: dict[str, str]  # benchmark -> why it was not scored
 
 
@@ -217,6 +233,7 @@ def export_static_embeddings(
     min_contexts: int = 1,
     include_punct: bool = False,
     data_dir: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
     progress: Progress | None = None,
 ) -> StaticEmbeddingRun:
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
@@ -233,14 +250,13 @@ def export_static_embeddings(
         static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
-    embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, include_punct=include_punct)
+    embeddings = static_embeddings(store, layer=layer, min_contexts=min_contexts, include_punct=include_punct, device=device)
     progress.advance(f"distil layer {layer}")
-    directory = store.path / "static"
-    saved = embeddings.save(directory, text_path=text_path)
+    saved = embeddings.save(store.url, text_path=text_path)
     found, skipped = default_word_benchmarks(data_dir)
     given = {Path(path).stem: path for path in benchmarks}
     skipped = {name: reason for name, reason in skipped.items() if name not in given}
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
                                          trust_pickle=trust_pickle, progress=progress)
-    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory, skipped=skipped)},
+    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, store.url, skipped=skipped)},
                               skipped)
