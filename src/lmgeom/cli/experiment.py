@@ -98,7 +98,9 @@ def calibration_command(
                     result.trivial_baselines)
     for note in result.notes:
         console.print(f"note: {note}")
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
+    from lmgeom.runs import rundir
+
+    console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
 
 
 @experiment_app.command("layers")
@@ -126,7 +128,9 @@ def layers_command(
                             mix_l2=parse_mix_l2(mix_l2), mix_layer_norm=parse_on_off(mix_layer_norm, "--mix-layer-norm"),
                             standardize=standardize, progress=progress)
     print_summaries(result.summaries, "features", f"{model} on {task}: layers (linear probe)", result.trivial_baselines)
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
+    from lmgeom.runs import rundir
+
+    console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
 from lmgeom.runs.experiments.features import FeatureCache
+from lmgeom.runs import rundir
 from lmgeom.runs.rundir import write_json
 
 EVAL_SUBSAMPLE_SEED = 0  # the evaluation subsample is the same for every seed, so tests can pair them
@@ -405,7 +406,7 @@ def trivial_verdict(summary: dict[str, Any]) -> str:
     return f"p={trivial['p_value']:.3g} {'uninformative' if summary.get('uninformative') else 'beats'}"
 
 
-def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, title: str) -> list[Path]:
+def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, title: str) -> list[rundir.Target]:
     """A bar chart of mean ± std per (split, metric), one bar per configuration, as PNG and SVG."""
     import matplotlib
 
@@ -442,7 +443,7 @@ class ExperimentResult:
     summaries: list[dict[str, Any]]
     notes: list[str]
     out: Path
-    paths: list[Path]
+    paths: list[rundir.Target]
     trivial_baselines: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -452,14 +453,13 @@ def write_results(out: Path, kind: str, *, cells: list[Cell], summaries: list[di
     records = [r for cell in cells for r in cell.records]
     extras = [{"config": cell.config, "seed": cell.seed, **cell.extra} for cell in cells if cell.extra]
     trivial = trivial or []
-    paths = [write_json(out / "results.json", kind, {"settings": settings, "notes": notes, "records": records,
+    paths = [write_json(rundir.EXPERIMENT_JSON.at(out), kind, {"settings": settings, "notes": notes, "records": records,
                                                       "summaries": summaries, "trivial_baselines": trivial,
                                                       "cells": extras})]
     table = markdown_table(summaries, varying)
     note_lines = "".join(f"- {note}\n" for note in notes)
     trivial_text = ("Trivial baselines (fitted on the training data, scored on the evaluation examples):\n\n"
                     + "".join(f"- {line}\n" for line in trivial_lines(trivial)) + "\n") if trivial else ""
-    paths.append(Path(out / "results.md"))
-    atomic_write_text(out / "results.md", f"# {title}\n\n{table}\n{trivial_text}{note_lines}")
+    paths.append(rundir.write_text(rundir.EXPERIMENT_TABLE.at(out), f"# {title}\n\n{table}\n{trivial_text}{note_lines}"))
     paths.extend(write_figures(summaries, out, varying=varying, title=title))
     return ExperimentResult(records, summaries, notes, out, paths, trivial)
