@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd

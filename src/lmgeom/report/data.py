@@ -232,7 +232,7 @@ def _read_records(run_dir: rundir.Where, spec: rundir.ResultFile, notes: dict[st
     return document, _frame(document[part])
 
 
-def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
+def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
     """Read every result file of a run directory; missing ones are noted with the command that writes them."""
     run_dir = rundir.target(run_dir)
     if not Location.of(run_dir).exists():

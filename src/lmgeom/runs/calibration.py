@@ -220,7 +220,7 @@ def calibrate_store(
     n_selected = len(selection.rows)
     n_fit = {method: n_selected if issubclass(METHODS[method], MomentCalibrator) else min(n_selected, fit_rows)
              for method in methods}
-    options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed}
+    fit_options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed}
     progress.start("calibrate", len(layers) * len(methods), unit="fits")
     records: list[dict[str, Any]] = []
     fits: list[dict[str, Any]] = []
@@ -238,7 +238,7 @@ def calibrate_store(
             after = isotropy_report(estimator.transform(X_eval), seed=seed, max_rows=None)
             if save:
                 write_with(CALIBRATOR.at(store.url, method=method, layer=layer), estimator.save)
-            fits.append({"layer": layer, "method": method, **options, "seconds": round(seconds, 3)})
+            fits.append({"layer": layer, "method": method, **fit_options, "seconds": round(seconds, 3)})
             records.extend(
                 {
                     "layer": layer,

@@ -26,10 +26,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequence, cast
 
@@ -487,11 +485,4 @@ def _bounded(ray: ModuleType, submitted: list[tuple[Any, Callable[[], Any]]], *,
 
 def write_contextuality(result: ContextualityResult, store: RepresentationStore, out: str | os.PathLike[str] | None) -> list[str]:
     """Write the result files to `out` (a folder or URL; default: next to the store, on any filesystem)."""
-    target = Location.of(out) if out is not None else store.location
-    if target.is_local:
-        return [str(path) for path in result.write(target.local_path).values()]
-    with tempfile.TemporaryDirectory() as scratch:
-        written = result.write(Path(scratch)).values()
-        for path in written:
-            target.fs.put_file(str(path), target.path(path.name))
-        return [target.child(path.name).url for path in written]
+    return [str(path) for path in result.write(out if out is not None else store.url).values()]

@@ -4,6 +4,7 @@ cells, the summaries with their paired tests, and the files written to the exper
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import textwrap
@@ -416,7 +417,7 @@ def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, t
     frame = pd.DataFrame(summaries)
     if frame.empty:
         return []
-    paths = []
+    paths: list[rundir.Target] = []
     for (split, metric), group in frame.groupby(["split", "metric"], sort=True):
         labels = [f"{row[varying]}" + (f" ({row['head']})" if "head" in row and frame["head"].nunique() > 1 else "")
                   for _, row in group.iterrows()]
@@ -430,9 +431,9 @@ def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, t
         axis.set_title(textwrap.fill(f"{title}: {split} (red: significant vs baseline, Holm)", int(width * 13)), fontsize=9)
         figure.tight_layout()
         for suffix in ("png", "svg"):
-            path = out / f"{split}_{metric}.{suffix}"
-            figure.savefig(path, dpi=120)
-            paths.append(path)
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format=suffix, dpi=120)
+            paths.append(rundir.write_bytes(rundir.EXPERIMENT_FIGURE.at(out, name=f"{split}_{metric}.{suffix}"), buffer.getvalue()))
         plt.close(figure)
     return paths
 
