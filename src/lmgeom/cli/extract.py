@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, number, split_list, user_errors
+from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, split_list, user_errors
 
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore
@@ -106,6 +106,7 @@ def register(app: typer.Typer) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
         report.html; finished steps are skipped when re-run."""
+        from lmgeom.report.labels import number
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
 from lmgeom.report.explorer import WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
-from lmgeom.report.labels import label
+from lmgeom.report.labels import label, number
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1240px;
@@ -34,24 +33,13 @@ def esc(value: Any) -> str:
     return html.escape(str(value))
 
 
-def number(value: Any, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return esc(value)
-    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
-        return f"{int(value):,}"
-    text = f"{value:.{digits}f}"
-    return text.lstrip("-") if float(text) == 0 else text  # no "-0.000"
-
-
 def table(frame: pd.DataFrame, *, digits: int = 4, text_columns: Iterable[str] = ()) -> str:
     text = set(text_columns) | {c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])}
     head = "".join(f'<th class="{"text" if c in text else ""}">{esc(c)}</th>' for c in frame.columns)
     rows = []
     for record in frame.to_dict("records"):
         cells = "".join(
-            f'<td class="text">{esc(record[c])}</td>' if c in text else f"<td>{number(record[c], digits)}</td>"
+            f'<td class="text">{esc(record[c])}</td>' if c in text else f"<td>{esc(number(record[c], digits))}</td>"
             for c in frame.columns
         )
         rows.append(f"<tr>{cells}</tr>")

@@ -17,7 +17,6 @@ distinct sentences (two occurrences in one sentence count as two occurrences, as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -131,7 +130,3 @@ def _no_word_message(contexts: pd.Series, min_contexts: int, n_rows: int) -> str
         "lower `min_contexts` (2 is the least that defines self-similarity) or use a bigger corpus"
     )
 
-
-def selection_counts(selection: RowSelection, words: WordSelection | None = None) -> dict[str, Any]:
-    """The counts of a row selection and its word selection, in the order results report them."""
-    return {**selection.counts, **(words.counts if words is not None else {})}

@@ -21,6 +21,7 @@ from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
 from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
+from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
 from lmgeom.runs.experiments.features import FeatureCache
 from lmgeom.runs import rundir
@@ -91,11 +92,9 @@ def split_size(task: Task, split: str) -> int:
 
 def subsample(n: int, limit: int | None, seed: int) -> np.ndarray:
     """All rows, or a seeded sample of `limit` rows kept in their order."""
-    if limit is None or limit >= n:
-        return np.arange(n)
-    if limit < 1:
+    if limit is not None and limit < 1:
         raise InputError(f"a subsample needs at least one row, got {limit}")
-    return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
+    return np.arange(n) if limit is None else sample_indexes(np.arange(n), limit, seed)
 
 
 def task_data(task: Task, seeds: Sequence[int], *, max_train: int | None, max_eval: int | None) -> TaskData:
@@ -183,19 +182,7 @@ class CellStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         document = {"config": cell.config, "seed": cell.seed, "records": cell.records,
                     "predictions": cell.predictions, "extra": cell.extra}
-        atomic_write_text(self.path(cell.config, cell.seed), json.dumps(_finite(document)))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, np.generic):
-        return _finite(value.item())
-    return value
+        atomic_write_text(self.path(cell.config, cell.seed), json.dumps(rundir.jsonable(document)))
 
 
 # ---- summaries and tests -----------------------------------------------------------------------
