@@ -13,7 +13,6 @@ from lmgeom.report.data import (
     RunData,
     context_specific_words,
     step_seconds,
-    layer_label,
     load_run,
     summarise_experiments,
 )
@@ -23,6 +22,7 @@ from lmgeom.report.html import Page, definition_list, esc, explorer_section, mis
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import REPORT
+from lmgeom.store import layout
 from lmgeom.store.location import Location
 
 N_WORDS_SHOWN = 10
@@ -81,7 +81,7 @@ def _words_section(run: RunData) -> str:
     last = layers[-1]
     most, least = context_specific_words(run.words, last, n=N_WORDS_SHOWN)
     body = (
-        f"<p class=\"note\">Self-similarity at the last layer ({last}, {layer_label(last)}); low = the word's "
+        f"<p class=\"note\">Self-similarity at the last layer ({last}, {layout.layer_name(last)}); low = the word's "
         "representations change most with context.</p>"
         f"<h3>Most context-specific (lowest self-similarity), layer {last}</h3>{table(labelled(most))}"
         f"<h3>Least context-specific (highest self-similarity), layer {last}</h3>{table(labelled(least))}"

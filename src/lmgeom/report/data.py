@@ -32,11 +32,6 @@ PRODUCERS = {
     "isotropy": rundir.ISOTROPY.producer,
 }
 LAYER0_MEAN = "layer0_mean"  # the static vectors of layer-0 means (`lmgeom.runs.static.STATIC_KINDS`)
-EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
-
-
-def layer_label(layer: int) -> str:
-    return "embedding output" if layer == 0 else f"block {layer}"
 
 
 @dataclass
@@ -201,7 +196,7 @@ def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = No
     """Mean, standard deviation (ddof 1; 0 for one seed) and seed count of `value` per configuration,
     with the configuration's test against its baseline where `tests` (the experiments' summaries)
     give one: `p` (Holm-adjusted when `p_holm` is given) and `significant`."""
-    keys = [key for key in EXPERIMENT_KEYS if key in records]
+    keys = [key for key in rundir.EXPERIMENT_CONFIG_KEYS if key in records]
     frame = records.copy()
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
     for key in keys:

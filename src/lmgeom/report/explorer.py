@@ -10,6 +10,8 @@ from lmgeom.runs.rundir import EXPLORER, Where, read_json
 # the per-word metrics the explorer shows across layers (columns of contextuality_words.csv)
 WORD_COLUMNS = ("self_similarity", "self_similarity_adjusted",
                 *(f"mev_{v}{suffix}" for v in MEV_VARIANTS for suffix in ("", "_adjusted")))
+# the ones its chart of a word draws across layers
+CHART_COLUMNS = ("self_similarity", "self_similarity_adjusted", *(f"mev_{v}" for v in MEV_VARIANTS))
 
 
 def read_explorer(run_dir: Where) -> dict[str, Any] | None:

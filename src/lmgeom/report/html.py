@@ -8,9 +8,10 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from lmgeom.report.explorer import WORD_COLUMNS
+from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
 from lmgeom.report.labels import label, number
+from lmgeom.runs.rundir import EXPLORER
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1240px;
@@ -150,7 +151,7 @@ EXPLORER_SCRIPT = """
     }
     out.innerHTML = html;
     const labelOf = Object.fromEntries(columns);
-    const traces = ['self_similarity', 'self_similarity_adjusted', 'mev_uncentred', 'mev_centred', 'mev_svd_ratio']
+    const traces = %CHART_COLUMNS%
       .filter(k => m[k]).map(k => ({x: data.layers, y: m[k], name: esc(labelOf[k]), mode: 'lines+markers', type: 'scatter'}));
     Plotly.newPlot('explorer-chart', traces, {
       template: 'plotly_white',
@@ -177,10 +178,10 @@ def explorer_section(data: dict[str, Any], caption: str) -> tuple[str, str]:
     body = (
         f'<p class="note">The {len(data["words"]):,} most frequent analysed words: self-similarity and MEV by layer, and '
         "their nearest neighbours among the first-principal-component static vectors of a layer (precomputed; "
-        f'cached in explorer.json). Try "{example}".</p>'
+        f'cached in {EXPLORER.name}). Try "{example}".</p>'
         '<div id="explorer-controls"><label>word <input id="explorer-word" list="explorer-words" autocomplete="off"></label> '
         f'<label>neighbours at layer <select id="explorer-layer">{options}</select></label></div>'
         f'<datalist id="explorer-words">{datalist}</datalist><div id="explorer-result"></div>'
         f'<script type="application/json" id="explorer-data">{script_json(payload)}</script>'
     )
-    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", json.dumps(columns))
+    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", json.dumps(columns)).replace("%CHART_COLUMNS%", json.dumps(list(CHART_COLUMNS)))

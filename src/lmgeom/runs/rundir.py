@@ -132,6 +132,8 @@ STS_CSV_SUFFIX = ".csv"  # an STS results JSON's records as a table beside it: N
 STS = ResultFile("sts.json", "lmgeom sts MODEL --data DIR --out RUN/sts.json", "sts", ("settings", "records"))
 EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experiments/NAME/results.json")
 EXPERIMENT_RESULTS = ResultFile("experiments/{name}/results.json", EXPERIMENTS.producer)
+EXPERIMENT_CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
+"""The keys of an experiment record that name its configuration (the others are its value, seed, ...)."""
 # the files of one experiment folder (RUN/experiments/NAME, or any folder given as `out`)
 EXPERIMENT_JSON = ResultFile("results.json", EXPERIMENTS.producer)
 EXPERIMENT_TABLE = ResultFile("results.md", EXPERIMENTS.producer)

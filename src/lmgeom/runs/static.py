@@ -102,8 +102,7 @@ def static_embeddings(
     """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences
     (rows chosen by the row selection of `lmgeom.runs.selection`). `device`: where the layer-0 means
     sum (`lmgeom.runs.tally.tally`); each word's principal direction is solved on the CPU."""
-    if not isinstance(store, RepresentationStore):
-        store = RepresentationStore.open(store)
+    store = RepresentationStore.of(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
     if device != "cpu":  # torch only where it is asked for
         from lmgeom.device import device_name, resolve_analysis_device
@@ -241,8 +240,7 @@ def export_static_embeddings(
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
     A benchmark missing from `data_dir` is skipped, its reason kept in the JSON. A `.kv` among
     `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`)."""
-    if not isinstance(store, RepresentationStore):
-        store = RepresentationStore.open(store)
+    store = RepresentationStore.of(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist")

@@ -25,7 +25,7 @@ from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
 from lmgeom.runs.experiments.features import FeatureCache
 from lmgeom.runs import rundir
-from lmgeom.runs.rundir import write_json
+from lmgeom.runs.rundir import EXPERIMENT_CONFIG_KEYS, write_json
 
 EVAL_SUBSAMPLE_SEED = 0  # the evaluation subsample is the same for every seed, so tests can pair them
 N_RESAMPLES = 2000
@@ -187,7 +187,6 @@ class CellStore:
 
 # ---- summaries and tests -----------------------------------------------------------------------
 
-CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
 
 
 def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str, Any]], dict[str, Any] | None],
@@ -199,7 +198,7 @@ def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str
     records = pd.DataFrame([r for cell in cells for r in cell.records])
     if records.empty:
         return []
-    keys = [k for k in CONFIG_KEYS if k in records]
+    keys = [k for k in EXPERIMENT_CONFIG_KEYS if k in records]
     predictions = _predictions(cells, keys)
     summaries = []
     for group_keys, group in records.groupby(keys, sort=True, dropna=False):
@@ -258,7 +257,7 @@ def _holm(summaries: list[dict[str, Any]], family_key: str) -> None:
     families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for summary in summaries:
         if summary.get("p_value") is not None:
-            family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+            family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
             families.setdefault(family, []).append(summary)
     for members in families.values():
         for summary, adjusted in zip(members, holm([m["p_value"] for m in members])):
@@ -305,7 +304,7 @@ def compare_with_trivial(summaries: list[dict[str, Any]], cells: list[Cell], dat
     `uninformative` that do not beat it or whose family's `reference` row (none, top) does not."""
     if not summaries or not any(trivial.values()):
         return
-    keys = [k for k in CONFIG_KEYS if k in summaries[0]]
+    keys = [k for k in EXPERIMENT_CONFIG_KEYS if k in summaries[0]]
     predictions = _predictions(cells, keys)
     for summary in summaries:
         split, metric = str(summary["split"]), str(summary["metric"])
@@ -332,12 +331,12 @@ def compare_with_trivial(summaries: list[dict[str, Any]], cells: list[Cell], dat
     family_beats: dict[tuple[Any, ...], bool] = {}
     for summary in summaries:
         if str(summary[family_key]) == reference and "trivial" in summary:
-            family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+            family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
             family_beats[family] = summary["trivial"]["beats"]
     for summary in summaries:
         if "trivial" not in summary:
             continue
-        family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+        family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
         reasons = []
         if not summary["trivial"]["beats"]:
             reasons.append("does not beat the trivial baseline")
