@@ -23,7 +23,7 @@ from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
-from lmgeom.runs.experiments.features import FeatureCache
+from lmgeom.runs.experiments.features import FeatureCache, pooling_note
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import EXPERIMENT_CONFIG_KEYS, write_json
 
@@ -117,6 +117,45 @@ def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
     if not chosen or len(set(chosen)) != len(chosen):
         raise InputError(f"`seeds` needs distinct seeds, got {chosen}", param="seeds")
     return chosen
+
+
+@dataclass(frozen=True)
+class ExperimentOptions:
+    """What every experiment takes, as one object (built by `lmgeom experiment ...` from its flags and
+    passed whole): `seeds` (N: seeds 0..N-1, or the seeds), the seeded subsamples of `max_train`
+    training and `max_eval` evaluation examples (sentences for a tagging task), the `pooling` of
+    pieces into a sentence vector, and the `device` the model runs on, which is not among the
+    settings (`to_settings`, which results.json records as `options`): it changes no cell's identity."""
+
+    seeds: int | tuple[int, ...] = 3
+    pooling: str = "mean"
+    max_train: int | None = None
+    max_eval: int | None = None
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seeds, int):
+            object.__setattr__(self, "seeds", tuple(int(seed) for seed in self.seeds))
+        parse_seeds(self.seeds)
+        pooling_note(self.pooling)
+        for name in ("max_train", "max_eval"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise InputError(f"`{name}` must be at least 1 (or None: every example), got {value}", param=name)
+
+    @property
+    def seed_list(self) -> list[int]:
+        return parse_seeds(self.seeds)
+
+    def to_settings(self) -> dict[str, Any]:
+        return {"seeds": self.seed_list, "pooling": self.pooling, "max_train": self.max_train, "max_eval": self.max_eval}
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], *, device: str = "auto") -> ExperimentOptions:
+        """The options `to_settings` recorded (those it lacks at their defaults)."""
+        known = {name: settings[name] for name in ("pooling", "max_train", "max_eval") if name in settings}
+        seeds = settings.get("seeds", cls.seeds)
+        return cls(seeds=seeds if isinstance(seeds, int) else tuple(seeds), **known, device=device)
 
 
 # ---- geometry ----------------------------------------------------------------------------------
