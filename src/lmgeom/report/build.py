@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 from typing import Any, Sequence
 
 import pandas as pd
@@ -22,8 +21,6 @@ from lmgeom.report.html import Page, definition_list, esc, explorer_section, mis
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import REPORT
-from lmgeom.store import layout
-from lmgeom.store.location import Location
 
 N_WORDS_SHOWN = 10
 
@@ -81,7 +78,7 @@ def _words_section(run: RunData) -> str:
     last = layers[-1]
     most, least = context_specific_words(run.words, last, n=N_WORDS_SHOWN)
     body = (
-        f"<p class=\"note\">Self-similarity at the last layer ({last}, {layout.layer_name(last)}); low = the word's "
+        f"<p class=\"note\">Self-similarity at the last layer ({last}, {rundir.layer_name(last)}); low = the word's "
         "representations change most with context.</p>"
         f"<h3>Most context-specific (lowest self-similarity), layer {last}</h3>{table(labelled(most))}"
         f"<h3>Least context-specific (highest self-similarity), layer {last}</h3>{table(labelled(least))}"
@@ -213,8 +210,7 @@ def build_report(
     run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir, include=include)
     out_path = rundir.target(out) if out is not None else REPORT.at(run.path)
     charts = [(chart, save_figure(chart, run.path)) for chart in run_charts(run)]
-    page_folder = posixpath.dirname(Location.of(out_path).root)
-    relative = {chart.name: [posixpath.relpath(Location.of(p).root, page_folder) for p in paths] for chart, paths in charts}
+    relative = {chart.name: [rundir.link(out_path, p) for p in paths] for chart, paths in charts}
     figure_of = {chart.name: (chart, relative[chart.name]) for chart, _ in charts}
 
     page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.name}")

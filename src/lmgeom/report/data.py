@@ -17,7 +17,6 @@ import pandas as pd
 from lmgeom.errors import MissingInput
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import read_json
-from lmgeom.store.location import Location
 
 # Which command writes each optional result (shown in the report where a file is missing).
 PRODUCERS = {
@@ -146,11 +145,11 @@ def experiment_result_files(run_dir: rundir.Where, include: Sequence[str | os.Pa
     files = rundir.EXPERIMENT_RESULTS.find(run_dir)
     results = rundir.EXPERIMENT_JSON
     for directory in include:
-        if not Location.of(directory).exists():
+        if not rundir.exists(directory):
             raise MissingInput(f"`include` {directory}: no such directory (give a folder holding {results.name} files)",
                                param="include")
         direct = results.at(directory)
-        files.extend([direct] if Location.of(direct).exists() else
+        files.extend([direct] if rundir.exists(direct) else
                      [path for path in rundir.ResultFile(f"*/{results.name}", results.producer).find(directory)])
     return list(dict.fromkeys(files))
 
@@ -230,7 +229,7 @@ def _read_records(run_dir: rundir.Where, spec: rundir.ResultFile, notes: dict[st
 def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
     """Read every result file of a run directory; missing ones are noted with the command that writes them."""
     run_dir = rundir.target(run_dir)
-    if not Location.of(run_dir).exists():
+    if not rundir.exists(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory written by `lmgeom run`")
     rundir.require_run(run_dir)
     notes: dict[str, str] = {}

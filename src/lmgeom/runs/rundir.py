@@ -57,6 +57,12 @@ Where = Union[str, "os.PathLike[str]", Location]
 """A run directory (or a result file): a local path, an fsspec URL or a `Location`."""
 
 
+def layer_name(layer: int) -> str:
+    """What layer `layer` is, in words, as result files and the report name it (`LAYER_NOTE`):
+    "embedding output" or "block l"."""
+    return "embedding output" if layer == 0 else f"block {layer}"
+
+
 def target(directory: Where, relative: str = "") -> Target:
     """The file `relative` ('/'-separated) in `directory`: a `Path` when the directory is local (a path
     or a file:// URL), else its URL."""
@@ -73,6 +79,16 @@ def relative_to(directory: Where, path: Target) -> str:
     """`path`, a file below the run `directory`, relative to it ('/'-separated)."""
     base, inner = Location.of(target(directory)), Location.of(path)
     return posixpath.relpath(inner.root, base.root)
+
+
+def exists(path: Where) -> bool:
+    """Whether a result file or folder (a path or URL) is there."""
+    return Location.of(path).exists()
+
+
+def link(page: Target, path: Target) -> str:
+    """The relative link from the page `page` to the file `path` on the same filesystem."""
+    return posixpath.relpath(Location.of(path).root, posixpath.dirname(Location.of(page).root))
 
 
 def name_of(path: Target) -> str:

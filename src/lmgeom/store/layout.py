@@ -41,10 +41,6 @@ COMPRESSORS = ("zstd",)
 MIN_CHUNK_ROWS = 16
 
 
-def layer_name(layer: int) -> str:
-    """What layer `layer` of a store is, in words (`LAYER_NOTE`): "embedding output" or "block l"."""
-    return "embedding output" if layer == 0 else f"block {layer}"
-
 
 def chunk_rows(dim: int, expected_rows: int | None = None) -> int:
     """Rows per zarr chunk of a layer: about 4 MiB of float32 (at least 1,024 rows); a store expected to
