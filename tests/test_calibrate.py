@@ -26,6 +26,7 @@ from lmgeom.cli.main import app
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import MomentAccumulator, isoscore
 from lmgeom.runs import calibrate_store, fit_store
+from lmgeom.runs.calibration import CalibrationOptions
 from lmgeom.store import write_store_from_arrays
 
 SMALL_FLOW = dict(n_steps=2, hidden_size=16, n_epochs=3, batch_size=64)
@@ -319,7 +320,7 @@ def test_fit_store_streams_over_non_punctuation_rows(small_store):
 
 
 def test_calibrate_store_records_and_files(small_store):
-    result = calibrate_store(small_store, methods=["whitening", "cie", "flow"], layers=[1], seed=0)
+    result = calibrate_store(small_store, CalibrationOptions(methods=("whitening", "cie", "flow"), layers=(1,), seed=0))
     records = result.records
     assert result.paths[0] == small_store.path / "calibration.json"
     by_key = {(r["method"], r["measure"]): r for r in records}
@@ -334,7 +335,7 @@ def test_calibrate_store_records_and_files(small_store):
     for name in ("whitening-L1.npz", "cie-L1.npz", "flow-L1.pt"):
         assert load_calibrator(small_store.path / "calibrators" / name).n_features_in_ == 16
     with pytest.raises(ValueError, match="unknown calibration method"):
-        calibrate_store(small_store, methods=["pca"], layers=[1])
+        CalibrationOptions(methods=("pca",), layers=(1,))
 
 
 def test_cli_calibrate(small_store):

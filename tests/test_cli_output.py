@@ -186,12 +186,12 @@ def small_store(tmp_path):
 def test_calibrate_reports_seconds_per_method(small_store):
     import time
 
-    from lmgeom.runs.calibration import calibrate_store, holds_fits, read_calibration
+    from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits, read_calibration
 
     methods = ["whitening", "abtt", "standardize"]
     progress = NoteProgress()
     started = time.perf_counter()
-    result = calibrate_store(small_store, methods=methods, layers=[0, 1], progress=progress)
+    result = calibrate_store(small_store, CalibrationOptions(methods=tuple(methods), layers=(0, 1)), progress=progress)
     elapsed = time.perf_counter() - started
     # a note names each fit as it starts, then its time when done (one count per fit)
     notes = [(n, note) for stage, n, note in progress.events if stage == "calibrate"]
@@ -206,7 +206,7 @@ def test_calibrate_reports_seconds_per_method(small_store):
     assert [fit["seconds"] for fit in document["fits"]] == seconds
     assert "seconds" not in document["settings"]
     # a re-fit with the same options holds the same fits, whatever it took
-    calibrate_store(small_store, methods=["abtt"], layers=[0])
+    calibrate_store(small_store, CalibrationOptions(methods=("abtt",), layers=(0,)))
     assert holds_fits(small_store.path, result.fits)
 
     cli = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", ",".join(methods), "--layer", "1"],

@@ -15,7 +15,7 @@ from lmgeom.calibrate import make_calibrator
 from lmgeom.evaluate.stats import holm, paired_permutation_test
 from lmgeom.evaluate.tasks import TaggedSplit, load_task, matthews
 from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
-from lmgeom.runs.experiments import run_calibration, run_layers
+from lmgeom.runs.experiments import ExperimentOptions, run_calibration, run_layers
 from lmgeom.runs.experiments.core import task_data
 from lmgeom.runs.experiments.features import FeatureCache
 from lmgeom.runs.experiments.heads import fit_probe
@@ -34,8 +34,8 @@ def cola(shared_data: Path) -> Path:
 @pytest.fixture(scope="module")
 def calibration(cola: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibration") / "quick"
-    run_calibration(MODEL, "cola", cola, out=out, methods=["none", "whitening", "isobn"], seeds=2, heads=["logreg"],
-                    device="cpu", **SMALL)
+    run_calibration(MODEL, "cola", cola, out=out, options=ExperimentOptions(seeds=2, device="cpu", **SMALL),
+                    methods=["none", "whitening", "isobn"], heads=["logreg"])
     return out
 
 
@@ -102,12 +102,13 @@ def test_a_rerun_skips_finished_cells_and_bad_input_loses_nothing(calibration: P
         raise AssertionError("a finished cell was recomputed")
 
     monkeypatch.setattr(module, "fit_predict_sklearn", refuse)
-    again = run_calibration(MODEL, "cola", cola, out=calibration, methods=["none", "whitening"], seeds=2, heads=["logreg"],
-                            device="cpu", **SMALL)
+    again = run_calibration(MODEL, "cola", cola, out=calibration, options=ExperimentOptions(seeds=2, device="cpu", **SMALL),
+                            methods=["none", "whitening"], heads=["logreg"])
     assert again.records == before
     n_cells = len(list((calibration / "cells").glob("*.json")))
     with pytest.raises(ValueError, match=r"unknown calibration methods \['bogus'\]"):
-        run_calibration(MODEL, "cola", cola, out=calibration, methods=["none", "bogus"], seeds=2, regime="both", device="cpu", **SMALL)
+        run_calibration(MODEL, "cola", cola, out=calibration, options=ExperimentOptions(seeds=2, device="cpu", **SMALL),
+                        methods=["none", "bogus"], regime="both")
     assert len(list((calibration / "cells").glob("*.json"))) == n_cells
 
 
@@ -154,8 +155,8 @@ def test_the_probe_learns_the_informative_layer_and_repeats_in_a_new_process() -
 
 
 def test_layers_on_pos_report_mix_weights_and_test_against_top(shared_data: Path, tmp_path: Path) -> None:
-    result = run_layers(MODEL, "pos", shared_data / "UD_English-EWT", out=tmp_path, features=["layer:all", "top", "mix", "static"],
-                        seeds=1, max_train=40, max_eval=20, device="cpu")
+    result = run_layers(MODEL, "pos", shared_data / "UD_English-EWT", out=tmp_path, options=ExperimentOptions(seeds=1, max_train=40, max_eval=20, device="cpu"),
+                        features=["layer:all", "top", "mix", "static"])
     features = {r["features"] for r in result.records}
     assert features == {"layer:0", "layer:1", "layer:2", "layer:3", "top", "mix", "static"}  # tiny-bert: layers 0-3
     (mix,) = [r for r in result.records if r["features"] == "mix"]
@@ -208,8 +209,8 @@ def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Pa
     from lmgeom.finetune import FineTuneOptions, finetune
 
     options = {"epochs": 1, "batch_size": 16, "max_length": 32}
-    result = run_calibration(MODEL, "cola", cola, out=tmp_path, methods=["none", "whitening", "isobn"], seeds=1,
-                             regime="finetune", max_train=40, max_eval=20, device="cpu", finetune_options=options)
+    result = run_calibration(MODEL, "cola", cola, out=tmp_path, options=ExperimentOptions(seeds=1, max_train=40, max_eval=20, device="cpu"),
+                             methods=["none", "whitening", "isobn"], regime="finetune", finetune_options=options)
     assert {r["method"] for r in result.records} == {"none", "whitening", "isobn"}
     assert {r["regime"] for r in result.records} == {"finetune"}
     task = load_task("cola", cola)
@@ -244,8 +245,8 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
 
     monkeypatch.setattr(module, "make_calibrator", recording)
     sizes: dict[str, Any] = {"max_train": 30, "max_eval": 12}
-    result = run_calibration(MODEL, "pos", ewt, out=tmp_path, methods=["none", "whitening", "isobn"], seeds=[3],
-                             heads=["logreg"], device="cpu", **sizes)
+    result = run_calibration(MODEL, "pos", ewt, out=tmp_path, options=ExperimentOptions(seeds=(3,),
+                             device="cpu", **sizes), methods=["none", "whitening", "isobn"], heads=["logreg"])
     task = load_task("pos", ewt)
     data = task_data(task, [3], **sizes)
     cache = FeatureCache(tmp_path / "features", tiny_loader, model=MODEL)
@@ -283,22 +284,23 @@ def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cell
     assert any("isobn" in note and "skipped" in note for note in document["notes"])
     # a re-run with one more method fits only that method's calibrator
     fitted.clear()
-    again = run_calibration(MODEL, "pos", ewt, out=tmp_path, methods=["none", "whitening", "abtt"], seeds=[3],
-                            heads=["logreg"], device="cpu", **sizes)
+    again = run_calibration(MODEL, "pos", ewt, out=tmp_path, options=ExperimentOptions(seeds=(3,),
+                            device="cpu", **sizes), methods=["none", "whitening", "abtt"], heads=["logreg"])
     assert [type(c).__name__ for c in fitted] == ["AllButTheTop"]
     assert [r for r in again.records if r["method"] != "abtt"] == result.records
     # the fine-tuning regime fine-tunes a sentence head: refused up front for a tagging task
     for regime in ("finetune", "both"):
         with pytest.raises(ValueError, match="token-tagging task.*`regime='frozen'`"):
-            run_calibration(MODEL, "pos", ewt, out=tmp_path / regime, methods=["none"], seeds=1, regime=regime, device="cpu")
+            run_calibration(MODEL, "pos", ewt, out=tmp_path / regime, options=ExperimentOptions(seeds=1, device="cpu"),
+                            methods=["none"], regime=regime)
         assert not (tmp_path / regime).exists()
 
 
 def test_the_finetuning_regime_refuses_an_elmo_model_up_front(cola: Path, tmp_path: Path) -> None:
     for regime in ("finetune", "both"):
         with pytest.raises(ValueError, match="elmo-brown is an ELMo model.*`regime='frozen'`"):
-            run_calibration("elmo-brown", "cola", cola, out=tmp_path / regime, methods=["none"], seeds=1,
-                            regime=regime, device="cpu")
+            run_calibration("elmo-brown", "cola", cola, out=tmp_path / regime, options=ExperimentOptions(seeds=1, device="cpu"),
+                            methods=["none"], regime=regime)
         assert not (tmp_path / regime).exists()
 
 

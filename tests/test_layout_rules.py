@@ -138,3 +138,29 @@ def test_the_ray_executor_imports_no_accumulator_or_loop_of_its_own() -> None:
     assert calls <= {"connect_ray", "_bounded"}, calls
     distributed = (RUNS / "distributed.py").read_text(encoding="utf-8")
     assert "Accumulator" not in distributed and "tally" not in distributed  # no second analysis path beside the engine
+
+
+def test_only_the_run_directory_module_spells_a_result_file_name() -> None:
+    """A result file's name as a path in code (a string without spaces, or a piece of an f-string)
+    appears in `lmgeom.runs.rundir` alone; messages and docstrings may name files."""
+    from lmgeom.runs import rundir
+
+    specs = [*rundir.RESULT_FILES, *rundir.KINDS.values(), rundir.EXPERIMENT_JSON, rundir.EXPERIMENT_TABLE,
+             rundir.COMPARE_PAGE, rundir.COMPARE_CSV, rundir.STATIC_VECTORS]
+    names = {re.sub(r"\{[a-z]+\}", "", spec.name).rsplit("/", 1)[-1] for spec in specs}
+    names = {name for name in names if "." in name and len(name) > 5} | {f"{folder}/" for folder in
+                                                                           ("figures", "static", "calibrators", "experiments")}
+    source_root = TESTS.parent / "src" / "lmgeom"
+    offences = []
+    for path in sorted(source_root.rglob("*.py")):
+        if path == source_root / "runs" / "rundir.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and not re.search(r"\s", node.value) and any(name in node.value for name in names)):
+                offences.append(f"{path.relative_to(source_root)}:{node.lineno} {node.value!r}")
+    assert not offences, "name result files through lmgeom.runs.rundir: " + "; ".join(offences)

@@ -21,7 +21,7 @@ from lmgeom.evaluate.baselines import (
     trivial_baselines,
 )
 from lmgeom.evaluate.tasks import SentenceSplit, SentenceTask, TaggedSplit, TaggingTask, f1, matthews, read_ud_pos
-from lmgeom.runs.experiments import run_layers
+from lmgeom.runs.experiments import ExperimentOptions, run_layers
 from lmgeom.runs.experiments.core import CellStore
 from lmgeom.runs.experiments.heads import ProbeOptions, _Probe, fit_probe
 from lmgeom.runs.experiments.layers import mix_label
@@ -84,8 +84,8 @@ def test_layer_norm_and_raw_layers_change_what_the_probe_sees() -> None:
 
 def test_mix_variants_are_cells_of_their_own_and_default_keys_do_not_change(shared_data: Path, tmp_path: Path) -> None:
     data = shared_data / "GLUE" / "MRPC"
-    result = run_layers("tiny-bert", "mrpc", data, out=tmp_path, features=["top", "mix"], seeds=1, max_train=40,
-                        max_eval=30, device="cpu", mix_l2=[None, 1.0], mix_layer_norm=[False, True])
+    result = run_layers("tiny-bert", "mrpc", data, out=tmp_path, options=ExperimentOptions(seeds=1, max_train=40, max_eval=30, device="cpu"),
+                        features=["top", "mix"], mix_l2=[None, 1.0], mix_layer_norm=[False, True])
     labels = {r["features"] for r in result.records}
     assert labels == {"top", "mix", "mix ln", "mix l2=1", "mix l2=1 ln"}
     assert mix_label(0.001, True) == "mix l2=0.001 ln"
@@ -100,8 +100,8 @@ def test_mix_variants_are_cells_of_their_own_and_default_keys_do_not_change(shar
     document = json.loads((tmp_path / "results.json").read_text())
     assert "deviation from Peters" in document["settings"]["layers"]
     assert "lambda=1" in document["settings"]["mix"]["mix l2=1 ln"]
-    raw = run_layers("tiny-bert", "mrpc", data, out=tmp_path, features=["top"], seeds=1, max_train=40, max_eval=30,
-                     device="cpu", standardize=False)
+    raw = run_layers("tiny-bert", "mrpc", data, out=tmp_path, options=ExperimentOptions(seeds=1, max_train=40, max_eval=30, device="cpu"),
+                     features=["top"], standardize=False)
     assert store.load({**base, "features": "top", "standardize": False}, 0) is not None
     assert json.loads((tmp_path / "results.json").read_text())["settings"]["standardize"] is False
     assert {r["standardize"] for r in raw.records} == {False}

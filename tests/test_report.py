@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.report import register
 from lmgeom.runs import analyze_store, calibrate_store, layer_summary, render_report
+from lmgeom.runs.calibration import CalibrationOptions
 from lmgeom.runs.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
 from lmgeom.runs.rundir import write_json
 from lmgeom.report import build_report, load_run
@@ -79,7 +80,7 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from lmgeom.store import RepresentationStore
 
     store = RepresentationStore.open(run)
-    calibrate_store(store, methods=["whitening", "abtt"], layers=[0, 1, 3], seed=0)  # layer 2 not: a gap in the charts
+    calibrate_store(store, CalibrationOptions(methods=("whitening", "abtt"), layers=(0, 1, 3), seed=0))  # layer 2 not: a gap in the charts
     embeddings = static_embeddings(store, layer=2)
     write_benchmarks(benchmark_static_embeddings(embeddings), embeddings, run / "static")
     (run / "experiments" / "probe").mkdir(parents=True)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.report import load_run
 from lmgeom.runs import calibrate_store, rundir, run
-from lmgeom.runs.calibration import read_calibration
+from lmgeom.runs.calibration import CalibrationOptions, read_calibration
 from lmgeom.runs.sts import run_sts
 
 RUN_OPTIONS = dict(limit=60, device="cpu", min_contexts=3, layers="0,3", num_workers=1)
@@ -65,7 +65,7 @@ def test_calibrate_after_run_keeps_every_record_and_a_refit_replaces_only_its_ow
 
     calibrator = rundir.CALIBRATOR.at(a_run, method="whitening", layer=0).with_suffix(".npz")
     untouched = calibrator.with_name("abtt-L0.npz").read_bytes()
-    refit = calibrate_store(str(a_run), methods=["whitening"], layers=[0], eval_rows=200, seed=1)
+    refit = calibrate_store(str(a_run), CalibrationOptions(methods=("whitening",), layers=(0,), eval_rows=200, seed=1))
     assert [{k: v for k, v in fit.items() if k != "seconds"} for fit in refit.fits] == [{"layer": 0, "method": "whitening", "include_special": False, "include_punct": False,
                            "exclude_first_word": False, "eval_rows": 200, "fit_rows_subsampled_methods": 100_000,
                            "seed": 1}]

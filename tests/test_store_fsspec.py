@@ -60,7 +60,7 @@ def test_memory_store_equals_the_local_store_and_is_analysed_in_place(local_stor
     copy = RepresentationStore.open(tmp_path / "copy")
     assert_same_store(copy, remote, atol=0)
     in_place, local = analyze_store(url, min_contexts=2), analyze_store(copy, min_contexts=2)
-    assert in_place.store_path is None
+    assert in_place.store_path == url
     pd.testing.assert_frame_equal(in_place.layers, local.layers, rtol=1e-12, atol=1e-12)
     pd.testing.assert_frame_equal(in_place.words, local.words, rtol=1e-12, atol=1e-12)
 

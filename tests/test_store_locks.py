@@ -28,7 +28,7 @@ from lmgeom.corpus import load_corpus
 from lmgeom.encoders.registry import load_encoder
 from lmgeom.runs import extract
 from lmgeom.runs.analysis import analyze_store
-from lmgeom.runs.calibration import calibrate_store
+from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
 from lmgeom.runs.isotropy import measure_isotropy
 from lmgeom.runs.static import static_embeddings
 from lmgeom.store import RepresentationStore, StoreExistsError, StoreLockedError, StoreWriter, write_store_from_arrays
@@ -326,7 +326,7 @@ def test_a_store_rewritten_under_a_reader_is_detected_by_every_step_that_reads_l
     with pytest.raises(ValueError, match=expected):
         measure_isotropy(opened, write=False, isotropy_clusters=2)
     with pytest.raises(ValueError, match=expected):
-        calibrate_store(opened, methods=["whitening"], layers=[1], save=False)
+        calibrate_store(opened, CalibrationOptions(methods=("whitening",), layers=(1,)), save=False)
     with pytest.raises(ValueError, match=expected):
         static_embeddings(opened, layer=1, min_contexts=2)
     rewritten.check_unchanged()

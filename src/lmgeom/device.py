@@ -25,6 +25,14 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
+def device_name(device: torch.device | str) -> str:
+    """A resolved device as results record it: "cpu", "mps", or "cuda:N" with its index."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
 def resolve_compute_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
     """fp32 on CPU (half precision is slow and lossy there); fp16 on GPU unless told otherwise."""
     if dtype is None:

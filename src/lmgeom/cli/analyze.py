@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, above, console, number, user_errors
+from lmgeom.cli.common import RichProgress, above, console, user_errors
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -23,6 +23,8 @@ METRIC_NAMES = {"spearman": "Spearman", "accuracy_3cosadd": "3CosAdd", "mean_spe
 
 def print_static_benchmarks(scores: pd.DataFrame, title: str) -> None:
     """One table per vector set, the two protocols side by side with the coverage (fits 80 columns)."""
+    from lmgeom.report.labels import number
+
     console.print(f"{title}. covered = items whose words all have vectors (matched lowercase); "
                   "score on covered items only, and on all items with out-of-vocabulary words "
                   "as the mean unit vector")
@@ -38,6 +40,8 @@ def print_static_benchmarks(scores: pd.DataFrame, title: str) -> None:
 
 
 def print_contextuality(result: ContextualityResult) -> None:
+    from lmgeom.report.labels import number
+
     variants = result.settings.get("mev_variants", [])
     summary = result.summary()
     title = f"{result.store_meta.get('model_id')}: contextuality per layer (layer 0 = embedding output; adjusted = raw − baseline)"

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
     def calibrate_command(
         store: str = typer.Argument(..., metavar="STORE-OR-MODEL", help="a store written by `lmgeom extract`, or a model (then --corpus is extracted into runs/<model>-<corpus> first)"),
         corpus: str = typer.Option("lee", help="corpus to extract when a model is given instead of a store"),
-        device: str = typer.Option("auto", help="device for that extraction: auto, cpu, cuda"),
+        device: str = typer.Option("auto", help="device for that extraction and the flow: auto, cpu, cuda"),
         method: str = typer.Option(",".join(METHOD_NAMES), "--methods", "--method", "-m", help=f"comma-separated methods: {', '.join(METHOD_NAMES)}"),
         layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", help="layer to calibrate, repeatable (default: all; 0 = embedding output)"),
         include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
@@ -69,13 +69,15 @@ def register(app: typer.Typer) -> None:
         into STORE/calibration.json + .csv by (layer, method) and saves STORE/calibrators/<method>-L<layer>.*"""
         from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
         from lmgeom.runs import calibrate_store
+        from lmgeom.runs.calibration import CalibrationOptions
 
         with user_errors(), RichProgress() as progress:
-            result = calibrate_store(
-                store, corpus=corpus, device=device, methods=split_list(method), layers=layer or None,
-                include_punct=include_punct, include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows, fit_rows=fit_rows,
-                seed=seed, progress=progress,
+            options = CalibrationOptions(
+                methods=tuple(split_list(method)), layers=tuple(layer) if layer else None, include_punct=include_punct,
+                include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows,
+                fit_rows=fit_rows, seed=seed, device=device,
             )
+            result = calibrate_store(store, options, corpus=corpus, progress=progress)
         print_records(result.records)
         print_fit_times(result.fits)
         console.print("wrote " + ", ".join(str(path) for path in result.paths))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import math
 import re
 import sys
 import time
@@ -229,11 +228,6 @@ def above(low: float) -> Callable[[float | None], float | None]:
         return value
 
     return check
-
-
-def number(value: float | None, digits: int = 4) -> str:
-    """A table cell: the value to `digits` decimals, or a dash for a missing (None/NaN) one."""
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
 def split_list(text: str) -> list[str]:

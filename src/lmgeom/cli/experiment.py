@@ -18,7 +18,7 @@ experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration 
                              no_args_is_help=True)
 
 
-def parse_seed_option(text: str) -> int | list[int]:
+def parse_seed_option(text: str) -> int | tuple[int, ...]:
     """`3` means seeds 0, 1, 2; `0,4,7` names them."""
     items = split_list(text)
     try:
@@ -27,7 +27,7 @@ def parse_seed_option(text: str) -> int | list[int]:
         raise InputError(f"--seeds takes a count (3) or a comma list of seeds (0,4,7), got {text!r}") from None
     if len(values) == 1 and "," not in text:
         return values[0]
-    return values
+    return tuple(values)
 
 
 def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str,
@@ -87,18 +87,21 @@ def calibration_command(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
-    from lmgeom.runs.experiments import run_calibration
+    from lmgeom.runs.experiments import ExperimentOptions, run_calibration
 
     with user_errors(), RichProgress() as progress:
-        result = run_calibration(model, task, data, out=out, methods=split_list(methods), seeds=parse_seed_option(seeds),
-                                 regime=regime, features=features, heads=split_list(heads), pooling=pooling,
-                                 max_train=max_train, max_eval=max_eval, device=device, progress=progress,
+        options = ExperimentOptions(seeds=parse_seed_option(seeds), pooling=pooling, max_train=max_train, max_eval=max_eval,
+                                    device=device)
+        result = run_calibration(model, task, data, out=out, options=options, methods=split_list(methods),
+                                 regime=regime, features=features, heads=split_list(heads), progress=progress,
                                  finetune_options={"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate})
     print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})",
                     result.trivial_baselines)
     for note in result.notes:
         console.print(f"note: {note}")
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
+    from lmgeom.runs import rundir
+
+    console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
 
 
 @experiment_app.command("layers")
@@ -118,15 +121,18 @@ def layers_command(
     standardize: bool = typer.Option(True, "--standardize/--raw", help="z-score every layer with training statistics (default; a deviation from Peters et al.) or feed raw layers"),
 ) -> None:
     """Which layer, or learned mix of layers, serves the task? A linear probe per feature set."""
-    from lmgeom.runs.experiments import run_layers
+    from lmgeom.runs.experiments import ExperimentOptions, run_layers
 
     with user_errors(), RichProgress() as progress:
-        result = run_layers(model, task, data, out=out, features=split_list(features), seeds=parse_seed_option(seeds),
-                            pooling=pooling, max_train=max_train, max_eval=max_eval, device=device,
+        options = ExperimentOptions(seeds=parse_seed_option(seeds), pooling=pooling, max_train=max_train, max_eval=max_eval,
+                                    device=device)
+        result = run_layers(model, task, data, out=out, options=options, features=split_list(features),
                             mix_l2=parse_mix_l2(mix_l2), mix_layer_norm=parse_on_off(mix_layer_norm, "--mix-layer-norm"),
                             standardize=standardize, progress=progress)
     print_summaries(result.summaries, "features", f"{model} on {task}: layers (linear probe)", result.trivial_baselines)
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {len(result.paths) - 2} figures")
+    from lmgeom.runs import rundir
+
+    console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
 
 
 @experiment_app.command("wsd")

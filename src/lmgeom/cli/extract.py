@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, number, split_list, user_errors
+from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, split_list, user_errors
 
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore
@@ -92,9 +92,9 @@ def register(app: typer.Typer) -> None:
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: str = typer.Option("lee", help="corpus spec, as for `lmgeom extract --corpus`"),
-        out: Optional[str] = typer.Option(None, help="run folder or file:// URL (default runs/<model>-<corpus>, with -limitN for --limit N)"),
+        out: Optional[str] = typer.Option(None, help="run folder or fsspec URL: s3://, gs://, file:// (default runs/<model>-<corpus>, with -limitN for --limit N)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
-        device: str = typer.Option("auto", help="auto, cpu, cuda"),
+        device: str = typer.Option("auto", help="where every step computes: auto, cpu, cuda, cuda:N"),
         min_contexts: int = typer.Option(5, min=1, metavar="<int>", help="analyse words in at least this many distinct sentences"),
         layers: str = typer.Option("default", help="layers to calibrate and distil: default (0, middle, last), all, or e.g. 0,3,6"),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
@@ -106,6 +106,7 @@ def register(app: typer.Typer) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
         report.html; finished steps are skipped when re-run."""
+        from lmgeom.report.labels import number
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:
@@ -129,6 +130,6 @@ def register(app: typer.Typer) -> None:
             console.print(f"  • {statement}")
         if result.steps_skipped:
             console.print(f"skipped (already done with these settings): {', '.join(result.steps_skipped)}")
-        console.print(f"{MEV_ADJ_NOTE}; every table is in {result.store.path}:")
+        console.print(f"{MEV_ADJ_NOTE}; every step computed on {result.device}; every table is in {result.store.url}:")
         for path in result.paths:
             console.print(f"  {path}")

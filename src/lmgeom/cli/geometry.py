@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, number, user_errors
+from lmgeom.cli.common import RichProgress, console, user_errors
 
 if TYPE_CHECKING:
     from lmgeom.runs.geometry import GeometryResult
@@ -20,6 +20,8 @@ def _estimate(layer: dict[str, Any], method: str, n2: int | None = None) -> dict
 
 
 def _with_interval(estimate: dict[str, Any] | None) -> str:
+    from lmgeom.report.labels import number
+
     if estimate is None:
         return "—"
     return f"{number(estimate['dimension'], 1)} [{number(estimate['low'], 1)}, {number(estimate['high'], 1)}]"
@@ -52,6 +54,8 @@ def _contextuality_columns(folders: Sequence[Path]) -> dict[int, dict[str, float
 def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> None:
     """The three per-layer tables; the rogue and standardised cosines come from the isotropy.json of
     the first of `run_folders` that has one."""
+    from lmgeom.report.labels import number
+
     model = result.store_meta.get("model_id")
     settings = result.settings
     ids = Table(title=f"{model}: intrinsic dimension per layer (layer 0 = embedding output; "

@@ -70,4 +70,6 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(row["run"]), str(row["layer"]), f"{row['depth']:.2f}",
                               f"{row['self_similarity_adjusted']:.3f}", f"{row['intra_sentence_similarity_adjusted']:.3f}")
             console.print(table)
-            console.print(f"wrote {path}, {out / 'compare.csv'} and {out / 'figures'}/")
+            from lmgeom.runs import rundir
+
+            console.print(f"wrote {path}, {rundir.COMPARE_CSV.at(out)} and {rundir.FIGURES.at(out)}/")

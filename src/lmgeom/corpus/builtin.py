@@ -45,7 +45,7 @@ def brown(directory: str | os.PathLike | None = None) -> Corpus:
 
 def brown_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     directory = Path(directory) if directory else DEFAULT_DATA_DIR / "brown"
-    files = _brown_files(directory)
+    files = brown_files(directory)
 
     def read() -> Iterator[Item]:
         for path in files:
@@ -56,7 +56,7 @@ def brown_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     return CorpusStream("brown", read, source=str(directory.resolve()), pretokenized=True)
 
 
-def _brown_files(directory: Path) -> list[Path]:
+def brown_files(directory: Path) -> list[Path]:
     cats = directory / "cats.txt"
     if not cats.exists():
         raise FileNotFoundError(f"{directory} is not an NLTK Brown corpus directory (no cats.txt); give the corpus as brown:/path/to/brown")

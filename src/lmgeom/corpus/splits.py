@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from lmgeom.errors import InputError
-from lmgeom.corpus.builtin import DEFAULT_DATA_DIR, _brown_files, brown
+from lmgeom.corpus.builtin import DEFAULT_DATA_DIR, brown_files, brown
 from lmgeom.corpus.corpus import Corpus, Sentence
 
 HELD_OUT_EVERY = 10
@@ -17,7 +17,7 @@ HELD_OUT_EVERY = 10
 
 def brown_heldout_files(directory: str | os.PathLike | None = None) -> list[str]:
     """Names of the held-out Brown files: positions 10, 20, ... of the sorted file names."""
-    files = sorted(path.name for path in _brown_files(Path(directory) if directory else DEFAULT_DATA_DIR / "brown"))
+    files = sorted(path.name for path in brown_files(Path(directory) if directory else DEFAULT_DATA_DIR / "brown"))
     return files[HELD_OUT_EVERY - 1 :: HELD_OUT_EVERY]
 
 
@@ -30,7 +30,7 @@ def brown_split(directory: str | os.PathLike | None = None) -> tuple[Corpus, Cor
     train: list[Sentence] = []
     heldout: list[Sentence] = []
     start = 0
-    for path in _brown_files(root):
+    for path in brown_files(root):
         # brown() makes one sentence of each line holding tokens, file after file
         count = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.split())
         (heldout if path.name in heldout_names else train).extend(corpus.sentences[start : start + count])

@@ -99,11 +99,6 @@ class TaggingTask:
     def eval_splits(self) -> list[str]:
         return [name for name in self.splits if name != self.train_split]
 
-    def tag_ids(self, split: str) -> np.ndarray:
-        """The split's tags as indexes into `tagset`, all sentences concatenated."""
-        index = {tag: i for i, tag in enumerate(self.tagset)}
-        return np.array([index[tag] for tags in self.splits[split].tags for tag in tags], dtype=np.int64)
-
 
 Task = Union[SentenceTask, TaggingTask]
 

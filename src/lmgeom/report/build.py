@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -13,7 +12,6 @@ from lmgeom.report.data import (
     RunData,
     context_specific_words,
     step_seconds,
-    layer_label,
     load_run,
     summarise_experiments,
 )
@@ -21,8 +19,8 @@ from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
-from lmgeom.atomic import atomic_write_text
-from lmgeom.runs.rundir import FIGURES, REPORT
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import REPORT
 
 N_WORDS_SHOWN = 10
 
@@ -81,7 +79,7 @@ def _words_section(run: RunData) -> str:
     last = layers[-1]
     most, least = context_specific_words(run.words, last, n=N_WORDS_SHOWN)
     body = (
-        f"<p class=\"note\">Self-similarity at the last layer ({last}, {layer_label(last)}); low = the word's "
+        f"<p class=\"note\">Self-similarity at the last layer ({last}, {rundir.layer_name(last)}); low = the word's "
         "representations change most with context.</p>"
         f"<h3>Most context-specific (lowest self-similarity), layer {last}</h3>{table(labelled(most))}"
         f"<h3>Least context-specific (highest self-similarity), layer {last}</h3>{table(labelled(least))}"
@@ -150,7 +148,7 @@ def _calibration_section(run: RunData, charts: list[tuple[Chart, list[str]]], pa
     explained = whitening_note(run.calibration) if (run.calibration["method"] == "whitening").any() else ""
     return (note + body + (f"<p class=\"note\">{esc(explained)}</p>" if explained else "")
             + "<h3>Every isotropy measure, before and after each method</h3><p class=\"note\">I(W) = exp(log I(W)) is in "
-            "calibration.csv.</p>"
+            f"{rundir.CALIBRATION_CSV.name}.</p>"
             + table(labelled(calibration_table(run.calibration).drop(columns=list(REDUNDANT_MEASURES), errors="ignore")), digits=3))
 
 
@@ -199,24 +197,24 @@ def _experiments_section(run: RunData) -> str:
 
 
 def build_report(
-    run_dir: str | os.PathLike,
+    run_dir: str | os.PathLike | RunData,
     *,
     include: Sequence[str | os.PathLike] = (),
     out: str | os.PathLike[str] | None = None,
-) -> Path:
-    """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files; no model is needed.
+) -> rundir.Target:
+    """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files (or the run
+    `load_run` read); no model is needed. The run may be a local folder or an fsspec URL.
 
     `include` adds folders of experiment results (results.json, or */results.json). The word explorer
     shows RUN/explorer.json, which `lmgeom.runs.render_report` computes from the store.
     """
-    run = load_run(run_dir, include=include)
-    out_path = Path(out) if out is not None else REPORT.at(run.path)
-    figures_dir = FIGURES.at(run.path)
-    charts = [(chart, save_figure(chart, figures_dir)) for chart in run_charts(run)]
-    relative = {chart.name: [os.path.relpath(p, out_path.parent) for p in paths] for chart, paths in charts}
+    run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir, include=include)
+    out_path = rundir.target(out) if out is not None else REPORT.at(run.path)
+    charts = [(chart, save_figure(chart, run.path)) for chart in run_charts(run)]
+    relative = {chart.name: [rundir.link(out_path, p) for p in paths] for chart, paths in charts}
     figure_of = {chart.name: (chart, relative[chart.name]) for chart, _ in charts}
 
-    page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.path.name}")
+    page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.name}")
     page.section("run", "Run", definition_list(_metadata(run)))
     contextuality = run.contextuality
     if contextuality is None:
@@ -229,7 +227,7 @@ def build_report(
         if name in figure_of:
             chart, files = figure_of[name]
             return page.chart(chart, files=files)
-        return missing(run.notes.get("contextuality", f"no values for {name} in contextuality.json"))
+        return missing(run.notes.get("contextuality", f"no values for {name} in {rundir.CONTEXTUALITY.name}"))
 
     page.section("anisotropy", "Anisotropy baseline by layer",
                  "<p class=\"note\">Mean cosine between word occurrences at random: the baseline that the adjusted "
@@ -274,5 +272,4 @@ def build_report(
         page.section("sts", "Sentence similarity (STS)", _sts_section(run, page, figure_of))
     page.section("experiments", "Experiment results", _experiments_section(run))
 
-    atomic_write_text(out_path, page.render())
-    return out_path
+    return rundir.write_text(out_path, page.render())

@@ -14,7 +14,7 @@ from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
-from lmgeom.atomic import atomic_write_text
+from lmgeom.runs import rundir
 
 # (name, contextuality metric, raw or adjusted, title)
 COMPARED = [
@@ -31,7 +31,7 @@ COMPARED = [
 def _labels(runs: Sequence[RunData]) -> list[str]:
     """Each run's 'model on corpus', with its directory name where two runs would share one."""
     labels = [run.label for run in runs]
-    return [f"{label} ({run.path.name})" if labels.count(label) > 1 else label for label, run in zip(labels, runs)]
+    return [f"{label} ({run.name})" if labels.count(label) > 1 else label for label, run in zip(labels, runs)]
 
 
 def comparison_table(runs: Sequence[RunData]) -> pd.DataFrame:
@@ -39,7 +39,7 @@ def comparison_table(runs: Sequence[RunData]) -> pd.DataFrame:
     frames = []
     for label, run in zip(_labels(runs), runs):
         if run.layers is None:
-            raise InputError(f"{run.path} has no contextuality.json; run `lmgeom analyze {run.path}` before comparing")
+            raise InputError(f"{run.path} has no {rundir.CONTEXTUALITY.name}; run `lmgeom analyze {run.path}` before comparing")
         frame = run.layers[["layer", "metric", "raw", "baseline", "adjusted"]].copy()
         last = int(frame["layer"].max())
         frame.insert(0, "depth", frame["layer"] / last if last > 0 else 0.0)
@@ -85,7 +85,7 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLi
     runs = [load_run(run_dir) for run_dir in run_dirs]
     out = Path(out)
     tidy = comparison_table(runs)
-    atomic_write_text(out / "compare.csv", tidy.to_csv(index=False))
+    rundir.write_text(rundir.COMPARE_CSV.at(out), tidy.to_csv(index=False))
     caption = "; ".join(f"{label}: {run.counts_caption()}" for label, run in zip(_labels(runs), runs)) + \
         "; layer 0 = embedding output"
     page = Page("lmgeom comparison: " + ", ".join(_labels(runs)), caption)
@@ -99,10 +99,9 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLi
         for suffix in ("depth", "layer"):
             chart = by_name.get(f"{name}_by_{suffix}")
             if chart is not None:
-                files = save_figure(chart, out / "figures")
+                files = save_figure(chart, out)
                 body += page.chart(chart, files=[os.path.relpath(p, out) for p in files])
         page.section(name, title, body or missing(f"no run has values for {title}"))
     page.section("table", "Values by run and layer", f"<p class=\"note\">{esc(MEV_ADJ_NOTE)}.</p>"
                  + table(labelled(wide_table(tidy)), text_columns=("run",)))
-    path = atomic_write_text(out / "compare.html", page.render())
-    return path
+    return Path(rundir.write_text(rundir.COMPARE_PAGE.at(out), page.render()))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -32,18 +31,13 @@ PRODUCERS = {
     "isotropy": rundir.ISOTROPY.producer,
 }
 LAYER0_MEAN = "layer0_mean"  # the static vectors of layer-0 means (`lmgeom.runs.static.STATIC_KINDS`)
-EXPERIMENT_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
-
-
-def layer_label(layer: int) -> str:
-    return "embedding output" if layer == 0 else f"block {layer}"
 
 
 @dataclass
 class RunData:
     """Everything the report shows about one run directory."""
 
-    path: Path
+    path: rundir.Target  # the run directory: a local Path, or its fsspec URL
     meta: dict[str, Any]
     summary: pd.DataFrame | None  # layer, n_occurrences, mean_norm, sampled_average_cosine, average_cosine
     contextuality: dict[str, Any] | None  # the JSON document (settings, counts, findings, statements)
@@ -63,7 +57,12 @@ class RunData:
         for source in (self.meta, self.contextuality or {}):
             if source.get("model_id"):
                 return str(source["model_id"])
-        return self.path.name
+        return self.name
+
+    @property
+    def name(self) -> str:
+        """The run directory's own name."""
+        return rundir.name_of(self.path)
 
     @property
     def corpus(self) -> str:
@@ -113,9 +112,9 @@ def _frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(records)).fillna(value=math.nan) if records else pd.DataFrame(list(records))
 
 
-def read_static(run_dir: Path) -> pd.DataFrame | None:
+def read_static(run_dir: rundir.Where) -> pd.DataFrame | None:
     frames = []
-    for path in sorted(run_dir.glob(rundir.STATIC_BENCHMARKS.pattern)):
+    for path in rundir.STATIC_BENCHMARKS.find(run_dir):
         document = read_json(path, rundir.STATIC_BENCHMARKS.kind)
         assert document is not None
         frames.append(_frame(document.get("records", [])))
@@ -129,36 +128,33 @@ def read_static(run_dir: Path) -> pd.DataFrame | None:
     return static.sort_values(["layer", "vectors", "benchmark"], kind="stable").reset_index(drop=True)
 
 
-def _read_sts(run_dir: Path) -> pd.DataFrame | None:
+def _read_sts(run_dir: rundir.Where) -> pd.DataFrame | None:
     """Records of every JSON of kind 'sts' at the top of the run directory."""
     frames = []
-    for path in sorted(run_dir.glob("*.json")):
-        if path.name in rundir.RESERVED_NAMES:
-            continue
-        try:
-            document = read_json(path)
-        except rundir.ResultFileError:
-            continue
-        if document is not None and document.get("kind") == rundir.STS.kind:
+    for path in rundir.sts_files(run_dir):
+        document = read_json(path)
+        if document is not None:
             frame = _frame(document.get("records", []))
-            frame.insert(0, "file", path.name)
+            frame.insert(0, "file", rundir.name_of(path))
             frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def experiment_result_files(run_dir: Path, include: Sequence[str | os.PathLike] = ()) -> list[Path]:
+def experiment_result_files(run_dir: rundir.Where, include: Sequence[str | os.PathLike] = ()) -> list[rundir.Target]:
     """RUN/experiments/*/results.json plus, per included folder, its results.json or */results.json."""
-    files = sorted(run_dir.glob(rundir.EXPERIMENT_RESULTS.pattern))
-    results = Path(rundir.EXPERIMENT_RESULTS.name).name
-    for directory in map(Path, include):
-        if not directory.is_dir():
-            raise MissingInput(f"`include` {directory}: no such directory (give a folder holding {results} files)", param="include")
-        direct = directory / results
-        files.extend([direct] if direct.exists() else sorted(directory.glob(f"*/{results}")))
+    files = rundir.EXPERIMENT_RESULTS.find(run_dir)
+    results = rundir.EXPERIMENT_JSON
+    for directory in include:
+        if not rundir.exists(directory):
+            raise MissingInput(f"`include` {directory}: no such directory (give a folder holding {results.name} files)",
+                               param="include")
+        direct = results.at(directory)
+        files.extend([direct] if rundir.exists(direct) else
+                     [path for path in rundir.ResultFile(f"*/{results.name}", results.producer).find(directory)])
     return list(dict.fromkeys(files))
 
 
-def read_experiments(files: Sequence[Path], *, part: str = "records") -> pd.DataFrame | None:
+def read_experiments(files: Sequence[rundir.Target], *, part: str = "records") -> pd.DataFrame | None:
     """Tidy experiment records (a list, or a document with `records`); unreadable files are skipped.
 
     `part="summaries"` reads a document's per-configuration summaries instead: the records whose
@@ -174,7 +170,7 @@ def read_experiments(files: Sequence[Path], *, part: str = "records") -> pd.Data
             frame = pd.DataFrame([r for r in records if isinstance(r, dict) and "p_value" in r])
             if not frame.empty:
                 if "experiment" not in frame:
-                    frame["experiment"] = path.parent.name
+                    frame["experiment"] = _folder_name(path)
                 frames.append(frame)
             continue
         records = document.get("records", []) if isinstance(document, dict) else document
@@ -184,17 +180,22 @@ def read_experiments(files: Sequence[Path], *, part: str = "records") -> pd.Data
         if frame.empty:
             continue
         if "experiment" not in frame:
-            frame["experiment"] = path.parent.name
+            frame["experiment"] = _folder_name(path)
         frame["source"] = str(path)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _folder_name(path: rundir.Target) -> str:
+    """The name of the experiment folder a results.json is in."""
+    return rundir.name_of(str(path).replace(os.sep, "/").rsplit("/", 1)[0])
 
 
 def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = None) -> pd.DataFrame:
     """Mean, standard deviation (ddof 1; 0 for one seed) and seed count of `value` per configuration,
     with the configuration's test against its baseline where `tests` (the experiments' summaries)
     give one: `p` (Holm-adjusted when `p_holm` is given) and `significant`."""
-    keys = [key for key in EXPERIMENT_KEYS if key in records]
+    keys = [key for key in rundir.EXPERIMENT_CONFIG_KEYS if key in records]
     frame = records.copy()
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
     for key in keys:
@@ -214,7 +215,7 @@ def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = No
     return table
 
 
-def _read_records(run_dir: Path, spec: rundir.ResultFile, notes: dict[str, str], *, section: str,
+def _read_records(run_dir: rundir.Where, spec: rundir.ResultFile, notes: dict[str, str], *, section: str,
                   part: str = "records") -> tuple[dict[str, Any] | None, pd.DataFrame | None]:
     """(document, its `part` as a frame) of an optional result file; a missing one is noted with the
     command that writes it."""
@@ -225,10 +226,10 @@ def _read_records(run_dir: Path, spec: rundir.ResultFile, notes: dict[str, str],
     return document, _frame(document[part])
 
 
-def load_run(run_dir: str | os.PathLike, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
+def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
     """Read every result file of a run directory; missing ones are noted with the command that writes them."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    run_dir = rundir.target(run_dir)
+    if not rundir.exists(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory written by `lmgeom run`")
     rundir.require_run(run_dir)
     notes: dict[str, str] = {}
@@ -284,7 +285,7 @@ def context_specific_words(words: pd.DataFrame, layer: int, *, n: int = 10) -> t
     return most.reset_index(drop=True), least.reset_index(drop=True)
 
 
-def step_seconds(run_dir: Path) -> dict[str, float]:
+def step_seconds(run_dir: rundir.Where) -> dict[str, float]:
     """Seconds each step of `lmgeom run` took, as RUN/run.json records them (empty without it)."""
     document = read_json(rundir.RUN.at(run_dir), rundir.RUN.kind)
     if document is None:

@@ -6,11 +6,11 @@ The matplotlib copies (PNG and SVG) use the Agg backend, so no display or browse
 from __future__ import annotations
 
 import html
+import io
 import math
 import re
 import textwrap
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import matplotlib
@@ -24,6 +24,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from lmgeom.metrics.contextuality import MEV_VARIANTS  # noqa: E402
 from lmgeom.report.data import RunData  # noqa: E402
 from lmgeom.report.labels import label  # noqa: E402
+from lmgeom.runs import rundir  # noqa: E402
 
 LAYER_AXIS = "layer (layer 0 = embedding output)"
 DEPTH_AXIS = "relative depth (layer / last layer; 0 = embedding output)"
@@ -344,15 +345,17 @@ def draw_figure(chart: Chart) -> Any:
     return fig
 
 
-def save_figure(chart: Chart, directory: Path) -> list[Path]:
-    """`<name>.png` (150 dpi) and `<name>.svg` of a chart in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
+def save_figure(chart: Chart, folder: rundir.Where) -> list[rundir.Target]:
+    """`figures/<name>.png` (150 dpi) and `figures/<name>.svg` of a chart in `folder` (a run directory
+    or a comparison's folder, local or an fsspec URL), each written whole."""
     fig = draw_figure(chart)
     try:
-        paths = [directory / f"{safe_name(chart.name)}.{ext}" for ext in ("png", "svg")]
-        for path in paths:
-            fig.savefig(path, dpi=150)
-        return paths
+        written = []
+        for ext in ("png", "svg"):
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format=ext, dpi=150)
+            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(chart.name)}.{ext}"), buffer.getvalue()))
+        return written
     finally:
         plt.close(fig)
 

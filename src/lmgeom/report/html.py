@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from lmgeom.report.explorer import WORD_COLUMNS
+from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
-from lmgeom.report.labels import label
+from lmgeom.report.labels import label, number
+from lmgeom.runs.rundir import EXPLORER
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1240px;
@@ -34,24 +34,13 @@ def esc(value: Any) -> str:
     return html.escape(str(value))
 
 
-def number(value: Any, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return esc(value)
-    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
-        return f"{int(value):,}"
-    text = f"{value:.{digits}f}"
-    return text.lstrip("-") if float(text) == 0 else text  # no "-0.000"
-
-
 def table(frame: pd.DataFrame, *, digits: int = 4, text_columns: Iterable[str] = ()) -> str:
     text = set(text_columns) | {c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])}
     head = "".join(f'<th class="{"text" if c in text else ""}">{esc(c)}</th>' for c in frame.columns)
     rows = []
     for record in frame.to_dict("records"):
         cells = "".join(
-            f'<td class="text">{esc(record[c])}</td>' if c in text else f"<td>{number(record[c], digits)}</td>"
+            f'<td class="text">{esc(record[c])}</td>' if c in text else f"<td>{esc(number(record[c], digits))}</td>"
             for c in frame.columns
         )
         rows.append(f"<tr>{cells}</tr>")
@@ -162,7 +151,7 @@ EXPLORER_SCRIPT = """
     }
     out.innerHTML = html;
     const labelOf = Object.fromEntries(columns);
-    const traces = ['self_similarity', 'self_similarity_adjusted', 'mev_uncentred', 'mev_centred', 'mev_svd_ratio']
+    const traces = %CHART_COLUMNS%
       .filter(k => m[k]).map(k => ({x: data.layers, y: m[k], name: esc(labelOf[k]), mode: 'lines+markers', type: 'scatter'}));
     Plotly.newPlot('explorer-chart', traces, {
       template: 'plotly_white',
@@ -189,10 +178,10 @@ def explorer_section(data: dict[str, Any], caption: str) -> tuple[str, str]:
     body = (
         f'<p class="note">The {len(data["words"]):,} most frequent analysed words: self-similarity and MEV by layer, and '
         "their nearest neighbours among the first-principal-component static vectors of a layer (precomputed; "
-        f'cached in explorer.json). Try "{example}".</p>'
+        f'cached in {EXPLORER.name}). Try "{example}".</p>'
         '<div id="explorer-controls"><label>word <input id="explorer-word" list="explorer-words" autocomplete="off"></label> '
         f'<label>neighbours at layer <select id="explorer-layer">{options}</select></label></div>'
         f'<datalist id="explorer-words">{datalist}</datalist><div id="explorer-result"></div>'
         f'<script type="application/json" id="explorer-data">{script_json(payload)}</script>'
     )
-    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", json.dumps(columns))
+    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", json.dumps(columns)).replace("%CHART_COLUMNS%", json.dumps(list(CHART_COLUMNS)))

@@ -5,7 +5,24 @@ The contextuality labels are the terminal's (`lmgeom run`, `lmgeom report`): "Se
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pandas as pd
+
+def number(value: Any, digits: int = 4) -> str:
+    """A value as tables show it (the report's and the terminal's): a dash when missing (None, NaN),
+    integers (and whole floats of 1,000 or more) with thousands separators, other numbers to `digits`
+    decimals without a "-0.000"; anything else as its text."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
+        return f"{int(value):,}"
+    text = f"{value:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
 
 MEV_ADJ_NOTE = ("adj = raw − baseline (SelfSim and IntraSim: the layer's exact anisotropy; MEV: the same variant on "
                 "sampled occurrences); MEV adj = the SVD-ratio variant minus its baseline, as `lmgeom run` prints it")

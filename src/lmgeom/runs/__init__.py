@@ -25,7 +25,7 @@ _EXPORTS = {
     **dict.fromkeys(["AnalysisOptions", "AnalysisState", "Statistic", "plan_analysis", "register_statistic", "run_analysis"],
                     "lmgeom.runs.engine"),
     "ContextualityResult": "lmgeom.runs.contextuality",
-    **dict.fromkeys(["calibrate_store", "fit_store"], "lmgeom.runs.calibration"),
+    **dict.fromkeys(["CalibrationOptions", "calibrate_store", "fit_store"], "lmgeom.runs.calibration"),
     **dict.fromkeys(["default_run_dir", "extract", "extract_model", "open_or_extract"], "lmgeom.runs.extraction"),
     "render_report": "lmgeom.runs.reporting",
     **dict.fromkeys(["RunResult", "layer_summary", "run"], "lmgeom.runs.job"),

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from lmgeom.errors import InputError
 from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
@@ -17,8 +15,8 @@ from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, isotropy_report
 from lmgeom.runs.extraction import open_or_extract
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.rundir import (CALIBRATION, CALIBRATION_CSV, CALIBRATOR, CALIBRATORS, ResultFileError, read_json,
-                                write_json, write_records_csv)
+from lmgeom.runs.rundir import (CALIBRATION, CALIBRATION_CSV, CALIBRATOR, CALIBRATORS, ResultFileError, Target, Where,
+                                read_json, write_json, write_records_csv, write_with)
 from lmgeom.runs.selection import RowSelection, select_rows
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
@@ -42,6 +40,52 @@ REPORT_MEASURES = (
 )
 
 
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What a calibration fits and measures, as one object (built by `lmgeom calibrate` from its flags
+    and by `run` from its keywords, and passed whole).
+
+    `methods` to fit on each of `layers` (None: every layer of the store); the rows selected as
+    `lmgeom.runs.selection` documents (`include_punct`, `include_special`); isotropy measured on a
+    seeded subsample of `eval_rows` rows, the subsampling methods (cie, flow) fitted on `fit_rows`;
+    `seed` for subsamples, k-means and the flow. `device`: where the calibrators that train (the
+    flow) compute, as `lmgeom.device.resolve_device` reads it; it changes no recorded setting."""
+
+    methods: tuple[str, ...] = tuple(METHODS)
+    layers: tuple[int, ...] | None = None
+    include_punct: bool = False
+    include_special: bool = False
+    eval_rows: int = REPORT_MAX_ROWS
+    fit_rows: int = FIT_MAX_ROWS
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "methods", tuple(self.methods))
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))
+        unknown = [method for method in self.methods if method not in METHODS]
+        if unknown or not self.methods:
+            raise InputError(f"unknown calibration method(s) {unknown or '(none given)'}; choose from {', '.join(METHODS)}",
+                             param="methods")
+        for name in ("eval_rows", "fit_rows"):
+            if int(getattr(self, name)) < 2:
+                raise InputError(f"`{name}` must be at least 2, got {getattr(self, name)}", param=name)
+
+    def to_settings(self) -> dict[str, Any]:
+        """The options as run.json records them (`device` is not among them: it changes no number)."""
+        return {"methods": list(self.methods), "layers": None if self.layers is None else list(self.layers),
+                "include_punct": self.include_punct, "include_special": self.include_special,
+                "eval_rows": self.eval_rows, "fit_rows": self.fit_rows, "seed": self.seed}
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], *, device: str = "cpu") -> CalibrationOptions:
+        """The options `to_settings` recorded (those it lacks at their defaults)."""
+        known = {name: settings[name] for name in ("methods", "layers", "include_punct", "include_special",
+                                                   "eval_rows", "fit_rows", "seed") if name in settings}
+        return cls(**known, device=device)
+
+
 @dataclass
 class CalibrationResult:
     """The store calibrated, the tidy before/after records and the fits of this call (one per layer
@@ -50,7 +94,8 @@ class CalibrationResult:
     store: RepresentationStore
     records: list[dict[str, Any]]
     fits: list[dict[str, Any]]
-    paths: list[Path]
+    paths: list[Target]
+    device: str = "cpu"  # where the flow trained (resolved: "cpu", "cuda:0")
 
 
 def _key(item: dict[str, Any]) -> tuple[int, str]:
@@ -66,7 +111,7 @@ def _order(item: dict[str, Any]) -> tuple[int, int]:
     return layer, _method_order(method)
 
 
-def read_calibration(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_calibration(directory: Where) -> dict[str, Any] | None:
     """DIR/calibration.json with its `fits` (for a file written without them: the file's settings
     for each of its (layer, method)), or None when there is none."""
     document = read_json(CALIBRATION.at(directory), "calibration")
@@ -77,7 +122,7 @@ def read_calibration(directory: str | os.PathLike[str]) -> dict[str, Any] | None
     return document
 
 
-def holds_fits(directory: str | os.PathLike[str], fits: Sequence[dict[str, Any]]) -> bool:
+def holds_fits(directory: Where, fits: Sequence[dict[str, Any]]) -> bool:
     """Whether DIR/calibration.json still holds each of these fits (a later fit of the same layer and
     method with other options replaces one)."""
     try:
@@ -141,20 +186,14 @@ def fit_store(
 
 def calibrate_store(
     store: RepresentationStore | str,
+    options: CalibrationOptions | None = None,
     *,
     corpus: str = "lee",
-    device: str = "auto",
-    methods: Sequence[str] = tuple(METHODS),
-    layers: Sequence[int] | None = None,
-    include_punct: bool = False,
-    include_special: bool = False,
-    eval_rows: int = REPORT_MAX_ROWS,
-    fit_rows: int = FIT_MAX_ROWS,
-    seed: int = 0,
     save: bool = True,
     progress: Progress | None = None,
 ) -> CalibrationResult:
-    """Fit each method on each layer and measure isotropy before and after, as tidy records.
+    """Fit each method on each layer and measure isotropy before and after, as tidy records
+    (`options`: what to fit and measure, `CalibrationOptions`).
 
     One record per (layer, method, measure) with the value `before` and `after` calibration, both
     measured on the same seeded subsample of `eval_rows` selected rows. With `save`, fitted
@@ -162,26 +201,29 @@ def calibrate_store(
     STORE/calibration.json and calibration.csv by (layer, method): a re-fit of a (layer, method)
     replaces that one's records and calibrator, the others (such as those `run` wrote) stay. The
     file's `fits` record the options of each (layer, method) it holds, and `seconds`, the wall time its
-    fit took (the progress note names the fit running and the time of each done).
+    fit took (the progress note names the fit running and the time of each done); the file records
+    the device the flow trained on (`device`).
 
-    `store` may be a store, a store's path, or a model name (then `corpus` is extracted with it into
-    runs/<model>-<corpus> first, or resumed there; `device` is where that model runs)."""
+    `store` may be a store, a store's path or URL, or a model name (then `corpus` is extracted with it
+    into runs/<model>-<corpus> first, or resumed there, on `options.device`)."""
+    from lmgeom.device import device_name, resolve_device  # torch: only where a calibration runs
+
+    options = options or CalibrationOptions()
+    device = device_name(resolve_device(options.device))
     if not isinstance(store, RepresentationStore):
         store = open_or_extract(store, corpus=corpus, device=device, progress=progress)
-    unknown = [method for method in methods if method not in METHODS]
-    if unknown or not methods:
-        raise InputError(f"unknown calibration method(s) {unknown or '(none given)'}; choose from {', '.join(METHODS)}")
+    methods, seed, fit_rows = options.methods, options.seed, options.fit_rows
     progress = progress or NoProgress()
-    layers = list(store.layers if layers is None else layers)
+    layers = list(store.layers if options.layers is None else options.layers)
     for layer in layers:
         store.layer(layer)  # raises a clear IndexError for a layer the store lacks
     previous = _previous_calibration(store) if save else None
-    selection = select_rows(store.tokens, include_special=include_special, include_punct=include_punct)
-    eval_sample = sample_indexes(selection.rows, eval_rows, seed)
+    selection = select_rows(store.tokens, include_special=options.include_special, include_punct=options.include_punct)
+    eval_sample = sample_indexes(selection.rows, options.eval_rows, seed)
     n_selected = len(selection.rows)
     n_fit = {method: n_selected if issubclass(METHODS[method], MomentCalibrator) else min(n_selected, fit_rows)
              for method in methods}
-    options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed}
+    fit_options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed}
     progress.start("calibrate", len(layers) * len(methods), unit="fits")
     records: list[dict[str, Any]] = []
     fits: list[dict[str, Any]] = []
@@ -191,13 +233,15 @@ def calibrate_store(
         for method in methods:
             progress.advance("calibrate", 0, note=f"fitting L{layer} {method}")
             started = time.perf_counter()
-            estimator = fit_store(make_calibrator(method, seed=seed), store, layer, max_rows=fit_rows, seed=seed,
-                                  selection=selection)
+            estimator = make_calibrator(method, seed=seed)
+            if "device" in estimator.get_params():
+                estimator.set_params(device=device)
+            estimator = fit_store(estimator, store, layer, max_rows=fit_rows, seed=seed, selection=selection)
             seconds = time.perf_counter() - started
             after = isotropy_report(estimator.transform(X_eval), seed=seed, max_rows=None)
             if save:
-                estimator.save(CALIBRATOR.at(store.path, method=method, layer=layer))
-            fits.append({"layer": layer, "method": method, **options, "seconds": round(seconds, 3)})
+                write_with(CALIBRATOR.at(store.url, method=method, layer=layer), estimator.save)
+            fits.append({"layer": layer, "method": method, **fit_options, "seconds": round(seconds, 3)})
             records.extend(
                 {
                     "layer": layer,
@@ -212,22 +256,23 @@ def calibrate_store(
             )
             progress.advance("calibrate", note=f"L{layer} {method} fitted in {seconds:.1f} s")
     store.check_unchanged()
-    paths: list[Path] = []
+    paths: list[Target] = []
     if save:
         merged = merge_calibration(previous, fits, records)
         paths = [
-            write_json(CALIBRATION.at(store.path), "calibration", merged, store_meta=store.meta),
-            write_records_csv(CALIBRATION_CSV.at(store.path), merged["records"]),
-            CALIBRATORS.at(store.path),
+            write_json(CALIBRATION.at(store.url), "calibration", {**merged, "device": device}, store_meta=store.meta),
+            write_records_csv(CALIBRATION_CSV.at(store.url), merged["records"]),
+            CALIBRATORS.at(store.url),
         ]
-    return CalibrationResult(store, records, fits, paths)
+    return CalibrationResult(store, records, fits, paths, device)
+
 
 
 def _previous_calibration(store: RepresentationStore) -> dict[str, Any] | None:
     """The store's calibration.json to merge into; one that does not read holds nothing to keep, and
     is replaced (with a warning naming it)."""
     try:
-        return read_calibration(store.path)
+        return read_calibration(store.url)
     except ResultFileError as error:
         warnings.warn(f"{error}; it is replaced by this calibration's records", stacklevel=3)
         return None

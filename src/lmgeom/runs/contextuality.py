@@ -8,9 +8,7 @@ adds its records, word columns and counts (`lmgeom.runs.engine.statistics.Statis
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -21,7 +19,6 @@ from lmgeom.runs.engine import Analysis
 from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, findings
 from lmgeom.runs.rundir import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.store import RepresentationStore
-from lmgeom.store.location import Location
 
 ADJUSTED_DEFINITION = "raw minus baseline, per layer"
 SETTINGS_NOTES = {
@@ -47,10 +44,10 @@ class ContextualityResult:
     settings: dict[str, Any]
     counts: dict[str, Any]
     store_meta: dict[str, Any] = field(default_factory=dict)
-    store_path: Path | None = None
+    store_path: str | os.PathLike[str] | None = None  # where the store is: a local path or an fsspec URL
     definitions: dict[str, str] = field(default_factory=dict)  # metric -> what it is
     plan: dict[str, Any] = field(default_factory=dict)  # the engine's plan (`lmgeom.runs.engine.Analysis.to_json`)
-    written: dict[str, Path] = field(default_factory=dict)
+    written: dict[str, rundir.Target] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -86,7 +83,7 @@ class ContextualityResult:
     @classmethod
     def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None) -> ContextualityResult:
         """The result written by `write` for `store` (default: next to the store)."""
-        target = Path(directory) if directory is not None else store.path
+        target = directory if directory is not None else store.url
         document, words = rundir.read_json(rundir.CONTEXTUALITY.at(target), "contextuality"), rundir.read_words(target)
         if document is None or words is None:
             raise FileNotFoundError(f"no {rundir.CONTEXTUALITY.name} and {rundir.CONTEXTUALITY_WORDS.name} in {target}; "
@@ -103,15 +100,15 @@ class ContextualityResult:
             settings=document["settings"],
             counts=counts,
             store_meta=dict(store.meta),
-            store_path=store.path if store.location.is_local else None,
+            store_path=store.url,
             definitions=document["definitions"],
             plan=document.get("plan", {}),
         )
 
-    def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+    def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, rundir.Target]:
         """contextuality.json, contextuality_layers.csv, contextuality_words.csv (default: next to the store)."""
         if directory is not None:
-            target = Path(directory)
+            target: str | os.PathLike[str] = directory
         elif self.store_path is not None:
             target = self.store_path
         else:
@@ -157,7 +154,7 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
         settings=settings,
         counts={**rows.counts(), **by_layer},
         store_meta=dict(store.meta),
-        store_path=store.path if store.location.is_local else None,
+        store_path=store.url,
         definitions={**definitions, "adjusted": ADJUSTED_DEFINITION},
         plan=analysis.to_json(),
     )
@@ -168,11 +165,4 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
 
 def write_contextuality(result: ContextualityResult, store: RepresentationStore, out: str | os.PathLike[str] | None) -> list[str]:
     """Write the result files to `out` (a folder or URL; default: next to the store, on any filesystem)."""
-    target = Location.of(out) if out is not None else store.location
-    if target.is_local:
-        return [str(path) for path in result.write(target.local_path).values()]
-    with tempfile.TemporaryDirectory() as scratch:
-        written = result.write(Path(scratch)).values()
-        for path in written:
-            target.fs.put_file(str(path), target.path(path.name))
-        return [target.child(path.name).url for path in written]
+    return [str(path) for path in result.write(out if out is not None else store.url).values()]

@@ -23,6 +23,7 @@ from lmgeom.runs.rundir import CONTEXTUALITY_WORDS, EXPLORER, ResultFileError, r
 from lmgeom.runs.engine import AnalysisOptions
 from lmgeom.runs.static import first_pc_vectors
 from lmgeom.store import RepresentationStore, layout
+from lmgeom.store.location import Location
 
 DEFAULT_TOP_WORDS = 2000
 DEFAULT_NEIGHBOURS = 10
@@ -50,8 +51,8 @@ def nearest_neighbours(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
 
 def _analysis_fingerprint(run: RunData) -> str:
     """Changes whenever the analysis that chose the words is re-run with other results."""
-    path = CONTEXTUALITY_WORDS.at(run.path)
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+    words = Location.of(CONTEXTUALITY_WORDS.at(run.path))
+    return hashlib.sha256(words.read_bytes()).hexdigest() if words.exists() else ""
 
 
 def _word_metrics(words: pd.DataFrame, chosen: list[str]) -> dict[str, Any]:
@@ -77,7 +78,8 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
         raise InputError(f"no {CONTEXTUALITY_WORDS.name} in {run.path}; run `lmgeom analyze {run.path}` first")
     chosen = top_words(run.words, top_n)
     payload: dict[str, Any] = {"words": chosen, **_word_metrics(run.words, chosen), "neighbours": {}}
-    if not (run.path / layout.META).exists() or not (run.path / layout.LAYERS).is_dir():
+    location = Location.of(run.path)
+    if not location.exists(layout.META) or not location.exists(layout.LAYERS):
         payload["neighbours_note"] = f"no store in {run.path}: nearest neighbours need its extracted layers"
         return payload
     store = RepresentationStore.open(run.path)

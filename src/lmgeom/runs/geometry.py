@@ -65,7 +65,7 @@ from lmgeom.metrics.outliers import (
     standardized,
 )
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.rundir import GEOMETRY, write_json
+from lmgeom.runs.rundir import GEOMETRY, Target, write_json
 from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
 from lmgeom.runs.tally import Feed, RowSink, tally
 from lmgeom.store import RepresentationStore
@@ -84,7 +84,7 @@ class GeometryResult:
     settings: dict[str, Any]
     counts: dict[str, Any]
     store_meta: dict[str, Any] = field(repr=False)
-    paths: list[Path] = field(default_factory=list)
+    paths: list[Target] = field(default_factory=list)
 
     def profile(self, method: str = "twonn", n2: int | None = None) -> np.ndarray:
         """The intrinsic dimension of every layer by `method` (GRIDE at neighbour `n2`)."""

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lmgeom.progress import Progress
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
-from lmgeom.runs.rundir import ISOTROPY, ISOTROPY_CSV, write_json, write_records_csv
+from lmgeom.runs.rundir import ISOTROPY, ISOTROPY_CSV, Target, write_json, write_records_csv
 from lmgeom.store import RepresentationStore
 
 
@@ -18,7 +17,8 @@ class IsotropyResult:
 
     records: list[dict[str, Any]]
     settings: dict[str, Any]
-    paths: list[Path]
+    paths: list[Target]
+    device: str = "cpu"  # where the global measures computed ("cpu", "cuda:0")
 
 
 def measure_isotropy(
@@ -42,8 +42,11 @@ def measure_isotropy(
     settings = {"layers": list(analysis.plan.layers), "eval_rows": len(analysis.rows.sample(options.isotropy_rows)),
                 "n_clusters": options.isotropy_clusters, "seed": options.seed, **analysis.rows.selection.options(),
                 "device": analysis.plan.device, "plan": analysis.to_json()}
-    paths: list[Path] = []
+    resolved = analysis.plan.device
+    paths: list[Target] = []
     if write:
-        paths = [write_json(ISOTROPY.at(store.path), "isotropy", {"settings": settings, "records": records}, store_meta=store.meta),
-                 write_records_csv(ISOTROPY_CSV.at(store.path), records)]
-    return IsotropyResult(records, settings, paths)
+        paths = [write_json(ISOTROPY.at(store.url), "isotropy", {"settings": settings, "device": resolved, "records": records},
+                            store_meta=store.meta),
+                 write_records_csv(ISOTROPY_CSV.at(store.url), records)]
+    return IsotropyResult(records, settings, paths, resolved)
+

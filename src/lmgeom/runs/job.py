@@ -6,7 +6,6 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from lmgeom.errors import InputError
@@ -15,15 +14,14 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.runs.contextuality import ContextualityResult
 from lmgeom.runs.engine import AnalysisOptions
-from lmgeom.runs.calibration import calibrate_store, holds_fits
+from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.isotropy import measure_isotropy
 from lmgeom.runs.reporting import render_report
 from lmgeom.runs.static import export_static_embeddings
 from lmgeom.runs import rundir
-from lmgeom.runs.rundir import write_json
+from lmgeom.runs.rundir import Target, write_json
 from lmgeom.store import RepresentationStore, layout
-from lmgeom.store.location import Location, is_url
 
 
 def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
@@ -42,7 +40,7 @@ def layer_summary(store: RepresentationStore, contextuality: ContextualityResult
         for layer in contextuality.settings["layers"]
     ]
     if write:
-        write_json(rundir.SUMMARY.at(store.path), "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
+        write_json(rundir.SUMMARY.at(store.url), "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
                    store_meta=store.meta)
     return records
 
@@ -74,11 +72,14 @@ def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list
 class _Steps:
     """The run's record of finished steps (RUN/run.json): a step whose settings are unchanged and
     whose outputs are all there and read as what they should be (a JSON result of its kind and
-    schema, a CSV table) is skipped when the run is repeated or resumed; any other step is redone."""
+    schema, a CSV table) is skipped when the run is repeated or resumed; any other step is redone.
+    Each step also records the `device` it computed on, which is not among its settings (the
+    numbers agree on every device)."""
 
-    def __init__(self, store: RepresentationStore) -> None:
+    def __init__(self, store: RepresentationStore, device: str) -> None:
         self.store = store
-        self.path = rundir.RUN.at(store.path)
+        self.device = device
+        self.path = rundir.RUN.at(store.url)
         identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created")}
         self.identity = identity
         self.document: dict[str, Any] = {"steps": {}}
@@ -96,48 +97,42 @@ class _Steps:
         it left in a file that other commands also write (`record`'s `holds`)."""
         step = self.document["steps"].get(name)
         finished = (step is not None and step["settings"] == json.loads(json.dumps(settings))
-                    and all(rundir.problem(self.store.path, path) is None for path in step["outputs"])
+                    and all(rundir.problem(self.store.url, path) is None for path in step["outputs"])
                     and (holds is None or holds(step.get("holds"))))
         if finished:
             self.skipped.append(name)
         return finished
 
-    def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Path], *,
+    def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Target], *,
                holds: Any = None) -> None:
-        step = {"settings": settings, "seconds": round(time.perf_counter() - started, 3),
-                "outputs": [str(Path(path).relative_to(self.store.path)) for path in outputs]}
+        step = {"settings": settings, "device": self.device, "seconds": round(time.perf_counter() - started, 3),
+                "outputs": [rundir.relative_to(self.store.url, path) for path in outputs]}
         self.document["steps"][name] = {**step, **({"holds": holds} if holds is not None else {})}
         self.ran.append(name)
-        write_json(self.path, "run", {"store": self.identity, "steps": self.document["steps"]}, store_meta=self.store.meta)
+        write_json(self.path, "run", {"store": self.identity, "device": self.device, "steps": self.document["steps"]},
+                   store_meta=self.store.meta)
 
 
 @dataclass
 class RunResult:
-    """What `run` did: the store, the analyses, the files written, and which steps ran or were skipped."""
+    """What `run` did: the store, the analyses, the files written (local paths, or URLs for a run on
+    another filesystem), which steps ran or were skipped, and the device they computed on."""
 
     store: RepresentationStore
     contextuality: ContextualityResult
     summary: list[dict[str, Any]]
-    paths: list[Path]
+    paths: list[Target]
     steps_run: list[str]
     steps_skipped: list[str]
+    device: str = "cpu"
 
 
-def run_folder(out: str | os.PathLike[str] | None) -> str | os.PathLike[str] | None:
-    """The local folder of a run's `out`: a path, or a file:// URL. Any other URL is refused before
-    anything runs, since the steps after extraction write local files next to the store."""
-    if out is None or not is_url(out):
-        return out
-    location = Location.of(out)
-    if location.is_local:
-        return location.local_path
-    raise InputError(
-        f"`out` {location.url}: the steps after extraction (run.json, summary, isotropy, calibration, "
-        "static embeddings, report.html) write local files next to the store, and this is not a local folder; "
-        "give a local folder or a file:// URL as `out` (then copy the finished run to object storage), "
-        "or run `lmgeom extract --out URL` and `lmgeom analyze URL`, which read and write object storage in place",
-        param="out",
-    )
+def run_device(device: str) -> str:
+    """The device every step of `run` computes on, resolved once (`auto`: CUDA when present), as
+    results record it: "cpu", "cuda:0", ..."""
+    from lmgeom.device import device_name, resolve_device  # torch: a run loads a model anyway
+
+    return device_name(resolve_device(device))
 
 
 def run(
@@ -161,22 +156,28 @@ def run(
     (isotropy.json), calibrate `layers` with `methods` (calibration.json), and distil and score static
     embeddings of `layers` (static/), then render report.html with its figures (experiment results
     under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
-    and skipped when repeated with the same settings; an interrupted extraction resumes. `out` is a
-    local folder or a file:// URL (`run_folder`). `num_workers`: layers the contextuality analysis
+    and skipped when repeated with the same settings; an interrupted run resumes (the extraction
+    from its last committed chunk). `out` is a local folder or any fsspec URL (s3://, gs://,
+    memory://, file://): every file of the run is written there. `device` is resolved once
+    (`run_device`) and every step computes there: the model, the analysis, isotropy, calibration and
+    the static embeddings (run.json records it). `num_workers`: layers the contextuality analysis
     runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
     about this many times one layer's memory); not a setting of the step, as it changes no number."""
     analysis = AnalysisOptions(min_contexts=min_contexts, seed=seed, num_workers=num_workers, device=device)  # checked before the extraction, which can take hours
     require_count(limit, "limit")
     progress = progress or NoProgress()
-    out = run_folder(out)
+    resolved = run_device(device)
+    # the statistics compute on the CPU or a CUDA device; a model on another device (mps) leaves them on the CPU
+    analysis_device = resolved if resolved.startswith(("cpu", "cuda")) else "cpu"
+    analysis = analysis.replace(device=analysis_device)
     started = time.perf_counter()
-    store = extract_model(model, corpus, out=out, limit=limit, device=device, overwrite=overwrite, progress=progress)
-    steps = _Steps(store)
+    store = extract_model(model, corpus, out=out, limit=limit, device=resolved, overwrite=overwrite, progress=progress)
+    steps = _Steps(store, resolved)
     settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit}
     if not steps.done("extract", settings):  # an extraction resumed or finished just now
-        steps.record("extract", settings, started, [store.path / layout.META])
+        steps.record("extract", settings, started, [rundir.target(store.url, layout.META)])
     per_layer = run_layers(store.layers, layers)
-    paths: list[Path] = []
+    paths: list[Target] = []
 
     settings = {"min_contexts": min_contexts, "seed": seed}
     if steps.done("contextuality", settings):
@@ -186,35 +187,37 @@ def run(
         contextuality = analyze_store(store, analysis, progress=progress, write_to=True)
         steps.record("contextuality", settings, started, list(contextuality.written.values()))
     summary = layer_summary(store, contextuality)
-    paths += [rundir.SUMMARY.at(store.path), *(spec.at(store.path) for spec in
-              (rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS))]
+    paths += [spec.at(store.url) for spec in
+              (rundir.SUMMARY, rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS)]
 
     settings = {"seed": seed}
     if not steps.done("isotropy", settings):
         started = time.perf_counter()
-        steps.record("isotropy", settings, started, measure_isotropy(store, seed=seed, progress=progress).paths)
-    paths.append(rundir.ISOTROPY.at(store.path))
+        steps.record("isotropy", settings, started,
+                     measure_isotropy(store, seed=seed, device=analysis_device, progress=progress).paths)
+    paths.append(rundir.ISOTROPY.at(store.url))
 
     # calibration.json also takes the fits of `lmgeom calibrate`: the step is done while the file
     # still holds the fits it made (merged, never replaced, by a later calibration of other layers)
-    settings = {"layers": per_layer, "methods": list(methods), "seed": seed}
-    if not steps.done("calibration", settings, holds=lambda fits: fits is not None and holds_fits(store.path, fits)):
+    calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
+    settings = calibration.to_settings()
+    if not steps.done("calibration", settings, holds=lambda fits: fits is not None and holds_fits(store.url, fits)):
         started = time.perf_counter()
-        calibrated = calibrate_store(store, methods=methods, layers=per_layer, seed=seed, progress=progress)
+        calibrated = calibrate_store(store, calibration, progress=progress)
         steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
-    paths.append(rundir.CALIBRATION.at(store.path))
+    paths.append(rundir.CALIBRATION.at(store.url))
 
     settings = {"layers": per_layer}
     if not steps.done("static_embeddings", settings):
         started = time.perf_counter()
-        written = [path for layer in per_layer
-                   for path in export_static_embeddings(store, layer=layer, progress=progress).paths.values()]
+        written = [path for layer in per_layer for path in
+                   export_static_embeddings(store, layer=layer, device=analysis_device, progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written)
-    paths += [rundir.STATIC_BENCHMARKS.at(store.path, layer=layer) for layer in per_layer]
+    paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()
-    report = render_report(store.path, include=include, progress=progress)
+    report = render_report(store.url, include=include, progress=progress)
     steps.record("report", {"include": [str(path) for path in include]}, started, [report])
     paths.append(report)
-    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped)
+    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved)

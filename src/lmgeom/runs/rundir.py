@@ -24,8 +24,10 @@ Every JSON document carries `kind`, `schema_version`, the lmgeom version, the mo
 fingerprint and the layer-0 note. `read_json` returns a document only when it parses, is of the
 expected kind and schema version and holds the keys its readers use; anything else is a
 `ResultFileError` naming the file and the command that writes it again. Files are read through
-`lmgeom.store.location.Location`, so a run on any fsspec URL reads the same way; the writers write
-local files, all of a file or nothing.
+`lmgeom.store.location.Location`, so a run on any fsspec URL (s3://, gs://, memory://, file://) reads
+and writes the same way: a file's target (`ResultFile.at`) is a `Path` in a local run and its URL
+elsewhere, and the writers write all of a file or nothing (a temporary file renamed into place on a
+local disk, one PUT on an object store).
 """
 
 from __future__ import annotations
@@ -36,21 +38,65 @@ import math
 import os
 import posixpath
 import re
+import tempfile
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Union
 
 import pandas as pd
 
 from lmgeom.errors import InputError
 from lmgeom._version import __version__
-from lmgeom.atomic import atomic_write_text
 from lmgeom.store import layout
 from lmgeom.store.layout import LAYER_NOTE
-from lmgeom.store.location import Location
+from lmgeom.store.location import Location, is_url
 
 SCHEMA_VERSION = 1
+
+Target = Union[Path, str]
+"""Where a result file is: a local `Path`, or the file's fsspec URL in a run on another filesystem."""
+Where = Union[str, "os.PathLike[str]", Location]
+"""A run directory (or a result file): a local path, an fsspec URL or a `Location`."""
+
+
+def layer_name(layer: int) -> str:
+    """What layer `layer` is, in words, as result files and the report name it (`LAYER_NOTE`):
+    "embedding output" or "block l"."""
+    return "embedding output" if layer == 0 else f"block {layer}"
+
+
+def target(directory: Where, relative: str = "") -> Target:
+    """The file `relative` ('/'-separated) in `directory`: a `Path` when the directory is local (a path
+    or a file:// URL), else its URL."""
+    if isinstance(directory, Location) or is_url(directory):
+        location = Location.of(directory)
+        if location.is_local:
+            directory = location.root
+        else:
+            return f"{location.url}/{relative}" if relative else location.url
+    return Path(directory) / relative if relative else Path(directory)
+
+
+def relative_to(directory: Where, path: Target) -> str:
+    """`path`, a file below the run `directory`, relative to it ('/'-separated)."""
+    base, inner = Location.of(target(directory)), Location.of(path)
+    return posixpath.relpath(inner.root, base.root)
+
+
+def exists(path: Where) -> bool:
+    """Whether a result file or folder (a path or URL) is there."""
+    return Location.of(path).exists()
+
+
+def link(page: Target, path: Target) -> str:
+    """The relative link from the page `page` to the file `path` on the same filesystem."""
+    return posixpath.relpath(Location.of(path).root, posixpath.dirname(Location.of(page).root))
+
+
+def name_of(path: Target) -> str:
+    """The last part of a result file's path or URL."""
+    return posixpath.basename(str(path).rstrip("/"))
 
 
 @dataclass(frozen=True)
@@ -65,9 +111,16 @@ class ResultFile:
     required: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
-    def at(self, directory: str | os.PathLike[str], **parts: Any) -> Path:
-        """The file's path in the run `directory` (`parts` fill `{layer}`, `{name}`, ...)."""
-        return Path(directory) / self.name.format(**parts)
+    def at(self, directory: Where, **parts: Any) -> Target:
+        """The file's target in the run `directory` (`parts` fill `{layer}`, `{name}`, ...): a `Path`
+        in a local run, else its URL."""
+        return target(directory, self.name.format(**parts))
+
+    def find(self, directory: Where) -> list[Target]:
+        """The files of this kind in the run `directory` (its `{...}` parts any value), sorted."""
+        location = Location.of(target(directory))
+        return [target(directory, relative) for relative in sorted(location.files())
+                if fnmatch.fnmatchcase(relative, self.pattern)]
 
     @property
     def pattern(self) -> str:
@@ -90,12 +143,21 @@ CALIBRATION_CSV = ResultFile("calibration.csv", CALIBRATION.producer)
 CALIBRATORS = ResultFile("calibrators", CALIBRATION.producer)
 CALIBRATOR = ResultFile("calibrators/{method}-L{layer}", CALIBRATION.producer)  # + the calibrator's suffix
 STATIC = ResultFile("static", "lmgeom static-embeddings RUN --layer L")
+STATIC_VECTORS = ResultFile("static/{layer}.kv", STATIC.producer)  # gensim KeyedVectors of the first-PC vectors
+STATIC_TEXT = ResultFile("static/{layer}.txt", STATIC.producer)  # the same in word2vec text
 STATIC_BENCHMARKS = ResultFile("static/{layer}.benchmarks.json", STATIC.producer, "static_embedding_benchmarks", ("records",))
 STATIC_BENCHMARKS_CSV = ResultFile("static/{layer}.benchmarks.csv", STATIC.producer)
 GEOMETRY = ResultFile("geometry.json", "lmgeom geometry RUN", "geometry", ("settings", "counts", "layers"))
+STS_CSV_SUFFIX = ".csv"  # an STS results JSON's records as a table beside it: NAME.json -> NAME.csv
 STS = ResultFile("sts.json", "lmgeom sts MODEL --data DIR --out RUN/sts.json", "sts", ("settings", "records"))
 EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experiments/NAME/results.json")
 EXPERIMENT_RESULTS = ResultFile("experiments/{name}/results.json", EXPERIMENTS.producer)
+EXPERIMENT_CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
+"""The keys of an experiment record that name its configuration (the others are its value, seed, ...)."""
+# the files of one experiment folder (RUN/experiments/NAME, or any folder given as `out`)
+EXPERIMENT_JSON = ResultFile("results.json", EXPERIMENTS.producer)
+EXPERIMENT_TABLE = ResultFile("results.md", EXPERIMENTS.producer)
+EXPERIMENT_FIGURE = ResultFile("{name}", EXPERIMENTS.producer)  # <split>_<metric>.png|svg in the folder
 EXPLORER = ResultFile("explorer.json", "lmgeom report RUN on a run whose store is present", "word_explorer",
                       ("settings", "data"))
 SIMILARITY = ResultFile("similarity.json", "lmgeom similarity STORE [STORE2] --out DIR", "similarity",
@@ -104,6 +166,10 @@ SIMILARITY_CSV = ResultFile("similarity.csv", SIMILARITY.producer)
 SIMILARITY_PAIRS = ResultFile("similarity", "lmgeom similarity STORE STORE2 (writes STORE/similarity/<STORE2 name>/)")
 REPORT = ResultFile("report.html", "lmgeom report RUN")
 FIGURES = ResultFile("figures", REPORT.producer)
+FIGURE = ResultFile("figures/{name}", REPORT.producer)  # <chart>.png|svg
+# `lmgeom report RUN1 RUN2 --out DIR`: the comparison's folder (its figures in DIR/figures/)
+COMPARE_PAGE = ResultFile("compare.html", "lmgeom report RUN1 RUN2 --out DIR")
+COMPARE_CSV = ResultFile("compare.csv", COMPARE_PAGE.producer)
 
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
                 CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
@@ -125,12 +191,24 @@ def _regenerate(spec: ResultFile | None) -> str:
     return f"run `{spec.producer}` to write it again" if spec else "write it again with the command that made it"
 
 
-def is_run(directory: str | os.PathLike[str]) -> bool:
+def is_run(directory: Where) -> bool:
     """Whether `directory` is a run: it holds a store's meta.json, a result file of the driver, or
     STS results (`lmgeom sts --out DIR/NAME.json`)."""
     location = Location.of(directory)
-    return any(location.exists(name) for name in _RUN_MARKERS) or any(
-        _is_sts(location.child(name).url) for name in location.listdir() if name.endswith(".json"))
+    return any(location.exists(name) for name in _RUN_MARKERS) or bool(sts_files(location))
+
+
+def sts_files(directory: Where) -> list[Target]:
+    """The STS results JSONs at the top of a run (`lmgeom sts --out RUN/NAME.json`: any name not
+    reserved for another file), sorted."""
+    location = Location.of(directory)
+    return [target(directory, name) for name in location.listdir()
+            if name.endswith(".json") and name not in RESERVED_NAMES and _is_sts(location.child(name).url)]
+
+
+def sts_table(path: Target) -> Target:
+    """The CSV table beside an STS results JSON (NAME.json -> NAME.csv)."""
+    return path.with_suffix(STS_CSV_SUFFIX) if isinstance(path, Path) else f"{posixpath.splitext(path)[0]}{STS_CSV_SUFFIX}"
 
 
 def _is_sts(path: str) -> bool:
@@ -141,7 +219,7 @@ def _is_sts(path: str) -> bool:
     return document is not None and document.get("kind") == STS.kind
 
 
-def require_run(directory: str | os.PathLike[str]) -> None:
+def require_run(directory: Where) -> None:
     """Raise a clear error unless `directory` is a run (`is_run`)."""
     location = Location.of(directory)
     if not location.exists():
@@ -151,7 +229,7 @@ def require_run(directory: str | os.PathLike[str]) -> None:
                          f"from `lmgeom extract`), holding {layout.META} or result files such as {CONTEXTUALITY.name}")
 
 
-def _parse(path: str | os.PathLike[str], spec: ResultFile | None) -> Any:
+def _parse(path: Where, spec: ResultFile | None) -> Any:
     location = Location.of(path)
     if not location.exists():
         return None
@@ -161,7 +239,7 @@ def _parse(path: str | os.PathLike[str], spec: ResultFile | None) -> Any:
         raise ResultFileError(f"{path} is truncated or not JSON ({error}); {_regenerate(spec)}") from None
 
 
-def read_experiment_results(path: str | os.PathLike[str]) -> dict[str, Any] | list[Any] | None:
+def read_experiment_results(path: Where) -> dict[str, Any] | list[Any] | None:
     """An experiment's results.json: a document with `records` (and `summaries`), or a list of
     records; None when there is none."""
     document = _parse(path, EXPERIMENT_RESULTS)
@@ -170,7 +248,7 @@ def read_experiment_results(path: str | os.PathLike[str]) -> dict[str, Any] | li
     return document
 
 
-def read_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any] | None:
+def read_json(path: Where, kind: str | None = None) -> dict[str, Any] | None:
     """The result document at `path` (a local path or an fsspec URL), or None when there is none.
 
     With `kind`, the document must be of that kind, at the schema version this lmgeom reads, and hold
@@ -196,13 +274,13 @@ def read_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str
     return document
 
 
-def read_store_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def read_store_meta(directory: Where) -> dict[str, Any]:
     """The meta.json of the store in a run directory ({} when the store is not there)."""
     location = Location.of(directory)
     return location.read_json(layout.META) if location.exists(layout.META) else {}
 
 
-def read_csv(path: str | os.PathLike[str], spec: ResultFile | None = None, **options: Any) -> pd.DataFrame | None:
+def read_csv(path: Where, spec: ResultFile | None = None, **options: Any) -> pd.DataFrame | None:
     """The table at `path` (options as for `pandas.read_csv`), or None when there is none."""
     location = Location.of(path)
     if not location.exists():
@@ -217,7 +295,7 @@ WORDS_COLUMNS = ("word", "layer", "count", "contexts")
 """The columns of contextuality_words.csv its readers rely on (one row per word and layer)."""
 
 
-def read_words(directory: str | os.PathLike[str]) -> pd.DataFrame | None:
+def read_words(directory: Where) -> pd.DataFrame | None:
     """contextuality_words.csv of a run (words as text, empty cells as NaN), or None when there is none;
     a table without its columns (`WORDS_COLUMNS`) or with a non-numeric layer or count is an error naming it."""
     path = CONTEXTUALITY_WORDS.at(directory)
@@ -241,7 +319,7 @@ def spec_of(relative: str) -> ResultFile | None:
     return next((spec for spec in (*RESULT_FILES, CALIBRATOR) if fnmatch.fnmatchcase(relative, spec.pattern)), None)
 
 
-def problem(directory: str | os.PathLike[str], relative: str) -> str | None:
+def problem(directory: Where, relative: str) -> str | None:
     """Why the output `relative` of a run in `directory` is not a finished result (None when it is):
     it is missing, or a JSON result file or CSV table of the run that does not read as one."""
     location = Location.of(directory)
@@ -289,19 +367,38 @@ def provenance(store_meta: Mapping[str, Any] | None = None, *, kind: str | None 
     }
 
 
-def write_json(path: str | os.PathLike[str], kind: str, payload: Mapping[str, Any], *,
-               store_meta: Mapping[str, Any] | None = None, compact: bool = False) -> Path:
+def write_bytes(path: Target, data: bytes) -> Target:
+    """All of `data` at `path` or nothing (a rename on a local disk, one PUT on an object store)."""
+    Location.of(path).write_bytes(data)
+    return path
+
+
+def write_json(path: Target, kind: str, payload: Mapping[str, Any], *,
+               store_meta: Mapping[str, Any] | None = None, compact: bool = False) -> Target:
     """A result document of `kind` with its provenance, written atomically; `compact` drops the
     indentation (for large caches)."""
     document = jsonable({"kind": kind, **provenance(store_meta, kind=kind), **payload})
     text = json.dumps(document, separators=(",", ":")) if compact else json.dumps(document, indent=2)
-    return atomic_write_text(path, text + "\n")
+    return write_text(path, text + "\n")
 
 
-def write_records_csv(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> Path:
+def write_records_csv(path: Target, records: Iterable[Mapping[str, Any]]) -> Target:
     """Tidy records as a CSV table, written atomically."""
-    return atomic_write_text(path, pd.DataFrame(list(records)).to_csv(index=False))
+    return write_text(path, pd.DataFrame(list(records)).to_csv(index=False))
 
 
-def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return atomic_write_text(path, text)
+def write_text(path: Target, text: str) -> Target:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_with(path: Target, save: Callable[[Path], Path]) -> Target:
+    """The file a local writer `save(local_path) -> path written` makes (matplotlib's savefig, a
+    calibrator's save, which may add a suffix), at `path`: in place on a local disk (`save` writes
+    atomically there), else written into a temporary folder and put whole. The target written."""
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return save(path)
+    with tempfile.TemporaryDirectory(prefix="lmgeom-put-") as scratch:
+        written = save(Path(scratch) / name_of(path))
+        url = f"{str(path).rsplit('/', 1)[0]}/{written.name}"
+        return write_bytes(url, written.read_bytes())

@@ -96,7 +96,7 @@ class SimilarityResult:
     null: dict[str, np.ndarray]
     counts: dict[str, int]
     settings: dict[str, Any]
-    paths: list[Path] = field(default_factory=list)
+    paths: list[rundir.Target] = field(default_factory=list)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -372,7 +372,7 @@ def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str]
     return base if store_b is None else base / rundir.SIMILARITY_PAIRS.name / Path(store_b).resolve().name
 
 
-def write_similarity(result: SimilarityResult, out: str | os.PathLike[str]) -> list[Path]:
+def write_similarity(result: SimilarityResult, out: str | os.PathLike[str]) -> list[rundir.Target]:
     """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records)
     in `out`; the document's provenance is the first store's."""
     store_meta = {key: result.stores[0][key] for key in ("model_id", "corpus_fingerprint")}

@@ -28,7 +28,9 @@ from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate
                                        read_word_benchmarks)
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors, static_vectors_format
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
+from lmgeom.runs.engine.plan import resolved_device
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs import rundir
 from lmgeom.runs.rundir import write_json, write_records_csv
 from lmgeom.store import RepresentationStore
 
@@ -44,6 +46,7 @@ class StaticEmbeddings:
     counts: np.ndarray
     vectors: dict[str, np.ndarray]  # kind -> (n_words, dim)
     store_meta: dict[str, Any]
+    device: str = "cpu"  # where the layer-0 means summed ("cpu", "cuda:0")
 
     def keyed_vectors(self, kind: str = "first_pc") -> KeyedVectors:
         if kind not in self.vectors:
@@ -54,17 +57,22 @@ class StaticEmbeddings:
             vectors.set_vecattr(word, "count", int(count))
         return vectors
 
-    def save(self, directory: str | os.PathLike[str], *, text_path: str | os.PathLike[str] | None = None) -> dict[str, Path]:
-        """`<layer>.kv` (gensim) and word2vec text (default `<layer>.txt`) of the first-PC vectors."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    def save(self, run: rundir.Where, *, text_path: str | os.PathLike[str] | None = None) -> dict[str, rundir.Target]:
+        """STATIC/`<layer>.kv` (gensim) and word2vec text (default STATIC/`<layer>.txt`) of the first-PC
+        vectors, in the run directory `run` (a local folder or an fsspec URL)."""
         vectors = self.keyed_vectors("first_pc")
-        kv_path = directory / f"{self.layer}.kv"
-        text_path = Path(text_path) if text_path is not None else directory / f"{self.layer}.txt"
-        text_path.parent.mkdir(parents=True, exist_ok=True)
-        vectors.save(str(kv_path))
-        vectors.save_word2vec_format(str(text_path), binary=False)
-        return {"kv": kv_path, "word2vec_text": text_path}
+        kv_path = rundir.STATIC_VECTORS.at(run, layer=self.layer)
+        text = Path(text_path) if text_path is not None else rundir.STATIC_TEXT.at(run, layer=self.layer)
+
+        def save_kv(path: Path) -> Path:
+            vectors.save(str(path))
+            return path
+
+        def save_text(path: Path) -> Path:
+            vectors.save_word2vec_format(str(path), binary=False)
+            return path
+
+        return {"kv": rundir.write_with(kv_path, save_kv), "word2vec_text": rundir.write_with(text, save_text)}
 
 
 @dataclass
@@ -102,8 +110,7 @@ def static_embeddings(
     """First-PC, mean and layer-0-mean vectors at `layer` for the words `options` (or its fields as
     `keywords`) analyses: by default every word in at least one sentence (`min_contexts` 1; rows
     chosen by the row selection of `lmgeom.runs.selection`)."""
-    if not isinstance(store, RepresentationStore):
-        store = RepresentationStore.open(store)
+    store = RepresentationStore.of(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
     options = options.replace(**keywords)
     vectors = first_pc_vectors(store, layer, options)
@@ -112,12 +119,14 @@ def static_embeddings(
     else:
         means = run_analysis(store, options.replace(layers=(0,), statistics=("word_mean",)))
         layer0_mean = means.layers[0]["word_mean"][vectors.order]
+    device = resolved_device(options.device)
     return StaticEmbeddings(
         layer=layer,
         words=vectors.words["word"].to_numpy()[vectors.order].tolist(),
         counts=vectors.words["count"].to_numpy()[vectors.order],
         vectors={"first_pc": vectors.first_pc, "mean": vectors.mean, "layer0_mean": layer0_mean},
         store_meta=dict(store.meta),
+        device=device,
     )
 
 
@@ -178,10 +187,9 @@ def benchmark_static_embeddings(
     return pd.DataFrame(records)
 
 
-def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directory: str | os.PathLike[str], *,
-                     skipped: Mapping[str, str] | None = None) -> dict[str, Path]:
-    """`<layer>.benchmarks.json` (with why any benchmark was `skipped`) and `.csv` in `directory`."""
-    directory = Path(directory)
+def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: rundir.Where, *,
+                     skipped: Mapping[str, str] | None = None) -> dict[str, rundir.Target]:
+    """STATIC/`<layer>.benchmarks.json` (with why any benchmark was `skipped`) and `.csv` in the run `run`."""
     payload = {
         "layer": embeddings.layer,
         "n_words": len(embeddings.words),
@@ -192,12 +200,13 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directo
                                         "L2-normalised vectors (the web package's protocol)"},
         "categorisation_seed": CATEGORISATION_SEED,
         "skipped": dict(skipped or {}),
+        "device": embeddings.device,
         "records": scores.to_dict("records"),
     }
     return {
-        "json": write_json(directory / f"{embeddings.layer}.benchmarks.json", "static_embedding_benchmarks", payload,
-                           store_meta=embeddings.store_meta),
-        "csv": write_records_csv(directory / f"{embeddings.layer}.benchmarks.csv", scores.to_dict("records")),
+        "json": write_json(rundir.STATIC_BENCHMARKS.at(run, layer=embeddings.layer), rundir.STATIC_BENCHMARKS.kind,
+                           payload, store_meta=embeddings.store_meta),
+        "csv": write_records_csv(rundir.STATIC_BENCHMARKS_CSV.at(run, layer=embeddings.layer), scores.to_dict("records")),
     }
 
 
@@ -205,7 +214,7 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, directo
 class StaticEmbeddingRun:
     embeddings: StaticEmbeddings
     scores: pd.DataFrame
-    paths: dict[str, Path]
+    paths: dict[str, rundir.Target]
     skipped: dict[str, str]  # benchmark -> why it was not scored
 
 
@@ -220,6 +229,7 @@ def export_static_embeddings(
     min_contexts: int = 1,
     include_punct: bool = False,
     data_dir: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
     progress: Progress | None = None,
 ) -> StaticEmbeddingRun:
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
@@ -227,8 +237,7 @@ def export_static_embeddings(
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
     A benchmark missing from `data_dir` is skipped, its reason kept in the JSON. A `.kv` among
     `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`)."""
-    if not isinstance(store, RepresentationStore):
-        store = RepresentationStore.open(store)
+    store = RepresentationStore.of(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist")
@@ -236,15 +245,14 @@ def export_static_embeddings(
         static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
-    embeddings = static_embeddings(store, STATIC_OPTIONS.replace(min_contexts=min_contexts, include_punct=include_punct),
-                                   layer=layer)
+    embeddings = static_embeddings(store, STATIC_OPTIONS.replace(min_contexts=min_contexts, include_punct=include_punct,
+                                                                  device=device), layer=layer)
     progress.advance(f"distil layer {layer}")
-    directory = store.path / "static"
-    saved = embeddings.save(directory, text_path=text_path)
+    saved = embeddings.save(store.url, text_path=text_path)
     found, skipped = default_word_benchmarks(data_dir)
     given = {Path(path).stem: path for path in benchmarks}
     skipped = {name: reason for name, reason in skipped.items() if name not in given}
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
                                          trust_pickle=trust_pickle, progress=progress)
-    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, directory, skipped=skipped)},
+    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, store.url, skipped=skipped)},
                               skipped)

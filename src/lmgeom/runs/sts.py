@@ -243,7 +243,7 @@ class STSRun:
     settings: dict[str, Any]
     model_id: str
     summary: tuple[list[str], list[list[str]]]
-    paths: list[Path]
+    paths: list[rundir.Target]
     best: tuple[list[str], list[list[str]]]
 
 
@@ -298,14 +298,14 @@ def run_sts(
         "layers": [{"name": s.name, "indexes": list(s.indexes)} for s in selections], "methods": methods,
         "fit_on": [{"name": f.name, "n_sentences": len(f.sentences) if f.sentences else None} for f in sources],
     }
-    paths: list[Path] = []
+    paths: list[rundir.Target] = []
     if out is not None:
         out = Path(out)
         merged = merge_sts(previous, settings, records, path=out)
         paths.append(write_json(out, rundir.STS.kind, merged, store_meta={"model_id": encoder.model_id}))
-        paths.append(write_records_csv(out.with_suffix(".csv"), merged["records"]))
+        paths.append(write_records_csv(rundir.sts_table(out), merged["records"]))
     if markdown is not None:
-        paths.append(write_text(markdown, markdown_table(*summary_table(records))))
+        paths.append(write_text(Path(markdown), markdown_table(*summary_table(records))))
     return STSRun(records, settings, encoder.model_id, headline_grid(records), paths, best_calibration(records))
 
 

@@ -41,6 +41,7 @@ COMPRESSORS = ("zstd",)
 MIN_CHUNK_ROWS = 16
 
 
+
 def chunk_rows(dim: int, expected_rows: int | None = None) -> int:
     """Rows per zarr chunk of a layer: about 4 MiB of float32 (at least 1,024 rows); a store expected to
     hold fewer rows (`expected_rows`, from the corpus the writer is given) gets that count rounded up to a

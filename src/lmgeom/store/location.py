@@ -64,7 +64,7 @@ class Location:
     def local_path(self) -> Path:
         """The folder as a local path; an object-store location has none."""
         if not self.is_local:
-            raise InputError(f"{self.url} is not a local folder; give a local folder as `out` for result files", param="out")
+            raise InputError(f"{self.url} is not a local folder; use its URL (`url`), or give a local folder as `out`", param="out")
         return Path(self.root)
 
     def path(self, *parts: str) -> str:

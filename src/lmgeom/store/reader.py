@@ -41,6 +41,11 @@ class RepresentationStore:
         return self.location.url
 
     @classmethod
+    def of(cls, store: "RepresentationStore | str | os.PathLike[str] | Location") -> "RepresentationStore":
+        """`store` itself when it is an open store, else the store opened at that path or URL."""
+        return store if isinstance(store, RepresentationStore) else cls.open(store)
+
+    @classmethod
     def open(cls, path: str | os.PathLike[str] | Location) -> "RepresentationStore":
         location = Location.of(path)
         if not location.exists(layout.META):

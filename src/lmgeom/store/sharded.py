@@ -37,7 +37,7 @@ from lmgeom.store import layout
 from lmgeom.store.integrity import CorruptStore, chunk_files, digests, inside, open_checked_layer, record
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock
-from lmgeom.store.writer import StoreExistsError, _settings_mismatch, claim_out, index_words, stored_settings, require_storable
+from lmgeom.store.writer import StoreExistsError, settings_mismatch, claim_out, index_words, stored_settings, require_storable
 
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
@@ -157,7 +157,7 @@ class ShardedStoreWriter(HoldsLock):
             existing = location.read_json(layout.META)
             stored = stored_settings(existing, self.settings)
             if stored != self.settings:
-                raise StoreExistsError(_settings_mismatch(location.url, stored, self.settings,
+                raise StoreExistsError(settings_mismatch(location.url, stored, self.settings,
                                                           complete=bool(existing.get("complete"))),
                                        param=("overwrite", "out"))
             self.complete = bool(existing.get("complete"))

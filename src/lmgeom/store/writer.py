@@ -114,7 +114,7 @@ class StoreWriter(HoldsLock):
             existing = layout.read_json(meta_path)
             stored = stored_settings(existing, self.settings)
             if stored != self.settings:
-                raise StoreExistsError(_settings_mismatch(self.path, stored, self.settings, complete=bool(existing.get("complete"))),
+                raise StoreExistsError(settings_mismatch(self.path, stored, self.settings, complete=bool(existing.get("complete"))),
                                        param=("overwrite", "out"))
             self.complete = bool(existing.get("complete"))
             self.created = existing.get("created")
@@ -319,7 +319,7 @@ def disk_space(folder: str | os.PathLike[str]) -> Iterator[None]:
                       "after the last chunk it committed") from None
 
 
-def _settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
+def settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[str, Any], *, complete: bool) -> str:
     if not stored:  # the mark `_remove_store` leaves while it removes a store
         return (f"{path} holds what is left of a store whose removal (`overwrite=True`) was interrupted; pass `overwrite=True` "
                 "again to remove the rest, or choose another `out`")

@@ -321,6 +321,21 @@ register_statistic(Statistic(
 # isotropy inside k-means clusters, on one seeded sample of selected rows
 
 
+def _on_device(X: np.ndarray, device: str) -> Any:
+    """`X` where the global isotropy measures compute: numpy on `cpu`, else a torch tensor on the
+    resolved device (the k-means of the local measures stays on the CPU)."""
+    if device == "cpu":
+        return X
+    from lmgeom.device import resolve_analysis_device
+
+    target = resolve_analysis_device(device)
+    if target is None:
+        return X
+    import torch
+
+    return torch.from_numpy(X).to(target)
+
+
 def _isotropy_accumulator(rows: PlanRows, words: np.ndarray | None) -> RowSampleAccumulator:
     return RowSampleAccumulator(rows.sample(rows.options.isotropy_rows))
 
@@ -328,7 +343,7 @@ def _isotropy_accumulator(rows: PlanRows, words: np.ndarray | None) -> RowSample
 def _isotropy_values(acc: RowSampleAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
     X = acc.result()
     seed = rows.options.seed
-    measures: dict[str, float] = dict(isotropy_report(X, seed=seed, max_rows=None))
+    measures: dict[str, float] = dict(isotropy_report(_on_device(X, rows.options.device), seed=seed, max_rows=None))
     local = local_isotropy(X, n_clusters=min(rows.options.isotropy_clusters, len(X)), seed=seed)
     measures.update({f"local_{name}": value for name, value in local.weighted_mean.items()})
     return {"isotropy": {name: value for name, value in measures.items() if name not in ("n_points", "n_used", "dim")},

@@ -7,8 +7,8 @@ See docs/experiments.md."""
 from __future__ import annotations
 
 from lmgeom.runs.experiments.calibration import run_calibration
-from lmgeom.runs.experiments.core import ExperimentResult
+from lmgeom.runs.experiments.core import ExperimentOptions, ExperimentResult
 from lmgeom.runs.experiments.layers import run_layers
 from lmgeom.runs.experiments.wsd import run_wsd
 
-__all__ = ["ExperimentResult", "run_calibration", "run_layers", "run_wsd"]
+__all__ = ["ExperimentOptions", "ExperimentResult", "run_calibration", "run_layers", "run_wsd"]

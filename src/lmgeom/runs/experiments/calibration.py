@@ -26,11 +26,11 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.experiments.core import (
     Cell,
     CellStore,
+    ExperimentOptions,
     ExperimentResult,
     TaskData,
     compare_with_trivial,
     geometry,
-    parse_seeds,
     prefixed,
     resolve_task,
     summarise,
@@ -78,15 +78,11 @@ def run_calibration(
     data: str | os.PathLike[str],
     *,
     out: str | os.PathLike[str],
+    options: ExperimentOptions = ExperimentOptions(),
     methods: Sequence[str] = ("none", "whitening"),
-    seeds: int | Sequence[int] = 3,
     regime: str = "frozen",
     features: str = "top",
     heads: Sequence[str] = HEADS,
-    pooling: str = "mean",
-    max_train: int | None = None,
-    max_eval: int | None = None,
-    device: str = "auto",
     finetune_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> ExperimentResult:
@@ -94,7 +90,9 @@ def run_calibration(
 
     Returns the tidy records, the per-configuration summaries (mean ± std over seeds, paired
     permutation test against `none` on the evaluation examples, Holm across methods) and writes
-    results.json, results.md and figures to `out`."""
+    results.json, results.md and figures to `out`. `options`: the seeds, subsamples, pooling and
+    device (`ExperimentOptions`)."""
+    pooling, max_train, max_eval, device = options.pooling, options.max_train, options.max_eval, options.device
     progress = progress or NoProgress()
     out = Path(out)
     if regime not in REGIMES:
@@ -105,8 +103,7 @@ def run_calibration(
         raise InputError(f"unknown calibration methods {unknown}; choose from none, {', '.join([*METHODS, *FINETUNE_ONLY_METHODS])}")
     for head in heads:
         head_settings(head, False)
-    pooling_note(pooling)
-    seed_list = parse_seeds(seeds)
+    seed_list = options.seed_list
     the_task = resolve_task(task, data)
     tagging = isinstance(the_task, TaggingTask)
     if tagging and regime != "frozen":
@@ -137,7 +134,8 @@ def run_calibration(
     settings: dict[str, Any] = {"model": model, "task": the_task.name, "data": str(data), "methods": methods, "seeds": seed_list,
                 "regime": regime, "features": features, "heads": list(heads),
                 "pooling": WORD_VECTORS_NOTE if tagging else pooling_note(pooling),
-                "max_train": max_train, "max_eval": max_eval, "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}}
+                "max_train": max_train, "max_eval": max_eval, "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()},
+                "options": options.to_settings()}
     if tagging:  # the subsample counts sentences; heads, geometry and the paired test work on their words
         settings["units"] = "words: --max-train/--max-eval subsample sentences, every word of a chosen sentence is a unit"
         settings["train_words"] = {seed: int(len(data_.labels(the_task.train_split, rows))) for seed, rows in data_.train_rows.items()}

@@ -4,6 +4,7 @@ cells, the summaries with their paired tests, and the files written to the exper
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import textwrap
@@ -20,9 +21,11 @@ from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
 from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
+from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
-from lmgeom.runs.experiments.features import FeatureCache
-from lmgeom.runs.rundir import write_json
+from lmgeom.runs.experiments.features import FeatureCache, pooling_note
+from lmgeom.runs import rundir
+from lmgeom.runs.rundir import EXPERIMENT_CONFIG_KEYS, write_json
 
 EVAL_SUBSAMPLE_SEED = 0  # the evaluation subsample is the same for every seed, so tests can pair them
 N_RESAMPLES = 2000
@@ -89,11 +92,9 @@ def split_size(task: Task, split: str) -> int:
 
 def subsample(n: int, limit: int | None, seed: int) -> np.ndarray:
     """All rows, or a seeded sample of `limit` rows kept in their order."""
-    if limit is None or limit >= n:
-        return np.arange(n)
-    if limit < 1:
+    if limit is not None and limit < 1:
         raise InputError(f"a subsample needs at least one row, got {limit}")
-    return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
+    return np.arange(n) if limit is None else sample_indexes(np.arange(n), limit, seed)
 
 
 def task_data(task: Task, seeds: Sequence[int], *, max_train: int | None, max_eval: int | None) -> TaskData:
@@ -116,6 +117,45 @@ def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
     if not chosen or len(set(chosen)) != len(chosen):
         raise InputError(f"`seeds` needs distinct seeds, got {chosen}", param="seeds")
     return chosen
+
+
+@dataclass(frozen=True)
+class ExperimentOptions:
+    """What every experiment takes, as one object (built by `lmgeom experiment ...` from its flags and
+    passed whole): `seeds` (N: seeds 0..N-1, or the seeds), the seeded subsamples of `max_train`
+    training and `max_eval` evaluation examples (sentences for a tagging task), the `pooling` of
+    pieces into a sentence vector, and the `device` the model runs on, which is not among the
+    settings (`to_settings`, which results.json records as `options`): it changes no cell's identity."""
+
+    seeds: int | tuple[int, ...] = 3
+    pooling: str = "mean"
+    max_train: int | None = None
+    max_eval: int | None = None
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seeds, int):
+            object.__setattr__(self, "seeds", tuple(int(seed) for seed in self.seeds))
+        parse_seeds(self.seeds)
+        pooling_note(self.pooling)
+        for name in ("max_train", "max_eval"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise InputError(f"`{name}` must be at least 1 (or None: every example), got {value}", param=name)
+
+    @property
+    def seed_list(self) -> list[int]:
+        return parse_seeds(self.seeds)
+
+    def to_settings(self) -> dict[str, Any]:
+        return {"seeds": self.seed_list, "pooling": self.pooling, "max_train": self.max_train, "max_eval": self.max_eval}
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], *, device: str = "auto") -> ExperimentOptions:
+        """The options `to_settings` recorded (those it lacks at their defaults)."""
+        known = {name: settings[name] for name in ("pooling", "max_train", "max_eval") if name in settings}
+        seeds = settings.get("seeds", cls.seeds)
+        return cls(seeds=seeds if isinstance(seeds, int) else tuple(seeds), **known, device=device)
 
 
 # ---- geometry ----------------------------------------------------------------------------------
@@ -181,24 +221,11 @@ class CellStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         document = {"config": cell.config, "seed": cell.seed, "records": cell.records,
                     "predictions": cell.predictions, "extra": cell.extra}
-        atomic_write_text(self.path(cell.config, cell.seed), json.dumps(_finite(document)))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, np.generic):
-        return _finite(value.item())
-    return value
+        atomic_write_text(self.path(cell.config, cell.seed), json.dumps(rundir.jsonable(document)))
 
 
 # ---- summaries and tests -----------------------------------------------------------------------
 
-CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")
 
 
 def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str, Any]], dict[str, Any] | None],
@@ -210,7 +237,7 @@ def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str
     records = pd.DataFrame([r for cell in cells for r in cell.records])
     if records.empty:
         return []
-    keys = [k for k in CONFIG_KEYS if k in records]
+    keys = [k for k in EXPERIMENT_CONFIG_KEYS if k in records]
     predictions = _predictions(cells, keys)
     summaries = []
     for group_keys, group in records.groupby(keys, sort=True, dropna=False):
@@ -269,7 +296,7 @@ def _holm(summaries: list[dict[str, Any]], family_key: str) -> None:
     families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for summary in summaries:
         if summary.get("p_value") is not None:
-            family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+            family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
             families.setdefault(family, []).append(summary)
     for members in families.values():
         for summary, adjusted in zip(members, holm([m["p_value"] for m in members])):
@@ -316,7 +343,7 @@ def compare_with_trivial(summaries: list[dict[str, Any]], cells: list[Cell], dat
     `uninformative` that do not beat it or whose family's `reference` row (none, top) does not."""
     if not summaries or not any(trivial.values()):
         return
-    keys = [k for k in CONFIG_KEYS if k in summaries[0]]
+    keys = [k for k in EXPERIMENT_CONFIG_KEYS if k in summaries[0]]
     predictions = _predictions(cells, keys)
     for summary in summaries:
         split, metric = str(summary["split"]), str(summary["metric"])
@@ -343,12 +370,12 @@ def compare_with_trivial(summaries: list[dict[str, Any]], cells: list[Cell], dat
     family_beats: dict[tuple[Any, ...], bool] = {}
     for summary in summaries:
         if str(summary[family_key]) == reference and "trivial" in summary:
-            family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+            family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
             family_beats[family] = summary["trivial"]["beats"]
     for summary in summaries:
         if "trivial" not in summary:
             continue
-        family = tuple((k, summary[k]) for k in CONFIG_KEYS if k in summary and k != family_key)
+        family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
         reasons = []
         if not summary["trivial"]["beats"]:
             reasons.append("does not beat the trivial baseline")
@@ -405,7 +432,7 @@ def trivial_verdict(summary: dict[str, Any]) -> str:
     return f"p={trivial['p_value']:.3g} {'uninformative' if summary.get('uninformative') else 'beats'}"
 
 
-def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, title: str) -> list[Path]:
+def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, title: str) -> list[rundir.Target]:
     """A bar chart of mean ± std per (split, metric), one bar per configuration, as PNG and SVG."""
     import matplotlib
 
@@ -415,7 +442,7 @@ def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, t
     frame = pd.DataFrame(summaries)
     if frame.empty:
         return []
-    paths = []
+    paths: list[rundir.Target] = []
     for (split, metric), group in frame.groupby(["split", "metric"], sort=True):
         labels = [f"{row[varying]}" + (f" ({row['head']})" if "head" in row and frame["head"].nunique() > 1 else "")
                   for _, row in group.iterrows()]
@@ -429,9 +456,9 @@ def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, t
         axis.set_title(textwrap.fill(f"{title}: {split} (red: significant vs baseline, Holm)", int(width * 13)), fontsize=9)
         figure.tight_layout()
         for suffix in ("png", "svg"):
-            path = out / f"{split}_{metric}.{suffix}"
-            figure.savefig(path, dpi=120)
-            paths.append(path)
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format=suffix, dpi=120)
+            paths.append(rundir.write_bytes(rundir.EXPERIMENT_FIGURE.at(out, name=f"{split}_{metric}.{suffix}"), buffer.getvalue()))
         plt.close(figure)
     return paths
 
@@ -442,7 +469,7 @@ class ExperimentResult:
     summaries: list[dict[str, Any]]
     notes: list[str]
     out: Path
-    paths: list[Path]
+    paths: list[rundir.Target]
     trivial_baselines: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -452,14 +479,13 @@ def write_results(out: Path, kind: str, *, cells: list[Cell], summaries: list[di
     records = [r for cell in cells for r in cell.records]
     extras = [{"config": cell.config, "seed": cell.seed, **cell.extra} for cell in cells if cell.extra]
     trivial = trivial or []
-    paths = [write_json(out / "results.json", kind, {"settings": settings, "notes": notes, "records": records,
+    paths = [write_json(rundir.EXPERIMENT_JSON.at(out), kind, {"settings": settings, "notes": notes, "records": records,
                                                       "summaries": summaries, "trivial_baselines": trivial,
                                                       "cells": extras})]
     table = markdown_table(summaries, varying)
     note_lines = "".join(f"- {note}\n" for note in notes)
     trivial_text = ("Trivial baselines (fitted on the training data, scored on the evaluation examples):\n\n"
                     + "".join(f"- {line}\n" for line in trivial_lines(trivial)) + "\n") if trivial else ""
-    paths.append(Path(out / "results.md"))
-    atomic_write_text(out / "results.md", f"# {title}\n\n{table}\n{trivial_text}{note_lines}")
+    paths.append(rundir.write_text(rundir.EXPERIMENT_TABLE.at(out), f"# {title}\n\n{table}\n{trivial_text}{note_lines}"))
     paths.extend(write_figures(summaries, out, varying=varying, title=title))
     return ExperimentResult(records, summaries, notes, out, paths, trivial)

@@ -20,10 +20,10 @@ from lmgeom.runs.experiments.calibration import encoder_loader, parse_feature
 from lmgeom.runs.experiments.core import (
     Cell,
     CellStore,
+    ExperimentOptions,
     ExperimentResult,
     compare_with_trivial,
     geometry,
-    parse_seeds,
     prefixed,
     resolve_task,
     summarise,
@@ -66,12 +66,8 @@ def run_layers(
     data: str | os.PathLike[str],
     *,
     out: str | os.PathLike[str],
+    options: ExperimentOptions = ExperimentOptions(),
     features: Sequence[str] = DEFAULT_FEATURES,
-    seeds: int | Sequence[int] = 3,
-    pooling: str = "mean",
-    max_train: int | None = None,
-    max_eval: int | None = None,
-    device: str = "auto",
     probe: ProbeOptions = ProbeOptions(),
     mix_l2: Sequence[float | None] = (None,),
     mix_layer_norm: Sequence[bool] = (False,),
@@ -83,15 +79,16 @@ def run_layers(
 
     The `mix` feature runs once per (lambda in `mix_l2`, layer norm in `mix_layer_norm`), labelled
     by `mix_label`; `standardize=False` feeds raw layers to the probe and the mix. A cell's identity
-    names an option only where it differs from the default, so earlier results resume."""
+    names an option only where it differs from the default, so earlier results resume. `options`: the
+    seeds, subsamples, pooling and device (`ExperimentOptions`)."""
+    pooling, max_train, max_eval, device = options.pooling, options.max_train, options.max_eval, options.device
     progress = progress or NoProgress()
     mix_variants = list(dict.fromkeys((None if l2 is None else float(l2), bool(ln)) for l2 in mix_l2 for ln in mix_layer_norm))
     if not mix_variants:
         raise InputError("`mix_l2` and `mix_layer_norm` need at least one value each", param=("mix_l2", "mix_layer_norm"))
     probe = dataclasses.replace(probe, standardize=standardize)
     out = Path(out)
-    pooling_note(pooling)
-    seed_list = parse_seeds(seeds)
+    seed_list = options.seed_list
     the_task = resolve_task(task, data)
     data_ = task_data(the_task, seed_list, max_train=max_train, max_eval=max_eval)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,26 +131,26 @@ def run_layers(
         eval_all = {s: data_.units(cache, s, r, pooling=pooling, layers=None) for s, r in data_.eval_rows.items()}
         truth = {s: data_.labels(s, r) for s, r in data_.eval_rows.items()}
         first_split = next(iter(eval_all))
-        for spec, features_label, options, key in todo:
+        for spec, features_label, probe_options, key in todo:
             label, layers = parse_feature(spec, n_layers)
             train = np.moveaxis(train_all[layers], 0, 1)
             evaluation = {s: np.moveaxis(x[layers], 0, 1) for s, x in eval_all.items()}
             result = fit_probe(train, y_train, evaluation, regression=data_.regression, n_classes=data_.n_classes,
-                               seed=seed, metric=metric, options=options)
+                               seed=seed, metric=metric, options=probe_options)
             measured = {} if label == "mix" else prefixed(
                 geometry(eval_all[first_split][layers[0]].reshape(-1, train.shape[-1]),
                          reference=train_all[layers[0]].reshape(-1, train.shape[-1])), "before")
             extra: dict[str, Any] = {"epochs_run": result.epochs_run}
             if result.mix_weights:
                 extra.update(mix_weights=result.mix_weights, mix_gamma=result.mix_gamma)
-            mix_fields = ({"mix_l2": options.mix_l2, "mix_layer_norm": options.mix_layer_norm,
-                           "mix_regularisation": options.describe_mix()} if label == "mix" else {})
+            mix_fields = ({"mix_l2": probe_options.mix_l2, "mix_layer_norm": probe_options.mix_layer_norm,
+                           "mix_regularisation": probe_options.describe_mix()} if label == "mix" else {})
             cell = Cell({**identity, **key}, seed, extra=extra)
             for split, prediction in result.predictions.items():
                 for name, value in score(the_task, truth[split], prediction).items():
                     cell.records.append({**base, "features": features_label, "layers": layers, **mix_fields,
                                          "standardize": standardize,
-                                         "head_regularisation": options.describe(), "seed": seed, "split": split,
+                                         "head_regularisation": probe_options.describe(), "seed": seed, "split": split,
                                          "metric": name, "value": value, "n_train": int(len(y_train)),
                                          "n_eval": int(len(truth[split])), **measured,
                                          **({"mix_weights": result.mix_weights, "mix_gamma": result.mix_gamma}
@@ -176,7 +173,7 @@ def run_layers(
                 "mix": {mix_label(l2, ln): dataclasses.replace(probe, mix_l2=l2, mix_layer_norm=ln).describe_mix()
                         for l2, ln in mix_variants},
                 "max_train": max_train, "max_eval": max_eval,
-                "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}}
+                "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}, "options": options.to_settings()}
     return write_results(out, "experiment-layers", cells=cells, summaries=summaries, notes=notes, settings=settings,
                          varying="features", title=f"Layer experiment: {model} on {the_task.name}",
                          trivial=trivial_rows(trivial))
