@@ -14,23 +14,7 @@ from typing import Any
 import pytest
 
 from lmgeom.runs.workers import start_worker
-from lmgeom.threads import BLAS_VARIABLES, available_cores, share_cores
-
-THREAD_VARIABLES = set(BLAS_VARIABLES) | {"OMP_NUM_THREADS"}
-
-
-def pool_threads() -> dict[str, Any]:
-    """This process's threads per kind of pool (threadpoolctl), torch's, and the variables set."""
-    from threadpoolctl import threadpool_info
-
-    import torch
-
-    pools: dict[str, set[int]] = {}
-    for pool in threadpool_info():
-        pools.setdefault(pool["user_api"], set()).add(pool["num_threads"])
-    return {"pools": {api: sorted(counts) for api, counts in pools.items()}, "torch": torch.get_num_threads(),
-            "variables": {name: os.environ.get(name) for name in sorted(THREAD_VARIABLES)}}
-
+from lmgeom.threads import BLAS_VARIABLES, THREAD_VARIABLES, available_cores, pool_threads, share_cores
 
 # the child: numpy, scipy and torch loaded (each pool at its default), then share_cores(WORKERS)
 CHILD = """
@@ -38,15 +22,14 @@ import json, sys
 import numpy, scipy.linalg, torch
 from lmgeom.threads import share_cores
 share = share_cores(int(sys.argv[1]))
-sys.path.insert(0, sys.argv[2])
-from test_threads import pool_threads
+from lmgeom.threads import pool_threads
 print(json.dumps({"share": [share.cores, share.workers, share.openmp, share.blas], **pool_threads()}))
 """
 
 
 def share_in_fresh_process(workers: int, **variables: str) -> dict[str, Any]:
     env = {name: value for name, value in os.environ.items() if name not in THREAD_VARIABLES} | variables
-    done = subprocess.run([sys.executable, "-c", CHILD, str(workers), os.path.dirname(__file__)], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, str(workers)], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import Any
 
 from threadpoolctl import threadpool_limits
 
@@ -33,6 +34,23 @@ class ThreadShare:
     workers: int
     openmp: int | None
     blas: int | None
+
+
+THREAD_VARIABLES = frozenset(BLAS_VARIABLES)  # every variable that sets a pool's threads (OMP_NUM_THREADS among them)
+
+
+def pool_threads() -> dict[str, Any]:
+    """This process's threads per kind of pool (threadpoolctl's `user_api`: blas, openmp), torch's
+    intra-op threads, and the thread variables set in the environment."""
+    from threadpoolctl import threadpool_info
+
+    import torch
+
+    pools: dict[str, set[int]] = {}
+    for pool in threadpool_info():
+        pools.setdefault(pool["user_api"], set()).add(pool["num_threads"])
+    return {"pools": {api: sorted(counts) for api, counts in pools.items()}, "torch": torch.get_num_threads(),
+            "variables": {name: os.environ.get(name) for name in sorted(THREAD_VARIABLES)}}
 
 
 def available_cores() -> int:

@@ -161,7 +161,9 @@ def wsd_command(
     for test in document["tests"]:
         console.print(f"{test['comparison']} ({test['subset']}): {test['only_first']} vs {test['only_second']} "
                       f"instances only one gets right, exact McNemar p {test['p_value']:.3g}")
-    console.print(f"wrote {out / 'results.json'} and {out / 'predictions.csv'}")
+    from lmgeom.runs import rundir
+
+    console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.WSD_PREDICTIONS.at(out)}")
 
 
 def parse_layers(text: str) -> list[int] | None:

@@ -25,6 +25,7 @@ from lmgeom.evaluate.wsd import FirstSense, SenseVectors, WSDDataset, correct, m
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.experiments.calibration import encoder_loader
 from lmgeom.runs.experiments.features import FeatureCache
+from lmgeom.runs import rundir
 from lmgeom.runs.rundir import write_json, write_records_csv
 
 DATASETS = ("senseval2", "senseval3", "semeval2007", "semeval2013", "semeval2015")
@@ -120,11 +121,11 @@ def run_wsd(
                 "scorer": "Raganato et al. (2017): P = earned / answered, R = earned / instances, F1 = 2PR / (P + R)"}
     document = {"settings": settings, "coverage": coverage, "scores": scores, "tests": tests}
     out.mkdir(parents=True, exist_ok=True)
-    write_records_csv(out / "predictions.csv", ({"dataset": names[set_of[r]], "id": i.id, "covered": bool(covered[r]),
+    write_records_csv(rundir.WSD_PREDICTIONS.at(out), ({"dataset": names[set_of[r]], "id": i.id, "covered": bool(covered[r]),
                                                  "gold": " ".join(sorted(gold[r])),
                                                  **{label: answers[r] or "" for label, answers in systems.items()}}
                                                 for r, i in enumerate(instances)))
-    write_json(out / "results.json", "experiment-wsd", document)
+    write_json(rundir.EXPERIMENT_JSON.at(out), "experiment-wsd", document)
     return document
 
 
