@@ -14,6 +14,7 @@ from lmgeom.cli.main import app
 from lmgeom.errors import InputError
 from lmgeom.runs import job
 from lmgeom.runs.calibration import CalibrationOptions
+from lmgeom.runs.engine import AnalysisOptions
 
 
 def test_calibration_options_round_trip_their_settings_and_refuse_bad_values():
@@ -53,7 +54,7 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
         original = getattr(job, step)
 
         def record(*args: Any, _original: Callable[..., Any] = original, _step: str = step, **kwargs: Any) -> Any:
-            options = next((arg for arg in args if isinstance(arg, CalibrationOptions)), None)
+            options = next((arg for arg in args if isinstance(arg, (AnalysisOptions, CalibrationOptions))), None)
             given.setdefault(_step, []).append(options.device if options is not None else kwargs.get("device"))
             return _original(*args, **kwargs)
 
@@ -71,3 +72,4 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
     assert record["device"] == "cpu" and {step["device"] for step in record["steps"].values()} == {"cpu"}
     for name in ("isotropy.json", "calibration.json", "static/1.benchmarks.json"):
         assert json.loads((out / name).read_text())["device"] == "cpu", name
+    assert json.loads((out / "contextuality.json").read_text())["plan"]["device"] == "cpu"
