@@ -92,7 +92,8 @@ def static_embeddings(
     mev_memory_mb: float = DEFAULT_MEV_MEMORY_MB,
 ) -> StaticEmbeddings:
     """First-PC, mean and layer-0-mean vectors at `layer` for words in at least `min_contexts` sentences
-    (rows chosen by the row selection of `lmgeom.runs.selection`)."""
+    (rows chosen by the row selection of `lmgeom.runs.selection`); no layer-0 means from a store
+    without layer 0."""
     if not isinstance(store, RepresentationStore):
         store = RepresentationStore.open(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
@@ -102,18 +103,19 @@ def static_embeddings(
     words = plan.words.words
     ordered, spectra = first_pc_vectors(store, layer, plan, chunk_rows=chunk_rows)
     mean = np.stack([spectra[w].mean for w in ordered])
+    vectors = {"first_pc": np.stack([spectra[w].direction for w in ordered]), "mean": mean}
     if layer == 0:
-        layer0_mean = mean
-    else:
+        vectors["layer0_mean"] = mean
+    elif 0 in store.layers:
         means = WordMeanAccumulator(len(words))
         tally(store, 0, [Feed(means, plan.words.word_index >= 0, {"word_ids": plan.words.word_index})], chunk_rows=chunk_rows)
-        layer0_mean = means.result()[ordered]
+        vectors["layer0_mean"] = means.result()[ordered]
     store.check_unchanged()
     return StaticEmbeddings(
         layer=layer,
         words=words["word"].to_numpy()[ordered].tolist(),
         counts=words["count"].to_numpy()[ordered],
-        vectors={"first_pc": np.stack([spectra[w].direction for w in ordered]), "mean": mean, "layer0_mean": layer0_mean},
+        vectors=vectors,
         store_meta=dict(store.meta),
     )
 
@@ -160,7 +162,7 @@ def benchmark_static_embeddings(
     loaded = read_word_benchmarks(default_word_benchmarks()[0] if benchmarks is None else benchmarks)
     candidates: dict[str, Callable[[], KeyedVectors]] = {
         f"{kind} (layer {embeddings.layer if kind != 'layer0_mean' else 0})": partial(embeddings.keyed_vectors, kind)
-        for kind in STATIC_KINDS
+        for kind in STATIC_KINDS if kind in embeddings.vectors
     }
     for path in static_vectors:
         candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words, trust_pickle)
