@@ -20,7 +20,7 @@ forward timed by hooks), commit, finalize, in wall and CPU seconds. `--repeat 0`
 `--memory` adds peak RSS of `lmgeom extract` for a 1x and a 10x corpus, each in a fresh process
 (goal: 10x <= 1.5 x 1x).
 
-    nice -n 19 python benchmarks/extract_throughput.py --model smollm2,gemma3 --sentences 300 --threads 2 --repeat 3
+    nice -n 19 python benchmarks/extract_throughput.py --model smollm2,gemma3 --sentences 100 --threads 1 --repeat 3 --no-profile
     python benchmarks/extract_throughput.py --model elmo-brown --sentences 2680 --threads 2 --repeat 5
     python benchmarks/extract_throughput.py --model minilm --sentences 2680 --threads 2 --repeat 5 --memory
 """
