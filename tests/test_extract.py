@@ -316,10 +316,10 @@ class ChunkProgress:
 
 def test_interrupted_extraction_resumes_bit_identical(tmp_path, lee_sample):
     encoder = load_encoder("tiny-bert", device="cpu")
-    once = extract(encoder, lee_sample, tmp_path / "once", chunk_sentences=16)
+    once = extract(encoder, lee_sample, tmp_path / "once", chunk_sentences=16, sort_window=16)
 
     with pytest.raises(Interrupt):
-        extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, progress=ChunkProgress(stop_after=2))
+        extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, sort_window=16, progress=ChunkProgress(stop_after=2))
     progress = json.loads((tmp_path / "resumed" / "progress.json").read_text())
     assert progress["chunks"] == 2 and progress["n_sentences"] == 32
     with pytest.raises(ValueError, match="re-run the same"):
@@ -332,7 +332,7 @@ def test_interrupted_extraction_resumes_bit_identical(tmp_path, lee_sample):
     stale[progress["n_tokens"] :] = 123.0
 
     resumed_chunks = ChunkProgress()
-    resumed = extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, progress=resumed_chunks)
+    resumed = extract(encoder, lee_sample, tmp_path / "resumed", chunk_sentences=16, sort_window=16, progress=resumed_chunks)
     assert sum(resumed_chunks.chunks) == len(lee_sample) - 32
     for layer in once.layers:
         a, b = np.asarray(once.layer(layer)[:]), np.asarray(resumed.layer(layer)[:])
@@ -344,7 +344,7 @@ def test_interrupted_extraction_resumes_bit_identical(tmp_path, lee_sample):
 
 def test_store_reader(tmp_path, lee_sample):
     encoder = load_encoder("tiny-bert", device="cpu")
-    store = extract(encoder, lee_sample, tmp_path / "s", chunk_sentences=25, dtype="float16")
+    store = extract(encoder, lee_sample, tmp_path / "s", chunk_sentences=25, storage_dtype="float16")
     assert store.layers == [0, 1, 2, 3] and store.dim == 32
     assert store.meta["corpus_fingerprint"] == lee_sample.fingerprint and store.meta["dtype"] == "float16"
     assert store.layer(2).dtype == np.float16

@@ -39,7 +39,7 @@ def plain_finetune(texts: list, labels: np.ndarray, eval_texts: list, n_outputs:
     """The recipe of lmgeom.finetune.train's docstring, written out with the tokenizer's own padding."""
     from lmgeom.encoders import load_encoder
 
-    encoder = load_encoder("tiny-bert", device="cpu", dtype="float32")
+    encoder = load_encoder("tiny-bert", device="cpu", compute_dtype="float32")
     model, tokenizer = encoder.model, copy.deepcopy(encoder.tokenizer)  # padding and truncation change its state
 
     def pooled(items: list) -> torch.Tensor:

@@ -154,8 +154,8 @@ def test_float16_storage_refuses_values_beyond_its_range(tmp_path, where):
     out = tmp_path / "f16" if where == "folder" else f"memory://lmgeom-tests/{uuid.uuid4().hex}"
     with pytest.raises(ValueError, match=rf"cannot store layer 0: its largest absolute value, {peaks[0]:,.1f} "
                                          rf"\(sentence {sentence}\), is beyond float16's range"):
-        extract(encoder, corpus, out, dtype="float16")
-    store = extract(encoder, corpus, tmp_path / "f32", dtype="float32")  # float32 holds them
+        extract(encoder, corpus, out, storage_dtype="float16")
+    store = extract(encoder, corpus, tmp_path / "f32", storage_dtype="float32")  # float32 holds them
     np.testing.assert_allclose(np.abs(store.layer(0)[:]).max(), peaks[0], rtol=1e-6)
 
 
@@ -191,7 +191,7 @@ def test_gemma3_computes_in_bfloat16_on_cuda_and_refuses_float16():
     assert model_compute_dtype("gemma3", cuda, "float32") == torch.float32
     assert model_compute_dtype("smollm2", cuda, None) == torch.float16  # the CUDA default of the others
     with pytest.raises(ValueError, match=r"gemma3 cannot compute in float16 .*104,000.*65,504"):
-        load_encoder("gemma3", device="cpu", dtype="float16")
+        load_encoder("gemma3", device="cpu", compute_dtype="float16")
 
 
 def test_gguf_conversion_is_cached_whole_and_keyed_by_its_sha256(tmp_path, monkeypatch):

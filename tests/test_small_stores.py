@@ -83,8 +83,8 @@ def test_cli_two_sentence_store_well_under_a_megabyte(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_compressed_store_reads_back_bit_identical_and_verifies(tmp_path, encoder, dtype):
     corpus = lee().head(40)
-    raw = extract(encoder, corpus, tmp_path / "raw", chunk_sentences=16, dtype=dtype)
-    packed = extract(encoder, corpus, tmp_path / "zstd", chunk_sentences=16, dtype=dtype, compress="zstd")
+    raw = extract(encoder, corpus, tmp_path / "raw", chunk_sentences=16, storage_dtype=dtype)
+    packed = extract(encoder, corpus, tmp_path / "zstd", chunk_sentences=16, storage_dtype=dtype, compress="zstd")
     assert packed.meta["settings"]["compressor"] == "zstd" and "compressor" not in raw.meta["settings"]
     codecs = [type(codec).__name__ for codec in zarr.open_array(str(tmp_path / "zstd" / "layers" / "0")).metadata.codecs]
     assert codecs == ["BytesCodec", "ZstdCodec"]

@@ -268,7 +268,7 @@ _WRITER = """
             time.sleep(300)  # killed here
 
     extract(load_encoder("tiny-bert", device="cpu"), load_corpus("lee", limit=40), sys.argv[1], chunk_sentences=8,
-            progress=StopAfterFirstChunk())
+            sort_window=8, progress=StopAfterFirstChunk())
 """
 
 
@@ -297,10 +297,10 @@ def test_a_second_extraction_is_refused_while_the_first_runs_and_resumes_after_k
     assert json.loads((out / LOCK).read_text())["pid"] == first.pid  # left behind by the killed writer
 
     notes = RecordedProgress()
-    resumed = extract(encoder, corpus, out, chunk_sentences=8, progress=notes)
+    resumed = extract(encoder, corpus, out, chunk_sentences=8, sort_window=8, progress=notes)
     assert notes.notes[0] == "resumed" and len(notes.notes) == 1 + 4  # chunk 1 of 5 was kept; 4 written now
     assert not (out / LOCK).exists() and resumed.meta["complete"]
-    once = extract(encoder, corpus, tmp_path / "once", chunk_sentences=8)
+    once = extract(encoder, corpus, tmp_path / "once", chunk_sentences=8, sort_window=8)
     for layer in once.layers:
         np.testing.assert_allclose(np.asarray(resumed.layer(layer)[:]), np.asarray(once.layer(layer)[:]), rtol=0, atol=1e-6)
     assert resumed.tokens.equals(once.tokens) and resumed.vocab.equals(once.vocab)

@@ -18,9 +18,13 @@ CORPUS_HELP = "lee, brown[:DIR], sts[:DIR], hf:NAME:SPLIT:COLUMN, a .txt (one se
 
 
 def last_layer_clause(meta: dict[str, Any]) -> str:
-    """Which tensor a store's last layer is (its meta's `last_layer`), as a clause; empty for stores without it."""
+    """Which tensor a store's last layer is (its meta's `last_layer`), as a clause; empty for stores
+    without it, or that do not hold the model's last layer."""
+    from lmgeom.store.layout import stored_layers
+
     last, layer = meta.get("last_layer"), int(meta["n_layers"]) - 1
-    if not isinstance(last, dict) or last.get("position") not in ("after final norm", "before final norm", "no final norm"):
+    if (not isinstance(last, dict) or last.get("position") not in ("after final norm", "before final norm", "no final norm")
+            or layer not in stored_layers(meta)):
         return ""
     if last["position"] == "no final norm":
         return f", layer {layer} = block {layer}'s output (no final norm)"
@@ -32,13 +36,23 @@ def print_store(store: RepresentationStore) -> None:
     console.print(
         f"[bold]{store.url}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
-        f"{len(store.layers)} layers × {store.dim} (layer 0 = embedding output{last_layer_clause(meta)}), {meta['dtype']}; "
+        f"{stored_layers_phrase(store)} × {store.dim} (layer 0 = embedding output{last_layer_clause(meta)}), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
            f"{meta['n_unaligned_words']} words without tokenizer pieces left out"
            + (f", {meta['n_truncated_words']} words longer than a window pooled from one window's pieces"
               if meta.get("n_truncated_words") else "") if meta.get("max_length") else
            "words are the model's own tokens")
     )
+
+
+def stored_layers_phrase(store: RepresentationStore) -> str:
+    """"7 layers" when a store holds every layer of its model, else "layers 0, 3, 6 of 7"."""
+    if len(store.layers) == store.n_model_layers:
+        return f"{store.n_model_layers} layers"
+    return f"layers {', '.join(map(str, store.layers))} of {store.n_model_layers}"
+
+
+STORE_LAYERS_HELP = "layers to store, the model's numbering (0 = embedding output): all, last, 0,6,12, 0-3,last or every:K (keeps 0 and the last)"
 
 
 def register(app: typer.Typer) -> None:
@@ -56,13 +70,16 @@ def register(app: typer.Typer) -> None:
         keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
         prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
         skip_unaligned: bool = typer.Option(False, help="leave out words whose characters the tokenizer drops (counted in meta.json) instead of stopping"),
-        dtype: str = typer.Option("float32", help="storage dtype: float32 or float16"),
-        compute_dtype: Optional[str] = typer.Option(None, help="model dtype: default float32 on CPU, float16 on CUDA"),
+        storage_dtype: str = typer.Option("float32", "--storage-dtype", "--dtype", help="dtype of the stored vectors: float32 or float16"),
+        store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
+        compute_dtype: Optional[str] = typer.Option(None, help="dtype the model computes in: default float32 on CPU, float16 on CUDA"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
         max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch"),
+        max_batch_size: int = typer.Option(64, min=1, help="windows (sentences) per forward batch"),
         before_final_norm: bool = typer.Option(False, help="store the last layer before the model's final norm (the last block's output), for decoders whose last hidden state is after it"),
-        chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk (default: about 512 MB of vectors, 64-4096)"),
+        chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk, the unit of resuming (default: about 512 MB of vectors, 64-4096)"),
+        sort_window: Optional[int] = typer.Option(None, min=1, help="sentences sorted by length together into batches, whole chunks (default: the corpus, up to about 1 GB of vectors)"),
         compress: Optional[str] = typer.Option(None, help="compress the layers' chunks: zstd (default: raw; reads cost more, see docs/performance.md)"),
         gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
         revision: Optional[str] = typer.Option(None, help="Hub revision"),
@@ -74,18 +91,25 @@ def register(app: typer.Typer) -> None:
         shard_sentences: Optional[int] = typer.Option(None, min=1, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
+        from lmgeom.encoders.options import EncoderOptions
         from lmgeom.runs import extract_model
+        from lmgeom.runs.extraction import ExtractionOptions
 
         with user_errors(), RichProgress() as progress:
-            store = extract_model(
-                model, corpus, out=out, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed,
-                pooling=pooling, keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned,
-                dtype=dtype, compute_dtype=compute_dtype, device=device, max_length=max_length,
-                max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm,
-                chunk_sentences=chunk_sentences, compress=compress, gguf_file=gguf_file,
-                revision=revision, overwrite=overwrite, progress=progress, engine=engine, ray_address=ray_address,
-                num_workers=num_workers, gpus_per_worker=gpus_per_worker, shard_sentences=shard_sentences,
+            options = ExtractionOptions(
+                field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed, storage_dtype=storage_dtype,
+                store_layers=store_layers, compress=compress, chunk_sentences=chunk_sentences, sort_window=sort_window,
+                engine=engine, ray_address=ray_address, num_workers=num_workers, gpus_per_worker=gpus_per_worker,
+                shard_sentences=shard_sentences,
             )
+            encoder = EncoderOptions(
+                device=device, compute_dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
+                prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length,
+                max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, before_final_norm=before_final_norm,
+                gguf_file=gguf_file, revision=revision,
+            )
+            store = extract_model(model, corpus, out=out, options=options, encoder=encoder, overwrite=overwrite,
+                                  progress=progress)
         print_store(store)
 
     @app.command("run")
@@ -97,6 +121,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", help="where every step computes: auto, cpu, cuda, cuda:N"),
         min_contexts: int = typer.Option(5, min=1, metavar="<int>", help="analyse words in at least this many distinct sentences"),
         layers: str = typer.Option("default", help="layers to calibrate and distil: default (0, middle, last), all, or e.g. 0,3,6"),
+        store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for sampled statistics"),
         num_workers: int = typer.Option(2, min=1, metavar="<int>", help="layers analysed at once, each in a worker process (see docs/performance.md)"),
@@ -111,8 +136,8 @@ def register(app: typer.Typer) -> None:
 
         with user_errors(), RichProgress() as progress:
             result = run(model, corpus, out=out, limit=limit, device=device, min_contexts=min_contexts, seed=seed,
-                         layers=layers, methods=split_list(methods), include=include, overwrite=overwrite,
-                         num_workers=num_workers, progress=progress)
+                         layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
+                         overwrite=overwrite, num_workers=num_workers, progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")

@@ -10,9 +10,9 @@ from typing import Any
 
 from lmgeom import _lazy as lazy
 from lmgeom.encoders.base import EncodedSentence, Encoder
+from lmgeom.encoders.options import POOLINGS, EncoderOptions
 
 _LAZY = {
-    "POOLINGS": "lmgeom.encoders.hf",
     "HFEncoder": "lmgeom.encoders.hf",
     "NAMED_MODELS": "lmgeom.encoders.registry",
     "load_encoder": "lmgeom.encoders.registry",
@@ -20,7 +20,7 @@ _LAZY = {
     "tiny_model": "lmgeom.encoders.tiny",
 }
 
-__all__ = ["EncodedSentence", "Encoder", *_LAZY]
+__all__ = ["EncodedSentence", "Encoder", "EncoderOptions", "POOLINGS", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,7 @@ from lmgeom.corpus.corpus import Sentence
 class EncodedSentence:
     """Per-layer vectors of one sentence's stored tokens (words, and special tokens when kept)."""
 
-    vectors: np.ndarray  # (n_layers, n_tokens, dim), float32
+    vectors: np.ndarray  # (layers, n_tokens, dim), float32: every layer of the model, or those asked for
     words: list[str]
     is_special: np.ndarray  # (n_tokens,) bool
     n_pieces: np.ndarray  # (n_tokens,) pieces pooled into each token
@@ -36,4 +36,9 @@ class Encoder(Protocol):
 
     def settings(self) -> dict[str, Any]: ...
 
-    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]: ...
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0,
+               layers: Sequence[int] | None = None) -> list[EncodedSentence]:
+        """Vectors of every layer, or of `layers` only (the model's numbering, ascending), in that order.
+        Extraction passes `layers` only when it stores some of the layers, so an encoder that is never
+        asked for some may leave the parameter out."""
+        ...

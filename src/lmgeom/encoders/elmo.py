@@ -68,18 +68,21 @@ class ElmoEncoder:
         }
 
     @torch.inference_mode()
-    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0,
+               layers: Sequence[int] | None = None) -> list[EncodedSentence]:
         """Per-layer vectors of each sentence's words, the rows `ElmoBiLM.embed_sentences` gives, on its
         batches (`first_index` is unused: nothing here can fail per sentence). The rows of all
         sentences are written once, in corpus order, into one array that the sentences' vectors view,
-        so the store's commit takes each layer's rows without another copy."""
+        so the store's commit takes each layer's rows without another copy. Every layer, or `layers` only
+        (ascending), in that order."""
+        chosen = list(range(self.n_layers)) if layers is None else [int(layer) for layer in layers]
         words = [[w.text for w in sentence.words] for sentence in sentences]
         lengths = np.array([len(w) for w in words], dtype=np.int64)
         starts = np.cumsum(lengths) - lengths
-        rows = np.empty((self.n_layers, int(lengths.sum()), self.dim), dtype=np.float32)
+        rows = np.empty((len(chosen), int(lengths.sum()), self.dim), dtype=np.float32)
         for batch in self.model.sentence_batches(lengths.tolist(), batch_size=self.batch_size):
             ids = batch_to_ids([words[i] for i in batch], self.model.config.max_characters_per_token)
-            self._place_rows(self.model(ids.to(self.device)), batch, starts, lengths, rows)
+            self._place_rows(self.model(ids.to(self.device)), batch, starts, lengths, rows, chosen)
         return [
             EncodedSentence(
                 vectors=rows[:, start : start + length], words=w, is_special=np.zeros(length, dtype=bool),
@@ -89,16 +92,17 @@ class ElmoEncoder:
         ]
 
     @staticmethod
-    def _place_rows(output: BiLMOutput, batch: list[int], starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> None:
+    def _place_rows(output: BiLMOutput, batch: list[int], starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
+                    layers: Sequence[int]) -> None:
         """Copy each sentence's words (without `<S>`/`</S>`) of every layer, the values
         `BiLMOutput.layers` holds, straight from the biLM's outputs into `rows` (the token layer into
         both halves): building `layers()` first would copy the batch twice more into new memory."""
         half = output.token.shape[-1]
         layer_halves = [(output.token, output.token), *zip(output.forward, output.backward)]
-        for layer, halves in enumerate(layer_halves):
-            for side, values in enumerate(halves):
+        for slot, layer in enumerate(layers):
+            for side, values in enumerate(layer_halves[layer]):
                 source = values.cpu().numpy()
-                target = rows[layer, :, side * half : (side + 1) * half]
+                target = rows[slot, :, side * half : (side + 1) * half]
                 for row, index in enumerate(batch):
                     start, length = starts[index], lengths[index]
                     target[start : start + length] = source[row, 1 : length + 1]

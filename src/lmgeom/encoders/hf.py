@@ -6,7 +6,7 @@ import hashlib
 import json
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -16,8 +16,9 @@ from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.alignment import ChunkWindows, TokenizedChunk, chunk_windows, concat_ranges, tokenize_chunk, unit_windows
 from lmgeom.encoders.base import EncodedSentence
+from lmgeom.encoders.options import POOLINGS, EncoderOptions
 
-POOLINGS = ("mean", "first", "last")
+__all__ = ["POOLINGS", "EncoderOptions", "HFEncoder"]
 # Config entries that say where or how a model was loaded, not what it is (the compute dtype is
 # recorded in the store's settings on its own).
 _CONFIG_KEYS_NOT_FINGERPRINTED = ("transformers_version", "dtype", "torch_dtype")
@@ -85,10 +86,12 @@ def _give_back(spare: deque[np.ndarray], buffer: np.ndarray) -> None:
 class HFEncoder:
     """Encode sentences with a transformers model and return every layer (layer 0 = embedding output).
 
-    The model reads each sentence's natural text with the tokenizer's default special tokens; pieces
-    are pooled into the words their character spans overlap (`pooling`: mean, first or last piece).
-    Inputs longer than `max_length` are split into overlapping windows, and each word takes its
-    vector from the window where it has most context on both sides.
+    `options` (`EncoderOptions`, or its fields as keywords) say how: the model reads each sentence's
+    natural text with the tokenizer's default special tokens; pieces are pooled into the words their
+    character spans overlap (`pooling`: mean, first or last piece). Inputs longer than `max_length`
+    are split into overlapping windows, and each word takes its vector from the window where it has
+    most context on both sides. The model runs where it is (its parameters' device); `options.device`
+    and `compute_dtype` are for `load_encoder`, which puts it there.
     `weights_fingerprint` identifies the weights cheaply (e.g. a hash of the weight files); None
     hashes every tensor of the state dict. The store records it with hashes of the tokenizer and
     the config as `model_fingerprint`, so a resumed extraction refuses another model.
@@ -103,18 +106,11 @@ class HFEncoder:
         *,
         model_id: str,
         weights_fingerprint: str | None = None,
-        pooling: str = "mean",
-        keep_special: bool = False,
-        prepend_bos: bool = False,
-        skip_unaligned: bool = False,
-        device: torch.device | str = "cpu",
-        max_length: int | None = None,
-        max_batch_tokens: int = 8192,
-        max_batch_size: int = 64,
-        before_final_norm: bool = False,
+        options: EncoderOptions | None = None,
+        **keywords: Any,
     ) -> None:
-        if pooling not in POOLINGS:
-            raise InputError(f"unknown pooling {pooling!r}; choose one of {POOLINGS}")
+        options = EncoderOptions.of(options, **keywords)
+        prepend_bos, max_length = options.prepend_bos, options.max_length
         if not getattr(tokenizer, "is_fast", False):
             raise InputError(f"{model_id}: lmgeom needs a fast tokenizer (character offsets); none could be loaded")
         if prepend_bos and tokenizer.bos_token_id is None:
@@ -126,19 +122,19 @@ class HFEncoder:
         weights = weights_fingerprint if weights_fingerprint is not None else hash_state_dict(model)
         # What a resumed extraction must share with the interrupted one: weights, tokenizer and config.
         self.model_fingerprint = f"weights:{weights} tokenizer:{hash_tokenizer(tokenizer)} config:{hash_config(model.config)}"
-        self.pooling = pooling
-        self.keep_special = keep_special
+        self.pooling = options.pooling
+        self.keep_special = options.keep_special
         self.prepend_bos = prepend_bos
-        self.skip_unaligned = skip_unaligned
-        self.device = torch.device(device)
+        self.skip_unaligned = options.skip_unaligned
+        self.device = next(model.parameters()).device
         limit = model_max_length(model, tokenizer)
         if max_length is not None and not 2 <= max_length <= limit:
             raise InputError(f"`max_length` {max_length} is outside 2..{limit}: this model takes at most {limit} "
                              f"pieces; give a window length within that (longer sentences are split into windows)",
                              param="max_length")
         self.max_length = max_length or limit
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = options.max_batch_tokens
+        self.max_batch_size = options.max_batch_size
         config: Any = model.config
         self.n_layers = int(config.num_hidden_layers) + 1
         self.dim = int(config.hidden_size)
@@ -149,7 +145,7 @@ class HFEncoder:
         self.last_layer = describe_last_layer(model, tokenizer, self.device)
         self._final_norm: torch.nn.Module | None = None
         self._norm_input: list[torch.Tensor] = []  # the final norm's input in the last forward pass (--before-final-norm)
-        if before_final_norm:
+        if options.before_final_norm:
             if self.last_layer["position"] != "after final norm":
                 raise InputError(f"{model_id}: `before_final_norm` applies to models whose last hidden state is after "
                                  f"their final norm, but here: {self.last_layer['why']}; leave it out")
@@ -162,6 +158,8 @@ class HFEncoder:
                                "why": f"stored before the final norm on request (--before-final-norm): layer {blocks} is "
                                       f"block {blocks}'s output, the input of `{name}`, where Hugging Face returns the "
                                       "norm's output"}
+        # the options as they resolved: what the store records and `EncoderOptions.from_settings` rebuilds
+        self.options = replace(options, max_length=self.max_length, compute_dtype=str(self.compute_dtype).removeprefix("torch."))
 
     def _catch_norm_input(self, _module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         self._norm_input[:] = [inputs[0]]
@@ -178,18 +176,15 @@ class HFEncoder:
             "model_class": type(self.model).__name__,
             "n_layers": self.n_layers,
             "dim": self.dim,
-            "pooling": self.pooling,
-            "special_tokens": "stored" if self.keep_special else "excluded",
-            "prepend_bos": self.prepend_bos,
-            "skip_unaligned": self.skip_unaligned,
-            "max_length": self.max_length,
-            "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
+            **self.options.to_settings(),
             "last_layer": self.last_layer,
         }
 
     # ---- public encoding API ------------------------------------------------------------------
-    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0) -> list[EncodedSentence]:
-        """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`)."""
+    def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0,
+               layers: Sequence[int] | None = None) -> list[EncodedSentence]:
+        """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`): of
+        every layer, or of `layers` only (the model's numbering, ascending), in that order."""
         chunk = tokenize_chunk(
             self.tokenizer, sentences, prepend_bos=self.prepend_bos, first_index=first_index, skip_unaligned=self.skip_unaligned,
         )
@@ -197,7 +192,7 @@ class HFEncoder:
         word_sentence = np.repeat(np.arange(len(sentences)), np.diff(chunk.word_bounds))
         units = self._units(chunk, windows, word_sentence, chunk.piece_bounds, chunk.pieces,
                             specials=np.full(len(sentences), self.keep_special))
-        pooled = self._pool(windows, units, self.pooling)
+        pooled = self._pool(windows, units, self.pooling, layers)
         n_pieces = units.counts.astype(np.int16)
         word_pieces = np.diff(chunk.piece_bounds)  # a word's pieces; more than it pooled when longer than a window
         encoded = []
@@ -299,8 +294,10 @@ class HFEncoder:
         )
 
     @torch.inference_mode()
-    def _pool(self, windows: ChunkWindows, units: _Units, pooling: str) -> np.ndarray:
-        """Run the windows in length-sorted, dynamically padded batches and pool each unit's positions."""
+    def _pool(self, windows: ChunkWindows, units: _Units, pooling: str, layers: Sequence[int] | None = None) -> np.ndarray:
+        """Run the windows in length-sorted, dynamically padded batches and pool each unit's positions,
+        of every layer or of `layers` only: (number of layers, units, dim)."""
+        chosen = list(range(self.n_layers)) if layers is None else [int(layer) for layer in layers]
         if pooling == "mean":
             counts, positions = units.counts, units.positions
         else:
@@ -330,7 +327,7 @@ class HFEncoder:
         # divided (x / 1 == x); only units of several pieces are zeroed, summed into and divided.
         # On a wide model each of those passes over every layer of the chunk costs a few per cent.
         shared_units = torch.as_tensor(np.flatnonzero(~alone), device=self.device)
-        shape = (self.n_layers, len(counts), self.dim)
+        shape = (len(chosen), len(counts), self.dim)
         pooled = self._output(shape)
         sums = (torch.from_numpy(pooled) if self.device.type == "cpu"
                 else torch.empty(shape, dtype=torch.float32, device=self.device))
@@ -356,11 +353,11 @@ class HFEncoder:
                 continue
             flat_alone, flat_shared = flat_rows[first:middle], flat_rows[middle:last]
             slots_alone, slots_shared = slots[first:middle], slots[middle:last]
-            for layer, states in enumerate(hidden):
-                layer_rows = states.reshape(-1, self.dim)
-                sums[layer].index_copy_(0, slots_alone, layer_rows[flat_alone].float())
+            for index, layer in enumerate(chosen):
+                layer_rows = hidden[layer].reshape(-1, self.dim)
+                sums[index].index_copy_(0, slots_alone, layer_rows[flat_alone].float())
                 if middle < last:
-                    sums[layer].index_add_(0, slots_shared, layer_rows[flat_shared].float())
+                    sums[index].index_add_(0, slots_shared, layer_rows[flat_shared].float())
         if len(shared_units):
             divisors = torch.as_tensor(counts[~alone], dtype=torch.float32, device=self.device)[None, :, None]
             sums[:, shared_units] = sums[:, shared_units] / divisors

@@ -14,6 +14,7 @@ from lmgeom.errors import InputError, MissingDependency, MissingInput
 from lmgeom.device import resolve_compute_dtype, resolve_device
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.hf import HFEncoder
+from lmgeom.encoders.options import EncoderOptions
 from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
 
 NAMED_MODELS = {
@@ -110,7 +111,7 @@ def model_compute_dtype(name_or_path: str, device: torch.device, dtype: str | No
         default, why = COMPUTE_DTYPES[name_or_path]
         if dtype == "float16":
             raise InputError(f"model {name_or_path} cannot compute in float16 (`compute_dtype='float16'`): {why}; "
-                             "use --compute-dtype bfloat16 or float32")
+                             "use `compute_dtype` bfloat16 or float32", param="compute_dtype")
         if dtype is None and device.type == "cuda":
             dtype = default
     return resolve_compute_dtype(device, dtype)
@@ -127,35 +128,25 @@ def fingerprint_files(paths: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_encoder(
-    name_or_path: str,
-    *,
-    device: str = "auto",
-    dtype: str | None = None,
-    pooling: str = "mean",
-    keep_special: bool = False,
-    prepend_bos: bool = False,
-    skip_unaligned: bool = False,
-    max_length: int | None = None,
-    gguf_file: str | None = None,
-    revision: str | None = None,
-    max_batch_tokens: int = 8192,
-    before_final_norm: bool = False,
-) -> Encoder:
+def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **keywords: Any) -> Encoder:
     """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder (a transformers
-    model, or an ELMo options JSON + HDF5 weights).
+    model, or an ELMo options JSON + HDF5 weights), with `options` (`EncoderOptions`, or its fields as
+    keywords: `load_encoder("tiny-bert", device="cpu")`).
 
-    `dtype` is the compute dtype: float32 on CPU by default, float16 on CUDA (bfloat16 on request), but
-    bfloat16 on CUDA for the models of `COMPUTE_DTYPES`, which refuse float16.
+    `compute_dtype` is float32 on CPU by default, float16 on CUDA (bfloat16 on request), but bfloat16 on
+    CUDA for the models of `COMPUTE_DTYPES`, which refuse float16.
     ELMo reads the corpus words themselves, so piece pooling, special tokens and windows do not apply.
     `before_final_norm` stores a decoder's last layer before its final norm (`HFEncoder`).
     """
-    resolved_device = resolve_device(device)
-    compute_dtype = model_compute_dtype(name_or_path, resolved_device, dtype)
+    options = EncoderOptions.of(options, **keywords)
+    resolved_device = resolve_device(options.device)
+    compute_dtype = model_compute_dtype(name_or_path, resolved_device, options.compute_dtype)
+    gguf_file, revision = options.gguf_file, options.revision
     if is_elmo_model(name_or_path):
         from lmgeom.encoders.elmo import load_elmo_encoder
 
-        if keep_special or prepend_bos or gguf_file or revision or before_final_norm or dtype not in (None, "float32"):
+        if (options.keep_special or options.prepend_bos or gguf_file or revision or options.before_final_norm
+                or options.compute_dtype not in (None, "float32")):
             raise InputError("`keep_special`, `prepend_bos`, `gguf_file`, `revision`, `before_final_norm` and `compute_dtype` "
                              "do not apply to an ELMo model (it runs in float32 on the corpus words, and has no norm)",
                              param=("keep_special", "prepend_bos", "gguf_file", "revision", "before_final_norm", "compute_dtype"))
@@ -163,11 +154,7 @@ def load_encoder(
         return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 
     def encoder(model: torch.nn.Module, tokenizer: Any, model_id: str, weights_fingerprint: str | None) -> HFEncoder:
-        return HFEncoder(
-            model, tokenizer, model_id=model_id, weights_fingerprint=weights_fingerprint, pooling=pooling,
-            keep_special=keep_special, prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, device=resolved_device,
-            max_length=max_length, max_batch_tokens=max_batch_tokens, before_final_norm=before_final_norm,
-        )
+        return HFEncoder(model, tokenizer, model_id=model_id, weights_fingerprint=weights_fingerprint, options=options)
 
     if name_or_path in TINY_MODELS:
         model, tokenizer = tiny_model(name_or_path)

@@ -231,7 +231,7 @@ def _targets(labels: np.ndarray, n_inputs: int, n_outputs: int) -> torch.Tensor:
 def _load(model: str, device: torch.device) -> tuple[nn.Module, Any, int]:
     from lmgeom.encoders import HFEncoder, load_encoder
 
-    encoder = load_encoder(model, device=str(device), dtype="float32")
+    encoder = load_encoder(model, device=str(device), compute_dtype="float32")
     if not isinstance(encoder, HFEncoder):
         raise InputError(f"fine-tuning needs a transformers model; {model!r} loads as {type(encoder).__name__}")
     # A copy: tokenizing with truncation changes a fast tokenizer's state, and the tiny models share

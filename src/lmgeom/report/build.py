@@ -25,6 +25,14 @@ from lmgeom.runs.rundir import REPORT
 N_WORDS_SHOWN = 10
 
 
+def _layers_stored(meta: dict[str, Any]) -> str:
+    """"7 layers", or "layers 0, 3, 6 of 7" for a store of some of its model's layers."""
+    stored, total = meta.get("stored_layers"), meta.get("n_layers", "—")
+    if not isinstance(stored, list) or len(stored) == total:
+        return f"{total} layers"
+    return f"layers {', '.join(map(str, stored))} of {total}"
+
+
 def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else "—"
 
@@ -38,7 +46,7 @@ def _metadata(run: RunData) -> list[tuple[str, Any]]:
                                                     f"{meta.get('model_revision') or meta.get('model_fingerprint') or '—'}"),
         ("corpus", f"{run.corpus} (fingerprint {meta.get('corpus_fingerprint') or contextuality.get('corpus_fingerprint') or '—'})"),
         ("store", f"{_count(meta.get('n_sentences'))} sentences, {_count(meta.get('n_tokens'))} tokens, "
-                  f"{_count(meta.get('n_vocab'))} distinct words; {meta.get('n_layers', '—')} layers x {meta.get('dim', '—')} dims, "
+                  f"{_count(meta.get('n_vocab'))} distinct words; {_layers_stored(meta)} x {meta.get('dim', '—')} dims, "
                   f"{meta.get('pooling', '—')} pooling, {meta.get('dtype', '—')}, special tokens {meta.get('special_tokens', '—')}"
          if meta else "no meta.json: the store is not in this directory"),
         ("analysis", run.counts_caption() + (

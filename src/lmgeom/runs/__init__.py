@@ -26,7 +26,7 @@ _EXPORTS = {
                     "lmgeom.runs.engine"),
     "ContextualityResult": "lmgeom.runs.contextuality",
     **dict.fromkeys(["CalibrationOptions", "calibrate_store", "fit_store"], "lmgeom.runs.calibration"),
-    **dict.fromkeys(["default_run_dir", "extract", "extract_model", "open_or_extract"], "lmgeom.runs.extraction"),
+    **dict.fromkeys(["ExtractionOptions", "default_run_dir", "extract", "extract_model", "open_or_extract"], "lmgeom.runs.extraction"),
     "render_report": "lmgeom.runs.reporting",
     **dict.fromkeys(["RunResult", "layer_summary", "run"], "lmgeom.runs.job"),
     **dict.fromkeys(["RowSelection", "WordSelection", "select_rows", "select_words"], "lmgeom.runs.selection"),

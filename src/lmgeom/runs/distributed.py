@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import ModuleType
 from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequence, cast
@@ -30,7 +30,9 @@ from lmgeom.errors import InputError, MissingDependency
 from lmgeom.corpus.builtin import open_corpus
 from lmgeom.corpus.corpus import Corpus, CorpusStream, CorpusSummary, Fingerprint, Sentence
 from lmgeom.encoders.base import Encoder
+from lmgeom.encoders.options import EncoderOptions
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs.extraction import ExtractionOptions
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
@@ -38,7 +40,6 @@ from lmgeom.store.writer import require_store_or_empty
 
 ENGINES = ("local", "ray")
 EncoderFactory = Callable[[], Encoder]
-ChunkRule = Callable[[int, int, int], int]  # (n_layers, dim, n_sentences) -> sentences per chunk
 
 
 def default_shard_sentences(n_sentences: int, chunk_sentences: int, *, num_workers: int = 1) -> int:
@@ -59,27 +60,31 @@ def connect_ray(address: str | None = None) -> ModuleType:
     return ray
 
 
-def store_settings(encoder_settings: dict[str, Any], corpus: Corpus | CorpusStream, summary: CorpusSummary, *, dtype: str,
-                   chunk_sentences: int, shard_sentences: int, compress: str | None = None) -> dict[str, Any]:
-    """What makes two sharded extractions the same run (as `extract` records, plus the shard size)."""
+def store_settings(encoder_settings: dict[str, Any], corpus: Corpus | CorpusStream, summary: CorpusSummary,
+                   options: ExtractionOptions) -> dict[str, Any]:
+    """What makes two sharded extractions the same run (as `extract` records, with the shard size):
+    `options` resolved (`ExtractionOptions.resolve`, and its `shard_sentences`)."""
     return {
-        **encoder_settings, "dtype": dtype, "corpus_name": corpus.name, "corpus_source": corpus.source,
+        **encoder_settings, "corpus_name": corpus.name, "corpus_source": corpus.source,
         "corpus_fingerprint": summary.fingerprint, "n_corpus_sentences": summary.n_sentences,
-        "pretokenized": summary.pretokenized, "chunk_sentences": chunk_sentences, "shard_sentences": shard_sentences,
-        **({"compressor": compress} if compress is not None else {}),
+        "pretokenized": summary.pretokenized, **options.to_settings(),
     }
 
 
 def encode_shard(encoder: Encoder, url: str, settings: dict[str, Any], shard: int, first_sentence: int,
                  sentences: Sequence[Sentence]) -> dict[str, Any]:
-    """Encode one shard chunk by chunk into a part of its own, then commit it; returns its manifest."""
+    """Encode one shard into a part of its own, window by window (sorted by length within a window of
+    `sort_window` sentences, cut from the shard's start), then commit it; returns its manifest."""
+    layers = layout.stored_layers(settings)
     writer = ShardPartWriter(Location.of(url), shard, first_sentence=first_sentence, n_layers=int(settings["n_layers"]),
                              dim=int(settings["dim"]), dtype=str(settings["dtype"]),
-                             expected_rows=layout.expected_rows(sentences), compressor=settings.get("compressor"))
-    step = int(settings["chunk_sentences"])
+                             expected_rows=layout.expected_rows(sentences), compressor=settings.get("compressor"),
+                             layers=layers)
+    subset = {"layers": layers} if len(layers) < int(settings["n_layers"]) else {}
+    step = int(settings.get("sort_window") or settings["chunk_sentences"])
     for start in range(0, len(sentences), step):
-        chunk = sentences[start : start + step]
-        writer.append(encoder.encode(chunk, first_index=first_sentence + start), [s.text for s in chunk])
+        window = sentences[start : start + step]
+        writer.append(encoder.encode(window, first_index=first_sentence + start, **subset), [s.text for s in window])
     return writer.commit()
 
 
@@ -137,18 +142,12 @@ def extract_sharded(
     make_encoder: EncoderFactory | Encoder,
     corpus: Corpus | CorpusStream | str,
     out: str | os.PathLike[str] | Location,
+    options: ExtractionOptions | None = None,
     *,
-    engine: str = "local",
-    dtype: str = "float32",
-    chunk_sentences: int | ChunkRule = 256,
-    shard_sentences: int | None = None,
-    compress: str | None = None,
-    num_workers: int = 1,
-    gpus_per_worker: float = 0.0,
-    ray_address: str | None = None,
     max_retries: int = 2,
     overwrite: bool = False,
     progress: Progress | None = None,
+    **keywords: Any,
 ) -> RepresentationStore:
     """Encode `corpus` into a sharded store at `out` (a folder or an fsspec URL); re-running resumes.
 
@@ -157,11 +156,14 @@ def extract_sharded(
     (the shards and the run's identity), the second cuts the shards as it reads and hands each to a
     worker as one frees up, so the driver holds only the shards in flight (`num_workers`).
     `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
-    also takes an encoder itself. `chunk_sentences` is a number, or a rule (n_layers, dim, n_sentences)
-    -> number for the workers' model (`extract_model` passes `default_chunk_sentences`); `shard_sentences` defaults to
-    `default_shard_sentences` (a resumed run keeps its own). With `engine="ray"`, `num_workers` actors
-    with `gpus_per_worker` GPUs each encode the shards; a killed actor is restarted and its shard redone up to `max_retries`
-    times, after which the run stops and a re-run resumes it."""
+    also takes an encoder itself. `options` (`ExtractionOptions`, or its fields as keywords):
+    `chunk_sentences` and the stored layers default as in `extract` for the workers' model,
+    `sort_window` to one chunk (shards run in parallel, each sorted chunk by chunk); `shard_sentences` defaults to `default_shard_sentences` (a resumed run keeps its own). With
+    `engine="ray"`, `num_workers` actors with `gpus_per_worker` GPUs each encode the shards; a killed
+    actor is restarted and its shard redone up to `max_retries` times, after which the run stops and a
+    re-run resumes it."""
+    options = ExtractionOptions.of(options, **keywords)
+    engine, num_workers, gpus_per_worker = options.engine, options.num_workers, options.gpus_per_worker
     if engine not in ENGINES:
         raise InputError(f"unknown `engine` {engine!r}; use one of {', '.join(ENGINES)}", param="engine")
     if num_workers < 1 or gpus_per_worker < 0:
@@ -179,7 +181,7 @@ def extract_sharded(
     source = open_corpus(corpus) if isinstance(corpus, str) else corpus
     summary = source.summary()  # a pass over a stream (free in memory), before any model loads
     if engine == "ray":
-        ray = connect_ray(ray_address)
+        ray = connect_ray(options.ray_address)
         actor = ray.remote(ShardWorker).options(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1,
                                                 max_task_retries=max_retries)
         workers = [actor.remote(make_encoder) for _ in range(num_workers)]
@@ -187,14 +189,22 @@ def extract_sharded(
     else:
         encoder = cast(Encoder, make_encoder) if hasattr(make_encoder, "encode") else cast(EncoderFactory, make_encoder)()
         encoder_settings = encoder.settings()
-    if callable(chunk_sentences):
-        chunk_sentences = chunk_sentences(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences)
-    if shard_sentences is None and not overwrite and location.exists(layout.META):
-        # a resumed run keeps its shards, whatever the number of workers now
-        shard_sentences = location.read_json(layout.META).get("settings", {}).get("shard_sentences")
-    shard_sentences = shard_sentences or default_shard_sentences(summary.n_sentences, chunk_sentences, num_workers=num_workers)
-    settings = store_settings(encoder_settings, source, summary, dtype=dtype, chunk_sentences=chunk_sentences,
-                              shard_sentences=shard_sentences, compress=compress)
+    if not overwrite and location.exists(layout.META):
+        # a resumed run keeps its shards (whatever the number of workers now), chunks and windows
+        recorded = location.read_json(layout.META).get("settings", {})
+        if recorded.get("chunk_sentences") and options.chunk_sentences in (None, recorded["chunk_sentences"]):
+            options = replace(options, chunk_sentences=recorded["chunk_sentences"],
+                              sort_window=options.sort_window or recorded.get("sort_window") or recorded["chunk_sentences"],
+                              shard_sentences=options.shard_sentences or recorded.get("shard_sentences"))
+    # shards are encoded in parallel: by default each chunk is sorted on its own, not a window of the corpus
+    options = options.resolve(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences,
+                              sort_window=options.sort_window or "chunk")
+    shard_sentences = options.shard_sentences or default_shard_sentences(summary.n_sentences, int(options.sort_window or 0),
+                                                                        num_workers=num_workers)
+    if shard_sentences % int(options.sort_window or 0):  # a shard is whole windows, as a local run cuts them
+        shard_sentences += int(options.sort_window or 0) - shard_sentences % int(options.sort_window or 0)
+    options = replace(options, shard_sentences=shard_sentences)
+    settings = store_settings(encoder_settings, source, summary, options)
     with ShardedStoreWriter(location, settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
         stage = f"extract {source.name}"
         progress.start(stage, summary.n_sentences, unit="sentences")
@@ -249,31 +259,19 @@ def extract_model_sharded(
     model: str,
     corpus: str,
     out: str | os.PathLike[str] | Location,
+    options: ExtractionOptions | None = None,
+    encoder: EncoderOptions | None = None,
     *,
-    field: str = "text",
-    pretokenized: bool = False,
-    limit: int | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    encoder_options: Mapping[str, Any] | None = None,
-    dtype: str = "float32",
-    chunk_sentences: int | ChunkRule = 256,
-    shard_sentences: int | None = None,
-    compress: str | None = None,
-    engine: str = "local",
-    num_workers: int = 1,
-    gpus_per_worker: float = 0.0,
-    ray_address: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepresentationStore:
     """`extract_model` with the corpus spec streamed (`open_corpus`) into a sharded store: what
-    `lmgeom extract` runs for `--engine ray` and for a store on an object store. `encoder_options`
-    go to `load_encoder` in each worker; the other options are `open_corpus`'s and `extract_sharded`'s."""
+    `lmgeom extract` runs for `--engine ray` and for a store on an object store. `encoder` goes to
+    `load_encoder` in each worker; `options` to `open_corpus` (which sentences) and `extract_sharded`."""
     from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
 
-    stream = open_corpus(corpus, field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed)
-    return extract_sharded(partial(load_encoder, model, **dict(encoder_options or {})), stream, out, engine=engine,
-                           dtype=dtype, chunk_sentences=chunk_sentences, shard_sentences=shard_sentences,
-                           compress=compress, num_workers=num_workers, gpus_per_worker=gpus_per_worker, ray_address=ray_address,
-                           overwrite=overwrite, progress=progress)
+    options = options or ExtractionOptions()
+    stream = open_corpus(corpus, field=options.field, pretokenized=options.pretokenized, limit=options.limit,
+                         sample=options.sample, seed=options.seed)
+    return extract_sharded(partial(load_encoder, model, encoder), stream, out, options, overwrite=overwrite, progress=progress)
+

@@ -49,12 +49,13 @@ DEFAULT_CALIBRATION_METHODS = ("whitening", "abtt")
 
 
 def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list[int]:
-    """The layers of the per-layer steps: "default" is the embedding output, the middle layer and the
-    last (0, L // 2, L), "all" every layer, or the given layer numbers."""
+    """The layers of the per-layer steps among the stored `layers`: "default" is the first, the middle
+    layer and the last (0, L // 2, L when every layer is stored; else the stored layer nearest L // 2),
+    "all" every stored layer, or the given layer numbers."""
     if isinstance(spec, str):
         if spec == "default":
             last = layers[-1]
-            return sorted({0, last // 2, last})
+            return sorted({layers[0], min(layers, key=lambda layer: (abs(layer - last // 2), layer)), last})
         if spec == "all":
             return list(layers)
         try:
@@ -65,7 +66,8 @@ def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list
     chosen = sorted(set(int(layer) for layer in spec))
     outside = [layer for layer in chosen if layer not in layers]
     if outside or not chosen:
-        raise InputError(f"layers {outside or '(none)'} are not in this store's layers 0..{layers[-1]} (0 = embedding output)")
+        raise InputError(f"layers {outside or '(none)'} are not in this store's layers {', '.join(map(str, layers))} "
+                         "(0 = embedding output)", param="layers")
     return chosen
 
 
@@ -145,6 +147,7 @@ def run(
     min_contexts: int = 5,
     seed: int = 0,
     layers: str | Sequence[int] = "default",
+    store_layers: str | Sequence[int] | None = None,
     methods: Sequence[str] = DEFAULT_CALIBRATION_METHODS,
     include: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
@@ -171,7 +174,8 @@ def run(
     analysis_device = resolved if resolved.startswith(("cpu", "cuda")) else "cpu"
     analysis = analysis.replace(device=analysis_device)
     started = time.perf_counter()
-    store = extract_model(model, corpus, out=out, limit=limit, device=resolved, overwrite=overwrite, progress=progress)
+    store = extract_model(model, corpus, out=out, limit=limit, store_layers=store_layers, device=resolved, overwrite=overwrite,
+                          progress=progress)
     steps = _Steps(store, resolved)
     settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit}
     if not steps.done("extract", settings):  # an extraction resumed or finished just now

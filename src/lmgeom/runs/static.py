@@ -109,22 +109,24 @@ def static_embeddings(
 ) -> StaticEmbeddings:
     """First-PC, mean and layer-0-mean vectors at `layer` for the words `options` (or its fields as
     `keywords`) analyses: by default every word in at least one sentence (`min_contexts` 1; rows
-    chosen by the row selection of `lmgeom.runs.selection`)."""
+    chosen by the row selection of `lmgeom.runs.selection`); no layer-0 means from a store without
+    layer 0."""
     store = RepresentationStore.of(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
     options = options.replace(**keywords)
     vectors = first_pc_vectors(store, layer, options)
+    kinds = {"first_pc": vectors.first_pc, "mean": vectors.mean}
     if layer == 0:
-        layer0_mean = vectors.mean
-    else:
+        kinds["layer0_mean"] = vectors.mean
+    elif 0 in store.layers:
         means = run_analysis(store, options.replace(layers=(0,), statistics=("word_mean",)))
-        layer0_mean = means.layers[0]["word_mean"][vectors.order]
+        kinds["layer0_mean"] = means.layers[0]["word_mean"][vectors.order]
     device = resolved_device(options.device)
     return StaticEmbeddings(
         layer=layer,
         words=vectors.words["word"].to_numpy()[vectors.order].tolist(),
         counts=vectors.words["count"].to_numpy()[vectors.order],
-        vectors={"first_pc": vectors.first_pc, "mean": vectors.mean, "layer0_mean": layer0_mean},
+        vectors=kinds,
         store_meta=dict(store.meta),
         device=device,
     )
@@ -172,7 +174,7 @@ def benchmark_static_embeddings(
     loaded = read_word_benchmarks(default_word_benchmarks()[0] if benchmarks is None else benchmarks)
     candidates: dict[str, Callable[[], KeyedVectors]] = {
         f"{kind} (layer {embeddings.layer if kind != 'layer0_mean' else 0})": partial(embeddings.keyed_vectors, kind)
-        for kind in STATIC_KINDS
+        for kind in STATIC_KINDS if kind in embeddings.vectors
     }
     for path in static_vectors:
         candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words, trust_pickle)

@@ -188,7 +188,7 @@ def verify_store(path: str | os.PathLike[str] | Location) -> Verification:
     found: dict[str, str] = {}  # path -> its first problem
     for name, problem in table_problems(location, meta, files):
         found.setdefault(name, problem)
-    for layer in range(int(meta["n_layers"])):
+    for layer in layout.stored_layers(meta):
         try:
             arrays = layer_arrays(location, meta, layer)
         except CorruptStore as error:

@@ -8,7 +8,8 @@ RUN/
   checksums.json       CRC32C of every chunk file, by its path below RUN (written when complete)
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
-  layers/<l>/          one zarr array per layer, rows = stored tokens, layer 0 = embedding output
+  layers/<l>/          one zarr array per stored layer (meta.json's "stored_layers"), in the model's numbering:
+                       rows = stored tokens, layer 0 = embedding output
   tokens.parquet       sentence_id, position, word, word_id, is_punct, is_special, n_pieces
   sentences.parquet    sentence_id, text, n_words, n_tokens, n_windows, first_row
   vocab.parquet        word_id, word, count, n_contexts, is_punct
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from lmgeom.errors import InputError
 
@@ -69,6 +70,52 @@ def compressors(name: str | None) -> tuple[Any, ...] | None:
     from zarr.codecs import ZstdCodec
 
     return (ZstdCodec(level=3),)
+
+
+def parse_layers(spec: str | Sequence[int] | None, n_layers: int, *, param: str = "store_layers") -> list[int]:
+    """The layers (ascending, in the model's numbering 0..n_layers - 1) that `spec` names: None or "all"
+    for every layer, "last", a comma-separated list of numbers and ranges ("0,6,12", "0-3,last", ranges
+    inclusive), "every:K" (every K-th layer from 0, and the last), or a sequence of layer numbers."""
+    last = n_layers - 1
+    if spec is None:
+        return list(range(n_layers))
+    chosen: set[int] = set()
+    items: Sequence[str | int] = [item.strip() for item in spec.split(",")] if isinstance(spec, str) else list(spec)
+    try:
+        for item in items:
+            if isinstance(item, str) and item in ("all", "every:1"):
+                chosen.update(range(n_layers))
+            elif item == "last":
+                chosen.add(last)
+            elif isinstance(item, str) and item.startswith("every:"):
+                step = int(item.removeprefix("every:"))
+                if step < 1:
+                    raise ValueError(item)
+                chosen.update([*range(0, n_layers, step), last])
+            elif isinstance(item, str) and "-" in item.lstrip("-"):
+                low, high = (int(end) for end in item.split("-", 1))
+                if low > high:
+                    raise ValueError(item)
+                chosen.update(range(low, high + 1))
+            else:
+                chosen.add(int(item))
+    except ValueError:
+        raise InputError(f"`{param}` takes 'all', 'last', layer numbers and ranges ('0,6,12', '0-3,last') or 'every:K'; "
+                         f"got {spec!r}", param=param) from None
+    outside = sorted(layer for layer in chosen if not 0 <= layer <= last)
+    if outside or not chosen:
+        named = (f"layer{'s' if len(outside) > 1 else ''} {', '.join(map(str, outside))} {'are' if len(outside) > 1 else 'is'}"
+                 if outside else "no layer is")
+        raise InputError(f"`{param}` {spec!r}: {named} not among the model's layers 0..{last} (0 = embedding output)",
+                         param=param)
+    return sorted(chosen)
+
+
+def stored_layers(meta: Mapping[str, Any]) -> list[int]:
+    """The layers a store holds, in the model's numbering: its "stored_layers" (every layer, 0..n_layers - 1,
+    for a store written before they were recorded)."""
+    recorded = meta.get("stored_layers")
+    return [int(layer) for layer in recorded] if recorded is not None else list(range(int(meta["n_layers"])))
 
 
 def layer_path(root: Path, layer: int) -> Path:

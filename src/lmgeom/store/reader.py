@@ -22,7 +22,8 @@ from lmgeom.store.sharded import ShardedArray, open_sharded_layer
 class RepresentationStore:
     """A complete store: per-layer lazy arrays plus token, sentence and vocabulary tables.
 
-    Row i of every layer is token i of `tokens`. Layer 0 is the embedding output. The store is a
+    Row i of every layer is token i of `tokens`. Layers keep the model's numbering (layer 0 is the
+    embedding output, the last is `n_model_layers - 1`); `layers` are those stored. The store is a
     local folder or any fsspec URL (`url`); `path` is the local folder (object stores have none).
     """
 
@@ -76,7 +77,13 @@ class RepresentationStore:
     # ---- shape ------------------------------------------------------------------------------
     @property
     def layers(self) -> list[int]:
-        return list(range(int(self.meta["n_layers"])))
+        """The stored layers, ascending, in the model's numbering (every layer unless the extraction chose some)."""
+        return layout.stored_layers(self.meta)
+
+    @property
+    def n_model_layers(self) -> int:
+        """The model's layers, stored or not (the embedding output and each block's output)."""
+        return int(self.meta["n_layers"])
 
     @property
     def n_tokens(self) -> int:
@@ -88,14 +95,19 @@ class RepresentationStore:
 
     def __repr__(self) -> str:
         return (f"RepresentationStore({self.url!r}, model={self.meta.get('model_id')!r}, "
-                f"layers=0..{len(self.layers) - 1} (0 = embeddings), tokens={self.n_tokens}, dim={self.dim})")
+                f"layers={describe_layers(self.layers, self.n_model_layers)} (0 = embeddings), tokens={self.n_tokens}, dim={self.dim})")
 
     # ---- arrays -----------------------------------------------------------------------------
     def layer(self, layer: int) -> zarr.Array | ShardedArray:
         """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches. Opening it checks that
         each of its chunk files exists and has its size (Zarr would read a missing one as zeros)."""
         if layer not in self.layers:
-            raise OutOfRange(f"layer {layer} out of range: this store has layers 0..{len(self.layers) - 1} (0 = embeddings)")
+            if 0 <= layer < self.n_model_layers:
+                raise OutOfRange(f"layer {layer} is not stored: this store holds layers {describe_layers(self.layers, self.n_model_layers)} "
+                                 f"of the model's 0..{self.n_model_layers - 1} (0 = embeddings); choose one of those, or extract "
+                                 "again storing it (`store_layers`)", param="layer")
+            raise OutOfRange(f"layer {layer} out of range: this store holds layers "
+                             f"{describe_layers(self.layers, self.n_model_layers)} (0 = embeddings)", param="layer")
         if layer not in self._arrays:
             if "shards" in self.meta:  # written in shards: the parts the shard index names
                 self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer)
@@ -178,3 +190,10 @@ class RepresentationStore:
             raise OutOfRange(f"sentence {sentence_id} out of range 0..{len(self.sentences) - 1}")
         record = self.sentences.iloc[sentence_id]
         return np.arange(record["first_row"], record["first_row"] + record["n_tokens"], dtype=np.int64)
+
+
+def describe_layers(layers: list[int], n_model_layers: int) -> str:
+    """"0..6" for every layer of a model, else the stored layers listed ("0, 3, 6")."""
+    if layers == list(range(n_model_layers)):
+        return f"0..{n_model_layers - 1}"
+    return ", ".join(map(str, layers))

@@ -69,8 +69,10 @@ class ShardPartWriter:
     compressed by `compressor` (`layout.compressors`)."""
 
     def __init__(self, location: Location, shard: int, *, first_sentence: int, n_layers: int, dim: int, dtype: str,
-                 expected_rows: int | None = None, compressor: str | None = None) -> None:
+                 expected_rows: int | None = None, compressor: str | None = None, layers: Sequence[int] | None = None) -> None:
         self.location = location
+        self.n_layers = n_layers
+        self.layers = list(range(n_layers)) if layers is None else list(layers)  # stored, in the model's numbering
         self.shard = shard
         self.first_sentence = first_sentence
         self.dim = dim
@@ -85,7 +87,7 @@ class ShardPartWriter:
                               chunks=(layout.chunk_rows(dim, expected_rows), dim), dtype=dtype,
                               compressors=layout.compressors(compressor), overwrite=True,
                               config={"write_empty_chunks": True})  # every chunk has its file, as the reader checks
-            for layer in range(n_layers)
+            for layer in self.layers
         ]
 
     @property
@@ -96,9 +98,12 @@ class ShardPartWriter:
         """Rows of the next sentences of the shard to every layer; their tables are kept until `commit`."""
         first_sentence, first_row = self.first_sentence + self.n_sentences, self.n_rows
         n_rows = sum(len(e.words) for e in encoded)
-        require_storable(encoded, self.dtype, first_sentence=first_sentence)
-        for layer, array in enumerate(self.arrays):
-            block = np.concatenate([e.vectors[layer] for e in encoded], axis=0) if encoded else np.empty((0, self.dim))
+        require_storable(encoded, self.dtype, first_sentence=first_sentence, layers=self.layers)
+        # an encoder hands out every layer of the model or the stored ones only (`stored_blocks`)
+        every = bool(encoded) and encoded[0].vectors.shape[0] != len(self.layers)
+        for index, (layer, array) in enumerate(zip(self.layers, self.arrays)):
+            block = (np.concatenate([e.vectors[layer if every else index] for e in encoded], axis=0) if encoded
+                     else np.empty((0, self.dim)))
             if not np.isfinite(block).all():
                 bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
                 raise InputError(f"layer {layer}, sentence {first_sentence + bad}: the model produced NaN/inf; "
@@ -132,7 +137,7 @@ class ShardPartWriter:
         part.write_parquet(pd.concat(self.tokens, ignore_index=True), layout.TOKENS)
         part.write_parquet(pd.concat(self.sentences, ignore_index=True), layout.SENTENCES)
         manifest = {"shard": self.shard, "part": self.part, "first_sentence": self.first_sentence,
-                    "n_sentences": self.n_sentences, "n_rows": self.n_rows, "chunks": part_digests(part, self.arrays)}
+                    "n_sentences": self.n_sentences, "n_rows": self.n_rows, "chunks": part_digests(part, self.arrays, self.layers)}
         self.location.write_json(manifest, SHARDS, shard_manifest_name(self.shard))
         return manifest
 
@@ -148,7 +153,7 @@ class ShardedStoreWriter(HoldsLock):
         if settings.get("dtype") not in layout.STORAGE_DTYPES:
             raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
         self.location = location
-        self.settings = dict(settings)
+        self.settings = {**settings, "stored_layers": layout.stored_layers(settings)}
         self._hold(claim_out(location, overwrite=overwrite), self._open)
 
     def _open(self) -> None:
@@ -204,8 +209,9 @@ class ShardedStoreWriter(HoldsLock):
                           "first_sentence": manifest["first_sentence"], "n_sentences": manifest["n_sentences"]})
             first_row += int(manifest["n_rows"])
             # digested by the worker that wrote the part; a part written without them is read once here
+            layers = layout.stored_layers(self.settings)
             part_chunks = manifest.get("chunks") or part_digests(part, [part.open_array(layout.LAYERS, str(layer))
-                                                                        for layer in range(int(self.settings["n_layers"]))])
+                                                                        for layer in layers], layers)
             chunks.update({f"{SHARDS}/{name}/{path}": digest for path, digest in part_chunks.items()})
         token_table = pd.concat(tokens, ignore_index=True)
         sentence_table = pd.concat(sentences, ignore_index=True)
@@ -225,9 +231,9 @@ class ShardedStoreWriter(HoldsLock):
         self.close()
 
 
-def part_digests(part: Location, arrays: Sequence[zarr.Array]) -> dict[str, str]:
-    """{path below the part: CRC32C} of every chunk file of a part's layer arrays."""
-    return digests(part, [path for layer, array in enumerate(arrays)
+def part_digests(part: Location, arrays: Sequence[zarr.Array], layers: Sequence[int]) -> dict[str, str]:
+    """{path below the part: CRC32C} of every chunk file of a part's arrays of `layers`."""
+    return digests(part, [path for layer, array in zip(layers, arrays)
                           for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")])
 
 

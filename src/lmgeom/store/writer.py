@@ -105,6 +105,8 @@ class StoreWriter(HoldsLock):
             raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
         layout.compressors(self.settings.get("compressor"))  # an unknown codec is refused before anything is written
         self.n_layers = int(self.settings["n_layers"])
+        self.layers = layout.stored_layers(self.settings)
+        self.settings["stored_layers"] = self.layers  # recorded always: every layer unless given
         self.dim = int(self.settings["dim"])
         self._hold(claim_out(Location.of(self.path), overwrite=overwrite), self._open)
 
@@ -124,7 +126,7 @@ class StoreWriter(HoldsLock):
             self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self.generation = uuid.uuid4().hex
             self._write_meta()
-            for layer in range(self.n_layers):
+            for layer in self.layers:
                 _create_layer_array(layout.layer_path(self.path, layer), rows=self.chunk_rows, dim=self.dim,
                                     dtype=self.settings["dtype"], compressor=self.settings.get("compressor"))
         self._recover()
@@ -143,14 +145,14 @@ class StoreWriter(HoldsLock):
         progress_path = self.path / layout.PROGRESS
         # the tables of the chunks this writer commits, kept for `finalize` (a few MB per million words)
         self._tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
-        self._open_chunks: list[OpenChunk | None] = [None] * self.n_layers
-        # CRC32C of the chunk files this writer wrote whole, by layer and chunk index, for checksums.json
-        self._checksums: list[dict[int, str]] = [{} for _ in range(self.n_layers)]
+        self._open_chunks: list[OpenChunk | None] = [None] * len(self.layers)
+        # CRC32C of the chunk files this writer wrote whole, by stored layer and chunk index, for checksums.json
+        self._checksums: list[dict[int, str]] = [{} for _ in self.layers]
         self.progress = layout.read_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
         if self.complete:
             return
         self.arrays = []
-        for layer in range(self.n_layers):
+        for layer in self.layers:
             try:
                 array = zarr.open_array(str(layout.layer_path(self.path, layer)), mode="r+")
             except Exception as error:  # zarr raises several types for a missing or broken array
@@ -177,14 +179,16 @@ class StoreWriter(HoldsLock):
         self.lock.require_held()
         first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
         n_rows = sum(len(e.words) for e in encoded)
-        require_storable(encoded, self.settings["dtype"], first_sentence=first_sentence)
-        for layer, (array, block) in enumerate(zip(self.arrays, _chunk_rows(encoded, self.n_layers, self.dim))):
+        require_storable(encoded, self.settings["dtype"], first_sentence=first_sentence, layers=self.layers)
+        n_vectors = encoded[0].vectors.shape[0] if encoded else len(self.layers)  # every layer, or the stored ones
+        blocks = stored_blocks(_chunk_rows(encoded, n_vectors, self.dim), self.layers, self.n_layers)
+        for index, (layer, array, block) in enumerate(zip(self.layers, self.arrays, blocks)):
             if not np.isfinite(block).all():
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
                 raise InputError(f"layer {layer}, row {bad}: the model produced NaN/inf; use `compute_dtype='float32'`", param="compute_dtype")
             array.resize((first_row + n_rows, self.dim))
-            self._open_chunks[layer] = _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False),
-                                                   self._open_chunks[layer], self._checksums[layer])
+            self._open_chunks[index] = _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False),
+                                                   self._open_chunks[index], self._checksums[index])
         tokens = pd.DataFrame({
             "sentence_id": np.repeat(np.arange(first_sentence, first_sentence + len(encoded), dtype=np.int64),
                                      [len(e.words) for e in encoded]),
@@ -232,10 +236,10 @@ class StoreWriter(HoldsLock):
         # chunk files written whole by this writer were checksummed as written; others (an earlier,
         # interrupted run's, or written through Zarr) are read once here
         location, chunks, unread = Location.of(self.path), {}, []
-        for layer, array in enumerate(self.arrays):
+        for layer, array, written in zip(self.layers, self.arrays, self._checksums):
             for index, (path, _) in enumerate(chunk_files(array, f"{layout.LAYERS}/{layer}")):
-                if index in self._checksums[layer]:
-                    chunks[path] = self._checksums[layer][index]
+                if index in written:
+                    chunks[path] = written[index]
                 else:
                     unread.append(path)
         integrity = record(location, {**chunks, **digests(location, unread)})
@@ -265,33 +269,56 @@ class StoreWriter(HoldsLock):
         atomic_write_text(self.path / layout.META, json.dumps(meta, indent=2) + "\n")
 
 
-def require_storable(encoded: Sequence[EncodedSentence], dtype: str, *, first_sentence: int) -> None:
+def stored_blocks(blocks: list[np.ndarray], layers: Sequence[int], n_layers: int) -> list[np.ndarray]:
+    """The rows of the stored `layers` among a chunk's per-layer `blocks`: an encoder hands out every
+    layer of the model (`n_layers` blocks, picked from here) or the stored layers only (one block each)."""
+    if len(blocks) == len(layers):
+        return blocks
+    if len(blocks) != n_layers:
+        raise ValueError(f"the encoder gave {len(blocks)} layers; the store holds {len(layers)} of the model's {n_layers}")
+    return [blocks[layer] for layer in layers]
+
+
+def require_storable(encoded: Sequence[EncodedSentence], dtype: str, *, first_sentence: int,
+                     layers: Sequence[int] | None = None) -> None:
     """Refuse float16 storage of a chunk holding values beyond float16's range (|x| > 65,504), which
-    it would store as inf, naming the first such layer, its largest absolute value and its sentence."""
+    it would store as inf, naming the first such layer (in the model's numbering: `layers`, when the
+    chunk holds only the stored layers), its largest absolute value and its sentence."""
     if dtype != "float16" or not encoded:
         return
     limit = float(np.finfo(np.float16).max)
-    n_layers = encoded[0].vectors.shape[0]
-    peaks = np.stack([np.abs(e.vectors).max(axis=(1, 2)) if e.vectors.size else np.zeros(n_layers) for e in encoded])
+    n_vectors = encoded[0].vectors.shape[0]
+    names = list(layers) if layers is not None and len(layers) == n_vectors else list(range(n_vectors))
+    peaks = np.stack([np.abs(e.vectors).max(axis=(1, 2)) if e.vectors.size else np.zeros(n_vectors) for e in encoded])
+    if layers is not None and len(layers) != n_vectors:  # every layer of the model: only the stored ones count
+        peaks, names = peaks[:, list(layers)], list(layers)
     beyond = np.flatnonzero((peaks > limit).any(axis=0))
     if not len(beyond):
         return
-    layer = int(beyond[0])
-    sentence = int(np.argmax(peaks[:, layer]))
-    others = f" (and {len(beyond) - 1} more layers: {', '.join(map(str, beyond[1:6]))}{', ...' if len(beyond) > 6 else ''})"
+    column = int(beyond[0])
+    layer = names[column]
+    sentence = int(np.argmax(peaks[:, column]))
+    more = [names[i] for i in beyond[1:6]]
+    others = f" (and {len(beyond) - 1} more layers: {', '.join(map(str, more))}{', ...' if len(beyond) > 6 else ''})"
     raise InputError(
-        f"`dtype='float16'` cannot store layer {layer}: its largest absolute value, {peaks[sentence, layer]:,.1f} "
+        f"`storage_dtype='float16'` cannot store layer {layer}: its largest absolute value, {peaks[sentence, column]:,.1f} "
         f"(sentence {first_sentence + sentence}), is beyond float16's range (65,504) and would be stored as inf"
-        f"{others if len(beyond) > 1 else ''}; store float32 (`dtype='float32'`, with `overwrite=True` to replace this "
-        "unfinished float16 store)", param=("dtype", "overwrite"),
+        f"{others if len(beyond) > 1 else ''}; store float32 (`storage_dtype='float32'`, with `overwrite=True` to replace "
+        "this unfinished float16 store)", param=("storage_dtype", "overwrite"),
     )
 
 
 def stored_settings(meta: dict[str, Any], requested: dict[str, Any]) -> dict[str, Any]:
     """A store's recorded settings, as a writer compares them with its own: a store written before
     `last_layer` was recorded holds the model's own last hidden state, so it matches a request for
-    that (any position but "before final norm", which such a store cannot hold)."""
+    that (any position but "before final norm", which such a store cannot hold); one written before
+    `stored_layers` were recorded holds every layer of its model, and one written before `sort_window`
+    was sorted each chunk on its own."""
     stored = dict(meta.get("settings", {}))
+    if stored and "stored_layers" not in stored and "n_layers" in stored:
+        stored["stored_layers"] = layout.stored_layers(stored)
+    if "sort_window" in requested and "sort_window" not in stored and "chunk_sentences" in stored:
+        stored["sort_window"] = stored["chunk_sentences"]
     last = requested.get("last_layer")
     if "last_layer" not in stored and isinstance(last, dict) and last.get("position") != "before final norm":
         stored["last_layer"] = last
@@ -326,7 +353,10 @@ def settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[
     changed = sorted(k for k in set(stored) | set(requested) if stored.get(k) != requested.get(k))
     run = "finished" if complete else "interrupted"
     if not any(key in _MODEL_SETTINGS for key in changed):
-        return f"{path} holds another run (different {', '.join(changed)}); pass `overwrite=True` to replace it, or choose another `out`"
+        layers = (f": it stores layers {_layer_list(stored.get('stored_layers'))}, and these settings ask for "
+                  f"{_layer_list(requested.get('stored_layers'))} (`store_layers`)" if "stored_layers" in changed else "")
+        return (f"{path} holds another run (different {', '.join(changed)}){layers}; pass `overwrite=True` to replace it, "
+                "or choose another `out`")
     parts = _fingerprint_parts(stored.get("model_fingerprint")), _fingerprint_parts(requested.get("model_fingerprint"))
     differing = [name for name in parts[0] if name in parts[1] and parts[0][name] != parts[1][name]]
     detail = f" (its {' and '.join(differing)} differ)" if differing else ""
@@ -336,6 +366,10 @@ def settings_mismatch(path: Path | str, stored: dict[str, Any], requested: dict[
         f"be continued or mixed with this model's. Re-run with the model the {run} run used to resume it, "
         "pass `overwrite=True` to discard it and start again, or choose another `out`"
     )
+
+
+def _layer_list(layers: Any) -> str:
+    return ", ".join(map(str, layers)) if isinstance(layers, list) else str(layers)
 
 
 def _fingerprint_parts(fingerprint: Any) -> dict[str, str]:
