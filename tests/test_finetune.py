@@ -30,7 +30,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def quick(**changes: object) -> FineTuneOptions:
-    settings: dict = dict(epochs=2, batch_size=8, learning_rate=1e-3, recalibrate_every=2, device="cpu")
+    settings: dict = dict(epochs=2, batch_size=8, learning_rate=1e-3, recalibrate_every=2, device="cpu",
+                          warmup_fraction=0.0, length_grouped=False, refit_after_last=False)  # the replayed recipe
     settings.update(changes)
     return FineTuneOptions(**settings)
 
