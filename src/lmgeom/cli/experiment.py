@@ -175,6 +175,36 @@ def finetune_precheck_command(
     console.print(f"wrote {out / 'precheck.json'} and {out / 'precheck.md'}")
 
 
+@experiment_app.command("thesis")
+def thesis_command(
+    results: list[Path] = typer.Argument(..., help="calibration experiments' results.json files (frozen and fine-tuning)"),
+    out: Path = typer.Option(..., "--out", "-o", help="folder for thesis.json and thesis.png"),
+) -> None:
+    """Ding et al.'s local-isotropy thesis: Spearman of Δ task score against Δ global and Δ local isotropy, per regime."""
+    import json
+
+    from lmgeom.runs.experiments.thesis import thesis_figure, thesis_pairs, thesis_test
+
+    with user_errors():
+        records = []
+        for path in results:
+            try:
+                records += json.loads(path.read_text(encoding="utf-8"))["records"]
+            except (OSError, ValueError, KeyError) as error:
+                raise InputError(f"{path}: not a readable results.json with records ({error})") from None
+        pairs = thesis_pairs(records)
+        tests = thesis_test(pairs)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "thesis.json").write_text(json.dumps({"sources": [str(p) for p in results], "tests": tests,
+                                                      "pairs": pairs.to_dict(orient="records")}, indent=1), encoding="utf-8")
+        if not pairs.empty:
+            thesis_figure(pairs, out / "thesis.png")
+    for test in tests:
+        rho = "n/a" if test["rho"] is None else f"{test['rho']:+.3f} [{test['low']:+.3f}, {test['high']:+.3f}], p={test['p_value']:.3g}"
+        console.print(f"{test['regime']} {test['measure']}: Spearman {rho} over {test['n_pairs']} pairs")
+    console.print(f"wrote {out / 'thesis.json'}" + (f" and {out / 'thesis.png'}" if not pairs.empty else ""))
+
+
 @experiment_app.command("layers")
 def layers_command(
     model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),

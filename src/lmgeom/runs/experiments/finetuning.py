@@ -439,3 +439,23 @@ def chosen_setting(folder: str | os.PathLike[str], task: str) -> dict[str, Any]:
         raise InputError(f"--precheck {folder}: `none` does not beat the trivial baseline on {task} with the chosen "
                          "setting, so a comparison of methods there is uninformative", param="precheck")
     return {"learning_rate": float(chosen["learning_rate"]), "epochs": int(chosen["epochs"])}
+
+
+def precheck_status_table(summary: dict[str, Any]) -> str:
+    """One row per task of a pre-check summary: settings finished, the chosen setting, its validation
+    score, its evaluation scores against the strongest trivial baseline (p of the test) and s/step."""
+    lines = ["| task | settings run | chosen lr | epochs | validation | evaluation vs trivial baseline (p) | s/step | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, entry in summary["tasks"].items():
+        chosen = entry.get("chosen")
+        run = f"{len(entry['settings'])} of {entry['n_settings']}"
+        if not chosen:
+            lines.append(f"| {name} | {run} | | | | | | not run yet |")
+            continue
+        setting = next(s for s in entry["settings"] if s["learning_rate"] == chosen["learning_rate"] and s["epochs"] == chosen["epochs"])
+        tests = "; ".join(f"{t['split']} {t['metric']} {t['value']:.3f} vs {t['baseline_value']:.3f} (p={t['p_value']:.2g})"
+                          for t in chosen["tests"])
+        verdict = ("informative" if chosen["informative"] else "uninformative") + ("" if chosen["complete"] else ", provisional")
+        lines.append(f"| {name} | {run} | {chosen['learning_rate']:g} | {chosen['epochs']} | {entry['primary_metric']} "
+                     f"{chosen['validation']:.3f} | {tests} | {setting['seconds_per_step']:.2f} | {verdict} |")
+    return "\n".join(lines) + "\n"

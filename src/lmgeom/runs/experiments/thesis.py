@@ -67,24 +67,27 @@ def thesis_pairs(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
 def thesis_test(pairs: pd.DataFrame, *, regimes: Sequence[str] = ("frozen", "finetune"), n_resamples: int = 2000,
                 seed: int = 0) -> list[dict[str, Any]]:
     """Per regime and measure (global, local): Spearman's rho of delta_score against the delta of
-    the measure, its percentile bootstrap interval (95 %) and p, over the pairs of that regime;
-    a regime with fewer than 3 finite pairs gets rho None and says so."""
+    the measure, its percentile bootstrap interval (95 %) and p, over the pairs of that regime with
+    both differences finite; fewer than 3 such pairs give rho None and say so. The pairs of one
+    configuration's seeds and of several tasks' metrics are pooled as they are (the interval treats
+    pairs as independent draws)."""
     results = []
     for regime in regimes:
         part = pairs[pairs["regime"] == regime] if not pairs.empty else pairs
         for name in MEASURES:
-            entry: dict[str, Any] = {"regime": regime, "measure": name, "n_pairs": int(len(part))}
-            if len(part) < 3:
-                entry.update(rho=None, note="fewer than 3 pairs")
+            finite = part[np.isfinite(part[f"delta_{name}"]) & np.isfinite(part["delta_score"])] if len(part) else part
+            entry: dict[str, Any] = {"regime": regime, "measure": name, "n_pairs": int(len(finite))}
+            if len(finite) < 3:
+                entry.update(rho=None, note="fewer than 3 pairs with finite differences")
             else:
                 try:
-                    result = spearman_bootstrap(part[f"delta_{name}"], part["delta_score"], n_resamples=n_resamples, seed=seed)
+                    result = spearman_bootstrap(finite[f"delta_{name}"], finite["delta_score"], n_resamples=n_resamples, seed=seed)
                 except InputError as error:
                     entry.update(rho=None, note=str(error))
                 else:
                     entry.update(rho=result.rho, low=result.low, high=result.high, p_value=result.p_value,
                                  n_resamples=result.n_resamples,
-                                 tasks=sorted(part["task"].unique().tolist()), methods=sorted(part["method"].unique().tolist()))
+                                 tasks=sorted(finite["task"].unique().tolist()), methods=sorted(finite["method"].unique().tolist()))
             results.append(entry)
     return results
 
