@@ -346,4 +346,4 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="mixes single texts and"):
         run(train_inputs=[TEXTS[0], PAIRS[1], TEXTS[2], TEXTS[3]], options=quick())
     with pytest.raises(ValueError, match="unknown pooling"):
-        run(options=quick(pooling="cls"))
+        run(options=quick(pooling="max"))

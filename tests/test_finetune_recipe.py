@@ -230,3 +230,66 @@ def test_spearman_bootstrap_against_scipy():
     with pytest.raises(ValueError, match="at least 3"):
         spearman_bootstrap([1.0, 2.0], [1.0, 2.0])
 
+
+
+def test_chosen_setting_refuses_unfinished_or_uninformative_prechecks(tmp_path):
+    import json
+
+    from lmgeom.runs.experiments.finetuning import chosen_setting
+
+    def write(chosen: dict) -> None:
+        (tmp_path / "precheck.json").write_text(json.dumps({"tasks": {"cola": {"chosen": chosen}}}))
+
+    write({"learning_rate": 5e-5, "epochs": 3, "complete": True, "informative": True})
+    assert chosen_setting(tmp_path, "CoLA") == {"learning_rate": 5e-5, "epochs": 3}
+    write({"learning_rate": 5e-5, "epochs": 3, "complete": False, "informative": True})
+    with pytest.raises(ValueError, match="has not run every setting"):
+        chosen_setting(tmp_path, "cola")
+    write({"learning_rate": 5e-5, "epochs": 3, "complete": True, "informative": False})
+    with pytest.raises(ValueError, match="does not beat the trivial baseline"):
+        chosen_setting(tmp_path, "cola")
+    with pytest.raises(ValueError, match="no setting chosen for rte"):
+        chosen_setting(tmp_path, "rte")
+
+
+def test_thesis_command_writes_the_tests_and_the_plot(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    rng = np.random.default_rng(2)
+    records = []
+    for seed in range(3):
+        records.append({"regime": "frozen", "task": "cola", "method": "none", "seed": seed, "split": "dev",
+                        "metric": "matthews", "value": 0.2, "isoscore_after": 0.1, "local_isoscore_after": 0.1})
+        for method in ("abtt", "cie"):
+            records.append({"regime": "frozen", "task": "cola", "method": method, "seed": seed, "split": "dev",
+                            "metric": "matthews", "value": float(rng.random()), "isoscore_after": float(rng.random()),
+                            "local_isoscore_after": float(rng.random())})
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"records": records}))
+    result = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(tmp_path / "thesis")])
+    assert result.exit_code == 0, result.output
+    document = json.loads((tmp_path / "thesis" / "thesis.json").read_text())
+    frozen_local = next(t for t in document["tests"] if t["regime"] == "frozen" and t["measure"] == "local")
+    pairs = [p for p in document["pairs"]]
+    assert frozen_local["n_pairs"] == 6 == len(pairs)
+    expected = scipy_stats.spearmanr([p["delta_local"] for p in pairs], [p["delta_score"] for p in pairs]).statistic
+    assert frozen_local["rho"] == pytest.approx(expected)
+    assert (tmp_path / "thesis" / "thesis.png").stat().st_size > 1000
+    assert "finetune local: Spearman n/a over 0 pairs" in result.output
+
+
+def test_whitening_inside_fine_tuning_is_zca_so_refits_are_continuous():
+    from lmgeom.finetune.train import _method_settings
+
+    settings, make = _method_settings("whitening", {}, seed=0, device="cpu")
+    assert settings["zca"] is True and make is not None and make().zca is True
+    assert _method_settings("whitening", {"zca": False}, seed=0, device="cpu")[0]["zca"] is False
+    # a re-fit on slightly moved vectors gives a nearby map (PCA whitening may flip its axes' signs)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 6)) @ rng.normal(size=(6, 6))
+    first, second = make().fit(X), make().fit(X + 1e-3 * rng.normal(size=X.shape))
+    assert np.abs(first.transform(X) - second.transform(X)).max() < 0.05

@@ -236,6 +236,10 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
             defaults["random_state"] = seed
         if "device" in defaults:
             defaults["device"] = str(device)
+        if method == "whitening":
+            # ZCA: a re-fit on slightly moved vectors gives a slightly different map; PCA whitening's
+            # eigenvector signs and order can flip between fits, scrambling what the head has learnt.
+            defaults["zca"] = True
         allowed = {**defaults, "recalibration_inputs": RECALIBRATION_INPUTS}
     elif method == "isobn":
         allowed = {"momentum": ISOBN_MOMENTUM, "beta": ISOBN_BETA, "eps": ISOBN_EPS}
