@@ -37,12 +37,15 @@ def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str,
     from lmgeom.runs.experiments.core import trivial_lines, trivial_verdict
 
     table = Table(title=title)
-    for column in ("split", "head", varying, "metric", "mean ± std", "p (Holm)", "vs trivial"):
-        table.add_column(column, justify="right" if column in ("mean ± std", "p (Holm)") else "left")
+    for column in ("split", "head", varying, "metric", "mean ± std", "seeds", "Δ", "p (Holm)", "vs trivial"):
+        table.add_column(column, justify="right" if column in ("mean ± std", "seeds", "Δ", "p (Holm)") else "left")
     for s in summaries:
         p = "" if s.get("p_holm") is None else f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}"
+        if s.get("holm_duplicate_of"):
+            p = f"= {s['holm_duplicate_of']}"
+        delta = "degenerate" if s.get("degenerate") else ("" if s.get("difference") is None else f"{s['difference']:+.4f}")
         table.add_row(str(s["split"]), str(s.get("head", "")), str(s[varying]), str(s["metric"]),
-                      f"{s['mean']:.4f} ± {s['std']:.4f}", p, trivial_verdict(s))
+                      f"{s['mean']:.4f} ± {s['std']:.4f}", str(s["n_seeds"]), delta, p, trivial_verdict(s))
     console.print(table)
     for line in trivial_lines(trivial or []):
         console.print(f"trivial baseline: {line}")

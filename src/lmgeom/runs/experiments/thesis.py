@@ -38,9 +38,9 @@ def thesis_pairs(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
         missing = sorted(needed - set(frame)) if not frame.empty else sorted(needed)
         raise InputError(f"the thesis test needs records with {sorted(needed)}; missing {missing}")
     frame = frame[~frame["split"].isin(EXCLUDED_SPLITS)].copy()
-    for key in PAIR_KEYS:
-        if key not in frame:
-            frame[key] = ""
+    for name in PAIR_KEYS:
+        if name not in frame:
+            frame[name] = ""
     frame[list(PAIR_KEYS)] = frame[list(PAIR_KEYS)].fillna("").astype(str)
     if "degenerate" in frame:
         frame = frame[~frame["degenerate"].fillna(False).astype(bool)]
