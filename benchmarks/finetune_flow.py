@@ -7,7 +7,9 @@ from lmgeom.finetune import FineTuneOptions, finetune
 from lmgeom.runs.experiments.core import geometry, subsample
 from lmgeom.runs.experiments.finetuning import degenerate_reasons
 
-variant = sys.argv[1]  # "stale": no re-fit after the last step; "refit": one (the default)
+# "stale" / "refit": fresh flow re-fits, without / with the re-fit after the last step;
+# "continued-stale" / "continued": re-fits that continue the previous flow (the default)
+variant = sys.argv[1]
 task = load_task("cola", "../shared/data/GLUE/CoLA")
 rows = subsample(len(task.splits["train"].inputs), 1000, 0)
 dev_rows = subsample(len(task.splits["dev"].inputs), 400, 0)
@@ -16,7 +18,8 @@ labels = task.splits["train"].labels[rows]
 # the layer is also applied to the first 400 training inputs (inside its fit distribution)
 evals = {"dev": [task.splits["dev"].inputs[r] for r in dev_rows], "train400": train_inputs[:400]}
 options = FineTuneOptions(epochs=2, batch_size=32, learning_rate=1e-4, recalibrate_every=50, seed=0, device="cpu",
-                          refit_after_last=(variant != "stale"), method_params={"recalibration_inputs": 1000})
+                          refit_after_last=not variant.endswith("stale"), method_params={"recalibration_inputs": 1000,
+                                                                  "continue_refits": variant.startswith("continued")})
 started = time.perf_counter()
 result = finetune("minilm", train_inputs=train_inputs, train_labels=labels, eval_inputs=evals, n_outputs=2,
                   method="flow", options=options)

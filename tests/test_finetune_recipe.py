@@ -293,3 +293,30 @@ def test_whitening_inside_fine_tuning_is_zca_so_refits_are_continuous():
     X = rng.normal(size=(500, 6)) @ rng.normal(size=(6, 6))
     first, second = make().fit(X), make().fit(X + 1e-3 * rng.normal(size=X.shape))
     assert np.abs(first.transform(X) - second.transform(X)).max() < 0.05
+
+
+def test_a_flow_refit_continues_the_previous_flow():
+    import torch
+
+    from lmgeom.calibrate import FlowCalibrator
+    from lmgeom.finetune.calibration import CalibrationLayer, ContinuedFlow
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 8)) @ rng.normal(size=(8, 8)) + np.sin(rng.normal(size=(600, 8)))
+    moved = X + 0.01 * rng.normal(size=X.shape)
+    make = lambda: FlowCalibrator(n_epochs=3, hidden_size=16, n_steps=2, random_state=0, device="cpu")  # noqa: E731
+    layer = CalibrationLayer(make)
+    layer.refit(X)
+    first = layer.calibrator
+    before = first.transform(X)
+    layer.refit(moved)
+    continued = layer.calibrator
+    assert isinstance(continued, ContinuedFlow) and continued.prewhitening_ is first.prewhitening_
+    fresh = FlowCalibrator(n_epochs=3, hidden_size=16, n_steps=2, random_state=1, device="cpu").fit(moved)
+    drift = np.abs(continued.transform(X) - before).mean()
+    assert drift < 0.5 * np.abs(fresh.transform(X) - before).mean()
+    # the torch form is the continued calibrator's transform, and the first fit's module is untouched
+    with torch.no_grad():
+        torch_out = layer(torch.as_tensor(X[:50], dtype=torch.float32)).numpy()
+    assert np.abs(torch_out - continued.transform(X[:50])).max() < 1e-3
+    assert np.array_equal(first.transform(X), before)

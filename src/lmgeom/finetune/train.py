@@ -241,6 +241,8 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
             # eigenvector signs and order can flip between fits, scrambling what the head has learnt.
             defaults["zca"] = True
         allowed = {**defaults, "recalibration_inputs": RECALIBRATION_INPUTS}
+        if method == "flow":
+            allowed["continue_refits"] = True  # each re-fit starts from the previous flow (ContinuedFlow)
     elif method == "isobn":
         allowed = {"momentum": ISOBN_MOMENTUM, "beta": ISOBN_BETA, "eps": ISOBN_EPS}
     else:
@@ -259,7 +261,7 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
                          "fine-tuning keeps fixed; leave n_components unset (whitening keeps every direction)")
     if int(settings["recalibration_inputs"]) < 2:
         raise InputError(f"recalibration_inputs must be >= 2, got {settings['recalibration_inputs']}")
-    estimator_params = {key: value for key, value in settings.items() if key != "recalibration_inputs"}
+    estimator_params = {key: value for key, value in settings.items() if key not in ("recalibration_inputs", "continue_refits")}
 
     def make() -> Calibrator:
         return CALIBRATORS[method](**estimator_params)
@@ -361,7 +363,7 @@ def finetune(
         head = nn.Linear(dim, n_outputs).to(device)
         layer: nn.Module | None = None
         if make_calibrator is not None:
-            layer = CalibrationLayer(make_calibrator, device=device)
+            layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", True)))
         elif method == "isobn":
             layer = IsoBN(dim, momentum=settings["momentum"], beta=settings["beta"], eps=settings["eps"]).to(device)
         classifier = _Classifier(encoder, head, layer, options.pooling)
