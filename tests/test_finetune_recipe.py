@@ -305,7 +305,7 @@ def test_a_flow_refit_continues_the_previous_flow():
     X = rng.normal(size=(600, 8)) @ rng.normal(size=(8, 8)) + np.sin(rng.normal(size=(600, 8)))
     moved = X + 0.01 * rng.normal(size=X.shape)
     make = lambda: FlowCalibrator(n_epochs=3, hidden_size=16, n_steps=2, random_state=0, device="cpu")  # noqa: E731
-    layer = CalibrationLayer(make)
+    layer = CalibrationLayer(make, continue_flow=True)
     layer.refit(X)
     first = layer.calibrator
     before = first.transform(X)
@@ -320,3 +320,30 @@ def test_a_flow_refit_continues_the_previous_flow():
         torch_out = layer(torch.as_tensor(X[:50], dtype=torch.float32)).numpy()
     assert np.abs(torch_out - continued.transform(X[:50])).max() < 1e-3
     assert np.array_equal(first.transform(X), before)
+
+
+def test_a_layer_that_collapsed_during_training_is_degenerate():
+    from lmgeom.runs.experiments.finetuning import stale_layer_reasons
+
+    healthy = {"step": 50, "finite": True, "isoscore": 0.3, "log_iw": -30.0}
+    assert stale_layer_reasons([healthy]) == []
+    # the flow probe's stale fit: IsoScore 0.0001, log I(W) -9.2e6 on the encoder's vectors at step 64
+    collapsed = {"step": 64, "finite": True, "isoscore": 0.0001, "log_iw": -9.2e6}
+    (reason,) = stale_layer_reasons([healthy, collapsed])
+    assert "before step 64" in reason
+    assert len(stale_layer_reasons([{"step": 3, "finite": False, "isoscore": float("nan"), "log_iw": float("nan")}])) == 1
+    assert len(stale_layer_reasons([{"step": 3, "finite": True, "isoscore": 0.5, "log_iw": -150.0}])) == 1
+
+
+def test_finetune_records_the_layer_before_every_refit():
+    from lmgeom.finetune import FineTuneOptions, finetune
+
+    texts = [f"The cat number {i} sat on the mat {i % 5} times." for i in range(40)]
+    result = finetune("tiny-bert", train_inputs=texts, train_labels=np.arange(40) % 2, eval_inputs={"dev": texts[:8]},
+                      n_outputs=2, method="standardize",
+                      options=FineTuneOptions(epochs=1, batch_size=8, learning_rate=1e-3, recalibrate_every=2,
+                                              max_length=32, device="cpu"))
+    # 5 steps: fits before steps 0, 2, 4 and after step 5; checks before the re-fits at 2, 4 and after the last step
+    assert [c["step"] for c in result.layer_checks] == [2, 4, 5]
+    assert all(c["finite"] and 0 < c["isoscore"] <= 1 for c in result.layer_checks)
+    assert result.n_steps == 5 and 0 <= result.padding_fraction < 0.5

@@ -5,10 +5,10 @@ The calibrator's statistics are fitted outside autograd (on vectors of the train
 gradients flow through the transform into the encoder while the statistics stay constants:
 - all-but-the-top, whitening, standardisation and conceptor negation are affine: (x - shift) M;
 - CIE picks each row's nearest centroid (a discrete choice, no gradient) and is affine within it;
-- the flow applies its prewhitening and its trained module, whose parameters are frozen. Its
-  re-fits continue the previous fit (`ContinuedFlow`): the first fit's pre-whitening is kept and
-  the previous flow's parameters are the start of the next maximum-likelihood training, so the map
-  the head reads moves a little at each re-fit instead of being replaced by an unrelated one.
+- the flow applies its prewhitening and its trained module, whose parameters are frozen. With
+  `continue_flow` its re-fits continue the previous fit (`ContinuedFlow`): the first fit's
+  pre-whitening is kept and the previous flow's parameters start the next maximum-likelihood
+  training, so the map moves a little at each re-fit instead of being replaced by an unrelated one.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class CalibrationLayer(nn.Module):
     with `continue_flow`, a flow after the first fit continues the previous one, `ContinuedFlow`) and swaps in its torch
     form on `device`; `n_refits` counts the fits."""
 
-    def __init__(self, make: Callable[[], Calibrator], *, device: torch.device | str = "cpu", continue_flow: bool = True) -> None:
+    def __init__(self, make: Callable[[], Calibrator], *, device: torch.device | str = "cpu", continue_flow: bool = False) -> None:
         super().__init__()
         self.make = make
         self.continue_flow = continue_flow

@@ -102,6 +102,9 @@ class FineTuneResult:
     notes: list[str]
     n_steps: int = 0
     padding_fraction: float = 0.0  # padding positions / all positions of the training batches
+    # calibrators: the layer's output on its fit vectors just before each re-fit (and after the last
+    # step), i.e. what the stale fit did to the encoder's current vectors: step, isoscore, log_iw, finite
+    layer_checks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -242,7 +245,7 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
             defaults["zca"] = True
         allowed = {**defaults, "recalibration_inputs": RECALIBRATION_INPUTS}
         if method == "flow":
-            allowed["continue_refits"] = True  # each re-fit starts from the previous flow (ContinuedFlow)
+            allowed["continue_refits"] = False  # True: each re-fit starts from the previous flow (ContinuedFlow)
     elif method == "isobn":
         allowed = {"momentum": ISOBN_MOMENTUM, "beta": ISOBN_BETA, "eps": ISOBN_EPS}
     else:
@@ -363,7 +366,7 @@ def finetune(
         head = nn.Linear(dim, n_outputs).to(device)
         layer: nn.Module | None = None
         if make_calibrator is not None:
-            layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", True)))
+            layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", False)))
         elif method == "isobn":
             layer = IsoBN(dim, momentum=settings["momentum"], beta=settings["beta"], eps=settings["eps"]).to(device)
         classifier = _Classifier(encoder, head, layer, options.pooling)
@@ -375,8 +378,10 @@ def finetune(
             sign = 1.0 if settings["istar_direction"] == "raise" else -1.0
             istar = IStar(weight=sign * float(settings["istar_lambda"]), zeta=float(settings["istar_zeta"]),
                           c0_points=int(settings["istar_c0_points"]))
+        layer_checks: list[dict[str, Any]] = []
         seconds_per_epoch, n_steps, padding = _train(classifier, train, targets, n_outputs, options, device, progress, istar=istar,
-                                   recalibration_inputs=int(settings.get("recalibration_inputs", 0)), notes=notes)
+                                   recalibration_inputs=int(settings.get("recalibration_inputs", 0)), notes=notes,
+                                   layer_checks=layer_checks)
     after = {split: _evaluate(classifier, data, batch_size, device) for split, data in evaluation.items()}
     sentence_vectors["after"] = {split: pooled for split, (pooled, _, _) in after.items()}
     if layer is not None:
@@ -391,7 +396,8 @@ def finetune(
         method_params["recalibrate_every"] = options.recalibrate_every
     if make_calibrator is not None:
         method_params["refit_after_last"] = options.refit_after_last
-    return FineTuneResult(predictions, sentence_vectors, seconds_per_epoch, method_params, notes, n_steps, padding)
+    return FineTuneResult(predictions, sentence_vectors, seconds_per_epoch, method_params, notes, n_steps, padding,
+                          layer_checks)
 
 
 def _by_length(data: _Tokenized, rows: Sequence[int], batch_size: int) -> tuple[list[list[int]], np.ndarray]:
@@ -433,11 +439,23 @@ def _evaluate(classifier: _Classifier, data: _Tokenized, batch_size: int, device
     return np.concatenate(pooled)[restore], np.concatenate(features)[restore], np.concatenate(logits)[restore]
 
 
+@torch.no_grad()
+def _layer_check(layer: CalibrationLayer, vectors: np.ndarray, step: int, device: torch.device) -> dict[str, Any]:
+    """IsoScore and log I(W) of the current fit's output on `vectors` (the encoder's current pooled vectors)."""
+    from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
+
+    output = layer(torch.as_tensor(vectors, dtype=torch.float32, device=device)).double().cpu().numpy()
+    finite = bool(np.isfinite(output).all())
+    return {"step": step, "finite": finite, "isoscore": float(isoscore(output)) if finite else float("nan"),
+            "log_iw": float(log_partition_isotropy(output)) if finite else float("nan")}
+
+
 def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_outputs: int, options: FineTuneOptions,
            device: torch.device, progress: Progress, *, istar: IStar | None, recalibration_inputs: int,
-           notes: list[str]) -> tuple[list[float], int, float]:
+           notes: list[str], layer_checks: list[dict[str, Any]]) -> tuple[list[float], int, float]:
     """The training loop of the module docstring; returns seconds per epoch, the number of steps and
-    the padding fraction of the training batches."""
+    the padding fraction of the training batches, and appends the calibrator's checks (`_layer_check`,
+    before each re-fit and after the last step) to `layer_checks`."""
     n_inputs, batch_size = len(train), options.batch_size
     total_steps = -(-n_inputs // batch_size) * options.epochs
     if options.max_steps is not None:
@@ -476,7 +494,10 @@ def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_
             if step == total_steps:
                 break
             if calibration is not None and step % options.recalibrate_every == 0:
-                calibration.refit(_pooled(classifier, train, fit_rows, batch_size, device))
+                vectors = _pooled(classifier, train, fit_rows, batch_size, device)
+                if calibration.transform is not None:
+                    layer_checks.append(_layer_check(calibration, vectors, step, device))
+                calibration.refit(vectors)
                 refit_steps.append(step)
                 progress.advance("recalibration", 1, note=f"step {step}")
             positions += len(rows) * int(lengths[rows].max())
@@ -495,8 +516,10 @@ def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_
             progress.advance("fine-tuning", 1, note=f"loss {loss.item():.4f}")
         seconds_per_epoch.append(time.perf_counter() - started)
     if calibration is not None:
+        vectors = _pooled(classifier, train, fit_rows, batch_size, device)
+        layer_checks.append(_layer_check(calibration, vectors, step, device))
         if options.refit_after_last:
-            calibration.refit(_pooled(classifier, train, fit_rows, batch_size, device))
+            calibration.refit(vectors)
             refit_steps.append(step)
         notes.append(f"calibration statistics re-estimated {len(refit_steps)} times (before steps {refit_steps}"
                      f"{', the last after the final step' if options.refit_after_last else ''}) "

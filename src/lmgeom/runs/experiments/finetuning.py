@@ -112,6 +112,19 @@ def degenerate_reasons(vectors: np.ndarray, measures: dict[str, float]) -> list[
     return reasons
 
 
+def stale_layer_reasons(checks: Sequence[dict[str, Any]]) -> list[str]:
+    """Collapses during training: a calibrator whose output on the encoder's current vectors, just
+    before a re-fit (or after the last step), has non-finite values, IsoScore below
+    DEGENERATE_ISOSCORE or |log I(W)| above LOG_IW_LIMIT; the head trained through it."""
+    reasons = []
+    for check in checks:
+        iso, log_iw = check["isoscore"], check["log_iw"]
+        if not check["finite"] or not np.isfinite(iso) or iso < DEGENERATE_ISOSCORE or abs(log_iw) > LOG_IW_LIMIT:
+            reasons.append(f"collapsed during training: the fit in use before step {check['step']} gave IsoScore "
+                           f"{iso:.3g}, log I(W) {log_iw:.3g} on the encoder's vectors")
+    return reasons
+
+
 # ---- cells and workers ------------------------------------------------------------------------
 
 
@@ -187,12 +200,13 @@ def run_job(job: FinetuneJob) -> Cell:
     measured = {**prefixed(geometry(vectors["before"][split]), "pretrained"), **prefixed(geometry(layer_in), "before")}
     after = geometry(layer_out)
     measured.update(prefixed(after, "after"))
-    reasons = degenerate_reasons(layer_out, after)
+    reasons = degenerate_reasons(layer_out, after) + stale_layer_reasons(result.layer_checks)
     per_step = sum(result.seconds_per_epoch) / max(1, result.n_steps)
     cell = Cell(job.config, job.seed, extra={
         "method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch, "seconds": seconds,
         "n_steps": result.n_steps, "seconds_per_step": per_step, "padding_fraction": result.padding_fraction,
-        "finetune_notes": result.notes, "degenerate_reasons": reasons, "threads": _threads()})
+        "finetune_notes": result.notes, "degenerate_reasons": reasons, "layer_checks": result.layer_checks,
+        "threads": _threads()})
     regularisation = (f"AdamW weight decay 0.01, {options.epochs} epochs, lr {options.learning_rate:g}, batch "
                       f"{options.batch_size}, warm-up {options.warmup_fraction:g}, max length {options.max_length}")
     for name, prediction in result.predictions.items():
