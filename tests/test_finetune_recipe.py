@@ -347,3 +347,29 @@ def test_finetune_records_the_layer_before_every_refit():
     assert [c["step"] for c in result.layer_checks] == [2, 4, 5]
     assert all(c["finite"] and 0 < c["isoscore"] <= 1 for c in result.layer_checks)
     assert result.n_steps == 5 and 0 <= result.padding_fraction < 0.5
+
+
+def test_the_calibration_command_takes_the_prechecked_setting(shared_data, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    precheck = tmp_path / "precheck"
+    precheck.mkdir()
+    (precheck / "precheck.json").write_text(json.dumps({"tasks": {"cola": {"chosen": {
+        "learning_rate": 7e-4, "epochs": 1, "complete": True, "informative": True}}}}))
+    out = tmp_path / "grid"
+    result = CliRunner().invoke(app, [
+        "experiment", "calibration", "--model", "tiny-bert", "--task", "cola", "--data", str(shared_data / "GLUE" / "CoLA"),
+        "--regime", "finetune", "--methods", "none", "--seeds", "1", "--max-train", "40", "--max-eval", "10",
+        "--max-steps", "2", "--max-length", "32", "--workers", "1", "--device", "cpu", "--precheck", str(precheck),
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "results.json").read_text())
+    (cell,) = document["cells"]
+    assert cell["config"]["options"]["learning_rate"] == 7e-4 and cell["config"]["options"]["epochs"] == 1
+    assert cell["n_steps"] == 2 and cell["seconds"] > 0 and cell["degenerate_reasons"] == []
+    assert {r["split"] for r in document["records"]} == {"dev", "dev_out_of_domain", "validation"}
+    assert all("lr 0.0007" in r["head_regularisation"] for r in document["records"])
