@@ -37,12 +37,15 @@ def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str,
     from lmgeom.runs.experiments.core import trivial_lines, trivial_verdict
 
     table = Table(title=title)
-    for column in ("split", "head", varying, "metric", "mean ± std", "p (Holm)", "vs trivial"):
-        table.add_column(column, justify="right" if column in ("mean ± std", "p (Holm)") else "left")
+    for column in ("split", "head", varying, "metric", "mean ± std", "seeds", "Δ", "p (Holm)", "vs trivial"):
+        table.add_column(column, justify="right" if column in ("mean ± std", "seeds", "Δ", "p (Holm)") else "left")
     for s in summaries:
         p = "" if s.get("p_holm") is None else f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}"
+        if s.get("holm_duplicate_of"):
+            p = f"= {s['holm_duplicate_of']}"
+        delta = "degenerate" if s.get("degenerate") else ("" if s.get("difference") is None else f"{s['difference']:+.4f}")
         table.add_row(str(s["split"]), str(s.get("head", "")), str(s[varying]), str(s["metric"]),
-                      f"{s['mean']:.4f} ± {s['std']:.4f}", p, trivial_verdict(s))
+                      f"{s['mean']:.4f} ± {s['std']:.4f}", str(s["n_seeds"]), delta, p, trivial_verdict(s))
     console.print(table)
     for line in trivial_lines(trivial or []):
         console.print(f"trivial baseline: {line}")
@@ -78,23 +81,40 @@ def calibration_command(
     regime: str = typer.Option("frozen", "--regime", help="frozen, finetune or both"),
     features: str = typer.Option("top", "--features", help="frozen features: top, static (layer 0), layer:N or mix"),
     heads: str = typer.Option("logreg,mlp", "--heads", "--head", help="frozen heads: logreg (ridge for regression), mlp"),
-    pooling: str = typer.Option("mean", "--pooling", help="sentence vector: mean of pieces, or last piece"),
-    max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training examples (per seed)"),
+    pooling: str = typer.Option("mean", "--pooling", help="sentence vector: mean of pieces, last piece, or cls (first position; fine-tuning regime)"),
+    max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training examples (per seed; fine-tuning: one subsample for all seeds)"),
     max_eval: Optional[int] = typer.Option(None, "--max-eval", min=1, help="seeded subsample of N evaluation examples (the same for every seed)"),
     epochs: int = typer.Option(3, "--epochs", min=1, help="fine-tuning regime: epochs"),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="fine-tuning regime: sentences per step"),
     learning_rate: float = typer.Option(2e-5, "--learning-rate", callback=above(0), help="fine-tuning regime: AdamW learning rate"),
+    warmup_fraction: float = typer.Option(0.06, "--warmup-fraction", help="fine-tuning regime: share of the steps with linear warm-up"),
+    max_length: int = typer.Option(128, "--max-length", min=2, help="fine-tuning regime: tokens per input (truncated)"),
+    recalibrate_every: int = typer.Option(100, "--recalibrate-every", min=1, help="fine-tuning regime: steps between re-fits of a calibrator"),
+    refit_after_last: bool = typer.Option(True, "--refit-after-last/--no-refit-after-last", help="fine-tuning regime: re-fit the calibrator once more after the last step"),
+    validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="fine-tuning regime: share of the training data held out as the `validation` split"),
+    workers: int = typer.Option(2, "--workers", min=1, help="fine-tuning regime: single-thread worker processes, one cell each"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="fine-tuning regime: stop every run after N steps (smoke tests)"),
+    precheck: Optional[Path] = typer.Option(None, "--precheck", help="fine-tuning regime: take the learning rate and epochs chosen for the task in this pre-check folder's precheck.json"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
     from lmgeom.runs.experiments import ExperimentOptions, run_calibration
 
+    options: dict[str, Any] = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
+                               "warmup_fraction": warmup_fraction, "max_length": max_length,
+                               "recalibrate_every": recalibrate_every, "refit_after_last": refit_after_last}
+    if max_steps is not None:
+        options["max_steps"] = max_steps
     with user_errors(), RichProgress() as progress:
-        options = ExperimentOptions(seeds=parse_seed_option(seeds), pooling=pooling, max_train=max_train, max_eval=max_eval,
-                                    device=device)
-        result = run_calibration(model, task, data, out=out, options=options, methods=split_list(methods),
+        if precheck is not None:
+            from lmgeom.runs.experiments.finetuning import chosen_setting
+
+            options.update(chosen_setting(precheck, task))
+        experiment = ExperimentOptions(seeds=parse_seed_option(seeds), pooling=pooling, max_train=max_train, max_eval=max_eval,
+                                       device=device)
+        result = run_calibration(model, task, data, out=out, options=experiment, methods=split_list(methods),
                                  regime=regime, features=features, heads=split_list(heads), progress=progress,
-                                 finetune_options={"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate})
+                                 finetune_options=options, validation_fraction=validation_fraction, workers=workers)
     print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})",
                     result.trivial_baselines)
     for note in result.notes:
@@ -102,6 +122,93 @@ def calibration_command(
     from lmgeom.runs import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
+
+
+def parse_floats(text: str, option: str) -> list[float]:
+    try:
+        return [float(item) for item in split_list(text)]
+    except ValueError:
+        raise InputError(f"{option} takes a comma list of numbers (e.g. 3e-5,5e-5,1e-4), got {text!r}") from None
+
+
+def parse_task_epochs(text: str) -> dict[str, list[int]]:
+    """`mrpc=3/5,rte=3/5`: epochs to try per task."""
+    result: dict[str, list[int]] = {}
+    for item in split_list(text):
+        name, _, values = item.partition("=")
+        try:
+            result[name.strip().lower()] = [int(v) for v in values.split("/")]
+        except ValueError:
+            raise InputError(f"--epochs takes task=N/M pairs (e.g. cola=3,mrpc=3/5), got {item!r}") from None
+    return result
+
+
+@experiment_app.command("finetune-precheck")
+def finetune_precheck_command(
+    model: str = typer.Option("minilm", "--model", help="a transformers model name or folder"),
+    data: Path = typer.Option(..., "--data", help="the GLUE folder (with CoLA/, SST-2/, MRPC/, RTE/), e.g. ../shared/data/GLUE"),
+    out: Path = typer.Option(..., "--out", "-o", help="pre-check folder: precheck.json, precheck.md, finished cells"),
+    tasks: str = typer.Option("cola,rte,mrpc,sst2", "--tasks", "--task", help="comma list, run in this order"),
+    learning_rates: str = typer.Option("3e-5,5e-5,1e-4", "--learning-rates", help="comma list of AdamW learning rates"),
+    epochs: str = typer.Option("cola=3,sst2=3,mrpc=3/5,rte=3/5", "--epochs", help="epochs to try per task: task=N/M,..."),
+    validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="share of the training data held out to choose on"),
+    workers: int = typer.Option(2, "--workers", min=1, help="single-thread worker processes, one cell each"),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="sentences per step"),
+    max_length: int = typer.Option(128, "--max-length", min=2, help="tokens per input (truncated)"),
+    warmup_fraction: float = typer.Option(0.06, "--warmup-fraction", help="share of the steps with linear warm-up"),
+    pooling: str = typer.Option("mean", "--pooling", help="mean (of the pieces) or cls (the first position, Ding et al.'s and IsoBN's)"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="stop every cell after N steps (smoke tests)"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+) -> None:
+    """Choose the fine-tuning settings per task: `none` over learning rates and epochs, on a validation split."""
+    from lmgeom.runs.experiments.finetuning import PRECHECK_EPOCHS, run_precheck
+
+    options: dict[str, Any] = {"batch_size": batch_size, "max_length": max_length, "warmup_fraction": warmup_fraction,
+                               "pooling": pooling, "device": device}
+    if max_steps is not None:
+        options["max_steps"] = max_steps
+    with user_errors(), RichProgress() as progress:
+        summary = run_precheck(model, data, out=out, tasks=split_list(tasks),
+                               learning_rates=parse_floats(learning_rates, "--learning-rates"),
+                               epochs={**PRECHECK_EPOCHS, **parse_task_epochs(epochs)},
+                               validation_fraction=validation_fraction, options=options, workers=workers,
+                               progress=progress)
+    for name, entry in summary["tasks"].items():
+        chosen = entry.get("chosen")
+        console.print(f"{name}: " + ("no setting finished" if not chosen else
+                                     f"lr {chosen['learning_rate']:g}, {chosen['epochs']} epochs, validation "
+                                     f"{chosen['validation']:.4f}, {'informative' if chosen['informative'] else 'UNINFORMATIVE'}"))
+    console.print(f"wrote {out / 'precheck.json'} and {out / 'precheck.md'}")
+
+
+@experiment_app.command("thesis")
+def thesis_command(
+    results: list[Path] = typer.Argument(..., help="calibration experiments' results.json files (frozen and fine-tuning)"),
+    out: Path = typer.Option(..., "--out", "-o", help="folder for thesis.json and thesis.png"),
+) -> None:
+    """Ding et al.'s local-isotropy thesis: Spearman of Δ task score against Δ global and Δ local isotropy, per regime."""
+    import json
+
+    from lmgeom.runs.experiments.thesis import thesis_figure, thesis_pairs, thesis_test
+
+    with user_errors():
+        records = []
+        for path in results:
+            try:
+                records += json.loads(path.read_text(encoding="utf-8"))["records"]
+            except (OSError, ValueError, KeyError) as error:
+                raise InputError(f"{path}: not a readable results.json with records ({error})") from None
+        pairs = thesis_pairs(records)
+        tests = thesis_test(pairs)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "thesis.json").write_text(json.dumps({"sources": [str(p) for p in results], "tests": tests,
+                                                      "pairs": pairs.to_dict(orient="records")}, indent=1), encoding="utf-8")
+        if not pairs.empty:
+            thesis_figure(pairs, out / "thesis.png")
+    for test in tests:
+        rho = "n/a" if test["rho"] is None else f"{test['rho']:+.3f} [{test['low']:+.3f}, {test['high']:+.3f}], p={test['p_value']:.3g}"
+        console.print(f"{test['regime']} {test['measure']}: Spearman {rho} over {test['n_pairs']} pairs")
+    console.print(f"wrote {out / 'thesis.json'}" + (f" and {out / 'thesis.png'}" if not pairs.empty else ""))
 
 
 @experiment_app.command("layers")

@@ -118,3 +118,68 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if array.size == 0:
         raise InputError("mean and std need at least one value")
     return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0
+
+
+def holm_unique(p_values: Sequence[float], keys: Sequence[object]) -> tuple[np.ndarray, list[int | None]]:
+    """Holm over the distinct hypotheses of a family: members with equal `keys` (the same test, such
+    as `layer:L` and `top`, `static` and `layer:0`) count once, the first of them; the others get its
+    adjusted p. Returns (adjusted p per member, index of the member each one duplicates or None)."""
+    if len(p_values) != len(keys):
+        raise ValueError(f"{len(p_values)} p-values for {len(keys)} keys")
+    first: dict[object, int] = {}
+    duplicate_of: list[int | None] = []
+    for index, key in enumerate(keys):
+        duplicate_of.append(first.get(key))
+        first.setdefault(key, index)
+    unique = [i for i, twin in enumerate(duplicate_of) if twin is None]
+    adjusted_unique = holm([p_values[i] for i in unique])
+    adjusted = np.full(len(p_values), np.nan)
+    adjusted[unique] = adjusted_unique
+    for index, twin in enumerate(duplicate_of):
+        if twin is not None:
+            adjusted[index] = adjusted[twin]
+    return adjusted, duplicate_of
+
+
+def difference_of_means(ours: dict[int, float], baseline: dict[int, float]) -> tuple[float, list[int]]:
+    """Δ = mean over seeds of `ours` minus mean over seeds of `baseline`, on the seeds both have
+    (per-seed scores keyed by seed); returns (Δ, the seeds used). NaN without a common seed."""
+    seeds = sorted(set(ours) & set(baseline))
+    if not seeds:
+        return float("nan"), []
+    return float(np.mean([ours[s] for s in seeds]) - np.mean([baseline[s] for s in seeds])), seeds
+
+
+@dataclass(frozen=True)
+class SpearmanInterval:
+    rho: float
+    low: float  # percentile bootstrap interval
+    high: float
+    p_value: float  # two-sided, scipy's t approximation
+    n: int
+    n_resamples: int
+
+
+def spearman_bootstrap(x: Sequence[float], y: Sequence[float], *, n_resamples: int = 2000, confidence: float = 0.95,
+                       seed: int = 0) -> SpearmanInterval:
+    """Spearman's rho of (x, y) pairs with a percentile bootstrap interval (pairs drawn with
+    replacement; draws where a side is constant are skipped) and scipy's two-sided p."""
+    from scipy import stats as scipy_stats
+
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    n = len(a)
+    if n < 3:
+        raise InputError(f"a Spearman correlation needs at least 3 finite pairs, got {n}")
+    result = scipy_stats.spearmanr(a, b)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_resamples):
+        rows = rng.integers(0, n, size=n)
+        if np.ptp(a[rows]) == 0 or np.ptp(b[rows]) == 0:
+            continue
+        draws.append(scipy_stats.spearmanr(a[rows], b[rows]).statistic)
+    tail = (1 - confidence) / 2
+    low, high = (np.quantile(draws, [tail, 1 - tail]) if draws else (np.nan, np.nan))
+    return SpearmanInterval(float(result.statistic), float(low), float(high), float(result.pvalue), n, len(draws))

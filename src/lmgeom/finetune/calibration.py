@@ -5,12 +5,16 @@ The calibrator's statistics are fitted outside autograd (on vectors of the train
 gradients flow through the transform into the encoder while the statistics stay constants:
 - all-but-the-top, whitening, standardisation and conceptor negation are affine: (x - shift) M;
 - CIE picks each row's nearest centroid (a discrete choice, no gradient) and is affine within it;
-- the flow applies its prewhitening and its trained module, whose parameters are frozen.
+- the flow applies its prewhitening and its trained module, whose parameters are frozen. With
+  `continue_flow` its re-fits continue the previous fit (`ContinuedFlow`): the first fit's
+  pre-whitening is kept and the previous flow's parameters start the next maximum-likelihood
+  training, so the map moves a little at each re-fit instead of being replaced by an unrelated one.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import copy
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -76,6 +80,28 @@ class _Flow(nn.Module):
         return z
 
 
+class ContinuedFlow(FlowCalibrator):
+    """A FlowCalibrator fit that continues `previous`: the data go through `previous`'s fixed
+    pre-whitening, and training starts from `previous`'s flow (its actnorms not re-initialised).
+    Fitted attributes as FlowCalibrator's; `prewhitening_` is `previous`'s."""
+
+    def __init__(self, previous: FlowCalibrator, **params: Any) -> None:
+        super().__init__(**{**params, "prewhiten": False})
+        self.previous = previous
+
+    def _build(self, dim: int, seed: int) -> Any:
+        module = copy.deepcopy(self.previous.module_).float().requires_grad_(True).train()
+        setattr(module, "initialize", lambda data: None)  # keep the trained actnorms
+        return module
+
+    def fit(self, X: Any, y: Any = None) -> "ContinuedFlow":
+        whitening = self.previous.prewhitening_
+        X = np.asarray(X, dtype=np.float64)
+        super().fit(X if whitening is None else whitening.transform(X))
+        self.prewhitening_ = whitening
+        return self
+
+
 def torch_calibration(fitted: Calibrator) -> nn.Module:
     """The fitted calibrator's transform as a torch module of float32 buffers (frozen parameters for
     the flow), differentiable in its input."""
@@ -98,19 +124,24 @@ def torch_calibration(fitted: Calibrator) -> nn.Module:
 class CalibrationLayer(nn.Module):
     """Applies the latest fit of a calibrator to (batch, dim) vectors, differentiably.
 
-    `refit(vectors)` fits a fresh calibrator from `make` on the given vectors (numpy, no gradient)
-    and swaps in its torch form on `device`; `n_refits` counts the fits."""
+    `refit(vectors)` fits a fresh calibrator from `make` on the given vectors (numpy, no gradient;
+    with `continue_flow`, a flow after the first fit continues the previous one, `ContinuedFlow`) and swaps in its torch
+    form on `device`; `n_refits` counts the fits."""
 
-    def __init__(self, make: Callable[[], Calibrator], *, device: torch.device | str = "cpu") -> None:
+    def __init__(self, make: Callable[[], Calibrator], *, device: torch.device | str = "cpu", continue_flow: bool = False) -> None:
         super().__init__()
         self.make = make
+        self.continue_flow = continue_flow
         self.device = torch.device(device)
         self.calibrator: Calibrator | None = None
         self.transform: nn.Module | None = None
         self.n_refits = 0
 
     def refit(self, vectors: np.ndarray) -> None:
-        calibrator = self.make().fit(np.asarray(vectors, dtype=np.float64))
+        calibrator = self.make()
+        if self.continue_flow and isinstance(calibrator, FlowCalibrator) and isinstance(self.calibrator, FlowCalibrator):
+            calibrator = ContinuedFlow(self.calibrator, **calibrator.get_params())
+        calibrator.fit(np.asarray(vectors, dtype=np.float64))
         self.calibrator = calibrator
         self.transform = torch_calibration(calibrator).to(self.device)
         self.n_refits += 1

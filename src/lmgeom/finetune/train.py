@@ -6,13 +6,16 @@ The recipe (also what `method="none"` is, step for step; tests/test_finetune.py 
    (pairs as the tokenizer joins them), truncated to `max_length`;
 2. inside a forked torch RNG seeded with `seed`: the head `nn.Linear(dim, n_outputs)` is created
    (torch's default init), then every dropout mask of training draws from that RNG;
-3. epoch e visits the training inputs in `numpy.random.default_rng(seed)`'s e-th permutation, in
-   batches of `batch_size` padded to the longest input of the batch;
+3. epoch e draws its batches from `numpy.random.default_rng(seed)`: with `length_grouped` (the
+   default) `length_grouped_batches` (a random permutation cut into pools of `LENGTH_POOL_BATCHES`
+   batches, each pool sorted by token length and cut into batches, the batches shuffled), else the
+   e-th permutation cut into batches; a batch is padded to its longest input;
 4. the sentence vector is the mean of the top layer's pieces with special tokens and padding
-   masked out (`pooling="last"`: the last such piece, for decoders);
+   masked out (`pooling="last"`: the last such piece, for decoders; `"cls"`: the first position);
 5. loss: cross-entropy (n_outputs >= 2) or mean squared error (n_outputs = 1); AdamW (torch's
    defaults but the learning rate, weight decay 0.01) over the encoder and the head; gradients
-   clipped at norm 1.0; the learning rate decays linearly to 0 over all steps.
+   clipped at norm 1.0; the learning rate rises linearly from 0 over the first `warmup_fraction`
+   of the steps, then decays linearly to 0 at the last step.
 Predictions and sentence vectors are computed in eval mode (no dropout) without gradients.
 """
 
@@ -42,7 +45,14 @@ Inputs = Sequence[str] | Sequence[tuple[str, str]]
 # Calibrators whose transform runs inside the forward pass (each has a differentiable torch form).
 CALIBRATION_METHODS = ("abtt", "cie", "conceptor", "whitening", "standardize", "flow")
 METHODS = ("none", *CALIBRATION_METHODS, "isobn", "istar")
-POOLINGS = ("mean", "last")
+POOLINGS = ("mean", "last", "cls")
+POOLING_NOTES = {
+    "mean": "sentence vector: mean of the top layer's pieces, special tokens and padding excluded",
+    "last": "sentence vector: last of the top layer's pieces, special tokens and padding excluded",
+    "cls": "sentence vector: the top layer's state at the first position ([CLS] for BERT models)",
+}
+# Batches per pool that length grouping sorts by length (transformers' LengthGroupedSampler uses 50).
+LENGTH_POOL_BATCHES = 50
 WEIGHT_DECAY = 0.01
 MAX_GRADIENT_NORM = 1.0
 # Training inputs whose vectors each re-estimation of a calibrator is fitted on (a fixed seeded subset).
@@ -56,13 +66,21 @@ ISTAR_DIRECTIONS = ("lower", "raise")
 @dataclass(frozen=True)
 class FineTuneOptions:
     """How to fine-tune. `recalibrate_every`: steps between re-estimations of a calibrator's
-    statistics (step 0 included). `method_params`: the method's own settings (see `finetune`)."""
+    statistics (step 0 included); `refit_after_last`: re-estimate them once more after the last
+    step, so the layer the predictions go through is fitted to the final encoder. `warmup_fraction`:
+    the share of the steps over which the learning rate rises linearly from 0. `length_grouped`:
+    batches of similar token length (see `length_grouped_batches`). `method_params`: the method's
+    own settings (see `finetune`)."""
 
     epochs: int = 3
     batch_size: int = 32
     learning_rate: float = 2e-5
     max_length: int = 128
+    warmup_fraction: float = 0.06
+    length_grouped: bool = True
+    max_steps: int | None = None  # stop after this many steps (the schedule spans them): smoke tests
     recalibrate_every: int = 100
+    refit_after_last: bool = True
     pooling: str = "mean"
     seed: int = 0
     device: str = "auto"
@@ -82,6 +100,11 @@ class FineTuneResult:
     seconds_per_epoch: list[float]
     method_params: dict[str, Any]
     notes: list[str]
+    n_steps: int = 0
+    padding_fraction: float = 0.0  # padding positions / all positions of the training batches
+    # calibrators: the layer's output on its fit vectors just before each re-fit (and after the last
+    # step), i.e. what the stale fit did to the encoder's current vectors: step, isoscore, log_iw, finite
+    layer_checks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -116,6 +139,9 @@ class _Tokenized:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def lengths(self) -> np.ndarray:
+        return np.array([len(ids) for ids in self.ids], dtype=np.int64)
+
     def batch(self, rows: Sequence[int], device: torch.device) -> _Batch:
         length = max(len(self.ids[row]) for row in rows)
         input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
@@ -129,8 +155,52 @@ class _Tokenized:
         return _Batch(input_ids.to(device), attention.to(device), content.to(device))
 
 
+def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, *,
+                           pool_batches: int = LENGTH_POOL_BATCHES) -> list[list[int]]:
+    """One epoch's batches of row indexes, each row once: a random permutation is cut into pools of
+    `pool_batches * batch_size` rows, each pool is sorted by length (stable, so ties keep the random
+    order) and cut into batches, and the batches of all pools are shuffled. A batch then pads to
+    near its members' length instead of the longest input of a random batch; the pools keep the
+    batches' membership random from epoch to epoch. Deterministic for a given `rng` state."""
+    lengths = np.asarray(lengths)
+    if batch_size < 1 or pool_batches < 1:
+        raise InputError(f"batch_size and pool_batches must be >= 1, got {batch_size} and {pool_batches}")
+    order = rng.permutation(len(lengths))
+    pool_size = batch_size * pool_batches
+    batches: list[list[int]] = []
+    for start in range(0, len(order), pool_size):
+        members = order[start : start + pool_size]
+        members = members[np.argsort(lengths[members], kind="stable")]
+        batches += [members[i : i + batch_size].tolist() for i in range(0, len(members), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def random_batches(n_rows: int, batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    """One epoch's batches: a random permutation cut into consecutive batches."""
+    order = rng.permutation(n_rows).tolist()
+    return [order[i : i + batch_size] for i in range(0, n_rows, batch_size)]
+
+
+def padding_fraction(lengths: np.ndarray, batches: Sequence[Sequence[int]]) -> float:
+    """Padding positions over all positions when each batch pads to its longest row."""
+    lengths = np.asarray(lengths)
+    padded = sum(len(rows) * int(lengths[list(rows)].max()) for rows in batches)
+    return 1.0 - float(sum(int(lengths[list(rows)].sum()) for rows in batches)) / padded
+
+
+def warmup_linear(step: int, total_steps: int, warmup_steps: int) -> float:
+    """The learning-rate factor of step `step` (0-based): step / warmup_steps during warm-up, then a
+    linear decay to 0 at `total_steps` (transformers' `get_linear_schedule_with_warmup`)."""
+    if step < warmup_steps:
+        return step / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
 def pool(hidden: torch.Tensor, content_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """Sentence vectors from (batch, length, dim) states: mean of the content pieces, or the last one."""
+    """Sentence vectors from (batch, length, dim) states: mean of the content pieces, the last one,
+    or the first position (`cls`: BERT's [CLS] token, special tokens included)."""
+    if pooling == "cls":
+        return hidden[:, 0]
     if pooling == "last":
         positions = torch.arange(content_mask.shape[1], device=content_mask.device)
         last = torch.where(content_mask, positions, -1).amax(dim=1)
@@ -169,7 +239,13 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
             defaults["random_state"] = seed
         if "device" in defaults:
             defaults["device"] = str(device)
+        if method == "whitening":
+            # ZCA: a re-fit on slightly moved vectors gives a slightly different map; PCA whitening's
+            # eigenvector signs and order can flip between fits, scrambling what the head has learnt.
+            defaults["zca"] = True
         allowed = {**defaults, "recalibration_inputs": RECALIBRATION_INPUTS}
+        if method == "flow":
+            allowed["continue_refits"] = False  # True: each re-fit starts from the previous flow (ContinuedFlow)
     elif method == "isobn":
         allowed = {"momentum": ISOBN_MOMENTUM, "beta": ISOBN_BETA, "eps": ISOBN_EPS}
     else:
@@ -188,7 +264,7 @@ def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: 
                          "fine-tuning keeps fixed; leave n_components unset (whitening keeps every direction)")
     if int(settings["recalibration_inputs"]) < 2:
         raise InputError(f"recalibration_inputs must be >= 2, got {settings['recalibration_inputs']}")
-    estimator_params = {key: value for key, value in settings.items() if key != "recalibration_inputs"}
+    estimator_params = {key: value for key, value in settings.items() if key not in ("recalibration_inputs", "continue_refits")}
 
     def make() -> Calibrator:
         return CALIBRATORS[method](**estimator_params)
@@ -201,6 +277,10 @@ def _check_options(options: FineTuneOptions, method: str, n_outputs: int) -> Non
         raise InputError(f"unknown fine-tuning method {method!r}; choose from {', '.join(METHODS)}")
     if options.pooling not in POOLINGS:
         raise InputError(f"unknown pooling {options.pooling!r}; choose one of {POOLINGS}")
+    if not 0 <= options.warmup_fraction < 1:
+        raise InputError(f"FineTuneOptions.warmup_fraction must be in [0, 1), got {options.warmup_fraction}")
+    if options.max_steps is not None and options.max_steps < 1:
+        raise InputError(f"FineTuneOptions.max_steps must be >= 1 or None, got {options.max_steps}")
     for name in ("epochs", "batch_size", "recalibrate_every"):
         if getattr(options, name) < 1:
             raise InputError(f"FineTuneOptions.{name} must be >= 1, got {getattr(options, name)}")
@@ -269,20 +349,24 @@ def finetune(
     if not eval_inputs:
         raise InputError("eval_inputs is empty; give at least one evaluation split")
     encoder, tokenizer, pad_id = _load(model, device)
-    train = _Tokenized(tokenizer, train_inputs, max_length=options.max_length, pad_id=pad_id, name="train_inputs")
-    targets = _targets(train_labels, len(train), n_outputs).to(device)
-    evaluation = {split: _Tokenized(tokenizer, inputs, max_length=options.max_length, pad_id=pad_id, name=f"eval_inputs[{split!r}]")
-                  for split, inputs in eval_inputs.items()}
     config: Any = encoder.config
+    positions = getattr(config, "max_position_embeddings", None)
+    max_length = options.max_length if positions is None else min(options.max_length, int(positions))
+    train = _Tokenized(tokenizer, train_inputs, max_length=max_length, pad_id=pad_id, name="train_inputs")
+    targets = _targets(train_labels, len(train), n_outputs).to(device)
+    evaluation = {split: _Tokenized(tokenizer, inputs, max_length=max_length, pad_id=pad_id, name=f"eval_inputs[{split!r}]")
+                  for split, inputs in eval_inputs.items()}
     dim = int(config.hidden_size)
-    notes = [f"sentence vector: {'mean' if options.pooling == 'mean' else 'last'} of the top layer's pieces, special tokens and padding excluded"]
+    notes = [POOLING_NOTES[options.pooling]]
+    if max_length < options.max_length:
+        notes.append(f"inputs truncated to {max_length} tokens, the model's position limit (max_length {options.max_length})")
     cuda_devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(options.seed)
         head = nn.Linear(dim, n_outputs).to(device)
         layer: nn.Module | None = None
         if make_calibrator is not None:
-            layer = CalibrationLayer(make_calibrator, device=device)
+            layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", False)))
         elif method == "isobn":
             layer = IsoBN(dim, momentum=settings["momentum"], beta=settings["beta"], eps=settings["eps"]).to(device)
         classifier = _Classifier(encoder, head, layer, options.pooling)
@@ -294,8 +378,10 @@ def finetune(
             sign = 1.0 if settings["istar_direction"] == "raise" else -1.0
             istar = IStar(weight=sign * float(settings["istar_lambda"]), zeta=float(settings["istar_zeta"]),
                           c0_points=int(settings["istar_c0_points"]))
-        seconds_per_epoch = _train(classifier, train, targets, n_outputs, options, device, progress, istar=istar,
-                                   recalibration_inputs=int(settings.get("recalibration_inputs", 0)), notes=notes)
+        layer_checks: list[dict[str, Any]] = []
+        seconds_per_epoch, n_steps, padding = _train(classifier, train, targets, n_outputs, options, device, progress, istar=istar,
+                                   recalibration_inputs=int(settings.get("recalibration_inputs", 0)), notes=notes,
+                                   layer_checks=layer_checks)
     after = {split: _evaluate(classifier, data, batch_size, device) for split, data in evaluation.items()}
     sentence_vectors["after"] = {split: pooled for split, (pooled, _, _) in after.items()}
     if layer is not None:
@@ -308,7 +394,19 @@ def finetune(
                              istar_loss=f"task loss {'+' if istar.weight > 0 else '-'} {abs(istar.weight)} * (1 - IsoScore*)")
     if make_calibrator is not None:
         method_params["recalibrate_every"] = options.recalibrate_every
-    return FineTuneResult(predictions, sentence_vectors, seconds_per_epoch, method_params, notes)
+    if make_calibrator is not None:
+        method_params["refit_after_last"] = options.refit_after_last
+    return FineTuneResult(predictions, sentence_vectors, seconds_per_epoch, method_params, notes, n_steps, padding,
+                          layer_checks)
+
+
+def _by_length(data: _Tokenized, rows: Sequence[int], batch_size: int) -> tuple[list[list[int]], np.ndarray]:
+    """Batches of `rows` sorted by token length (little padding at prediction time) and the positions
+    that put their outputs back in the order of `rows`."""
+    chosen = np.asarray(rows, dtype=np.int64)
+    order = np.argsort(data.lengths()[chosen], kind="stable")
+    batches = [chosen[order[i : i + batch_size]].tolist() for i in range(0, len(chosen), batch_size)]
+    return batches, np.argsort(order, kind="stable")
 
 
 @torch.no_grad()
@@ -317,12 +415,13 @@ def _pooled(classifier: _Classifier, data: _Tokenized, rows: Sequence[int], batc
     was_training = classifier.training
     classifier.eval()
     vectors = []
-    for start in range(0, len(rows), batch_size):
-        batch = data.batch(rows[start : start + batch_size], device)
+    batches, restore = _by_length(data, rows, batch_size)
+    for batch_rows in batches:
+        batch = data.batch(batch_rows, device)
         hidden = classifier.encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
         vectors.append(pool(hidden, batch.content_mask, classifier.pooling).float().cpu().numpy())
     classifier.train(was_training)
-    return np.concatenate(vectors)
+    return np.concatenate(vectors)[restore]
 
 
 @torch.no_grad()
@@ -330,24 +429,43 @@ def _evaluate(classifier: _Classifier, data: _Tokenized, batch_size: int, device
     """(pooled vectors, vectors the head reads, head outputs) of every input, in eval mode."""
     classifier.eval()
     pooled, features, logits = [], [], []
-    for start in range(0, len(data), batch_size):
-        batch = data.batch(range(start, min(start + batch_size, len(data))), device)
+    batches, restore = _by_length(data, range(len(data)), batch_size)
+    for batch_rows in batches:
+        batch = data.batch(batch_rows, device)
         outputs, vector, feature, _ = classifier(batch)
         pooled.append(vector.float().cpu().numpy())
         features.append(feature.float().cpu().numpy())
         logits.append(outputs.float().cpu().numpy())
-    return np.concatenate(pooled), np.concatenate(features), np.concatenate(logits)
+    return np.concatenate(pooled)[restore], np.concatenate(features)[restore], np.concatenate(logits)[restore]
+
+
+@torch.no_grad()
+def _layer_check(layer: CalibrationLayer, vectors: np.ndarray, step: int, device: torch.device) -> dict[str, Any]:
+    """IsoScore and log I(W) of the current fit's output on `vectors` (the encoder's current pooled vectors)."""
+    from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
+
+    output = layer(torch.as_tensor(vectors, dtype=torch.float32, device=device)).double().cpu().numpy()
+    finite = bool(np.isfinite(output).all())
+    return {"step": step, "finite": finite, "isoscore": float(isoscore(output)) if finite else float("nan"),
+            "log_iw": float(log_partition_isotropy(output)) if finite else float("nan")}
 
 
 def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_outputs: int, options: FineTuneOptions,
            device: torch.device, progress: Progress, *, istar: IStar | None, recalibration_inputs: int,
-           notes: list[str]) -> list[float]:
-    """The training loop of the module docstring; returns seconds per epoch."""
+           notes: list[str], layer_checks: list[dict[str, Any]]) -> tuple[list[float], int, float]:
+    """The training loop of the module docstring; returns seconds per epoch, the number of steps and
+    the padding fraction of the training batches, and appends the calibrator's checks (`_layer_check`,
+    before each re-fit and after the last step) to `layer_checks`."""
     n_inputs, batch_size = len(train), options.batch_size
     total_steps = -(-n_inputs // batch_size) * options.epochs
+    if options.max_steps is not None:
+        total_steps = min(total_steps, options.max_steps)
+    warmup_steps = int(round(options.warmup_fraction * total_steps))
     parameters = [*classifier.encoder.parameters(), *classifier.head.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=options.learning_rate, weight_decay=WEIGHT_DECAY)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / total_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_linear(step, total_steps, warmup_steps))
+    lengths = train.lengths()
+    positions = content = 0
     loss_function: nn.Module = nn.MSELoss() if n_outputs == 1 else nn.CrossEntropyLoss()
     order_rng = np.random.default_rng(options.seed)
     calibration = classifier.layer if isinstance(classifier.layer, CalibrationLayer) else None
@@ -363,17 +481,27 @@ def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_
     refit_steps: list[int] = []
     step = 0
     for _ in range(options.epochs):
+        if step == total_steps:
+            break
         started = time.perf_counter()
-        order = order_rng.permutation(n_inputs).tolist()
+        batches = (length_grouped_batches(lengths, batch_size, order_rng) if options.length_grouped
+                   else random_batches(n_inputs, batch_size, order_rng))
         if istar is not None:
+            order = [row for rows in batches for row in rows]
             n_points = istar.refresh(classifier, train, order, batch_size, device)
             notes.append(f"I-STAR C0 estimated from {n_points} token states (epoch {len(seconds_per_epoch) + 1})")
-        for start in range(0, n_inputs, batch_size):
+        for rows in batches:
+            if step == total_steps:
+                break
             if calibration is not None and step % options.recalibrate_every == 0:
-                calibration.refit(_pooled(classifier, train, fit_rows, batch_size, device))
+                vectors = _pooled(classifier, train, fit_rows, batch_size, device)
+                if calibration.transform is not None:
+                    layer_checks.append(_layer_check(calibration, vectors, step, device))
+                calibration.refit(vectors)
                 refit_steps.append(step)
                 progress.advance("recalibration", 1, note=f"step {step}")
-            rows = order[start : start + batch_size]
+            positions += len(rows) * int(lengths[rows].max())
+            content += int(lengths[rows].sum())
             batch = train.batch(rows, device)
             logits, _, _, hidden = classifier(batch, hidden_states=istar is not None)
             loss = loss_function(logits[:, 0] if n_outputs == 1 else logits, targets[torch.as_tensor(rows, device=device)])
@@ -388,6 +516,15 @@ def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_
             progress.advance("fine-tuning", 1, note=f"loss {loss.item():.4f}")
         seconds_per_epoch.append(time.perf_counter() - started)
     if calibration is not None:
-        notes.append(f"calibration statistics re-estimated {len(refit_steps)} times (before steps {refit_steps}) "
+        vectors = _pooled(classifier, train, fit_rows, batch_size, device)
+        layer_checks.append(_layer_check(calibration, vectors, step, device))
+        if options.refit_after_last:
+            calibration.refit(vectors)
+            refit_steps.append(step)
+        notes.append(f"calibration statistics re-estimated {len(refit_steps)} times (before steps {refit_steps}"
+                     f"{', the last after the final step' if options.refit_after_last else ''}) "
                      f"on the pooled vectors of {len(fit_rows)} training inputs, eval mode, no gradient")
-    return seconds_per_epoch
+    notes.append(f"{step} steps ({warmup_steps} of linear warm-up), "
+                 f"{'length-grouped' if options.length_grouped else 'random'} batches: "
+                 f"{1 - content / positions:.1%} of the batch positions are padding")
+    return seconds_per_epoch, step, 1 - content / positions

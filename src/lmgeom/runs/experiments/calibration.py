@@ -40,10 +40,12 @@ from lmgeom.runs.experiments.core import (
     write_results,
 )
 from lmgeom.runs.experiments.features import FeatureCache, pooling_note
+from lmgeom.runs.experiments.finetuning import VALIDATION_FRACTION, WORKERS, finetune_task, job_for, run_jobs
 from lmgeom.runs.experiments.heads import HEADS, combine, fit_predict_sklearn, fit_probe, head_settings
 
 FINETUNE_ONLY_METHODS = ("isobn", "istar")  # they act on the representation during fine-tuning only
 REGIMES = ("frozen", "finetune", "both")
+CLS_NOTE = "the top layer's state at the first position ([CLS]), as Ding et al. and IsoBN pool"
 WORD_VECTORS_NOTE = "word vectors: the mean of each word's pieces (a tagging task reads words, not sentences)"
 
 
@@ -84,6 +86,8 @@ def run_calibration(
     features: str = "top",
     heads: Sequence[str] = HEADS,
     finetune_options: dict[str, Any] | None = None,
+    validation_fraction: float = VALIDATION_FRACTION,
+    workers: int = WORKERS,
     progress: Progress | None = None,
 ) -> ExperimentResult:
     """Every (method, head, seed) cell of the calibration experiment; finished cells are skipped.
@@ -103,6 +107,10 @@ def run_calibration(
         raise InputError(f"unknown calibration methods {unknown}; choose from none, {', '.join([*METHODS, *FINETUNE_ONLY_METHODS])}")
     for head in heads:
         head_settings(head, False)
+    if pooling == "cls" and regime != "finetune":
+        raise InputError("`pooling` cls (the first position, Ding et al.'s and IsoBN's [CLS]) is a fine-tuning option; "
+                         "run it with `regime='finetune'`", param="pooling")
+    pooling_text = CLS_NOTE if pooling == "cls" else pooling_note(pooling)
     seed_list = options.seed_list
     the_task = resolve_task(task, data)
     tagging = isinstance(the_task, TaggingTask)
@@ -126,14 +134,22 @@ def run_calibration(
         frozen_methods = [m for m in methods if m not in FINETUNE_ONLY_METHODS]
         cells += _frozen(model, data_, cache, store, frozen_methods, seed_list, features, list(heads), pooling, progress)
     if regime in ("finetune", "both"):
-        cells += _finetuned(model, data_, store, methods, seed_list, pooling, device, finetune_options or {}, progress)
+        assert isinstance(the_task, SentenceTask)
+        tuned, tuned_data, tuned_notes = _finetuned(model, the_task, store, methods, seed_list, pooling, device,
+                                                    finetune_options or {}, max_train=max_train, max_eval=max_eval,
+                                                    validation_fraction=validation_fraction, workers=workers,
+                                                    progress=progress)
+        cells += tuned
+        notes += tuned_notes
+        if regime == "finetune":
+            data_ = tuned_data
     summaries = summarise(cells, data_, baseline=lambda row: None if row["method"] == "none" else {"method": "none"},
                           family_key="method")
     trivial = task_trivial_baselines(data_)
     compare_with_trivial(summaries, cells, data_, trivial, family_key="method", reference="none")
     settings: dict[str, Any] = {"model": model, "task": the_task.name, "data": str(data), "methods": methods, "seeds": seed_list,
                 "regime": regime, "features": features, "heads": list(heads),
-                "pooling": WORD_VECTORS_NOTE if tagging else pooling_note(pooling),
+                "pooling": WORD_VECTORS_NOTE if tagging else pooling_text,
                 "max_train": max_train, "max_eval": max_eval, "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()},
                 "options": options.to_settings()}
     if tagging:  # the subsample counts sentences; heads, geometry and the paired test work on their words
@@ -243,57 +259,24 @@ def _frozen_mix(train: np.ndarray, y_train: np.ndarray, evaluation: dict[str, np
                                                                      "mix_note": "layers standardised with training statistics, then mixed"}
 
 
-def _finetuned(model: str, data: TaskData, store: CellStore, methods: list[str], seeds: list[int], pooling: str,
-               device: str, options: dict[str, Any], progress: Progress) -> list[Cell]:
-    """One fine-tuning run per (method, seed): `lmgeom.finetune.finetune` with the method inside the
-    forward pass; geometry of the first evaluation split before and after fine-tuning (and of what
-    the head reads, after the calibration layer)."""
-    from lmgeom.finetune import FineTuneOptions, finetune
-
-    task = data.task
-    assert isinstance(task, SentenceTask)  # run_calibration refuses a tagging task in this regime
-    stage = "cells (fine-tuning)"
-    progress.start(stage, len(methods) * len(seeds), unit="runs")
+def _finetuned(model: str, task: SentenceTask, store: CellStore, methods: list[str], seeds: list[int], pooling: str,
+               device: str, options: dict[str, Any], *, max_train: int | None, max_eval: int | None,
+               validation_fraction: float, workers: int, progress: Progress) -> tuple[list[Cell], TaskData, list[str]]:
+    """One fine-tuning run per (method, seed), in `workers` single-thread processes
+    (`finetuning.run_jobs`): `lmgeom.finetune.finetune` with the method inside the forward pass, on
+    one training subsample shared by every seed and method, minus a validation split carved from it
+    (`finetuning.finetune_task`); each cell records the isotropy of the head's input before and after
+    the method's layer on the first evaluation split and whether the layer is degenerate."""
+    split = finetune_task(task, max_train=max_train, validation_fraction=validation_fraction)
+    data = task_data(split.task, seeds, max_train=None, max_eval=max_eval)
+    data.sizes = {**data.sizes, **split.sizes}
     base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "finetune", "features": "top",
             "head": "linear (fine-tuned with the model)", "pooling": pooling}
-    cells: list[Cell] = []
-    for seed in seeds:
-        for method in methods:
-            config = {**base, **data.sizes, "method": method, "options": options}
-            cell = store.load(config, seed)
-            if cell is None:
-                cell = _finetune_cell(finetune, FineTuneOptions(**{"pooling": pooling, "device": device, **options, "seed": seed}),
-                                      model, data, config, base, method, seed)
-                store.save(cell)
-            cells.append(cell)
-            progress.advance(stage, 1, note=f"{method} seed {seed}")
-    return cells
-
-
-def _finetune_cell(finetune: Any, options: Any, model: str, data: TaskData, config: dict[str, Any], base: dict[str, Any],
-                   method: str, seed: int) -> Cell:
-    task = data.task
-    assert isinstance(task, SentenceTask)
-    train_rows = data.train_rows[seed]
-    train_inputs = [task.splits[task.train_split].inputs[r] for r in train_rows]
-    eval_inputs = {split: [task.splits[split].inputs[r] for r in rows] for split, rows in data.eval_rows.items()}
-    started = time.perf_counter()
-    result = finetune(model, train_inputs=train_inputs, train_labels=data.labels(task.train_split, train_rows),
-                      eval_inputs=eval_inputs, n_outputs=data.n_classes, method=method, options=options)
-    seconds = time.perf_counter() - started
-    first_split = next(iter(eval_inputs))
-    measured: dict[str, float] = {}
-    for state, suffix in (("before", "before"), ("after", "finetuned"), ("calibrated", "after")):
-        if state in result.sentence_vectors:
-            measured.update(prefixed(geometry(result.sentence_vectors[state][first_split]), suffix))
-    cell = Cell(config, seed, extra={"method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch,
-                                     "finetune_notes": result.notes})
-    for split, prediction in result.predictions.items():
-        truth = data.labels(split, data.eval_rows[split])
-        for metric, value in score(task, truth, prediction).items():
-            cell.records.append({**base, "method": method, "head_regularisation": f"AdamW weight decay 0.01, {options.epochs} epochs, "
-                                 f"lr {options.learning_rate}, batch {options.batch_size}", "seed": seed, "split": split,
-                                 "metric": metric, "value": value, "n_train": int(len(train_rows)), "n_eval": int(len(truth)),
-                                 "seconds": seconds, "seconds_per_epoch": result.seconds_per_epoch, **measured})
-        cell.predictions[split] = np.asarray(prediction).tolist()
-    return cell
+    setting = {"pooling": pooling, "device": device, **options}
+    jobs = [job_for(split.task, model, {**base, **data.sizes, "method": method, "options": options}, base, method, seed,
+                    setting, data.eval_rows)
+            for seed in seeds for method in methods]
+    cells = run_jobs(jobs, store, workers=workers, progress=progress)
+    notes = [split.note, f"fine-tuning options (FineTuneOptions; the rest at their defaults): {setting}; "
+                         f"{workers} single-thread worker processes"]
+    return cells, data, notes

@@ -19,7 +19,7 @@ import pandas as pd
 from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
-from lmgeom.evaluate.stats import holm, mean_std, paired_permutation_test
+from lmgeom.evaluate.stats import difference_of_means, holm_unique, mean_std, paired_permutation_test
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
@@ -137,7 +137,8 @@ class ExperimentOptions:
         if not isinstance(self.seeds, int):
             object.__setattr__(self, "seeds", tuple(int(seed) for seed in self.seeds))
         parse_seeds(self.seeds)
-        pooling_note(self.pooling)
+        if self.pooling != "cls":  # the first position: a fine-tuning pooling (run_calibration checks the regime)
+            pooling_note(self.pooling)
         for name in ("max_train", "max_eval"):
             value = getattr(self, name)
             if value is not None and int(value) < 1:
@@ -230,26 +231,53 @@ class CellStore:
 
 def summarise(cells: list[Cell], data: TaskData, *, baseline: Callable[[dict[str, Any]], dict[str, Any] | None],
               family_key: str, n_resamples: int = N_RESAMPLES) -> list[dict[str, Any]]:
-    """Per configuration and metric: mean ± std over seeds, and the paired permutation test against
-    `baseline(record)` (the baseline configuration's key fields, or None for the baseline itself)
-    on the same evaluation examples, predictions of the seeds both ran pooled (an example is swapped
-    in every seed at once); Holm across the configurations that differ only in `family_key`."""
+    """Per configuration and metric: mean ± std over seeds and their number, and against
+    `baseline(record)` (the baseline configuration's key fields, or None for the baseline itself):
+    `difference` (Δ, the difference of the per-seed means on the seeds both ran) and the paired
+    permutation test on the same evaluation examples, predictions of the seeds both ran pooled (an
+    example is swapped in every seed at once; its statistic, the pooled metric's difference, is
+    `pooled_difference`). Holm across the configurations that differ only in `family_key`, each
+    distinct test once (`holm_unique`: configurations with identical predictions in every seed
+    are one test). A configuration with a degenerate cell (records with `degenerate` true) is a
+    failure of its method: no test, `degenerate` true in its row."""
     records = pd.DataFrame([r for cell in cells for r in cell.records])
     if records.empty:
         return []
     keys = [k for k in EXPERIMENT_CONFIG_KEYS if k in records]
     predictions = _predictions(cells, keys)
+    per_seed: dict[tuple[str, ...], dict[int, float]] = {}
+    for group_keys, group in records.groupby(keys, sort=True, dropna=False):
+        row = dict(zip(keys, group_keys))
+        config = {k: str(v) for k, v in row.items() if k not in ("split", "metric")}
+        per_seed[_config_id(config, str(row["split"])) + (str(row["metric"]),)] = {
+            int(seed): float(value) for seed, value in zip(group["seed"], pd.to_numeric(group["value"], errors="coerce"))
+            if np.isfinite(value)}
     summaries = []
+    references: dict[int, dict[str, Any]] = {}
     for group_keys, group in records.groupby(keys, sort=True, dropna=False):
         row = dict(zip(keys, group_keys))
         values = pd.to_numeric(group["value"], errors="coerce").dropna()
         mean, std = mean_std(values.tolist()) if len(values) else (float("nan"), float("nan"))
         summary: dict[str, Any] = {**row, "mean": mean, "std": std, "n_seeds": int(len(values))}
+        if "degenerate" in group and group["degenerate"].fillna(False).astype(bool).any():
+            degenerate_seeds = sorted(int(s) for s in group.loc[group["degenerate"].fillna(False).astype(bool), "seed"])
+            summary.update(degenerate=True, degenerate_seeds=degenerate_seeds)
         reference = baseline(row)
-        if reference is not None:
+        if reference is not None and summary.get("degenerate"):
+            summary.update(baseline=", ".join(f"{k}={v}" for k, v in reference.items()), p_value=None,
+                           test="not tested: the method's layer is degenerate in seeds "
+                                f"{summary['degenerate_seeds']} (a failure of the method, not a task result)")
+        elif reference is not None:
             summary.update(_test(row, reference, predictions, data, n_resamples))
+            config = {k: str(v) for k, v in row.items() if k not in ("split", "metric")}
+            base_config = {**config, **{k: str(v) for k, v in reference.items()}}
+            ours = per_seed.get(_config_id(config, str(row["split"])) + (str(row["metric"]),), {})
+            theirs = per_seed.get(_config_id(base_config, str(row["split"])) + (str(row["metric"]),), {})
+            summary["difference"], seeds = difference_of_means(ours, theirs)
+            summary["difference_seeds"] = seeds
+            references[id(summary)] = reference
         summaries.append(summary)
-    _holm(summaries, family_key)
+    _holm(summaries, family_key, references, predictions, keys)
     # table order: per split and metric, the configurations in the order they were run
     first_seen = {value: i for i, value in reversed(list(enumerate(records[family_key].astype(str))))}
     return sorted(summaries, key=lambda s: (str(s["split"]), str(s["metric"]), str(s.get("head", "")),
@@ -287,21 +315,49 @@ def _test(row: dict[str, Any], reference: dict[str, Any], predictions: dict[tupl
         return {"baseline": baseline_label, "p_value": None, "test": "unknown split"}
     result = paired_permutation_test(truth, np.stack([base[s] for s in seeds]), np.stack([ours[s] for s in seeds]),
                                      METRICS[row["metric"]], n_resamples=n_resamples, seed=0)
-    return {"baseline": baseline_label, "difference": result.difference, "p_value": result.p_value,
+    return {"baseline": baseline_label, "pooled_difference": result.difference, "p_value": result.p_value,
             "test": f"paired {result.method} over {result.n_examples} evaluation examples, seeds {seeds} pooled "
                     f"({result.n_resamples} resamples), two-sided"}
 
 
-def _holm(summaries: list[dict[str, Any]], family_key: str) -> None:
+def _holm(summaries: list[dict[str, Any]], family_key: str, references: dict[int, dict[str, Any]],
+          predictions: dict[tuple[str, ...], dict[int, np.ndarray]], keys: Sequence[str]) -> None:
+    """Holm per family (the rows that differ only in `family_key`), each distinct test once: rows
+    whose predictions are identical in every seed are one test (`holm_duplicate_of` names the first),
+    and a row identical to its baseline (`references[id(row)]`) is no test of its own. The family's
+    count of distinct tests is `holm_family_size`."""
     families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for summary in summaries:
         if summary.get("p_value") is not None:
             family = tuple((k, summary[k]) for k in EXPERIMENT_CONFIG_KEYS if k in summary and k != family_key)
             families.setdefault(family, []).append(summary)
+
+    def fingerprint(row: dict[str, Any], changes: dict[str, Any] | None = None) -> str:
+        config = {**{k: str(row[k]) for k in keys if k not in ("split", "metric")},
+                  **{k: str(v) for k, v in (changes or {}).items()}}
+        seeds = predictions.get(_config_id(config, str(row["split"])), {})
+        if not seeds:
+            return json.dumps(config, sort_keys=True)
+        document = json.dumps({str(s): np.asarray(v).tolist() for s, v in sorted(seeds.items())})
+        return hashlib.sha256(document.encode()).hexdigest()
+
     for members in families.values():
-        for summary, adjusted in zip(members, holm([m["p_value"] for m in members])):
-            summary["p_holm"] = float(adjusted)
-            summary["significant"] = bool(adjusted < 0.05)
+        identities = [fingerprint(m) for m in members]
+        twins = [fingerprint(m, references.get(id(m))) == identity for m, identity in zip(members, identities)]
+        tested = [i for i, twin in enumerate(twins) if not twin]
+        adjusted, duplicate_of = holm_unique([members[i]["p_value"] for i in tested], [identities[i] for i in tested])
+        size = len({identities[i] for i in tested})
+        for position, index in enumerate(tested):
+            summary = members[index]
+            summary.update(p_holm=float(adjusted[position]), significant=bool(adjusted[position] < 0.05),
+                           holm_family_size=size)
+            twin_position = duplicate_of[position]
+            if twin_position is not None:
+                summary["holm_duplicate_of"] = str(members[tested[twin_position]][family_key])
+        for index, twin in enumerate(twins):
+            if twin:
+                members[index].update(p_holm=None, significant=False, holm_family_size=size,
+                                      holm_duplicate_of=f"the baseline ({members[index]['baseline']})")
 
 
 # ---- trivial baselines -------------------------------------------------------------------------
@@ -400,7 +456,7 @@ def trivial_lines(rows: list[dict[str, Any]]) -> list[str]:
 def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
     """One row per configuration and metric: mean ± std over seeds, difference to the baseline, p, Holm p."""
     header = ["task", "split", "features", "head", varying if varying != "features" else "method", "metric",
-              "mean ± std", "seeds", "Δ vs baseline", "p", "p (Holm)", "vs trivial"]
+              "mean ± std", "seeds", "Δ vs baseline", "pooled Δ", "p", "p (Holm)", "vs trivial"]
     header = list(dict.fromkeys(header))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
@@ -410,16 +466,27 @@ def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
             if name == "seeds":
                 return str(s["n_seeds"])
             if name == "Δ vs baseline":
+                if s.get("degenerate") and s.get("baseline"):
+                    return "degenerate"
                 return f"{s['difference']:+.4f}" if s.get("difference") is not None else "baseline"
+            if name == "pooled Δ":
+                return f"{s['pooled_difference']:+.4f}" if s.get("pooled_difference") is not None else ""
             if name == "p":
                 return f"{s['p_value']:.3g}" if s.get("p_value") is not None else ""
             if name == "p (Holm)":
+                if s.get("holm_duplicate_of"):
+                    return f"= {s['holm_duplicate_of']}"
                 return f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}" if s.get("p_holm") is not None else ""
             if name == "vs trivial":
                 return trivial_verdict(s)
             return str(s.get(name, ""))
         lines.append("| " + " | ".join(cell(name) for name in header) + " |")
-    return "\n".join(lines) + ("\n\n* significant at 0.05 after Holm's correction. vs trivial: the one-sided test "
+    return "\n".join(lines) + ("\n\nΔ: the difference of the per-seed means (seeds both ran); pooled Δ: the paired "
+                               "test's statistic, the metric of all seeds' predictions pooled minus the baseline's. "
+                               "Holm: per family (the rows differing only in the varied column), each distinct test "
+                               "once (= names the row with identical predictions it duplicates). degenerate: the "
+                               "method's layer collapsed, a failure of the method, not a task result."
+                               "\n* significant at 0.05 after Holm's correction. vs trivial: the one-sided test "
                                "against the strongest trivial baseline (p, the largest over seeds); uninformative: "
                                "the row, or its family's baseline row, does not beat it.\n")
 
@@ -427,6 +494,8 @@ def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
 def trivial_verdict(summary: dict[str, Any]) -> str:
     """`p=… beats`, `p=… uninformative`, or empty without a trivial baseline."""
     trivial = summary.get("trivial")
+    if summary.get("degenerate"):
+        return "degenerate (failure)"
     if not trivial:
         return ""
     return f"p={trivial['p_value']:.3g} {'uninformative' if summary.get('uninformative') else 'beats'}"
