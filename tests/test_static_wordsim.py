@@ -137,7 +137,7 @@ def test_benchmark_table_covers_every_vector_set(store, tmp_path):
     embeddings = static_embeddings(store, layer=1)
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("cat dog 8\ncar bus 7\ncat car 2\ndog bus 1\nmat unicorn 3\n")
-    embeddings.save(tmp_path / "static")
+    embeddings.save(tmp_path)  # the run directory: STATIC/1.kv and 1.txt under it
     scores = benchmark_static_embeddings(embeddings, benchmarks={"tiny": pairs}, static_vectors=[tmp_path / "static" / "1.txt"])
     assert list(scores["vectors"]) == ["first_pc (layer 1)", "mean (layer 1)", "layer0_mean (layer 0)", "static: 1.txt"]
     assert (scores["covered"] == 4).all() and (scores["total"] == 5).all()
