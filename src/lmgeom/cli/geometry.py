@@ -27,27 +27,17 @@ def _with_interval(estimate: dict[str, Any] | None) -> str:
     return f"{number(estimate['dimension'], 1)} [{number(estimate['low'], 1)}, {number(estimate['high'], 1)}]"
 
 
-def _isotropy_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
-    """average_cosine_without_rogue / _standardized per layer from the first isotropy.json in `folders`."""
-    from lmgeom.runs.rundir import ISOTROPY, read_json
+def _layer_columns(folders: Sequence[Path], kind: str, key: str, value: str, wanted: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    """`wanted` measures per layer (the records' `key`, their `value`) from the first result file of
+    `kind` (isotropy, contextuality) in `folders`."""
+    from lmgeom.runs import rundir
 
-    document = next((d for d in (read_json(ISOTROPY.at(folder), "isotropy") for folder in folders) if d is not None), None)
+    spec = rundir.KINDS[kind]
+    document = next((d for d in (rundir.read_json(spec.at(folder), kind) for folder in folders) if d is not None), None)
     columns: dict[int, dict[str, float]] = {}
     for record in (document or {}).get("records", []):
-        if record["measure"] in ("average_cosine_without_rogue", "average_cosine_standardized"):
-            columns.setdefault(int(record["layer"]), {})[record["measure"]] = record["value"]
-    return columns
-
-
-def _contextuality_columns(folders: Sequence[Path]) -> dict[int, dict[str, float]]:
-    """Raw self_similarity / intra_sentence_similarity per layer from the first contextuality.json in `folders`."""
-    from lmgeom.runs.rundir import CONTEXTUALITY, read_json
-
-    document = next((d for d in (read_json(CONTEXTUALITY.at(folder), "contextuality") for folder in folders) if d is not None), None)
-    columns: dict[int, dict[str, float]] = {}
-    for record in (document or {}).get("records", []):
-        if record["metric"] in ("self_similarity", "intra_sentence_similarity"):
-            columns.setdefault(int(record["layer"]), {})[record["metric"]] = record["raw"]
+        if record[key] in wanted:
+            columns.setdefault(int(record["layer"]), {})[record[key]] = record[value]
     return columns
 
 
@@ -84,7 +74,8 @@ def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> 
                          number(abs(top["value"]), 1), number(top["ratio_to_median"], 0), where)
     console.print(outliers)
 
-    isotropy = _isotropy_columns(run_folders)
+    isotropy = _layer_columns(run_folders, "isotropy", "measure", "value",
+                              ("average_cosine_without_rogue", "average_cosine_standardized"))
     cosines = Table(title="average cosine of the sampled rows: raw, without the 3σ dims; without the rogue dims and "
                           "standardised (isotropy.json); uniformity (t=2) of sentence vectors; alignment")
     for header in ("layer", "raw", "w/o 3σ", "w/o rogue", "standard.", "uniformity", "alignment"):
@@ -96,7 +87,7 @@ def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> 
                         number(extra.get("average_cosine_without_rogue"), 3), number(extra.get("average_cosine_standardized"), 3),
                         number(layer["uniformity"], 3), number(layer["alignment"], 3))
     console.print(cosines)
-    raw = _contextuality_columns(run_folders)
+    raw = _layer_columns(run_folders, "contextuality", "metric", "raw", ("self_similarity", "intra_sentence_similarity"))
     similarities = Table(title="self-similarity and intra-sentence similarity: raw (contextuality.json), without the 3σ "
                                "dims, standardised")
     for header in ("layer", "SelfSim", "w/o 3σ", "standard.", "IntraSim", "w/o 3σ", "standard."):
