@@ -5,6 +5,7 @@ experiment) and docs/reproduction/calibration.md (STS and isotropy calibration) 
     python benchmarks/reproduce_ding2022.py --check   exits 1 if a doc differs from the files
 
 Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json)
+the fine-tuning pre-check (docs/reproduction/results/ding-precheck-minilm/precheck.json)
 and `lmgeom sts` results (docs/reproduction/results/sts-<model>/sts.json, for the models STS_RUNS
 lists); docs/reproduction/results/COMMANDS.md
 lists the command of each run.
@@ -73,8 +74,16 @@ def sts_full_table(model: str) -> str:
     return markdown(header, rows)
 
 
+def precheck_table(run: str) -> str:
+    """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
+    from lmgeom.runs.experiments.finetuning import precheck_status_table
+
+    return precheck_status_table(load_json(RESULTS / run / "precheck.json")).rstrip("\n")
+
+
 def build() -> Documents:
     documents: Documents = {DING: {run: calibration_table(run) for run in CALIBRATION_RUNS}}
+    documents[DING]["ding-precheck-minilm"] = precheck_table("ding-precheck-minilm")
     blocks = {}
     for model in STS_RUNS:
         blocks[f"sts-{model}-delta"] = sts_delta_table(model)
