@@ -50,7 +50,7 @@ from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.elmo import ElmoEncoder
 from lmgeom.encoders.hf import HFEncoder
 from lmgeom.runs import extract
-from lmgeom.runs.extraction import ExtractionOptions
+from lmgeom.runs.extraction_options import ExtractionOptions
 from lmgeom.store import StoreWriter
 
 

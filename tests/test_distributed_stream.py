@@ -10,7 +10,6 @@ from typing import Any, Iterator
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus, CorpusStream, load_corpus, open_corpus
@@ -19,7 +18,6 @@ from lmgeom.encoders.registry import load_encoder
 from lmgeom.runs import extract, run
 from lmgeom.runs.distributed import extract_sharded
 from lmgeom.store import RepresentationStore
-from lmgeom.store.location import Location
 
 from helpers import CrashingEncoder, ReadAhead, assert_same_store
 
@@ -94,7 +92,7 @@ def test_a_corpus_that_changes_between_passes_stops_the_run(encoder, corpus, tmp
         RepresentationStore.open(tmp_path / "run")
 
 
-def test_run_out_takes_a_file_url_and_refuses_an_object_store_up_front(tmp_path):
+def test_run_out_takes_a_file_url(tmp_path):
     options: dict[str, Any] = dict(limit=40, device="cpu", min_contexts=3, methods=("whitening",))
     result = run("tiny-gpt2", "lee", out=(tmp_path / "via-url").as_uri(), **options)
     local = run("tiny-gpt2", "lee", out=tmp_path / "via-path", **options)
@@ -104,10 +102,3 @@ def test_run_out_takes_a_file_url_and_refuses_an_object_store_up_front(tmp_path)
         rows = [record.get("records", record.get("layers")) for record in records]
         assert pd.DataFrame(rows[0]).equals(pd.DataFrame(rows[1])), name
     assert [path.name for path in result.paths] == [path.name for path in local.paths]
-
-    url = f"memory://lmgeom-tests/{uuid.uuid4().hex}"
-    with pytest.raises(ValueError, match=r"`out` memory://.*static embeddings, report.html\) write local files.*file:// URL"):
-        run("tiny-gpt2", "lee", out=url, **options)
-    assert not Location.of(url).exists()  # refused before the extraction started
-    outcome = CliRunner().invoke(app, ["run", "--model", "tiny-gpt2", "--limit", "40", "--out", url, "--device", "cpu"])
-    assert outcome.exit_code == 2 and "lmgeom extract --out URL" in " ".join(outcome.output.split())

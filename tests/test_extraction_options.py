@@ -14,7 +14,7 @@ from lmgeom.corpus import lee
 from lmgeom.encoders import EncoderOptions, load_encoder
 from lmgeom.errors import InputError
 from lmgeom.runs import extract, extract_model
-from lmgeom.runs.extraction import ExtractionOptions, default_chunk_sentences, default_sort_window
+from lmgeom.runs.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
 from lmgeom.store import RepresentationStore
 
 

@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.encoders.options import EncoderOptions
         from lmgeom.runs import extract_model
-        from lmgeom.runs.extraction import ExtractionOptions
+        from lmgeom.runs.extraction_options import ExtractionOptions
 
         with user_errors(), RichProgress() as progress:
             options = ExtractionOptions(

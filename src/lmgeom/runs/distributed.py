@@ -32,7 +32,7 @@ from lmgeom.corpus.corpus import Corpus, CorpusStream, CorpusSummary, Fingerprin
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.options import EncoderOptions
 from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.extraction import ExtractionOptions
+from lmgeom.runs.extraction_options import ExtractionOptions
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import ShardedStoreWriter, ShardPartWriter
