@@ -18,6 +18,8 @@ from lmgeom.metrics.contextuality import mev_state_bytes
 from lmgeom.metrics import spectrum as spectrum_module
 from lmgeom.metrics.spectrum import OccurrenceSpectrum, moment_spectrum, rows_spectra
 
+from helpers import pin_spectrum_route
+
 VALUE_RTOL = 1e-9
 DIRECTION_TOL = 1e-6
 
@@ -132,13 +134,7 @@ ROUTES = ["gram-batched", "gram-tridiagonal", "scatter", "krylov"]
 
 @pytest.fixture(params=ROUTES)
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = request.param
-    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: name.split("-")[0])
-    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
-    monkeypatch.setattr(spectrum_module, "BATCHED_EIGH_LIMIT", 10**6 if name == "gram-batched" else 0)
-    monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
-    monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
-    return name
+    return pin_spectrum_route(monkeypatch, request.param)
 
 
 @pytest.mark.parametrize("n,d", [(2, 30), (3, 30), *SHAPES])

@@ -17,6 +17,8 @@ from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, mev
 from lmgeom.metrics import spectrum as spectrum_module
 from lmgeom.metrics.spectrum import moment_spectrum, rows_spectra
 
+from helpers import pin_spectrum_route
+
 VALUE_RTOL = 1e-9
 DIRECTION_TOL = 1e-6
 D = 30
@@ -63,13 +65,7 @@ EXACT_ROUTES = ("gram-tridiagonal", "scatter")
 
 @pytest.fixture(params=ROUTES)
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = request.param
-    monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: name.split("-")[0])
-    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
-    monkeypatch.setattr(spectrum_module, "BATCHED_EIGH_LIMIT", 10**6 if name == "gram-batched" else 0)
-    monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
-    monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
-    return name
+    return pin_spectrum_route(monkeypatch, request.param)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

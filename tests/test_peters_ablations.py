@@ -26,17 +26,7 @@ from lmgeom.runs.experiments.core import CellStore
 from lmgeom.runs.experiments.heads import ProbeOptions, _Probe, fit_probe
 from lmgeom.runs.experiments.layers import mix_label
 
-QUICK = ProbeOptions(batch_size=500, learning_rate=0.05, epochs=30)
-
-
-def informative_layer(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Three layers of 4 dims; only layer 1 carries the (linearly separable) label."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 3, 3000)
-    layers = rng.normal(size=(3000, 3, 1, 4))
-    layers[:, 1, 0, :3] += 4.0 * np.eye(3)[labels]
-    return layers.astype(np.float32), labels
-
+from helpers import FAST_PROBE, synthetic_layers
 
 # ---- lambda, layer norm, raw layers --------------------------------------------------------------
 
@@ -56,21 +46,21 @@ def test_the_lambda_term_is_bilm_tf_l2_coef_times_the_sum_of_squared_weights() -
 
 
 def test_a_large_lambda_holds_the_mix_at_uniform_and_a_small_one_lets_it_pick_the_layer() -> None:
-    X, y = informative_layer(0)
+    X, y = synthetic_layers(0)
     free = fit_probe(X[:2500], y[:2500], {}, regression=False, n_classes=3, seed=0, metric=matthews,
-                     options=ProbeOptions(**{**QUICK.__dict__, "mix_l2": 0.001}))
+                     options=ProbeOptions(**{**FAST_PROBE.__dict__, "mix_l2": 0.001}))
     held = fit_probe(X[:2500], y[:2500], {}, regression=False, n_classes=3, seed=0, metric=matthews,
-                     options=ProbeOptions(**{**QUICK.__dict__, "mix_l2": 100.0}))
+                     options=ProbeOptions(**{**FAST_PROBE.__dict__, "mix_l2": 100.0}))
     assert np.argmax(free.mix_weights) == 1 and free.mix_weights[1] > 0.5
     assert max(abs(w - 1 / 3) for w in held.mix_weights) < 0.02
     assert max(abs(w - 1 / 3) for w in held.mix_weights) < max(abs(w - 1 / 3) for w in free.mix_weights) / 10
 
 
 def test_layer_norm_and_raw_layers_change_what_the_probe_sees() -> None:
-    X, y = informative_layer(1)
+    X, y = synthetic_layers(1)
     X = X.copy()
     X[:, 0] *= 1000.0  # a noise layer on a huge scale: raw, it swamps an unnormalised mix
-    options = {**QUICK.__dict__, "mix_l2": 0.001}
+    options = {**FAST_PROBE.__dict__, "mix_l2": 0.001}
     raw = fit_probe(X[:2500], y[:2500], {"t": X[2500:]}, regression=False, n_classes=3, seed=0, metric=matthews,
                     options=ProbeOptions(**{**options, "standardize": False}))
     raw_ln = fit_probe(X[:2500], y[:2500], {"t": X[2500:]}, regression=False, n_classes=3, seed=0, metric=matthews,
