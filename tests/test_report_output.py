@@ -147,7 +147,7 @@ def test_isotropy_gets_one_chart_per_quantity_with_its_own_axis(tmp_path: Path) 
 
 
 def test_the_reports_mev_label_is_the_terminals() -> None:
-    from lmgeom.cli.common import MEV_ADJ_COLUMN
+    from lmgeom.report.labels import MEV_ADJ_COLUMN
 
     assert label(MEV_ADJ_COLUMN) == "MEV adj"
     assert label("self_similarity_adjusted") == "SelfSim adj" and label("intra_sentence_similarity") == "IntraSim"

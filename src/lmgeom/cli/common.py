@@ -34,9 +34,6 @@ from lmgeom.errors import InputError, MissingDependency
 
 console = Console()
 
-MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
-MEV_ADJ_NOTE = "MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released figures) minus its baseline"
-"""The one MEV column of the CLI's per-layer tables (`lmgeom run`, `lmgeom report`), and its note."""
 
 
 class RichProgress:

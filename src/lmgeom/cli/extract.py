@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore

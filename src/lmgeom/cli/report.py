@@ -8,7 +8,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
 
 def register(app: typer.Typer) -> None:

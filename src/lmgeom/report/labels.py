@@ -24,8 +24,12 @@ def number(value: Any, digits: int = 4) -> str:
     return text.lstrip("-") if float(text) == 0 else text
 
 
+MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
 MEV_ADJ_NOTE = ("adj = raw − baseline (SelfSim and IntraSim: the layer's exact anisotropy; MEV: the same variant on "
-                "sampled occurrences); MEV adj = the SVD-ratio variant minus its baseline, as `lmgeom run` prints it")
+                "sampled occurrences); MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released "
+                "figures) minus its baseline")
+"""The one MEV column of the per-layer tables (`lmgeom run`, `lmgeom report`, the HTML report), and the note
+that says what every adjusted column is."""
 
 LABELS = {
     # per layer (summary.json, contextuality.json)
