@@ -42,26 +42,27 @@ def test_training_sentences_are_lowercased_words_without_punctuation(corpus_file
     assert first[-1] == "." and sentences[0] == [w.lower() for w in first[:-1]]
 
 
-@pytest.mark.parametrize("method", ["word2vec", "fasttext"])
-def test_seeded_training_gives_identical_vectors_in_a_new_process(corpus_file: Path, tmp_path: Path, method: str) -> None:
-    here = train_vectors(method, training_sentences(load_corpus(str(corpus_file))), TINY)
-    script = (
+def test_seeded_training_gives_identical_vectors_in_a_new_process(corpus_file: Path, tmp_path: Path) -> None:
+    sentences = training_sentences(load_corpus(str(corpus_file)))
+    here = {method: train_vectors(method, sentences, TINY) for method in ("word2vec", "fasttext")}
+    script = (  # one process for both methods: importing lmgeom.runs takes most of the time
         "import sys, numpy as np\n"
         "from lmgeom.corpus import load_corpus\n"
         "from lmgeom.runs.experiments.standins import StaticBaselineSettings, train_vectors, training_sentences\n"
-        "wv = train_vectors(sys.argv[1], training_sentences(load_corpus(sys.argv[2])),\n"
-        "                   StaticBaselineSettings(dim=8, window=2, min_count=1, epochs=3))\n"
-        "np.save(sys.argv[3], wv.vectors)\n"
-        "open(sys.argv[4], 'w').write('\\n'.join(wv.index_to_key))\n"
+        "sentences = training_sentences(load_corpus(sys.argv[1]))\n"
+        "for method in ('word2vec', 'fasttext'):\n"
+        "    wv = train_vectors(method, sentences, StaticBaselineSettings(dim=8, window=2, min_count=1, epochs=3))\n"
+        "    np.save(f'{sys.argv[2]}/{method}.npy', wv.vectors)\n"
+        "    open(f'{sys.argv[2]}/{method}.txt', 'w').write('\\n'.join(wv.index_to_key))\n"
     )
     environment = {**os.environ, "PYTHONHASHSEED": "12345", "OMP_NUM_THREADS": "1"}  # another string hash than this process's
-    subprocess.run([sys.executable, "-c", script, method, str(corpus_file), str(tmp_path / "v.npy"), str(tmp_path / "k.txt")],
-                   check=True, env=environment)
-    assert (tmp_path / "k.txt").read_text().split("\n") == list(here.index_to_key)
-    np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), here.vectors)
-    other = train_vectors(method, training_sentences(load_corpus(str(corpus_file))),
-                          StaticBaselineSettings(dim=8, window=2, min_count=1, epochs=3, seed=1))
-    assert not np.array_equal(other.vectors, here.vectors)  # the seed matters
+    subprocess.run([sys.executable, "-c", script, str(corpus_file), str(tmp_path)], check=True, env=environment)
+    for method, vectors in here.items():
+        assert (tmp_path / f"{method}.txt").read_text().split("\n") == list(vectors.index_to_key)
+        np.testing.assert_array_equal(np.load(tmp_path / f"{method}.npy"), vectors.vectors)
+        other = train_vectors(method, sentences, StaticBaselineSettings(dim=8, window=2, min_count=1, epochs=3, seed=1))
+        assert not np.array_equal(other.vectors, vectors.vectors)  # the seed matters
+    assert not np.array_equal(here["word2vec"].vectors, here["fasttext"].vectors)
 
 
 def _spearman_by_hand(x: np.ndarray, y: np.ndarray) -> float:
