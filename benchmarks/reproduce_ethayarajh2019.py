@@ -6,7 +6,9 @@
 Sources: the paper's released per-layer statistics and Table 1 (../shared/reference/ethayarajh2019:
 layer_statistics.csv, table1_static_embeddings.csv) and lmgeom's results under
 docs/reproduction/results/ethayarajh-*/ (contextuality.json of `lmgeom analyze`,
-static/<layer>.benchmarks.json of `lmgeom static-embeddings`); docs/reproduction/results/COMMANDS.md
+static/<layer>.benchmarks.json of `lmgeom static-embeddings`) and the stand-ins for GloVe / FastText
+under docs/reproduction/results/standins-*/ (results.json of `lmgeom experiment static-baselines`);
+docs/reproduction/results/COMMANDS.md
 lists the commands of each run.
 
     python benchmarks/reproduce_ethayarajh2019.py first-word STORE --layers 0,1,12,30
@@ -23,6 +25,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -129,22 +132,63 @@ def _static_records(run: str) -> pd.DataFrame:
     return records[records["vectors"].str.startswith("first_pc")]
 
 
+# static vectors trained here in place of GloVe / FastText (`lmgeom experiment static-baselines`): (results folder, corpus)
+STANDINS = (("standins-lee", "Lee"), ("standins-brown", "Brown"))
+PAPER_STATIC = ("GloVe", "FastText")  # the paper's rows the stand-ins stand in for
+
+
+def _scored_rows(label: str, source: str, at: pd.DataFrame) -> list[list[str]]:
+    """A vector set's three rows: all items, covered items only, coverage (`at`: its records by benchmark)."""
+    return [[label, f"{source}, all items (OOV = mean)", *[number(at.loc[b, "score_oov_mean"]) for b in BENCHMARKS.values()]],
+            ["", f"{source}, covered items only", *[number(at.loc[b, "score"]) for b in BENCHMARKS.values()]],
+            ["", "coverage", *[f"{int(at.loc[b, 'covered']):,}/{int(at.loc[b, 'total']):,}" for b in BENCHMARKS.values()]]]
+
+
+def standins(run: str) -> dict[str, Any]:
+    return load_json(RESULTS / run / "results.json")
+
+
+def standin_rows() -> list[list[str]]:
+    rows = []
+    for run, corpus in STANDINS:
+        records = pd.DataFrame(standins(run)["records"])
+        for vectors in dict.fromkeys(records["vectors"]):
+            at = records[records.vectors == vectors].set_index("benchmark")
+            rows += _scored_rows(f"{vectors} (trained here on {corpus})", "stand-in", at)
+    return rows
+
+
+def standin_settings() -> str:
+    """The stand-ins' corpora and hyper-parameters, from their results."""
+    rows = []
+    for run, corpus in STANDINS:
+        document = standins(run)
+        settings, records = document["settings"], pd.DataFrame(document["records"])
+        words = ", ".join(f"{v} {n:,}" for v, n in records.groupby("vectors", sort=False)["n_vectors"].first().items())
+        rows.append([corpus, f"{settings['sentences']:,}", f"{settings['tokens']:,}", words, str(settings["dim"]),
+                     str(settings["window"]), str(settings["min_count"]), str(settings["epochs"]), str(settings["negative"]),
+                     f"{settings['min_n']}–{settings['max_n']}, {settings['bucket']:,}", f"{settings['seed']}, {settings['workers']}",
+                     settings["gensim"], f"`results/{run}/`"])
+    return markdown(["corpus", "sentences", "words", "vectors (vocabulary)", "dim", "window", "min_count", "epochs",
+                     "negative", "fastText n-grams, buckets", "seed, workers", "gensim", "results"], rows, align="lrrlrrrrrllll")
+
+
 def table1() -> str:
     paper = pd.read_csv(reference_folder() / "table1_static_embeddings.csv")
     rows = []
-    for label in dict.fromkeys(paper["row_label"]):
+    labels = list(dict.fromkeys(paper["row_label"]))
+    last_static = max(labels.index(label) for label in PAPER_STATIC)
+    for position, label in enumerate(labels):
         cells = paper[paper.row_label == label].set_index("benchmark")
         rows.append([label, "paper (Table 1)",
                      *[f"**{cells.loc[b, 'value']:.3f}**" if cells.loc[b, "bold_in_table"] else f"{cells.loc[b, 'value']:.3f}"
                        for b in BENCHMARKS]])
+        if position == last_static:
+            rows += standin_rows()
     for run, label in RUNS:
         records = _static_records(run).set_index(["layer", "benchmark"])
         for layer in sorted({layer for layer, _ in records.index}):
-            at = records.loc[layer]
-            rows.append([f"{label}, layer {layer}", "lmgeom, all items (OOV = mean)",
-                         *[number(at.loc[b, "score_oov_mean"]) for b in BENCHMARKS.values()]])
-            rows.append(["", "lmgeom, covered items only", *[number(at.loc[b, "score"]) for b in BENCHMARKS.values()]])
-            rows.append(["", "coverage", *[f"{int(at.loc[b, 'covered']):,}/{int(at.loc[b, 'total']):,}" for b in BENCHMARKS.values()]])
+            rows += _scored_rows(f"{label}, layer {layer}", "lmgeom", records.loc[layer])
     return markdown(["vectors", "protocol", *BENCHMARKS], rows, align="ll" + "r" * len(BENCHMARKS))
 
 
@@ -156,6 +200,7 @@ def build() -> Documents:
     blocks = {f"measure-{name}": measure_table(name) for name in MEASURES}
     blocks["runs"] = run_summary()
     blocks["table1"] = table1()
+    blocks["standins"] = standin_settings()
     for run, _ in RUNS:
         blocks[f"findings-{run.removeprefix('ethayarajh-')}"] = findings(run)
     return {DOC: blocks}

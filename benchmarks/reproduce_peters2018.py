@@ -91,15 +91,21 @@ def mix_weights(run: str, features: str = "mix") -> str:
     return "\n".join(lines)
 
 
-def ablation_table() -> str:
+ABLATION_LABELS = {"top": "last only", "mix l2=1": "all layers, λ = 1", "mix l2=0.001": "all layers, λ = 0.001",
+                   "mix l2=1 ln": "all layers, λ = 1, layer norm", "mix l2=0.001 ln": "all layers, λ = 0.001, layer norm"}
+# model -> (its column label, POS run, MRPC run)
+ABLATION_RUNS = {"elmo": ("elmo-brown", "peters-elmo-pos", "peters-elmo-mrpc"),
+                 "minilm": ("MiniLM", "peters-minilm-pos", "peters-minilm-mrpc")}
+
+
+def ablation_table(model: str = "elmo") -> str:
     """Peters et al.'s Table 2 in our probe: last only vs the four mixes, POS and MRPC."""
-    pos, mrpc = results("peters-elmo-pos"), results("peters-elmo-mrpc")
+    label, pos_run, mrpc_run = ABLATION_RUNS[model]
+    pos, mrpc = results(pos_run), results(mrpc_run)
     columns = [(pos, "test", "accuracy"), (mrpc, "test", "f1"), (mrpc, "test", "accuracy")]
-    labels = {"top": "last only", "mix l2=1": "all layers, λ = 1", "mix l2=0.001": "all layers, λ = 0.001",
-              "mix l2=1 ln": "all layers, λ = 1, layer norm", "mix l2=0.001 ln": "all layers, λ = 0.001, layer norm"}
     rows = []
-    for features, label in labels.items():
-        row = [label]
+    for features, row_label in ABLATION_LABELS.items():
+        row = [row_label]
         for document, split, metric in columns:
             summary = _find(document, features, split, metric)
             cell = _mean_std(summary)
@@ -114,7 +120,45 @@ def ablation_table() -> str:
         t = _trivial(document, split, metric)
         trivial.append("" if t is None else f"{t['baseline']} {t['value']:.4f}")
     rows.append(["trivial baseline", *trivial])
-    return markdown(["elmo-brown", "POS test accuracy", "MRPC test F1", "MRPC test accuracy"], rows, align="llll")
+    return markdown([label, "POS test accuracy", "MRPC test F1", "MRPC test accuracy"], rows, align="llll")
+
+
+def ablation_mix_weights(run: str) -> str:
+    """The learned weights of each of the four mixes, per seed."""
+    return "\n".join(f"- {f}:\n" + "\n".join("  " + line for line in mix_weights(run, f).splitlines())
+                     for f in ("mix l2=1", "mix l2=0.001", "mix l2=1 ln", "mix l2=0.001 ln"))
+
+
+def _p_bound(p: float) -> str:
+    return "p < 1e-300" if p == 0 else f"p {p:.3g}"
+
+
+def ablation_trivial_tests(model: str) -> str:
+    """Each ablation row against its task's trivial baseline (the experiment's test per seed, the
+    largest p over seeds), the tests named below the table; then the range of the MRPC mixes' weights."""
+    label, pos_run, mrpc_run = ABLATION_RUNS[model]
+    pos, mrpc = results(pos_run), results(mrpc_run)
+    columns = [(pos, "POS", "test", "accuracy"), (mrpc, "MRPC", "test", "f1"), (mrpc, "MRPC", "test", "accuracy")]
+    tests: dict[str, int] = {}
+    rows = []
+    for features, row_label in ABLATION_LABELS.items():
+        row = [row_label]
+        for document, _, split, metric in columns:
+            trivial = _find(document, features, split, metric)["trivial"]
+            mark = tests.setdefault(trivial["test"], len(tests) + 1)
+            row.append(f"{'beats' if trivial['beats'] else 'does not beat'} it, {_p_bound(trivial['p_value'])} ({mark})")
+        rows.append(row)
+    header = [f"{label} against the trivial baseline"]
+    for document, task, split, metric in columns:
+        baseline = _trivial(document, split, metric)
+        header.append(f"{task} {split} {SPLIT_METRIC_LABEL[(split, metric)].split()[-1]}"
+                      + ("" if baseline is None else f" ({baseline['baseline']} {baseline['value']:.4f})"))
+    notes = [f"({mark}) {test}." for test, mark in tests.items()]
+    mixes = [record["mix_weights"] for record in mrpc["records"] if record.get("mix_weights")]
+    weights = [w for mix in mixes for w in mix]
+    notes.append(f"On MRPC every mix's weights (every seed) lie within {min(weights):.3f}–{max(weights):.3f} "
+                 f"(uniform over its {len(mixes[0])} layers: {1 / len(mixes[0]):.3f}).")
+    return markdown(header, rows, align="llll") + "\n\n" + "\n\n".join(notes)
 
 
 def _best_single(document: dict[str, Any], split: str, metric: str) -> dict[str, Any]:
@@ -197,9 +241,11 @@ def build() -> Documents:
         "smollm2-cola-mix": mix_weights("layers-smollm2-cola"),
         "smollm2-mrpc": layer_table("layers-smollm2-mrpc", [("dev", "accuracy"), ("dev", "f1"), ("test", "accuracy"), ("test", "f1")]),
         "smollm2-mrpc-mix": mix_weights("layers-smollm2-mrpc"),
-        "peters-ablation": ablation_table(),
-        "peters-ablation-mix-pos": "\n".join(f"- {f}:\n" + "\n".join("  " + line for line in mix_weights("peters-elmo-pos", f).splitlines())
-                                            for f in ("mix l2=1", "mix l2=0.001", "mix l2=1 ln", "mix l2=0.001 ln")),
+        "peters-ablation": ablation_table("elmo"),
+        "peters-ablation-mix-pos": ablation_mix_weights("peters-elmo-pos"),
+        "peters-ablation-minilm": ablation_table("minilm"),
+        "peters-ablation-minilm-mix-pos": ablation_mix_weights("peters-minilm-pos"),
+        "peters-ablation-minilm-trivial": ablation_trivial_tests("minilm"),
         "peters-reading": reading_table(),
     }
     blocks.update(wsd_tables())

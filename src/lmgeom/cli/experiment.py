@@ -14,7 +14,7 @@ from rich.table import Table
 from lmgeom.cli.common import RichProgress, above, console, split_list, user_errors
 from lmgeom.errors import InputError
 
-experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022) and layers (Peters et al. 2018).",
+experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022), layers and WSD (Peters et al. 2018), static baselines (Ethayarajh 2019).",
                              no_args_is_help=True)
 
 
@@ -271,6 +271,37 @@ def wsd_command(
     from lmgeom.runs import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.WSD_PREDICTIONS.at(out)}")
+
+
+@experiment_app.command("static-baselines")
+def static_baselines_command(
+    corpus: str = typer.Option(..., "--corpus", help="lee, brown or brown:DIR, or any corpus spec `lmgeom extract` takes"),
+    out: Path = typer.Option(..., "--out", "-o", help="experiment folder: results.json, results.md, vectors/<method>.bin"),
+    methods: str = typer.Option("word2vec,fasttext", "--methods", "--method", help="comma list: word2vec, fasttext (both skip-gram)"),
+    dim: int = typer.Option(300, "--dim", min=1, help="vector dimensions"),
+    window: int = typer.Option(5, "--window", min=1, help="context window (words each side)"),
+    min_count: Optional[int] = typer.Option(None, "--min-count", min=1, help="keep words with at least N occurrences (default 1 on lee, else 5)"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="passes over the corpus (default 20 on lee, else 5)"),
+    seed: int = typer.Option(0, "--seed", help="gensim's seed (training runs on one worker: deterministic)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks (default ../shared/data or LMGEOM_DATA)"),
+) -> None:
+    """Stand-ins for GloVe / FastText (Ethayarajh 2019, Table 1): word2vec and fastText trained on a corpus, scored as static-embeddings scores a layer."""
+    from lmgeom.runs.experiments.standins import default_settings, run_static_baselines
+
+    with user_errors(), RichProgress() as progress:
+        settings = default_settings(corpus, dim=dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
+        result = run_static_baselines(corpus, out=out, settings=settings, methods=split_list(methods), data_dir=data_dir,
+                                      progress=progress)
+    table = Table(title=f"static baselines trained on {corpus} (all items, OOV = mean / covered items only)")
+    for column in ("vectors", "benchmark", "all items", "covered only", "coverage"):
+        table.add_column(column, justify="left" if column in ("vectors", "benchmark") else "right")
+    for record in result.document["records"]:
+        cells = ["n/a" if v is None or v != v else f"{v:.3f}" for v in (record["score_oov_mean"], record["score"])]
+        table.add_row(record["vectors"], record["benchmark"], *cells, f"{record['covered']}/{record['total']}")
+    console.print(table)
+    from lmgeom.runs import rundir
+
+    console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.EXPERIMENT_TABLE.at(out)}")
 
 
 def parse_layers(text: str) -> list[int] | None:

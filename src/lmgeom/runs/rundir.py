@@ -159,6 +159,7 @@ EXPERIMENT_JSON = ResultFile("results.json", EXPERIMENTS.producer)
 EXPERIMENT_TABLE = ResultFile("results.md", EXPERIMENTS.producer)
 EXPERIMENT_FIGURE = ResultFile("{name}", EXPERIMENTS.producer)  # <split>_<metric>.png|svg in the folder
 WSD_PREDICTIONS = ResultFile("predictions.csv", "lmgeom experiment wsd")  # one row an instance: gold and each system's answer
+STATIC_BASELINE_VECTORS = ResultFile("vectors/{name}.bin", "lmgeom experiment static-baselines")  # word2vec binary
 EXPLORER = ResultFile("explorer.json", "lmgeom report RUN on a run whose store is present", "word_explorer",
                       ("settings", "data"))
 SIMILARITY = ResultFile("similarity.json", "lmgeom similarity STORE [STORE2] --out DIR", "similarity",
