@@ -138,3 +138,65 @@ def test_store_by_store_equals_the_brute_force_reference(stores):
     result = similarity_matrix(a, b, SimilarityOptions(sample=SAMPLE, k=K, chunk_rows=9))
     _assert_reference(result, reference(_selected(a), _selected(b), sample=SAMPLE, seed=0, k=K))
     assert result.values["cka"].shape == (3, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine: executors, row ranges, the plan recorded
+
+
+def _streamed(result: Any) -> dict[str, np.ndarray]:
+    return {measure: result.values[measure] for measure in ("cka", "cka_debiased", "procrustes")}
+
+
+@pytest.fixture
+def pool_for_small_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmgeom.runs.engine import executors
+
+    monkeypatch.setattr(executors, "POOL_MIN_LAYER_VALUES", 0)
+    monkeypatch.setattr(executors, "available_cores", lambda: 2)
+
+
+@pytest.mark.processes
+def test_worker_processes_give_the_local_numbers_bit_for_bit(stores, pool_for_small_stores):
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, b = stores
+    options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8, max_state_bytes=8 * 40)
+    local = similarity_matrix(a, b, options)
+    pooled = similarity_matrix(a, b, SimilarityOptions(**{**options.__dict__, "engine": "processes", "num_workers": 2}))
+    assert local.settings["executor"] == "local" and pooled.settings["executor"] == "processes"
+    assert len(pooled.settings["plan"]["tasks"]) > 1  # several tasks, so the pool had work to share
+    for measure, table in _streamed(local).items():
+        np.testing.assert_array_equal(pooled.values[measure], table, err_msg=measure)
+
+
+def test_row_ranges_merge_to_the_one_pass_numbers(stores):
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, _ = stores
+    options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8)
+    whole = similarity_matrix(a, None, options)
+    parts = similarity_matrix(a, None, SimilarityOptions(**{**options.__dict__, "row_parts": 3}))
+    assert {(task["start"], task["stop"]) for task in parts.settings["plan"]["tasks"]} == {(0, 22), (22, 44), (44, 65)}
+    for measure, table in _streamed(whole).items():
+        np.testing.assert_allclose(parts.values[measure], table, rtol=1e-12, atol=1e-12, err_msg=measure)
+    expected = reference(_selected(a), _selected(a), sample=SAMPLE, seed=0, k=K)
+    np.testing.assert_allclose(parts.values["cka_debiased"], expected["cka_debiased"], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.ray
+def test_ray_gives_the_local_numbers(stores):
+    ray = pytest.importorskip("ray")
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, b = stores
+    options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8, row_parts=2)
+    local = similarity_matrix(a, b, options)
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    try:
+        remote = similarity_matrix(a, b, SimilarityOptions(**{**options.__dict__, "engine": "ray", "num_workers": 2}))
+    finally:
+        ray.shutdown()
+    assert remote.settings["executor"] == "ray"
+    for measure, table in _streamed(local).items():
+        np.testing.assert_allclose(remote.values[measure], table, rtol=1e-12, atol=1e-12, err_msg=measure)

@@ -422,7 +422,10 @@ def _cross_moments(shift_x: np.ndarray, shift_y: np.ndarray | None) -> CrossMome
     return CrossMoments(paired=False, shift_x=shift_x) if shift_y is None else CrossMoments(shift_x=shift_x, shift_y=shift_y)
 
 
+def _cross_moments_bytes(dim_x: int, dim_y: int) -> int:
+    return 8 * dim_x * dim_y  # X^T Y in float64; the sums are vectors
+
+
 register_pair_statistic(PairStatistic(
-    "cross_moments", STREAMED_MEASURES, _cross_moments,
-    streamed_measures, lambda dim_x, dim_y: 8 * dim_x * dim_y,
+    "cross_moments", STREAMED_MEASURES, _cross_moments, streamed_measures, _cross_moments_bytes,
 ))
