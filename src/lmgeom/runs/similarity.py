@@ -96,6 +96,14 @@ class SimilarityOptions:
             if getattr(self, name) < low:
                 raise InputError(f"`{name}` must be at least {low}, got {getattr(self, name)}", param=name)
 
+    def to_settings(self) -> dict[str, Any]:
+        """What the options compute (not how: the chunks, tasks, executor and device change no
+        number beyond rounding), as run.json records a step's settings."""
+        return {"measures": list(self.measures), "layers": None if self.layers is None else list(self.layers),
+                "layers_b": None if self.layers_b is None else list(self.layers_b), "sample": self.sample, "seed": self.seed,
+                "k": self.k, "permutations": self.permutations, "include_punct": self.include_punct,
+                "include_special": self.include_special, "exclude_first_word": self.exclude_first_word}
+
 
 @dataclass
 class SimilarityResult:
@@ -347,12 +355,10 @@ def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str]
     return base if store_b is None else base / rundir.SIMILARITY_PAIRS.name / Path(store_b).resolve().name
 
 
-def write_similarity(result: SimilarityResult, out: str | os.PathLike[str]) -> list[rundir.Target]:
+def write_similarity(result: SimilarityResult, out: rundir.Where) -> list[rundir.Target]:
     """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records)
-    in `out`; the document's provenance is the first store's."""
+    in `out` (a folder or an fsspec URL); the document's provenance is the first store's."""
     store_meta = {key: result.stores[0][key] for key in ("model_id", "corpus_fingerprint")}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     payload = {"settings": result.settings, "counts": result.counts, "stores": result.stores, "records": result.records,
                "layers_a": result.layers_a, "layers_b": result.layers_b,
                "matrices": {measure: table for measure, table in result.values.items()},
