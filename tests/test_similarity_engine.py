@@ -200,3 +200,101 @@ def test_ray_gives_the_local_numbers(stores):
     assert remote.settings["executor"] == "ray"
     for measure, table in _streamed(local).items():
         np.testing.assert_allclose(remote.values[measure], table, rtol=1e-12, atol=1e-12, err_msg=measure)
+
+
+# ---------------------------------------------------------------------------------------------
+# the run step, the report section and the comparison (tiny models on a few Lee sentences)
+
+RUN_OPTIONS = dict(limit=16, device="cpu", min_contexts=2, num_workers=1, layers="0")
+
+
+class StopAt:
+    """A progress reporter that interrupts the run when a stage starts."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        if stage == self.stage:
+            raise KeyboardInterrupt
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A tiny-bert run interrupted in its similarity step, resumed and repeated; a tiny-gpt2 run of
+    the same sentences; a tiny-bert run of fewer sentences (another corpus)."""
+    from lmgeom.runs import run
+
+    folder = tmp_path_factory.mktemp("runs")
+    with pytest.raises(KeyboardInterrupt):
+        run("tiny-bert", "lee", out=folder / "bert", progress=StopAt("similarity"), **RUN_OPTIONS)
+    resumed = run("tiny-bert", "lee", out=folder / "bert", **RUN_OPTIONS)
+    again = run("tiny-bert", "lee", out=folder / "bert", **RUN_OPTIONS)
+    run("tiny-gpt2", "lee", out=folder / "gpt2", **RUN_OPTIONS)
+    run("tiny-bert", "lee", out=folder / "fewer", **{**RUN_OPTIONS, "limit": 8})
+    yield {"folder": folder, "resumed": resumed, "again": again}
+
+
+def test_the_run_step_writes_similarity_and_resumes(runs):
+    from lmgeom.runs.selection import SELECTION_COLUMNS, select_rows
+
+    bert = runs["folder"] / "bert"
+    assert runs["resumed"].steps_run == ["similarity", "report"]
+    assert runs["again"].steps_run == ["report"] and "similarity" in runs["again"].steps_skipped
+    step = json.loads((bert / "run.json").read_text())["steps"]["similarity"]
+    assert step["device"] == "cpu" and step["outputs"] == ["similarity.json", "similarity.csv"]
+    assert step["settings"]["seed"] == 0 and step["settings"]["measures"] == ["cka", "cka_debiased", "procrustes", "rsa", "knn"]
+    document = json.loads((bert / "similarity.json").read_text())
+    store = RepresentationStore.open(bert)
+    mask = select_rows(store.token_columns(*SELECTION_COLUMNS)).mask
+    layers = [np.asarray(store.layer(layer)[:], dtype=np.float64)[mask] for layer in store.layers]
+    assert document["layers_a"] == list(store.layers) and document["counts"]["rows_matched"] == int(mask.sum())
+    expected = reference(layers, layers, sample=2000, seed=0, k=10)
+    for measure in ("cka", "cka_debiased"):
+        np.testing.assert_allclose(document["matrices"][measure], expected[measure], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(document["matrices"]["procrustes"], expected["procrustes"], atol=1e-6)
+    assert document["settings"]["executor"] == "local" and document["settings"]["plan"]["rows"] == int(mask.sum())
+    assert len((bert / "similarity.csv").read_text().splitlines()) == 1 + 5 * len(store.layers) ** 2
+
+
+def test_the_report_shows_the_similarity_section(runs):
+    page = (runs["folder"] / "bert" / "report.html").read_text()
+    section = page[page.index('<section id="similarity">'):]
+    section = section[: section.index("</section>")]
+    assert "Linear CKA between layers" in section and "Procrustes shape distance between layers" in section
+    assert "layer 0 = embedding output" in section and "Permutation null" in section
+    assert "chart-similarity_cka" in page and (runs["folder"] / "bert" / "figures" / "similarity_cka.png").exists()
+
+
+def test_compare_shows_the_model_by_model_matrix_of_runs_of_one_corpus(runs, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    folder = runs["folder"]
+    result = CliRunner().invoke(app, ["compare", str(folder / "bert"), str(folder / "gpt2"), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "c" / "compare.html").read_text()
+    section = page[page.index('<section id="models">'):]
+    assert "Last layer × last layer" in section[: section.index("</section>")]
+    document = json.loads((tmp_path / "c" / "similarity" / "1-2" / "similarity.json").read_text())
+    assert [store["model_id"] for store in document["stores"]] == ["tiny-bert", "tiny-gpt2"]
+    assert document["counts"]["a_rows_unmatched"] == document["counts"]["b_rows_unmatched"] == 0
+    # the pair's values: the brute force on the rows both stores hold
+    bert, gpt2 = RepresentationStore.open(folder / "bert"), RepresentationStore.open(folder / "gpt2")
+    from lmgeom.runs.similarity import SimilarityOptions, match_rows
+
+    matched = match_rows(bert, gpt2, SimilarityOptions())
+    X = np.asarray(bert.layer(bert.layers[-1])[:], dtype=np.float64)[matched.rows_a]
+    Y = np.asarray(gpt2.layer(gpt2.layers[-1])[:], dtype=np.float64)[matched.rows_b]
+    assert document["matrices"]["cka_debiased"][-1][-1] == pytest.approx(_cka(X, Y, True), rel=1e-9, abs=1e-12)
+
+    other = CliRunner().invoke(app, ["compare", str(folder / "bert"), str(folder / "fewer"), "--out", str(tmp_path / "d")])
+    assert other.exit_code == 0, other.output
+    page = (tmp_path / "d" / "compare.html").read_text()
+    section = page[page.index('<section id="models">'):]
+    assert "no model × model matrix" in section and "different corpora" in section
+    assert not (tmp_path / "d" / "similarity").exists()
