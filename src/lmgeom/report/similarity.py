@@ -42,7 +42,10 @@ def _cells(document: Mapping[str, Any], measure: str) -> list[list[float | None]
 
 
 def _off_diagonal_mean(matrix: np.ndarray, within: bool) -> float:
-    values = matrix[~np.eye(*matrix.shape, dtype=bool)] if within and matrix.shape[0] == matrix.shape[1] else matrix.ravel()
+    if within and matrix.shape[0] == matrix.shape[1]:
+        values = matrix[~np.eye(matrix.shape[0], dtype=np.bool_)]
+    else:
+        values = matrix.ravel()
     values = values[np.isfinite(values)]
     return float(values.mean()) if values.size else float("nan")
 
