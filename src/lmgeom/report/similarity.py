@@ -88,7 +88,7 @@ def heatmap(page: Page, name: str, title: str, document: Mapping[str, Any], fold
     first = _matrix(document, present[0])
     assert first is not None
     files = _save_heatmap(name, title, first, ys, xs, folder, y_title, x_title, bounded)
-    links = " · ".join(f'<a href="{esc(rundir.link(rundir.target(folder, "report.html"), f))}">'
+    links = " · ".join(f'<a href="{esc(rundir.link(rundir.REPORT.at(folder), f))}">'
                        f'{esc(str(f).rsplit(".", 1)[-1].upper())}</a>' for f in files)
     return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(title)}</span>'
             f'<span class="chart-subtitle">{esc(LAYER_NOTE)}</span></figcaption><div class="chart" id="{div_id}"></div>'
