@@ -298,3 +298,18 @@ def test_compare_shows_the_model_by_model_matrix_of_runs_of_one_corpus(runs, tmp
     section = page[page.index('<section id="models">'):]
     assert "no model × model matrix" in section and "different corpora" in section
     assert not (tmp_path / "d" / "similarity").exists()
+
+
+def test_the_device_code_path_gives_the_numpy_numbers(stores):
+    """`torch:cpu` runs the accumulators on torch tensors (a CUDA device's path), over two row ranges
+    whose states come back as numpy and merge."""
+    pytest.importorskip("torch")
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, b = stores
+    options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8)
+    numpy_result = similarity_matrix(a, b, options)
+    torch_result = similarity_matrix(a, b, SimilarityOptions(**{**options.__dict__, "device": "torch:cpu", "row_parts": 2}))
+    assert torch_result.settings["plan"]["device"] == "torch:cpu"
+    for measure, table in _streamed(numpy_result).items():
+        np.testing.assert_allclose(torch_result.values[measure], table, rtol=1e-12, atol=1e-12, err_msg=measure)
