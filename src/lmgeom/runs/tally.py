@@ -281,19 +281,19 @@ def aligned_tally(streams: Sequence[Stream], feeds: Sequence[AlignedFeed], *, ch
 
         target = resolve_analysis_device(device)
     n = len(streams[0].rows) if streams else 0
-    with threadpool_limits(limits=1, user_api="blas"):  # as `tally`: the same sums in every process
-        for start in range(0, n, chunk_rows):
-            blocks: list[Any] = []
-            for stream in streams:
-                X = read_rows(stream.store, stream.layer, stream.rows[start : start + chunk_rows])
-                if stream.shift is not None:
-                    X -= stream.shift
-                if target is None:
-                    blocks.append(X)
-                else:
-                    import torch
+    # BLAS keeps its threads (unlike `tally`): the d x d products of pairs are compute-bound
+    for start in range(0, n, chunk_rows):
+        blocks: list[Any] = []
+        for stream in streams:
+            X = read_rows(stream.store, stream.layer, stream.rows[start : start + chunk_rows])
+            if stream.shift is not None:
+                X -= stream.shift
+            if target is None:
+                blocks.append(X)
+            else:
+                import torch
 
-                    blocks.append(torch.from_numpy(X).to(target))
-            for feed in feeds:
-                feed.accumulator.add(blocks[feed.x], **{name: blocks[index] for name, index in feed.paired.items()},
-                                     **feed.options)
+                blocks.append(torch.from_numpy(X).to(target))
+        for feed in feeds:
+            feed.accumulator.add(blocks[feed.x], **{name: blocks[index] for name, index in feed.paired.items()},
+                                 **feed.options)
