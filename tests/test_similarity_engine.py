@@ -313,3 +313,21 @@ def test_the_device_code_path_gives_the_numpy_numbers(stores):
     assert torch_result.settings["plan"]["device"] == "torch:cpu"
     for measure, table in _streamed(numpy_result).items():
         np.testing.assert_allclose(torch_result.values[measure], table, rtol=1e-12, atol=1e-12, err_msg=measure)
+
+
+def test_the_cli_hands_device_engine_and_workers_to_the_engine(stores, tmp_path):
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    a, b = stores
+    result = CliRunner().invoke(app, ["similarity", str(a.url), str(b.url), "--measure", "cka_debiased", "--device", "torch:cpu",
+                                      "--engine", "local", "--num-workers", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((tmp_path / "similarity.json").read_text())["settings"]
+    assert settings["executor"] == "local" and settings["plan"]["device"] == "torch:cpu"
+    expected = reference(_selected(a), _selected(b), sample=SAMPLE, seed=0, k=K)["cka_debiased"]
+    document = json.loads((tmp_path / "similarity.json").read_text())
+    np.testing.assert_allclose(document["matrices"]["cka_debiased"], expected, rtol=1e-9, atol=1e-9)
+    bad = CliRunner().invoke(app, ["similarity", str(a.url), "--engine", "threads", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "unknown --engine" in bad.output

@@ -48,6 +48,7 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
 from lmgeom.runs.selection import SELECTION_COLUMNS, select_rows
 from lmgeom.runs.engine import AnalysisOptions, LocalExecutor, executor_for
+from lmgeom.runs.engine.options import ENGINES
 from lmgeom.runs.engine.pairs import Job, PairMerger, PairOutput, PairPlan, plan_pairs
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, read_rows
 from lmgeom.store import RepresentationStore
@@ -95,6 +96,9 @@ class SimilarityOptions:
                           ("row_parts", 1)):
             if getattr(self, name) < low:
                 raise InputError(f"`{name}` must be at least {low}, got {getattr(self, name)}", param=name)
+
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown `engine` {self.engine!r}; use one of {', '.join(ENGINES)}", param="engine")
 
     def to_settings(self) -> dict[str, Any]:
         """What the options compute (not how: the chunks, tasks, executor and device change no
