@@ -399,7 +399,7 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
     assert not (tmp_path / "cut" / "calibration.json").exists()
     resumed = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
     assert resumed.steps_skipped == ["extract", "contextuality", "isotropy"]
-    assert resumed.steps_run == ["calibration", "static_embeddings", "report"]
+    assert resumed.steps_run == ["calibration", "static_embeddings", "similarity", "report"]
     again = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
     assert again.steps_run == ["report"] and len(again.steps_skipped) == 6
     for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/2.benchmarks.json"):
