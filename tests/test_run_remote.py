@@ -26,7 +26,7 @@ from lmgeom.store.location import Location
 
 LIMIT = 60
 OPTIONS: dict[str, Any] = {"limit": LIMIT, "device": "cpu", "num_workers": 1}
-STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "report"]
+STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "report"]
 # the result documents whose numbers a run elsewhere must reproduce
 COMPARED = (rundir.CONTEXTUALITY, rundir.SUMMARY, rundir.ISOTROPY, rundir.CALIBRATION)
 
