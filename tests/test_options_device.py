@@ -15,6 +15,7 @@ from lmgeom.errors import InputError
 from lmgeom.runs import job
 from lmgeom.runs.calibration import CalibrationOptions
 from lmgeom.runs.engine import AnalysisOptions
+from lmgeom.runs.similarity import SimilarityOptions
 
 
 def test_calibration_options_round_trip_their_settings_and_refuse_bad_values():
@@ -50,11 +51,12 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
 
         monkeypatch.setattr(lmgeom.device, name, spy)
     given: dict[str, Any] = {}
-    for step in ("extract_model", "analyze_store", "measure_isotropy", "calibrate_store", "export_static_embeddings"):
+    for step in ("extract_model", "analyze_store", "measure_isotropy", "calibrate_store", "export_static_embeddings",
+                 "similarity_matrix"):
         original = getattr(job, step)
 
         def record(*args: Any, _original: Callable[..., Any] = original, _step: str = step, **kwargs: Any) -> Any:
-            options = next((arg for arg in args if isinstance(arg, (AnalysisOptions, CalibrationOptions))), None)
+            options = next((arg for arg in args if isinstance(arg, (AnalysisOptions, CalibrationOptions, SimilarityOptions))), None)
             given.setdefault(_step, []).append(options.device if options is not None else kwargs.get("device"))
             return _original(*args, **kwargs)
 
@@ -66,7 +68,7 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
     assert outcome.exit_code == 0, outcome.output
     assert "every step computed on cpu" in " ".join(outcome.output.split())
     assert given == {"extract_model": ["cpu"], "analyze_store": ["cpu"], "measure_isotropy": ["cpu"],
-                     "calibrate_store": ["cpu"], "export_static_embeddings": ["cpu"] * 3}
+                     "calibrate_store": ["cpu"], "export_static_embeddings": ["cpu"] * 3, "similarity_matrix": ["cpu"]}
     assert "auto" not in asked and "cpu" in asked
     record = json.loads((out / "run.json").read_text())
     assert record["device"] == "cpu" and {step["device"] for step in record["steps"].values()} == {"cpu"}

@@ -56,13 +56,15 @@ def register(app: typer.Typer) -> None:
         run_dirs: List[Path] = typer.Argument(..., metavar="RUN...", help="analysed run directories"),
         out: Path = typer.Option(..., help="folder for compare.html, compare.csv and figures/"),
     ) -> None:
-        """Several runs side by side: one chart per metric, by layer and by relative depth (layer / last layer)."""
-        from lmgeom.report import build_comparison
+        """Several runs side by side: one chart per metric, by layer and by relative depth (layer / last layer);
+        for runs of one corpus, the model x model similarity (debiased CKA) of their stores."""
         from lmgeom.report.compare import wide_table, comparison_table
         from lmgeom.report.data import load_run
+        from lmgeom.runs import render_comparison
 
         with user_errors():
-            path = build_comparison(run_dirs, out)
+            with RichProgress() as progress:
+                path = render_comparison(run_dirs, out, progress=progress)
             wide = wide_table(comparison_table([load_run(d) for d in run_dirs]))
             table = Table(title="by relative depth (layer / last layer)")
             for header in ("run", "layer", "depth", "SelfSim adj", "IntraSim adj"):

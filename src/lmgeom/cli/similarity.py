@@ -60,6 +60,9 @@ def register(app: typer.Typer) -> None:
         include_special: bool = typer.Option(False, help="also compare special tokens (one store only: they are no corpus words)"),
         exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word"),
         out: Optional[str] = typer.Option(None, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores]"),
+        device: str = typer.Option("cpu", help="where CKA and Procrustes accumulate: cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu"),
+        engine: str = typer.Option("auto", help="local, processes, ray, or auto (processes with more than one worker)"),
+        num_workers: int = typer.Option(1, min=1, metavar="<int>", help="tasks at once (groups of layer pairs)"),
     ) -> None:
         """Layer x layer similarity: linear CKA (biased and debiased) and the Procrustes distance over
         every row, RSA and mutual k-NN on a seeded subsample, each with a permutation baseline.
@@ -71,7 +74,8 @@ def register(app: typer.Typer) -> None:
             options = SimilarityOptions(measures=tuple(split_list(measure)), layers=chosen, layers_b=chosen_b,
                                         sample=sample, seed=seed, k=k,
                                         permutations=permutations, include_punct=include_punct,
-                                        include_special=include_special, exclude_first_word=exclude_first_word)
+                                        include_special=include_special, exclude_first_word=exclude_first_word,
+                                        device=device, engine=engine, num_workers=num_workers)
             with RichProgress() as progress:
                 result = similarity_matrix(store, store2, options, progress=progress)
             paths = write_similarity(result, out or default_out(store, store2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -14,6 +14,7 @@ from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
+from lmgeom.report.similarity import models_section
 from lmgeom.runs import rundir
 
 # (name, contextuality metric, raw or adjusted, title)
@@ -78,11 +79,19 @@ def comparison_charts(tidy: pd.DataFrame, caption: str) -> list[Chart]:
     return [chart for chart in charts if chart.has_data]
 
 
-def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """OUT/compare.html, OUT/figures/*.png|svg and OUT/compare.csv for several analysed runs."""
+NO_MODELS = ("no model × model matrix: `lmgeom compare` (lmgeom.runs.render_comparison) computes it from the "
+             "runs' stores")
+
+
+def build_comparison(run_dirs: Sequence[str | os.PathLike | RunData], out: str | os.PathLike, *,
+                     models: Sequence[Mapping[str, Any]] = (), models_note: str | None = NO_MODELS) -> Path:
+    """OUT/compare.html, OUT/figures/*.png|svg and OUT/compare.csv for several analysed runs (or the
+    runs `load_run` read). `models`: the similarity documents of pairs of the runs (`{"a": index,
+    "b": index, "document": similarity.json}`), shown as a model × model matrix; `models_note` says
+    why there is none."""
     if len(run_dirs) < 1:
         raise InputError("give at least one run directory to compare")
-    runs = [load_run(run_dir) for run_dir in run_dirs]
+    runs = [run_dir if isinstance(run_dir, RunData) else load_run(run_dir) for run_dir in run_dirs]
     out = Path(out)
     tidy = comparison_table(runs)
     rundir.write_text(rundir.COMPARE_CSV.at(out), tidy.to_csv(index=False))
@@ -102,6 +111,10 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLi
                 files = save_figure(chart, out)
                 body += page.chart(chart, files=[os.path.relpath(p, out) for p in files])
         page.section(name, title, body or missing(f"no run has values for {title}"))
+    labels = _labels(runs)
+    named = [{**pair, "a": labels[pair["a"]], "b": labels[pair["b"]]} for pair in models]
+    page.section("models", "Similarity between models", models_section(page, out, labels, named,
+                                                                        models_note if not models else None))
     page.section("table", "Values by run and layer", f"<p class=\"note\">{esc(MEV_ADJ_NOTE)}.</p>"
                  + table(labelled(wide_table(tidy)), text_columns=("run",)))
     return Path(rundir.write_text(rundir.COMPARE_PAGE.at(out), page.render()))

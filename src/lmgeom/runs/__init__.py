@@ -29,6 +29,7 @@ _EXPORTS = {
     "ExtractionOptions": "lmgeom.runs.extraction_options",
     **dict.fromkeys(["default_run_dir", "extract", "extract_model", "open_or_extract"], "lmgeom.runs.extraction"),
     "render_report": "lmgeom.runs.reporting",
+    "render_comparison": "lmgeom.runs.reporting",
     **dict.fromkeys(["RunResult", "layer_summary", "run"], "lmgeom.runs.job"),
     **dict.fromkeys(["RowSelection", "WordSelection", "select_rows", "select_words"], "lmgeom.runs.selection"),
     **dict.fromkeys(["StaticEmbeddings", "benchmark_static_embeddings", "export_static_embeddings", "static_embeddings"],

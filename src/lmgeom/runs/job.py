@@ -18,6 +18,7 @@ from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_f
 from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.isotropy import measure_isotropy
 from lmgeom.runs.reporting import render_report
+from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix, write_similarity
 from lmgeom.runs.static import export_static_embeddings
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import Target, write_json
@@ -156,14 +157,16 @@ def run(
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
     (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
-    (isotropy.json), calibrate `layers` with `methods` (calibration.json), and distil and score static
-    embeddings of `layers` (static/), then render report.html with its figures (experiment results
+    (isotropy.json), calibrate `layers` with `methods` (calibration.json), distil and score static
+    embeddings of `layers` (static/), and measure the similarity of every pair of layers
+    (similarity.json: CKA, Procrustes, RSA, mutual k-NN with their permutation null), then render
+    report.html with its figures (experiment results
     under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
     and skipped when repeated with the same settings; an interrupted run resumes (the extraction
     from its last committed chunk). `out` is a local folder or any fsspec URL (s3://, gs://,
     memory://, file://): every file of the run is written there. `device` is resolved once
-    (`run_device`) and every step computes there: the model, the analysis, isotropy, calibration and
-    the static embeddings (run.json records it). `num_workers`: layers the contextuality analysis
+    (`run_device`) and every step computes there: the model, the analysis, isotropy, calibration,
+    the static embeddings and the similarity (run.json records it). `num_workers`: layers the contextuality analysis
     runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
     about this many times one layer's memory); not a setting of the step, as it changes no number."""
     analysis = AnalysisOptions(min_contexts=min_contexts, seed=seed, num_workers=num_workers, device=device)  # checked before the extraction, which can take hours
@@ -218,6 +221,14 @@ def run(
                    export_static_embeddings(store, layer=layer, device=analysis_device, progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written)
     paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
+
+    similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers)  # layer x layer, every layer
+    settings = similarity.to_settings()
+    if not steps.done("similarity", settings):
+        started = time.perf_counter()
+        steps.record("similarity", settings, started,
+                     write_similarity(similarity_matrix(store, None, similarity, progress=progress), store.url))
+    paths.append(rundir.SIMILARITY.at(store.url))
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()

@@ -162,7 +162,7 @@ WSD_PREDICTIONS = ResultFile("predictions.csv", "lmgeom experiment wsd")  # one 
 STATIC_BASELINE_VECTORS = ResultFile("vectors/{name}.bin", "lmgeom experiment static-baselines")  # word2vec binary
 EXPLORER = ResultFile("explorer.json", "lmgeom report RUN on a run whose store is present", "word_explorer",
                       ("settings", "data"))
-SIMILARITY = ResultFile("similarity.json", "lmgeom similarity STORE [STORE2] --out DIR", "similarity",
+SIMILARITY = ResultFile("similarity.json", "lmgeom run (its similarity step), or lmgeom similarity STORE [STORE2] --out DIR", "similarity",
                         ("settings", "counts", "records"))
 SIMILARITY_CSV = ResultFile("similarity.csv", SIMILARITY.producer)
 SIMILARITY_PAIRS = ResultFile("similarity", "lmgeom similarity STORE STORE2 (writes STORE/similarity/<STORE2 name>/)")
@@ -172,6 +172,8 @@ FIGURE = ResultFile("figures/{name}", REPORT.producer)  # <chart>.png|svg
 # `lmgeom report RUN1 RUN2 --out DIR`: the comparison's folder (its figures in DIR/figures/)
 COMPARE_PAGE = ResultFile("compare.html", "lmgeom report RUN1 RUN2 --out DIR")
 COMPARE_CSV = ResultFile("compare.csv", COMPARE_PAGE.producer)
+# the similarity of runs i and j (numbered from 1 as given): similarity.json and .csv in the folder
+COMPARE_SIMILARITY = ResultFile("similarity/{name}", "lmgeom compare RUN1 RUN2 --out DIR (runs of one corpus)")
 
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
                 CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,

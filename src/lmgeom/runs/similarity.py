@@ -10,10 +10,12 @@ the analysis's row selection (`lmgeom.runs.selection.select_rows`: words, no pun
 special tokens by default); a word one store lacks (one its tokenizer could not align, or a row
 another selection left out) is dropped from both sides, and the dropped rows are counted.
 
-CKA and the Procrustes distance stream every matched row through `CrossMoments` accumulators, one
-per pair of layers and one per layer (its self pair), in chunks; pairs are grouped so that their
-states stay under `max_state_bytes`, each group one read of its layers. RSA, mutual k-NN and the
-permutation null run on one seeded subsample of `sample` matched rows.
+CKA and the Procrustes distance run on the analysis engine: a pair plan
+(`lmgeom.runs.engine.pairs`) streams every matched row through the registered pair statistics
+(`CrossMoments`), one accumulator per pair of layers and one per layer (its self pair); pairs are
+grouped so that a task's states stay under `max_state_bytes`, each task one aligned read of its
+layers, on the executor the options name. RSA, mutual k-NN and the permutation null run on one
+seeded subsample of `sample` matched rows, read once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -45,7 +47,10 @@ from lmgeom.metrics.similarity import (
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
 from lmgeom.runs.selection import SELECTION_COLUMNS, select_rows
-from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, blaming
+from lmgeom.runs.engine import AnalysisOptions, LocalExecutor, executor_for
+from lmgeom.runs.engine.options import ENGINES
+from lmgeom.runs.engine.pairs import Job, PairMerger, PairOutput, PairPlan, plan_pairs
+from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS, read_rows
 from lmgeom.store import RepresentationStore
 
 DEFAULT_SAMPLE = 2000
@@ -59,7 +64,10 @@ class SimilarityOptions:
     """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (None: all) of the
     first store and `layers_b` of the second (None: the same as `layers`), RSA / k-NN / null on a
     seeded subsample of `sample` rows with `permutations` shuffles, `k` neighbours, on the
-    analysis's row selection."""
+    analysis's row selection. How the streamed measures run (the analysis engine's terms,
+    `lmgeom.runs.engine.AnalysisOptions`): `chunk_rows` matched rows read at a time, tasks holding
+    at most `max_state_bytes` of accumulator states, `row_parts` row ranges each, on `engine` with
+    `num_workers` at once (`ray_address`: the Ray cluster), computing on `device`."""
 
     measures: tuple[str, ...] = MEASURES
     layers: tuple[int, ...] | None = None
@@ -73,15 +81,32 @@ class SimilarityOptions:
     exclude_first_word: bool = False
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
+    device: str = "cpu"
+    engine: str = "auto"
+    num_workers: int = 1
+    row_parts: int = 1
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [measure for measure in self.measures if measure not in MEASURES]
         if unknown or not self.measures:
             raise InputError(f"unknown `measures` {unknown or '(none given)'}; choose from {', '.join(MEASURES)}",
                              param="measures")
-        for name, low in (("sample", 4), ("k", 1), ("permutations", 0), ("chunk_rows", 1), ("seed", 0)):
+        for name, low in (("sample", 4), ("k", 1), ("permutations", 0), ("chunk_rows", 1), ("seed", 0), ("num_workers", 1),
+                          ("row_parts", 1)):
             if getattr(self, name) < low:
                 raise InputError(f"`{name}` must be at least {low}, got {getattr(self, name)}", param=name)
+
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown `engine` {self.engine!r}; use one of {', '.join(ENGINES)}", param="engine")
+
+    def to_settings(self) -> dict[str, Any]:
+        """What the options compute (not how: the chunks, tasks, executor and device change no
+        number beyond rounding), as run.json records a step's settings."""
+        return {"measures": list(self.measures), "layers": None if self.layers is None else list(self.layers),
+                "layers_b": None if self.layers_b is None else list(self.layers_b), "sample": self.sample, "seed": self.seed,
+                "k": self.k, "permutations": self.permutations, "include_punct": self.include_punct,
+                "include_special": self.include_special, "exclude_first_word": self.exclude_first_word}
 
 
 @dataclass
@@ -198,23 +223,6 @@ def _layers(store: RepresentationStore, layers: Sequence[int] | None, param: str
     return list(dict.fromkeys(layers))
 
 
-def _read(store: RepresentationStore, layer: int, rows: np.ndarray) -> np.ndarray:
-    """Float64 rows of a layer (ascending `rows`); NaN/inf is an error naming the layer and row."""
-    span = int(rows[-1]) - int(rows[0]) + 1
-    if span <= 2 * len(rows):  # dense rows (a chunk of matched rows): one contiguous read
-        block = np.asarray(store.layer(layer)[int(rows[0]) : int(rows[-1]) + 1])[rows - rows[0]]
-    else:  # sparse rows (the subsample): only the chunks they touch
-        block = store.rows(layer, rows)
-    with blaming(store, layer):
-        return as_float64_rows(block, name=f"layer {layer} of {store.url}", layer=layer)
-
-
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(n, start + size))
-
-
-Side = tuple[int, int]  # (store index 0/1, layer)
 
 
 def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
@@ -243,15 +251,15 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
     streamed = [m for m in options.measures if m in STREAMED_MEASURES]
     values = {m: np.full((len(layers_a), len(layers_b)), np.nan) for m in options.measures}
 
+    engine: dict[str, Any] = {}
     if streamed:
-        sides: list[Side] = [(0, layer) for layer in layers_a] + ([] if within else [(1, layer) for layer in layers_b])
-        stats = _stream(stores, rows, [((0, layers_a[i]), (0 if within else 1, layers_b[j])) for i, j in pairs],
-                        sides, options, progress)
-        for i, j in pairs:
-            side_x, side_y = (0, layers_a[i]), (0 if within else 1, layers_b[j])
-            measures = streamed_measures(stats[(side_x, side_y)], stats[(side_x, side_x)], stats[(side_y, side_y)])
+        sides = [((0, layers_a[i]), (0 if within else 1, layers_b[j])) for i, j in pairs]
+        merger, plan, executor = _stream(stores, matched, sides, options, progress)
+        for (i, j), (side_x, side_y) in zip(pairs, sides):
+            measures = merger.measures(side_x, side_y)
             for measure in streamed:
                 values[measure][i, j] = measures[measure]
+        engine = {"plan": plan.to_json(), "executor": executor}
 
     null = _subsample_measures(stores, rows, layers_a, layers_b, pairs, options, values, progress)
     if within:
@@ -268,52 +276,31 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
                 "streamed": "cka, cka_debiased and procrustes over every matched row",
                 "subsample": "rsa and knn, and every null, on the seeded subsample of `sample` matched rows",
                 "null": "each measure with the rows of store b (the column side) shuffled on the subsample; mean over the permutations",
-                "procrustes_unit": "radians"}
+                "procrustes_unit": "radians", **engine}
     described = [{"url": s.url, "model_id": s.meta.get("model_id"), "corpus_fingerprint": s.meta.get("corpus_fingerprint")}
                  for s in ([a] if within else stores)]
     return SimilarityResult(described, layers_a, layers_b, values, null, {**matched.counts, "sample": min(options.sample, n)},
                             settings)
 
 
-def _stream(stores: list[RepresentationStore], rows: list[np.ndarray], pairs: list[tuple[Side, Side]], sides: list[Side],
-            options: SimilarityOptions, progress: Progress) -> dict[tuple[Side, Side], Any]:
-    """`CrossStatistics` of every pair of sides and every side's self pair, streamed over the
-    matched rows in chunks, in groups of pairs whose states fit `max_state_bytes`."""
-    dims = {side: stores[side[0]].dim for side in sides}
-    jobs = [(side, side) for side in sides] + [pair for pair in pairs if pair[0] != pair[1]]
-    groups: list[list[tuple[Side, Side]]] = [[]]
-    used = 0
-    for job in jobs:
-        size = 8 * dims[job[0]] * dims[job[1]]
-        if groups[-1] and used + size > options.max_state_bytes:
-            groups.append([])
-            used = 0
-        groups[-1].append(job)
-        used += size
-    n = len(rows[0])
-    chunks = list(_chunks(n, options.chunk_rows))
-    progress.start("similarity", len(groups) * len(chunks), unit="chunks")
-    shifts: dict[Side, np.ndarray] = {}
-    stats: dict[tuple[Side, Side], Any] = {}
-    for group in groups:
-        needed = list(dict.fromkeys(side for job in group for side in job))
-        accumulators: dict[tuple[Side, Side], CrossMoments] = {}
-        for chunk in chunks:
-            block = {side: _read(stores[side[0]], side[1], rows[side[0]][chunk]) for side in needed}
-            for side in needed:
-                shifts.setdefault(side, block[side].mean(axis=0))  # the first chunk's mean, for every group
-                block[side] -= shifts[side]  # once per chunk and side, for all its accumulators
-            for x, y in group:
-                if (x, y) not in accumulators:
-                    accumulators[(x, y)] = (CrossMoments(paired=False, shift_x=shifts[x]) if x == y
-                                            else CrossMoments(shift_x=shifts[x], shift_y=shifts[y]))
-                if x == y:
-                    accumulators[(x, y)].add(block[x], shifted=True)
-                else:
-                    accumulators[(x, y)].add(block[x], Y=block[y], shifted=True)
-            progress.advance("similarity")
-        stats.update({job: accumulator.result() for job, accumulator in accumulators.items()})
-    return stats
+def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list[Job], options: SimilarityOptions,
+            progress: Progress) -> tuple[PairMerger, PairPlan, str]:
+    """The pair statistics of every pair of sides (and every side's self pair) over every matched
+    row: a pair plan (`lmgeom.runs.engine.pairs`) run on the options' executor and merged."""
+    plan, rows = plan_pairs(stores, (matched.rows_a, matched.rows_b), _selection(stores[0], options), pairs,
+                            measures=options.measures, chunk_rows=options.chunk_rows,
+                            max_state_bytes=options.max_state_bytes, row_parts=options.row_parts, device=options.device)
+    how = AnalysisOptions(engine=options.engine, num_workers=options.num_workers, ray_address=options.ray_address)
+    # a memory:// store lives in this process: its tasks run here
+    in_memory = any(store.url.startswith("memory://") for store in stores)
+    executor = LocalExecutor() if in_memory else executor_for(how)
+    merger = PairMerger(plan)
+    progress.start("similarity", len(plan.tasks), unit="tasks")
+    for output in executor.run(stores[0], plan, rows, plan.tasks):
+        assert isinstance(output, PairOutput)
+        merger.add(output)
+        progress.advance("similarity")
+    return merger, plan, executor.name
 
 
 def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray], layers_a: list[int], layers_b: list[int],
@@ -326,8 +313,8 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
     shuffles = permutations(m, options.permutations, options.seed + 1)
     null = {measure: np.full(values[measure].shape, np.nan) for measure in values} if shuffles else {}
     within = stores[0] is stores[1] and layers_a == layers_b
-    sample_a = {layer: _read(stores[0], layer, rows[0][picked]) for layer in layers_a}
-    sample_b = sample_a if within else {layer: _read(stores[1], layer, rows[1][picked]) for layer in layers_b}
+    sample_a = {layer: read_rows(stores[0], layer, rows[0][picked]) for layer in layers_a}
+    sample_b = sample_a if within else {layer: read_rows(stores[1], layer, rows[1][picked]) for layer in layers_b}
     wants = set(options.measures)
     progress.start("similarity on the subsample", len(pairs), unit="layer pairs")
     ranks_a = {layer: rdm_ranks(X) for layer, X in sample_a.items()} if "rsa" in wants else {}
@@ -372,12 +359,10 @@ def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str]
     return base if store_b is None else base / rundir.SIMILARITY_PAIRS.name / Path(store_b).resolve().name
 
 
-def write_similarity(result: SimilarityResult, out: str | os.PathLike[str]) -> list[rundir.Target]:
+def write_similarity(result: SimilarityResult, out: rundir.Where) -> list[rundir.Target]:
     """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records)
-    in `out`; the document's provenance is the first store's."""
+    in `out` (a folder or an fsspec URL); the document's provenance is the first store's."""
     store_meta = {key: result.stores[0][key] for key in ("model_id", "corpus_fingerprint")}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     payload = {"settings": result.settings, "counts": result.counts, "stores": result.stores, "records": result.records,
                "layers_a": result.layers_a, "layers_b": result.layers_b,
                "matrices": {measure: table for measure, table in result.values.items()},

@@ -11,6 +11,9 @@ numpy copy of its rows, or, when its feed says `stored_rows` (MEV), a copy of it
 float32 (float16 widened to float32, exactly), half the bytes of float64. Accumulators must not keep
 references to the rows they are handed. A pass whose feeds all take stored rows builds no float64
 block; it checks the chunk for NaN/inf instead.
+
+`aligned_tally` streams several aligned `Stream`s at once (two layers of one store, or layers of
+two stores at matched rows: row i of each is the same point) into accumulators of pairs of them.
 """
 
 from __future__ import annotations
@@ -224,3 +227,73 @@ def _feed_chunk(feeds: Sequence[Feed], start: int, chunk: np.ndarray, block: Row
                 X = X if keep is None else X[keep]
             host_rows[key] = X
         feed.accumulator.add(host_rows[key], **ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# aligned streams: rows of several layers (of one store or of two) that hold the same points
+
+
+def read_rows(store: RepresentationStore, layer: int, rows: np.ndarray) -> np.ndarray:
+    """Float64 rows `rows` (ascending store rows) of a layer: dense rows (a chunk of matched rows)
+    in one contiguous read, sparse ones (a subsample) from only the chunks they touch; NaN/inf is an
+    error naming the layer and row."""
+    span = int(rows[-1]) - int(rows[0]) + 1
+    if span <= 2 * len(rows):
+        block = np.asarray(store.layer(layer)[int(rows[0]) : int(rows[-1]) + 1])[rows - rows[0]]
+    else:
+        block = store.rows(layer, rows)
+    with blaming(store, layer):
+        return as_float64_rows(block, name=f"layer {layer} of {store.url}", layer=layer)
+
+
+@dataclass
+class Stream:
+    """The rows `rows` (ascending store rows) of one layer of a store, less `shift` (None: as they
+    are); the streams of one `aligned_tally` hold as many rows, row i of each the same point."""
+
+    store: RepresentationStore
+    layer: int
+    rows: np.ndarray
+    shift: np.ndarray | None = None
+
+
+@dataclass
+class AlignedFeed:
+    """An accumulator fed `add(X, **paired, **options)`: X the chunk of stream `x`, each `paired`
+    keyword the same points' chunk of another stream."""
+
+    accumulator: Any
+    x: int
+    paired: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def aligned_tally(streams: Sequence[Stream], feeds: Sequence[AlignedFeed], *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                  device: str = "cpu") -> None:
+    """Stream aligned `streams` together, `chunk_rows` points at a time, through every feed: each
+    chunk of each stream is read once, shifted once and handed to every feed that takes it (numpy
+    float64 on `cpu`, else a torch float64 tensor on the device `resolve_analysis_device` names)."""
+    if len({len(stream.rows) for stream in streams}) > 1:
+        raise ValueError(f"aligned streams hold as many rows; got {[len(stream.rows) for stream in streams]}")
+    target: Any = None
+    if device != "cpu":
+        from lmgeom.device import resolve_analysis_device
+
+        target = resolve_analysis_device(device)
+    n = len(streams[0].rows) if streams else 0
+    # BLAS keeps its threads (unlike `tally`): the d x d products of pairs are compute-bound
+    for start in range(0, n, chunk_rows):
+        blocks: list[Any] = []
+        for stream in streams:
+            X = read_rows(stream.store, stream.layer, stream.rows[start : start + chunk_rows])
+            if stream.shift is not None:
+                X -= stream.shift
+            if target is None:
+                blocks.append(X)
+            else:
+                import torch
+
+                blocks.append(torch.from_numpy(X).to(target))
+        for feed in feeds:
+            feed.accumulator.add(blocks[feed.x], **{name: blocks[index] for name, index in feed.paired.items()},
+                                 **feed.options)

@@ -45,6 +45,7 @@ def run_analysis(store: RepresentationStore, options: AnalysisOptions, *, execut
     merger = Merger(plan, rows)
     progress.start(label, len(plan.tasks), unit="tasks")
     for output in executor.run(store, plan, rows, plan.tasks):
+        assert isinstance(output, TaskOutput)
         merger.add(output)
         progress.advance(label, note=f"layer {output.task.layer}")
     layers = merger.layers()

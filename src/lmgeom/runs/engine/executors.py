@@ -1,4 +1,4 @@
-"""Executors: where a plan's tasks run. They only schedule: every task is `run_task`, every output
+"""Executors: where a plan's tasks run (an analysis's, or a pair plan's: `lmgeom.runs.engine.pairs`). They only schedule: every task is `run_task`, every output
 goes to the driver's `Merger`; no executor holds a statistic, a loop over rows or an accumulator.
 
 - `LocalExecutor`: one task after another in this process.
@@ -19,8 +19,8 @@ from types import ModuleType
 from typing import Any, Iterator, Protocol, Sequence
 
 from lmgeom.runs.engine.options import AnalysisOptions
-from lmgeom.runs.engine.plan import AnalysisPlan, PlanRows, Task
-from lmgeom.runs.engine.tasks import TaskOutput, run_task
+from lmgeom.runs.engine.pairs import PairOutput
+from lmgeom.runs.engine.tasks import AnyTask, Plan, Rows, TaskOutput, run_task
 from lmgeom.runs.workers import start_worker
 from lmgeom.threads import available_cores
 from lmgeom.store import RepresentationStore
@@ -36,29 +36,29 @@ class Executor(Protocol):
 
     name: str
 
-    def run(self, store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, tasks: Sequence[Task]) -> Iterator[TaskOutput]: ...
+    def run(self, store: RepresentationStore, plan: Plan, rows: Rows, tasks: Sequence[AnyTask]) -> Iterator[TaskOutput | PairOutput]: ...
 
 
 class LocalExecutor:
     name = "local"
 
-    def run(self, store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, tasks: Sequence[Task]) -> Iterator[TaskOutput]:
+    def run(self, store: RepresentationStore, plan: Plan, rows: Rows, tasks: Sequence[AnyTask]) -> Iterator[TaskOutput | PairOutput]:
         for task in tasks:
             yield run_task(store, plan, rows, task)
 
 
 # A worker process's share of a parallel analysis, handed over once per process by the pool's
 # initializer rather than pickled with each task (the per-row arrays: about 26 bytes a store row)
-_worker_share: tuple[str, AnalysisPlan, PlanRows] | None = None
+_worker_share: tuple[str, Plan, Rows] | None = None
 
 
-def _start_worker(store_url: str, plan: AnalysisPlan, rows: PlanRows, pool_size: int) -> None:
+def _start_worker(store_url: str, plan: Plan, rows: Rows, pool_size: int) -> None:
     global _worker_share
     start_worker(pool_size)  # a killed caller leaves no worker behind; each worker its share of the cores
     _worker_share = (store_url, plan, rows)
 
 
-def _run_in_worker(task: Task) -> TaskOutput:
+def _run_in_worker(task: AnyTask) -> TaskOutput | PairOutput:
     assert _worker_share is not None, "a worker runs in a pool started by ProcessExecutor"
     store_url, plan, rows = _worker_share
     # opened here, not in the initializer: an error (the store moved, object storage unreachable)
@@ -72,14 +72,14 @@ class ProcessExecutor:
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
 
-    def pool_size(self, store: RepresentationStore, rows: PlanRows, tasks: Sequence[Task]) -> int:
+    def pool_size(self, store: RepresentationStore, rows: Rows, tasks: Sequence[AnyTask]) -> int:
         """1 (no pool) for a memory:// store (it lives in this process) or layers too small to pay for
         a worker's start; else at most one worker a task and one a CPU."""
         if store.url.startswith("memory://") or int(rows.selection.mask.sum()) * store.dim < POOL_MIN_LAYER_VALUES:
             return 1
         return min(self.num_workers, len(tasks), available_cores())
 
-    def run(self, store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, tasks: Sequence[Task]) -> Iterator[TaskOutput]:
+    def run(self, store: RepresentationStore, plan: Plan, rows: Rows, tasks: Sequence[AnyTask]) -> Iterator[TaskOutput | PairOutput]:
         size = self.pool_size(store, rows, tasks)
         if size <= 1:
             yield from LocalExecutor().run(store, plan, rows, tasks)
@@ -97,7 +97,7 @@ class ProcessExecutor:
                 raise
 
 
-def _run_on_ray(store_url: str, plan: AnalysisPlan, rows: PlanRows, task: Task) -> TaskOutput:
+def _run_on_ray(store_url: str, plan: Plan, rows: Rows, task: AnyTask) -> TaskOutput | PairOutput:
     return run_task(RepresentationStore.open(store_url), plan, rows, task)
 
 
@@ -108,7 +108,7 @@ class RayExecutor:
         self.num_workers = num_workers
         self.address = address
 
-    def run(self, store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, tasks: Sequence[Task]) -> Iterator[TaskOutput]:
+    def run(self, store: RepresentationStore, plan: Plan, rows: Rows, tasks: Sequence[AnyTask]) -> Iterator[TaskOutput | PairOutput]:
         from lmgeom.runs.distributed import connect_ray
 
         ray = connect_ray(self.address)

@@ -12,6 +12,10 @@ per-layer `counts`. Scopes:
   every group but the first waits in a scratch file during a layer's one read (MEV: one group's
   occurrence matrices in memory at a time).
 `finish` and the result hooks get the layer's values: a dict of every statistic's values by name.
+
+Pair statistics (`PairStatistic`, `register_pair_statistic`) are the statistics of two aligned row
+streams that similarity measures need (CKA and the Procrustes distance: `CrossMoments`); the tasks
+of `lmgeom.runs.engine.pairs` compute them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from lmgeom.metrics.contextuality import (
     row_norms,
 )
 from lmgeom.metrics.isotropy import MomentAccumulator, isotropy_report, local_isotropy
+from lmgeom.metrics.similarity import STREAMED_MEASURES, CrossMoments, streamed_measures
 from lmgeom.metrics.spectrum import MEV_VARIANTS
 
 if TYPE_CHECKING:
@@ -375,4 +380,52 @@ register_statistic(Statistic(
 register_statistic(Statistic(
     "variances", ROWS, partial(_moments_accumulator, False), partial(_keep_accumulator, "variances"),
     description="count, mean and per-dimension variances of the selected rows",
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# pair statistics: of two aligned row streams (`lmgeom.runs.engine.pairs`), layer x layer within a
+# store or store x store over the same word occurrences
+
+
+@dataclass(frozen=True)
+class PairStatistic:
+    """A statistic of pairs of aligned row streams ("sides"). `accumulator(shift_x, shift_y)`: a
+    fresh accumulator of a pair of sides (`shift_y` None: a side's self pair), fed each chunk less
+    its side's shift as `add(X, Y=rows, shifted=True)` (a self pair: `add(X, shifted=True)`);
+    `finish(xy, xx, yy)`: the `measures` of a pair from the results of its merged accumulator and of
+    both sides' self pairs; `state_bytes(dim_x, dim_y)`: one accumulator's size (a task holds pairs
+    whose states fit the plan's budget)."""
+
+    name: str
+    measures: tuple[str, ...]
+    accumulator: Callable[[np.ndarray, np.ndarray | None], Any]
+    finish: Callable[[Any, Any, Any], dict[str, float]]
+    state_bytes: Callable[[int, int], int]
+
+
+_PAIR_REGISTRY: dict[str, PairStatistic] = {}
+
+
+def register_pair_statistic(stat: PairStatistic) -> PairStatistic:
+    """Make `stat`'s measures computable (`lmgeom.runs.similarity.SimilarityOptions(measures=...)`)."""
+    _PAIR_REGISTRY[stat.name] = stat
+    return stat
+
+
+def pair_statistics_for(measures: tuple[str, ...]) -> tuple[PairStatistic, ...]:
+    """The registered pair statistics that give any of `measures`."""
+    return tuple(stat for stat in _PAIR_REGISTRY.values() if set(stat.measures) & set(measures))
+
+
+def _cross_moments(shift_x: np.ndarray, shift_y: np.ndarray | None) -> CrossMoments:
+    return CrossMoments(paired=False, shift_x=shift_x) if shift_y is None else CrossMoments(shift_x=shift_x, shift_y=shift_y)
+
+
+def _cross_moments_bytes(dim_x: int, dim_y: int) -> int:
+    return 8 * dim_x * dim_y  # X^T Y in float64; the sums are vectors
+
+
+register_pair_statistic(PairStatistic(
+    "cross_moments", STREAMED_MEASURES, _cross_moments, streamed_measures, _cross_moments_bytes,
 ))

@@ -19,12 +19,13 @@ import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, overload
 
 import numpy as np
 
 from lmgeom.errors import InputError
 from lmgeom.metrics.base import load_states, save_states
+from lmgeom.runs.engine.pairs import PairOutput, PairPlan, PairRows, PairTask, run_pair_task
 from lmgeom.runs.engine.plan import AnalysisPlan, PlanRows, Task
 from lmgeom.runs.engine.statistics import ROWS, WORD_GROUPS, LayerValues, Statistic
 from lmgeom.runs.spool import RowSpool, scratch_folder
@@ -34,6 +35,10 @@ from lmgeom.store import RepresentationStore
 ROW_STATISTICS = -1  # the group of a key that holds a layer's row statistics
 Key = tuple[int, int]  # (layer, word group or ROW_STATISTICS)
 STATE_SCHEMA_VERSION = 1
+# what executors schedule: an analysis's tasks, or a pair plan's (`lmgeom.runs.engine.pairs`)
+Plan = AnalysisPlan | PairPlan
+Rows = PlanRows | PairRows
+AnyTask = Task | PairTask
 
 
 @dataclass
@@ -58,9 +63,20 @@ def finish_key(statistics: Iterable[Statistic], accumulators: Mapping[str, Any],
     return values
 
 
-def run_task(store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, task: Task, *, finish: bool = True) -> TaskOutput:
+@overload
+def run_task(store: RepresentationStore, plan: AnalysisPlan, rows: PlanRows, task: Task, *, finish: bool = True) -> TaskOutput: ...
+@overload
+def run_task(store: RepresentationStore, plan: PairPlan, rows: PairRows, task: PairTask, *, finish: bool = True) -> PairOutput: ...
+@overload
+def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, *, finish: bool = True) -> TaskOutput | PairOutput: ...
+def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, *, finish: bool = True) -> TaskOutput | PairOutput:
     """The task's statistics from one read of its rows (see the module docstring). `finish`: finish
-    the keys the task covers entirely (False: return every state, as a shard does)."""
+    the keys the task covers entirely (False: return every state, as a shard does). A pair plan's
+    task is `run_pair_task`'s."""
+    if isinstance(plan, PairPlan):
+        assert isinstance(rows, PairRows) and isinstance(task, PairTask)
+        return run_pair_task(store, plan, rows, task)
+    assert isinstance(rows, PlanRows) and isinstance(task, Task)
     complete = finish and covers_every_row(plan, task)
     output = TaskOutput(task)
     row_statistics = plan.of_scope(ROWS) if task.rows else ()

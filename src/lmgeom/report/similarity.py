@@ -1,0 +1,176 @@
+"""The similarity sections: a run's layer x layer CKA and Procrustes heatmaps (similarity.json of
+`lmgeom run` or `lmgeom similarity RUN`), and the model x model matrix of `lmgeom compare`.
+
+A heatmap is a Plotly figure on the page (debiased CKA, with a button for the biased estimator)
+and a PNG and SVG for papers. Each section states the permutation null: the same measure with the
+rows of one side shuffled on the seeded subsample, the value of unrelated rows."""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmgeom.report.figures import plt, safe_name
+from lmgeom.report.html import Page, esc, missing, table
+from lmgeom.report.labels import number
+from lmgeom.runs import rundir
+
+MEASURE_TITLES = {"cka_debiased": "debiased linear CKA", "cka": "biased linear CKA",
+                  "procrustes": "Procrustes shape distance (radians)", "rsa": "RSA (Spearman of cosine-distance matrices)",
+                  "knn": "mutual k-NN overlap"}
+LAYER_NOTE = "layer 0 = embedding output"
+
+
+def read_similarity(directory: rundir.Where) -> dict[str, Any] | None:
+    """A folder's similarity.json, or None when it has none."""
+    return rundir.read_json(rundir.SIMILARITY.at(directory), rundir.SIMILARITY.kind)
+
+
+def _matrix(document: Mapping[str, Any], measure: str, kind: str = "matrices") -> np.ndarray | None:
+    table = document.get(kind, {}).get(measure)
+    return None if table is None else np.asarray(table, dtype=float)
+
+
+def _cells(document: Mapping[str, Any], measure: str) -> list[list[float | None]]:
+    """A matrix as Plotly's heatmap takes it (None for an undefined value)."""
+    matrix = _matrix(document, measure)
+    assert matrix is not None
+    return [[float(v) if np.isfinite(v) else None for v in row] for row in matrix]
+
+
+def _off_diagonal_mean(matrix: np.ndarray, within: bool) -> float:
+    if within and matrix.shape[0] == matrix.shape[1]:
+        values = matrix[~np.eye(matrix.shape[0], dtype=np.bool_)]
+    else:
+        values = matrix.ravel()
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def null_statement(document: Mapping[str, Any]) -> str:
+    """The permutation null in words: how it is made and its mean value for each measure."""
+    settings = document.get("settings", {})
+    null = document.get("null", {})
+    if not null:
+        return "No permutation null was computed (permutations = 0)."
+    means = "; ".join(f"{MEASURE_TITLES.get(measure, measure)} {number(float(np.nanmean(np.asarray(table, float))), 3)}"
+                      for measure, table in null.items())
+    return (f"Permutation null (the rows of one side shuffled {settings.get('permutations')} time(s) on the seeded "
+            f"subsample of {number(document.get('counts', {}).get('sample'))} rows, seed {settings.get('seed')}), mean over "
+            f"the layer pairs: {means}. Unrelated rows give a debiased CKA near 0; values well above the null are "
+            "shared structure.")
+
+
+def heatmap(page: Page, name: str, title: str, document: Mapping[str, Any], folder: rundir.Where,
+            measures: Sequence[str], *, y_title: str = "layer", x_title: str = "layer") -> str:
+    """A heatmap of `measures[0]` of a similarity document (a button per further measure switches
+    to it) on the page, and its PNG/SVG in `folder`/figures/."""
+    present = [m for m in measures if _matrix(document, m) is not None]
+    if not present:
+        return missing(f"{rundir.SIMILARITY.name} holds none of {', '.join(measures)}")
+    ys, xs = [str(layer) for layer in document["layers_a"]], [str(layer) for layer in document["layers_b"]]
+    z = {m: _cells(document, m) for m in present}
+    bounded = present[0] != "procrustes"
+    trace = {"type": "heatmap", "z": z[present[0]], "x": xs, "y": ys, "colorscale": "Viridis",
+             "zmin": 0, "zmax": 1 if bounded else float(np.pi / 2), "hovertemplate": "%{y} × %{x}: %{z:.3f}<extra></extra>"}
+    layout: dict[str, Any] = {"template": "plotly_white", "height": 460, "margin": {"t": 40, "l": 70, "r": 20, "b": 60},
+                              "xaxis": {"title": {"text": x_title}, "type": "category"},
+                              "yaxis": {"title": {"text": y_title}, "type": "category", "autorange": "reversed"}}
+    if len(present) > 1:
+        layout["updatemenus"] = [{"type": "buttons", "direction": "right", "x": 0, "y": 1.12, "xanchor": "left",
+                                  "buttons": [{"label": MEASURE_TITLES.get(m, m), "method": "restyle", "args": [{"z": [z[m]]}]}
+                                              for m in present]}]
+    div_id = f"chart-{safe_name(name)}"
+    page.figures[div_id] = {"data": [trace], "layout": layout}
+    first = _matrix(document, present[0])
+    assert first is not None
+    files = _save_heatmap(name, title, first, ys, xs, folder, y_title, x_title, bounded)
+    links = " · ".join(f'<a href="{esc(rundir.link(rundir.REPORT.at(folder), f))}">'
+                       f'{esc(str(f).rsplit(".", 1)[-1].upper())}</a>' for f in files)
+    return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(title)}</span>'
+            f'<span class="chart-subtitle">{esc(LAYER_NOTE)}</span></figcaption><div class="chart" id="{div_id}"></div>'
+            f'<p class="figure-files">for papers: {links}</p></figure>')
+
+
+def _save_heatmap(name: str, title: str, matrix: np.ndarray, ys: list[str], xs: list[str], folder: rundir.Where,
+                  y_title: str, x_title: str, bounded: bool) -> list[rundir.Target]:
+    fig, axis = plt.subplots(figsize=(1.6 + 0.4 * len(xs), 1.2 + 0.4 * len(ys)), constrained_layout=True)
+    try:
+        image = axis.imshow(matrix, vmin=0, vmax=1 if bounded else np.pi / 2, cmap="viridis")
+        axis.set_xticks(range(len(xs)), xs)
+        axis.set_yticks(range(len(ys)), ys)
+        axis.set_xlabel(x_title)
+        axis.set_ylabel(y_title)
+        axis.set_title(title, fontsize=9)
+        fig.colorbar(image, ax=axis)
+        written = []
+        for ext in ("png", "svg"):
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format=ext, dpi=150)
+            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"), buffer.getvalue()))
+        return written
+    finally:
+        plt.close(fig)
+
+
+def summary_table(document: Mapping[str, Any]) -> str:
+    """Per measure: the mean over the pairs of layers (off the diagonal within a model) and its null."""
+    within = len(document.get("stores", [])) == 1
+    rows = []
+    for measure, title in MEASURE_TITLES.items():
+        matrix = _matrix(document, measure)
+        if matrix is None:
+            continue
+        null = _matrix(document, measure, "null")
+        rows.append({"measure": title, "mean over layer pairs": _off_diagonal_mean(matrix, within),
+                     "permutation null": None if null is None else _off_diagonal_mean(null, within)})
+    return table(pd.DataFrame(rows), digits=3, text_columns=("measure",))
+
+
+def similarity_section(page: Page, run_path: rundir.Target) -> str:
+    """The body of a run report's similarity section."""
+    document = read_similarity(run_path)
+    if document is None:
+        return missing(f"no {rundir.SIMILARITY.name} in this run; `lmgeom run` (its similarity step) or "
+                       f"`lmgeom similarity {run_path}` writes it")
+    counts = document.get("counts", {})
+    note = (f"Every pair of layers over the {number(counts.get('rows_matched'))} selected word occurrences: linear CKA "
+            "(debiased, Song et al. 2012; the biased estimator by the button), the Procrustes shape distance (0 when one "
+            "layer is a rotation of the other), RSA and mutual k-NN on a seeded subsample. " + null_statement(document))
+    return (f'<p class="note">{esc(note)}</p>'
+            + heatmap(page, "similarity_cka", "Linear CKA between layers", document, run_path, ("cka_debiased", "cka"))
+            + heatmap(page, "similarity_procrustes", "Procrustes shape distance between layers", document, run_path,
+                      ("procrustes",))
+            + summary_table(document))
+
+
+def models_section(page: Page, out: rundir.Where, labels: Sequence[str], pairs: Sequence[Mapping[str, Any]],
+                   note: str | None) -> str:
+    """The body of the comparison's model x model section: a matrix of the debiased CKA of the
+    runs' last layers, and the layer x layer heatmap of every pair of runs; `note` says why there is
+    no matrix (runs of different corpora, one run)."""
+    if note is not None:
+        return missing(note)
+    matrix = pd.DataFrame(np.eye(len(labels)), index=list(labels), columns=list(labels))
+    best = matrix.copy()
+    bodies = []
+    for pair in pairs:
+        document, a, b = pair["document"], pair["a"], pair["b"]
+        cka = _matrix(document, "cka_debiased")
+        assert cka is not None
+        matrix.loc[a, b] = matrix.loc[b, a] = cka[-1, -1]
+        best.loc[a, b] = best.loc[b, a] = np.nanmax(cka)
+        bodies.append(heatmap(page, f"models_{a}_{b}", f"Debiased CKA: {a} (rows) × {b} (columns)", document, out,
+                              ("cka_debiased", "cka"), y_title=f"layer of {a}", x_title=f"layer of {b}"))
+    counts = [pair["document"].get("counts", {}).get("rows_matched") for pair in pairs]
+    text = (f"Debiased linear CKA between the runs' last layers, over the word occurrences both stores hold (matched by "
+            f"character offset in the corpus, whatever each tokenizer made of them; {', '.join(map(number, counts))} "
+            "matched rows per pair); below it the best-matching pair of layers, then each pair's layer × layer "
+            "heatmap. " + null_statement(pairs[0]["document"]))
+    return (f'<p class="note">{esc(text)}</p><h3>Last layer × last layer</h3>'
+            + table(matrix.reset_index(names="run"), digits=3, text_columns=("run",))
+            + "<h3>Best-matching layers (highest debiased CKA over every pair of layers)</h3>"
+            + table(best.reset_index(names="run"), digits=3, text_columns=("run",)) + "".join(bodies))
