@@ -331,3 +331,18 @@ def test_the_cli_hands_device_engine_and_workers_to_the_engine(stores, tmp_path)
     np.testing.assert_allclose(document["matrices"]["cka_debiased"], expected, rtol=1e-9, atol=1e-9)
     bad = CliRunner().invoke(app, ["similarity", str(a.url), "--engine", "threads", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "unknown --engine" in bad.output
+
+
+def test_a_subsample_of_at_most_k_rows_leaves_knn_undefined_and_says_why(stores):
+    """Mutual k-NN needs more than k points; on fewer the other measures still come out (the main
+    job on a tiny corpus must not fail in its similarity step)."""
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, _ = stores
+    layers = _selected(a)
+    result = similarity_matrix(a, None, SimilarityOptions(sample=6, k=6))
+    assert np.isnan(result.values["knn"]).all()
+    assert "needs more than 6 sampled rows" in result.settings["knn_not_computed"]
+    full = reference(layers, layers, sample=6, seed=0, k=5)
+    np.testing.assert_allclose(result.values["cka"], full["cka"], rtol=1e-10)
+    assert "knn_not_computed" not in similarity_matrix(a, None, SimilarityOptions(sample=6, k=5)).settings

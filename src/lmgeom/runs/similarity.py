@@ -276,7 +276,10 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
                 "streamed": "cka, cka_debiased and procrustes over every matched row",
                 "subsample": "rsa and knn, and every null, on the seeded subsample of `sample` matched rows",
                 "null": "each measure with the rows of store b (the column side) shuffled on the subsample; mean over the permutations",
-                "procrustes_unit": "radians", **engine}
+                "procrustes_unit": "radians", **engine,
+                **({"knn_not_computed": f"mutual k-NN with k = {options.k} needs more than {options.k} sampled rows; "
+                                        f"this corpus gives {min(options.sample, n)}"}
+                   if "knn" in options.measures and not options.k < min(options.sample, n) else {})}
     described = [{"url": s.url, "model_id": s.meta.get("model_id"), "corpus_fingerprint": s.meta.get("corpus_fingerprint")}
                  for s in ([a] if within else stores)]
     return SimilarityResult(described, layers_a, layers_b, values, null, {**matched.counts, "sample": min(options.sample, n)},
@@ -316,6 +319,8 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
     sample_a = {layer: read_rows(stores[0], layer, rows[0][picked]) for layer in layers_a}
     sample_b = sample_a if within else {layer: read_rows(stores[1], layer, rows[1][picked]) for layer in layers_b}
     wants = set(options.measures)
+    if "knn" in wants and not options.k < m:  # k neighbours need more than k points: the measure is undefined here
+        wants.discard("knn")
     progress.start("similarity on the subsample", len(pairs), unit="layer pairs")
     ranks_a = {layer: rdm_ranks(X) for layer, X in sample_a.items()} if "rsa" in wants else {}
     ranks_b = ranks_a if within else {layer: rdm_ranks(X) for layer, X in sample_b.items()} if "rsa" in wants else {}
