@@ -488,14 +488,12 @@ def test_report_fits_800_and_1400_px_windows(full_run: Path, comparison: tuple[P
 
 
 @pytest.mark.browser
-def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -> None:
-    """`lmgeom run` on tiny-bert: its report.html has every chart drawn, and the explorer answers."""
+def test_a_tiny_model_runs_report_renders_in_headless_chromium(tiny_run: Any, tmp_path: Path) -> None:
+    """`lmgeom run` on tiny-bert (the session's tiny run): its report.html has every chart drawn, and the explorer answers."""
     executable = _browser()
     from playwright.sync_api import sync_playwright
 
-    from lmgeom.runs import run
-
-    result = run("tiny-bert", "lee", out=tmp_path / "run", limit=120, device="cpu", min_contexts=3)
+    result = tiny_run
     report = result.store.path / "report.html"
     data = json.loads((result.store.path / EXPLORER.name).read_text())["data"]
     word, last = data["words"][0], str(data["layers"][-1])
