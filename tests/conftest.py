@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,31 @@ def single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The `RunResult` of `lmgeom run` of tiny-bert on Lee with `helpers.TINY_RUN`, made once per session
+    for the tests that only read it (`.store.path` is the run directory; a test that changes a run
+    works on a copy)."""
+    from helpers import TINY_RUN
+    from lmgeom.runs import run
+
+    result = run("tiny-bert", "lee", out=tmp_path_factory.mktemp("tiny-run") / "tiny-bert-lee", **TINY_RUN)
+    assert result.steps_run[-1] == "report"
+    return result
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`lmgeom run --model tiny-bert` with `helpers.TINY_RUN_ARGS` through the CLI (in process), in an
+    80-column terminal, made once per session: the run directory and what the command printed."""
+    from typer.testing import CliRunner
+
+    from helpers import TINY_RUN_ARGS
+    from lmgeom.cli.main import app
+
+    out = tmp_path_factory.mktemp("tiny-cli-run") / "tiny-bert-lee"
+    outcome = CliRunner().invoke(app, ["run", "--model", "tiny-bert", *TINY_RUN_ARGS, "--out", str(out)], env={"COLUMNS": "80"})
+    assert outcome.exit_code == 0, outcome.output
+    return out, outcome.output

@@ -87,6 +87,13 @@ class ReadAhead:
         return Finished()
 
 
+TINY_RUN: dict[str, Any] = {"limit": 60, "device": "cpu", "min_contexts": 3, "layers": "0,3", "num_workers": 1}
+"""The options of the session's shared tiny-bert run (the `tiny_run` fixture): 60 Lee sentences, layers 0
+and 3 calibrated and distilled, the analysis in this process (no worker start-up)."""
+TINY_RUN_ARGS = [word for key, value in TINY_RUN.items() for word in (f"--{key.replace('_', '-')}", str(value))]
+"""The same options as `lmgeom run` arguments."""
+
+
 FAST_PROBE = ProbeOptions(batch_size=500, learning_rate=0.05, epochs=30)  # few steps: a probe test stays short
 
 

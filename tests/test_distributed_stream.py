@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator
+from typing import Iterator
 
 import pandas as pd
 import pytest
@@ -19,7 +19,7 @@ from lmgeom.runs import extract, run
 from lmgeom.runs.distributed import extract_sharded
 from lmgeom.store import RepresentationStore
 
-from helpers import CrashingEncoder, ReadAhead, assert_same_store
+from helpers import TINY_RUN, CrashingEncoder, ReadAhead, assert_same_store
 
 CHUNK, SHARD = 4, 8  # 40 sentences: 5 shards of 2 chunks
 
@@ -92,13 +92,13 @@ def test_a_corpus_that_changes_between_passes_stops_the_run(encoder, corpus, tmp
         RepresentationStore.open(tmp_path / "run")
 
 
-def test_run_out_takes_a_file_url(tmp_path):
-    options: dict[str, Any] = dict(limit=40, device="cpu", min_contexts=3, methods=("whitening",))
-    result = run("tiny-gpt2", "lee", out=(tmp_path / "via-url").as_uri(), **options)
-    local = run("tiny-gpt2", "lee", out=tmp_path / "via-path", **options)
+def test_run_out_takes_a_file_url(tiny_run, tmp_path):
+    """The run at a file:// URL is the run at the local path (the session's tiny run), number for number."""
+    result = run("tiny-bert", "lee", out=(tmp_path / "via-url").as_uri(), **TINY_RUN)
+    local = tiny_run
     assert result.store.path == tmp_path / "via-url" and (tmp_path / "via-url" / "report.html").is_file()
     for name in ("summary.json", "contextuality.json", "isotropy.json", "calibration.json"):
-        records = [json.loads((tmp_path / side / name).read_text()) for side in ("via-url", "via-path")]
+        records = [json.loads((folder / name).read_text()) for folder in (tmp_path / "via-url", local.store.path)]
         rows = [record.get("records", record.get("layers")) for record in records]
         assert pd.DataFrame(rows[0]).equals(pd.DataFrame(rows[1])), name
     assert [path.name for path in result.paths] == [path.name for path in local.paths]

@@ -41,6 +41,7 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert lmgeom.device.resolve_analysis_device("auto") == torch.device("cuda")  # what a step left on auto would use
     asked: list[str] = []
     for name in ("resolve_device", "resolve_analysis_device"):
         original = getattr(lmgeom.device, name)
@@ -75,3 +76,4 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
     for name in ("isotropy.json", "calibration.json", "static/1.benchmarks.json"):
         assert json.loads((out / name).read_text())["device"] == "cpu", name
     assert json.loads((out / "contextuality.json").read_text())["plan"]["device"] == "cpu"
+    assert (out / "report.html").exists()

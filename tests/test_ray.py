@@ -63,15 +63,23 @@ def local_store(tmp_path_factory: pytest.TempPathFactory, corpus: Corpus) -> Rep
 
 @pytest.fixture(scope="module")
 def ray_store(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> RepresentationStore:
+    """`lmgeom extract --engine ray` (through `extract_model`), with the corpus spec streamed: loading
+    it whole fails the extraction."""
     from typer.testing import CliRunner
 
+    import lmgeom.runs.extraction as extraction
     from lmgeom.cli.main import app
 
+    def whole_corpus_loaded(*args: Any, **kwargs: Any) -> Corpus:
+        raise AssertionError("the Ray engine must stream the corpus, not load it whole")
+
     out = tmp_path_factory.mktemp("ray") / "run"
-    outcome = CliRunner().invoke(app, ["extract", "tiny-bert", "--corpus", "lee", "--limit", "48", "--out", str(out),
-                                       "--device", "cpu", "--engine", "ray", "--num-workers", "2",
-                                       "--chunk-sentences", str(CHUNK), "--shard-sentences", str(SHARD)])
-    assert outcome.exit_code == 0, outcome.output
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(extraction, "load_corpus", whole_corpus_loaded)
+        outcome = CliRunner().invoke(app, ["extract", "tiny-bert", "--corpus", "lee", "--limit", "48", "--out", str(out),
+                                           "--device", "cpu", "--engine", "ray", "--num-workers", "2",
+                                           "--chunk-sentences", str(CHUNK), "--shard-sentences", str(SHARD)])
+    assert outcome.exit_code == 0, (outcome.output, outcome.exception)
     return RepresentationStore.open(out)
 
 
@@ -95,6 +103,7 @@ class KillingEncoder:
 
 
 def test_ray_extraction_with_two_workers_equals_the_local_engine(ray_store, local_store):
+    """The Ray engine's store (extracted from the corpus spec, streamed: see `ray_store`) equals the local one."""
     assert ray_store.meta["layout"] == "sharded"
     assert [(s["first_sentence"], s["n_sentences"]) for s in ray_store.meta["shards"]] == [(0, 16), (16, 16), (32, 16)]
     assert_same_store(local_store, ray_store, atol=1e-5)
@@ -111,19 +120,6 @@ def test_the_driver_streams_the_corpus_holding_only_the_shards_in_flight(cluster
     # when a worker is free, so it never holds more than 2 shards' sentences (the corpus has 48)
     assert len(reader.passes) == 2 and reader.passes[0] == len(corpus)
     assert CHUNK < reader.passes[1] <= 2 * CHUNK
-    assert_same_store(local_store, store, atol=1e-5)
-
-
-def test_extract_model_on_ray_streams_the_corpus_spec(cluster, local_store, tmp_path, monkeypatch):
-    import lmgeom.runs.extraction as extraction
-
-    def whole_corpus_loaded(*args: Any, **kwargs: Any) -> Corpus:
-        raise AssertionError("the Ray engine must stream the corpus, not load it whole")
-
-    monkeypatch.setattr(extraction, "load_corpus", whole_corpus_loaded)
-    store = extraction.extract_model("tiny-bert", "lee", limit=48, out=tmp_path / "api", device="cpu", engine="ray",
-                                     num_workers=2, chunk_sentences=CHUNK, shard_sentences=SHARD)
-    assert [(s["first_sentence"], s["n_sentences"]) for s in store.meta["shards"]] == [(0, 16), (16, 16), (32, 16)]
     assert_same_store(local_store, store, atol=1e-5)
 
 

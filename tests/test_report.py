@@ -12,7 +12,7 @@ import shutil
 import struct
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -358,58 +358,65 @@ def _browser() -> str:
     return executable
 
 
-@pytest.mark.browser
-def test_report_renders_in_headless_chromium(full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the module's browser tests (each opens its own pages)."""
     executable = _browser()
     from playwright.sync_api import sync_playwright  # a test dependency: missing, it fails rather than skips
 
-    compare = comparison[0] / "compare.html"
-    data = json.loads((full_run / EXPLORER.name).read_text())["data"]
-    word = data["words"][1]
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
-            for path in (full_run / "report.html", compare):
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
-                errors: list[str] = []
-                page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-                page.on("pageerror", lambda error: errors.append(str(error)))
-                page.goto(path.as_uri())
-                n_figures = len(page_figures(path.read_text()))
-                page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
-                points = page.evaluate(
-                    "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => gd.data.map(t => "
-                    "t.y.filter(v => v !== null).length))"
-                )
-                assert len(points) == n_figures
-                assert all(traces and all(n > 0 for n in traces) for traces in points), points
-                assert page.locator(".scatterlayer .trace").count() >= sum(map(len, points))
-                if path.name == "report.html":
-                    page.fill("#explorer-word", word)
-                    page.wait_for_selector("#explorer-neighbours")
-                    assert page.inner_text("#explorer-word-title") == word
-                    rows = page.locator("#explorer-neighbours tbody tr")
-                    assert rows.count() == N_NEIGHBOURS
-                    expected = data["words"][data["neighbours"]["3"][1][0][0]]
-                    assert rows.nth(0).locator("td").nth(1).inner_text() == expected
-                    assert page.locator("#explorer-chart .scatterlayer .trace").count() == 5
-                    page.select_option("#explorer-layer", "0")
-                    expected = data["words"][data["neighbours"]["0"][1][0][0]]
-                    assert page.locator("#explorer-neighbours tbody tr").nth(0).locator("td").nth(1).inner_text() == expected
-                    page.fill("#explorer-word", "zzz-not-a-word")
-                    assert "is not among" in page.inner_text("#explorer-result")
-                    page.fill("#explorer-word", word)
-                shot = tmp_path / f"{path.stem}.png"
-                page.screenshot(path=str(shot), full_page=True)
-                assert shot.stat().st_size > 10_000
-                artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
-                if artifacts:
-                    Path(artifacts).mkdir(parents=True, exist_ok=True)
-                    shutil.copy(shot, Path(artifacts) / shot.name)
-                assert errors == [], errors
-                page.close()
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+def test_report_renders_in_headless_chromium(chromium: Any, full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
+    browser = chromium
+    compare = comparison[0] / "compare.html"
+    data = json.loads((full_run / EXPLORER.name).read_text())["data"]
+    word = data["words"][1]
+    for path in (full_run / "report.html", compare):
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(path.as_uri())
+        n_figures = len(page_figures(path.read_text()))
+        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
+        points = page.evaluate(
+            "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => gd.data.map(t => "
+            "t.y.filter(v => v !== null).length))"
+        )
+        assert len(points) == n_figures
+        assert all(traces and all(n > 0 for n in traces) for traces in points), points
+        assert page.locator(".scatterlayer .trace").count() >= sum(map(len, points))
+        if path.name == "report.html":
+            page.fill("#explorer-word", word)
+            page.wait_for_selector("#explorer-neighbours")
+            assert page.inner_text("#explorer-word-title") == word
+            rows = page.locator("#explorer-neighbours tbody tr")
+            assert rows.count() == N_NEIGHBOURS
+            expected = data["words"][data["neighbours"]["3"][1][0][0]]
+            assert rows.nth(0).locator("td").nth(1).inner_text() == expected
+            assert page.locator("#explorer-chart .scatterlayer .trace").count() == 5
+            page.select_option("#explorer-layer", "0")
+            expected = data["words"][data["neighbours"]["0"][1][0][0]]
+            assert page.locator("#explorer-neighbours tbody tr").nth(0).locator("td").nth(1).inner_text() == expected
+            page.fill("#explorer-word", "zzz-not-a-word")
+            assert "is not among" in page.inner_text("#explorer-result")
+            page.fill("#explorer-word", word)
+        shot = tmp_path / f"{path.stem}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
+        if artifacts:
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            shutil.copy(shot, Path(artifacts) / shot.name)
+        assert errors == [], errors
+        page.close()
 
 
 LAYOUT_SCRIPT = """() => {
@@ -464,79 +471,64 @@ def assert_layout_fits(page: Any, *, width: int, layer_charts: bool) -> None:
 
 
 @pytest.mark.browser
-def test_report_fits_800_and_1400_px_windows(full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
-    executable = _browser()
-    from playwright.sync_api import sync_playwright
-
+def test_report_fits_800_and_1400_px_windows(chromium: Any, full_run: Path, comparison: tuple[Path, str], tmp_path: Path) -> None:
+    browser = chromium
     artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        try:
-            for path in (full_run / "report.html", comparison[0] / "compare.html"):
-                n_figures = len(page_figures(path.read_text()))
-                for width in (800, 1400):
-                    page = browser.new_page(viewport={"width": width, "height": 900})
-                    page.goto(path.as_uri())
-                    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .g-xtitle').length >= {n_figures}")
-                    assert_layout_fits(page, width=width, layer_charts=path.name == "report.html")
-                    if artifacts:
-                        Path(artifacts).mkdir(parents=True, exist_ok=True)
-                        page.screenshot(path=str(Path(artifacts) / f"{path.stem}-{width}.png"), full_page=True)
-                    page.close()
-        finally:
-            browser.close()
+    for path in (full_run / "report.html", comparison[0] / "compare.html"):
+        n_figures = len(page_figures(path.read_text()))
+        for width in (800, 1400):
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.goto(path.as_uri())
+            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .g-xtitle').length >= {n_figures}")
+            assert_layout_fits(page, width=width, layer_charts=path.name == "report.html")
+            if artifacts:
+                Path(artifacts).mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(Path(artifacts) / f"{path.stem}-{width}.png"), full_page=True)
+            page.close()
 
 
 @pytest.mark.browser
-def test_a_tiny_model_runs_report_renders_in_headless_chromium(tmp_path: Path) -> None:
-    """`lmgeom run` on tiny-bert: its report.html has every chart drawn, and the explorer answers."""
-    executable = _browser()
-    from playwright.sync_api import sync_playwright
-
-    from lmgeom.runs import run
-
-    result = run("tiny-bert", "lee", out=tmp_path / "run", limit=120, device="cpu", min_contexts=3)
+def test_a_tiny_model_runs_report_renders_in_headless_chromium(chromium: Any, tiny_run: Any, tmp_path: Path) -> None:
+    """`lmgeom run` on tiny-bert (the session's tiny run): its report.html has every chart drawn, and the explorer answers."""
+    browser = chromium
+    result = tiny_run
     report = result.store.path / "report.html"
     data = json.loads((result.store.path / EXPLORER.name).read_text())["data"]
     word, last = data["words"][0], str(data["layers"][-1])
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            errors: list[str] = []
-            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(report.as_uri())
-            figures = page_figures(report.read_text())
-            n_figures = len(figures)
-            assert n_figures >= 11  # anisotropy, self-similarity, intra-sentence, MEV x2, isotropy x3, calibration x3
-            isotropy = json.loads((result.store.path / "isotropy.json").read_text())["records"]
-            isoscore = next(t for t in figures["chart-isotropy_isoscore"]["data"] if t["name"] == "global")
-            assert isoscore["y"] == pytest.approx([r["value"] for r in isotropy if r["measure"] == "isoscore"], abs=1e-12)
-            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
-            points = page.evaluate(
-                "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => gd.data.map(t => "
-                "t.y.filter(v => v !== null).length))"
-            )
-            assert all(traces and all(n > 0 for n in traces) for traces in points), points
-            page.fill("#explorer-word", word)
-            page.wait_for_selector("#explorer-neighbours")
-            page.select_option("#explorer-layer", last)
-            expected = data["words"][data["neighbours"][last][0][0][0]]
-            assert page.locator("#explorer-neighbours tbody tr").nth(0).locator("td").nth(1).inner_text() == expected
-            for width in (800, 1400):
-                page.set_viewport_size({"width": width, "height": 900})
-                page.wait_for_timeout(500)  # Plotly redraws responsive charts on resize
-                assert_layout_fits(page, width=width, layer_charts=True)
-            shot = tmp_path / "tiny-bert-report.png"
-            page.screenshot(path=str(shot), full_page=True)
-            artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
-            if artifacts:
-                Path(artifacts).mkdir(parents=True, exist_ok=True)
-                shutil.copy(shot, Path(artifacts) / shot.name)
-            assert errors == [], errors
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(report.as_uri())
+    figures = page_figures(report.read_text())
+    n_figures = len(figures)
+    assert n_figures >= 11  # anisotropy, self-similarity, intra-sentence, MEV x2, isotropy x3, calibration x3
+    isotropy = json.loads((result.store.path / "isotropy.json").read_text())["records"]
+    isoscore = next(t for t in figures["chart-isotropy_isoscore"]["data"] if t["name"] == "global")
+    assert isoscore["y"] == pytest.approx([r["value"] for r in isotropy if r["measure"] == "isoscore"], abs=1e-12)
+    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
+    points = page.evaluate(
+        "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => gd.data.map(t => "
+        "t.y.filter(v => v !== null).length))"
+    )
+    assert all(traces and all(n > 0 for n in traces) for traces in points), points
+    page.fill("#explorer-word", word)
+    page.wait_for_selector("#explorer-neighbours")
+    page.select_option("#explorer-layer", last)
+    expected = data["words"][data["neighbours"][last][0][0][0]]
+    assert page.locator("#explorer-neighbours tbody tr").nth(0).locator("td").nth(1).inner_text() == expected
+    for width in (800, 1400):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(500)  # Plotly redraws responsive charts on resize
+        assert_layout_fits(page, width=width, layer_charts=True)
+    shot = tmp_path / "tiny-bert-report.png"
+    page.screenshot(path=str(shot), full_page=True)
+    artifacts = os.environ.get("LMGEOM_TEST_ARTIFACTS")
+    if artifacts:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(artifacts) / shot.name)
+    assert errors == [], errors
+    page.close()
 
 
 def test_nan_values_become_gaps_not_errors(tmp_path: Path, full_run: Path) -> None:

@@ -24,18 +24,17 @@ from lmgeom.progress import NoProgress
 from lmgeom.runs import rundir, run
 from lmgeom.store.location import Location
 
-LIMIT = 60
-OPTIONS: dict[str, Any] = {"limit": LIMIT, "device": "cpu", "num_workers": 1}
+from helpers import TINY_RUN, TINY_RUN_ARGS
+
+OPTIONS = TINY_RUN  # the options of the session's tiny run, the local run the others must equal
 STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "report"]
 # the result documents whose numbers a run elsewhere must reproduce
 COMPARED = (rundir.CONTEXTUALITY, rundir.SUMMARY, rundir.ISOTROPY, rundir.CALIBRATION)
 
 
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("local") / "run"
-    run("tiny-bert", "lee", out=folder, **OPTIONS)
-    return folder
+@pytest.fixture
+def local_run(tiny_run: Any) -> Path:
+    return Path(tiny_run.store.path)
 
 
 def _numbers(value: Any) -> Any:
@@ -69,7 +68,7 @@ def assert_same_results(local: Path, remote: str, *, rtol: float) -> None:
         assert expected is not None and got is not None, spec.name
         _close(_numbers(expected["records" if "records" in expected else "layers"]),
                _numbers(got["records" if "records" in got else "layers"]), rtol, spec.name)
-    for name in ("static/1.benchmarks.json", "explorer.json"):
+    for name in ("static/3.benchmarks.json", "explorer.json"):
         assert Location.of(rundir.target(remote, name)).exists(), name
     # every file of the local run is in the remote one (the store's own files differ: folder vs shards)
     results = {relative for relative in Location.of(local).files() if rundir.spec_of(relative) is not None
@@ -105,14 +104,13 @@ def test_run_on_memory_resumes_and_equals_the_local_run(local_run: Path):
     # what a result file records of where it ran
     assert rundir.read_json(rundir.ISOTROPY.at(url), "isotropy")["device"] == "cpu"
     assert rundir.read_json(rundir.CALIBRATION.at(url), "calibration")["device"] == "cpu"
-    assert rundir.read_json(rundir.STATIC_BENCHMARKS.at(url, layer=1), rundir.STATIC_BENCHMARKS.kind)["device"] == "cpu"
+    assert rundir.read_json(rundir.STATIC_BENCHMARKS.at(url, layer=3), rundir.STATIC_BENCHMARKS.kind)["device"] == "cpu"
     fsspec.filesystem("memory").rm(Location.of(url).root, recursive=True)
 
 
 def test_run_on_a_file_url_through_the_cli_equals_the_local_run(local_run: Path, tmp_path: Path):
     folder = tmp_path / "by-url"
-    outcome = CliRunner().invoke(app, ["run", "--model", "tiny-bert", "--limit", str(LIMIT), "--device", "cpu",
-                                       "--num-workers", "1", "--out", f"file://{folder}"])
+    outcome = CliRunner().invoke(app, ["run", "--model", "tiny-bert", *TINY_RUN_ARGS, "--out", f"file://{folder}"])
     assert outcome.exit_code == 0, outcome.output
     # a file:// URL is a local folder: the same store, the same numbers bit for bit
     assert_same_results(local_run, str(folder), rtol=0.0)
@@ -162,8 +160,7 @@ def _lmgeom(*args: str) -> list[str]:
 @pytest.mark.processes
 def test_run_on_s3_through_the_cli_is_killed_resumes_and_equals_the_local_run(local_run: Path, s3_server: dict[str, str]):
     url = "s3://bucket/run"
-    command = _lmgeom("run", "--model", "tiny-bert", "--limit", str(LIMIT), "--device", "cpu", "--num-workers", "1",
-                      "--out", url)
+    command = _lmgeom("run", "--model", "tiny-bert", *TINY_RUN_ARGS, "--out", url)
     env = {**os.environ, **s3_server, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert first.stdout is not None

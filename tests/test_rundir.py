@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,22 +18,15 @@ from lmgeom.runs import calibrate_store, rundir, run
 from lmgeom.runs.calibration import CalibrationOptions, read_calibration
 from lmgeom.runs.sts import run_sts
 
-RUN_OPTIONS = dict(limit=60, device="cpu", min_contexts=3, layers="0,3", num_workers=1)
+from helpers import TINY_RUN
 
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """`lmgeom run` of tiny-bert on 60 Lee sentences, calibrating layers 0 and 3 (whitening, abtt)."""
-    out = tmp_path_factory.mktemp("run") / "tiny-bert-lee"
-    result = run("tiny-bert", "lee", out=out, **RUN_OPTIONS)
-    assert result.steps_run[-1] == "report"
-    return out
+RUN_OPTIONS = TINY_RUN  # tiny-bert on 60 Lee sentences, calibrating layers 0 and 3 (whitening, abtt)
 
 
 @pytest.fixture
-def a_run(finished_run: Path, tmp_path: Path) -> Path:
-    """A copy of the finished run that a test may change."""
-    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+def a_run(tiny_run: Any, tmp_path: Path) -> Path:
+    """A copy of the session's finished tiny run that a test may change."""
+    return Path(shutil.copytree(tiny_run.store.path, tmp_path / "run"))
 
 
 def _by_fit(records: list[dict]) -> dict[tuple[int, str], list[dict]]:

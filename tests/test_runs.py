@@ -34,6 +34,8 @@ from lmgeom.metrics import (
 from lmgeom.runs import AnalysisOptions, AnalysisState, Feed, analyze_shard, analyze_store, finish_analysis, select_rows, select_words, tally
 from lmgeom.store import write_store_from_arrays
 
+from helpers import TINY_RUN
+
 DATA = Path(__file__).parent / "data"
 SRC = Path(__file__).resolve().parents[1] / "src" / "lmgeom"
 
@@ -337,24 +339,17 @@ def test_packages_import_only_down_the_pipeline():
 # the main job from Python and from the CLI
 
 
-def test_run_from_python_equals_the_cli(tmp_path):
-    from typer.testing import CliRunner
-
-    from lmgeom.cli.main import app
-    from lmgeom.runs import run
-
-    result = run("tiny-gpt2", "lee", out=tmp_path / "api", limit=60, device="cpu", min_contexts=3)
-    outcome = CliRunner().invoke(app, ["run", "--model", "tiny-gpt2", "--limit", "60", "--out", str(tmp_path / "cli"),
-                                       "--device", "cpu", "--min-contexts", "3"])
-    assert outcome.exit_code == 0, outcome.output
+def test_run_from_python_equals_the_cli(tiny_run, tiny_cli_run):
+    result, (cli, output) = tiny_run, tiny_cli_run
     for name in ("contextuality.json", "summary.json"):
-        api, cli = (json.loads((tmp_path / side / name).read_text()) for side in ("api", "cli"))
-        assert_same_numbers(api.get("records", api.get("layers")), cli.get("records", cli.get("layers")), atol=0)
+        api_document, cli_document = (json.loads((folder / name).read_text()) for folder in (result.store.path, cli))
+        assert_same_numbers(api_document.get("records", api_document.get("layers")),
+                            cli_document.get("records", cli_document.get("layers")), atol=0)
     assert [path.name for path in result.paths] == ["summary.json", "contextuality.json", "contextuality_layers.csv",
                                                     "contextuality_words.csv", "isotropy.json", "calibration.json",
-                                                    "0.benchmarks.json", "1.benchmarks.json", "3.benchmarks.json", "report.html"]
+                                                    "0.benchmarks.json", "3.benchmarks.json", "report.html"]
     assert all(path.exists() for path in result.paths)
-    assert "sentences/s" in outcome.output and "words/s" in outcome.output and "tok/s" not in outcome.output
+    assert "sentences/s" in output and "words/s" in output and "tok/s" not in output
 
 
 @pytest.mark.slow
@@ -388,11 +383,11 @@ class StopAt:
         pass
 
 
-def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
+def test_an_interrupted_run_resumes_without_redoing_finished_steps(tiny_run, tmp_path):
     from lmgeom.runs import run
 
-    options = dict(limit=80, device="cpu", min_contexts=3, layers="all")
-    whole = run("tiny-bert", "lee", out=tmp_path / "whole", **options)
+    options = TINY_RUN
+    whole = tiny_run  # the same run, not interrupted
     assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "report"]
     with pytest.raises(KeyboardInterrupt):
         run("tiny-bert", "lee", out=tmp_path / "cut", progress=StopAt("calibrate"), **options)
@@ -402,11 +397,11 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
     assert resumed.steps_run == ["calibration", "static_embeddings", "similarity", "report"]
     again = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
     assert again.steps_run == ["report"] and len(again.steps_skipped) == 6
-    for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/2.benchmarks.json"):
-        first, second = (json.loads((tmp_path / side / name).read_text()) for side in ("whole", "cut"))
+    for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/3.benchmarks.json"):
+        first, second = (json.loads((folder / name).read_text()) for folder in (whole.store.path, tmp_path / "cut"))
         assert_same_numbers(first["records"], second["records"], atol=1e-12)
     # the report data: the explorer's words, metrics and neighbours, and the page itself
-    first, second = (json.loads((tmp_path / side / "explorer.json").read_text())["data"] for side in ("whole", "cut"))
+    first, second = (json.loads((folder / "explorer.json").read_text())["data"] for folder in (whole.store.path, tmp_path / "cut"))
     assert first == second and first["neighbours"]
     assert (tmp_path / "cut" / "report.html").stat().st_size > 100_000
     assert_same_numbers(again.contextuality.records, whole.contextuality.records, atol=0)
@@ -414,24 +409,29 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
     assert changed.steps_run == ["calibration", "static_embeddings", "report"]
 
 
-def test_every_command_prints_tables_readable_at_80_columns(fixed_store, tmp_path):
+def test_every_command_prints_tables_readable_at_80_columns(fixed_store, tiny_cli_run, tmp_path):
     """No table cell is cut short (rich marks a cut with an ellipsis) and no line is wider than 80."""
+    import shutil
+
     from typer.testing import CliRunner
 
     from lmgeom.cli.main import app
 
+    run_folder, run_output = tiny_cli_run  # `lmgeom run`, printed at 80 columns
     commands = [
         ["analyze", str(fixed_store.path), "--min-contexts", "3", "--out", str(tmp_path / "a")],
         ["calibrate", str(fixed_store.path), "--method", "whitening,abtt,standardize,cie"],
         ["static-embeddings", str(fixed_store.path), "--layer", "2"],
-        ["run", "--model", "tiny-gpt2", "--limit", "60", "--out", str(tmp_path / "r"), "--device", "cpu", "--min-contexts", "3"],
-        ["report", str(tmp_path / "r")],
+        ["report", shutil.copytree(run_folder, tmp_path / "r")],
     ]
+    outputs = [("run", run_output)]
     for arguments in commands:
-        outcome = CliRunner().invoke(app, arguments, env={"COLUMNS": "80"})
+        outcome = CliRunner().invoke(app, [str(argument) for argument in arguments], env={"COLUMNS": "80"})
         assert outcome.exit_code == 0, (arguments[0], outcome.output)
-        assert "…" not in outcome.output, (arguments[0], outcome.output)
-        assert max(map(len, outcome.output.splitlines())) <= 80, arguments[0]
+        outputs.append((str(arguments[0]), outcome.output))
+    for command, output in outputs:
+        assert "…" not in output, (command, output)
+        assert max(map(len, output.splitlines())) <= 80, command
 
 
 def _runtime_imports(path: Path) -> set[str]:
@@ -472,18 +472,3 @@ def test_no_module_imports_itself_through_others():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-
-
-def test_run_device_cpu_reaches_every_step_when_cuda_is_present(tmp_path, monkeypatch):
-    """`run(device="cpu")` on a machine with CUDA computes every step on the CPU: with CUDA reported
-    present (but not usable, as in this CPU build of torch), any step left on `auto` would try the GPU
-    and fail."""
-    import torch
-
-    from lmgeom.device import resolve_analysis_device
-    from lmgeom.runs import run
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_analysis_device("auto") == torch.device("cuda")  # what a step left on auto would use
-    result = run("tiny-gpt2", "lee", out=tmp_path / "run", limit=40, device="cpu", min_contexts=3)
-    assert result.steps_run[:2] == ["extract", "contextuality"] and (tmp_path / "run" / "report.html").exists()
