@@ -94,7 +94,8 @@ class PlanRows:
 
     @cached_property
     def words(self) -> WordSelection:
-        words = select_words(self._vocab, self.selection, min_contexts=self.options.min_contexts)
+        words = select_words(self._vocab, self.selection, min_contexts=self.options.min_contexts,
+                             count_by=self.options.count_by)
         self._vocab = None  # the selection keeps the names it needs
         return words
 
