@@ -35,6 +35,10 @@ from lmgeom.errors import InputError, MissingDependency
 console = Console()
 
 MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
+MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted by --count-by (default 5)"
+COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
+PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
+                 "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
 MEV_ADJ_NOTE = "MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released figures) minus its baseline"
 """The one MEV column of the CLI's per-layer tables (`lmgeom run`, `lmgeom report`), and its note."""
 
