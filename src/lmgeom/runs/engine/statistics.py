@@ -376,7 +376,3 @@ register_statistic(Statistic(
     "variances", ROWS, partial(_moments_accumulator, False), partial(_keep_accumulator, "variances"),
     description="count, mean and per-dimension variances of the selected rows",
 ))
-
-
-# the released code's sampled statistics of Ethayarajh (2019), registered by their module
-import lmgeom.runs.engine.released  # noqa: E402,F401
