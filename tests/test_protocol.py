@@ -230,6 +230,11 @@ def test_cli_refuses_flags_the_protocol_sets_otherwise(tmp_path: Path) -> None:
     assert "--protocol ethayarajh2019" in line and "--count-by occurrences" in line and "--count-by sentences" in line
     outcome = CliRunner().invoke(app, ["analyze", str(store.path), "--protocol", "ethayarajh2019", "--include-punct"])
     assert outcome.exit_code == 2 and "--include-punct" in outcome.output
+    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "1", "--protocol", "ethayarajh2019",
+                                       "--min-contexts", "2"])
+    line = " ".join(outcome.output.split())
+    assert outcome.exit_code == 2 and "--min-contexts 5" in line and "--min-contexts 2" in line
+    assert not (store.path / "static").exists()  # refused before anything is written
     outcome = CliRunner().invoke(app, ["run", "--protocol", "ethayarajh2019", "--model", "tiny-bert", "--corpus", "sts",
                                        "--out", str(tmp_path / "run")])
     line = " ".join(outcome.output.split())
@@ -263,3 +268,24 @@ def test_run_protocol_sets_everything_and_records_it(tmp_path: Path) -> None:
     layers = {record["metric"] for record in json.loads((run / "contextuality.json").read_text())["records"]}
     assert {"anisotropy_released", "self_similarity_released", "intra_sentence_similarity_released",
             "mev_svd_ratio_released", "anisotropy_exact"} <= layers
+
+
+def test_released_statistics_merge_from_saved_shards(tmp_path: Path) -> None:
+    from lmgeom.runs.analysis import analyze_shard, finish_analysis
+    from lmgeom.runs.engine import AnalysisState
+
+    rng = np.random.default_rng(4)
+    words = [["a", "b", "c", "a"], ["b", "a", "d"], ["c", "d", "a", "b", "e"], ["a", "b"]] * 12  # `a` 48 times: sampled pairs
+    n = sum(map(len, words))
+    store = write_store_from_arrays(tmp_path / "s", [rng.normal(size=(n, 5)) + 0.5 for _ in range(2)], words)
+    options = AnalysisOptions(**protocol_options("ethayarajh2019"), num_workers=1)
+    cut = int(store.sentences["first_row"].iloc[20])
+    for part, rows in enumerate(((0, cut), (cut, store.n_tokens))):
+        analyze_shard(store, rows, options).save(tmp_path / f"shard{part}.npz")
+    merged = AnalysisState.load(tmp_path / "shard0.npz").merge(AnalysisState.load(tmp_path / "shard1.npz"))
+    sharded = finish_analysis(store, merged).layers.set_index(["layer", "metric"])
+    whole = analyze_store(store, options).layers.set_index(["layer", "metric"])
+    released = [key for key in whole.index if "released" in key[1]]
+    assert len(released) == 8
+    np.testing.assert_allclose(sharded.loc[released, ["raw", "baseline", "adjusted"]].to_numpy(dtype=float),
+                               whole.loc[released, ["raw", "baseline", "adjusted"]].to_numpy(dtype=float), rtol=0, atol=1e-12)

@@ -829,6 +829,7 @@ def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd
     )
 
 
+@register_accumulator
 class WordRowsAccumulator(StatefulAccumulator):
     """Keeps each word's rows (float32, in the order they come) for statistics that sample among a
     word's occurrences after the read (`sampled_self_similarity`).
