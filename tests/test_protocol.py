@@ -289,3 +289,19 @@ def test_released_statistics_merge_from_saved_shards(tmp_path: Path) -> None:
     assert len(released) == 8
     np.testing.assert_allclose(sharded.loc[released, ["raw", "baseline", "adjusted"]].to_numpy(dtype=float),
                                whole.loc[released, ["raw", "baseline", "adjusted"]].to_numpy(dtype=float), rtol=0, atol=1e-12)
+
+
+def test_analyze_protocol_prints_the_released_statistics(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    words = [["a", "b", "c", "a"], ["b", "a", "d"], ["c", "d", "a", "b", "e"]] * 5
+    n = sum(map(len, words))
+    store = write_store_from_arrays(tmp_path / "s", [rng.normal(size=(n, 4)) + 1 for _ in range(2)], words)
+    outcome = CliRunner().invoke(app, ["analyze", str(store.path), "--protocol", "ethayarajh2019", "--num-workers", "1",
+                                       "--device", "cpu"], env={"COLUMNS": "80"})
+    assert outcome.exit_code == 0, outcome.output
+    assert "the released code's statistics" in outcome.output and "SelfSim*" in outcome.output
+    assert all(len(line) <= 80 for line in outcome.output.splitlines())
+    layers = json.loads((store.path / "contextuality.json").read_text())
+    assert layers["settings"]["protocol"] == "ethayarajh2019"
+    released = {(r["layer"], r["metric"]): r for r in layers["records"] if r["metric"] == "anisotropy_released"}
+    assert all(record["raw"] == round(record["raw"], 3) for record in released.values())  # rounded as released

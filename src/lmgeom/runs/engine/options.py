@@ -19,7 +19,8 @@ from lmgeom.runs.selection import COUNT_UNITS
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
 
 DEFAULT_MEV_MEMORY_MB = 512
-# the word threshold of `run`, `analyze` and `static-embeddings`: words in at least 5 distinct sentences
+# the word threshold of `run` and `analyze`: words in at least 5 distinct sentences (the unit, distinct
+# sentences, is `static-embeddings`' too, which exports every word unless asked otherwise)
 DEFAULT_MIN_CONTEXTS = 5
 DEFAULT_COUNT_BY = "sentences"
 # the statistics of the contextuality analysis (Ethayarajh 2019), in the order their records appear
