@@ -36,9 +36,10 @@ from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown
 DOC = "docs/reproduction/ethayarajh2019.md"
 PAPER_MODELS = ("ELMo", "BERT", "GPT-2")
 LAYERS = range(13)
-# lmgeom's runs shown beside the paper's models: (results folder, label)
-RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-minilm-sts", "MiniLM, STS sample"),
-        ("ethayarajh-elmo-brown-lee", "elmo-brown, lee"))
+# lmgeom's runs shown beside the paper's models: (results folder, label, unit)
+RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee", "word"), ("ethayarajh-minilm-sts", "MiniLM, STS sample", "word"),
+        ("ethayarajh-minilm-sts-protocol", "MiniLM, STS scored sample, paper's protocol", "WordPiece piece"),
+        ("ethayarajh-elmo-brown-lee", "elmo-brown, lee", "word"))
 # Table 1's benchmarks (the paper's names) -> lmgeom's
 BENCHMARKS = {"SimLex999": "simlex999", "MEN": "men", "WS353": "wordsim353", "RW": "rw", "Google": "google_analogies",
               "MSR": "msr_analogies", "SemEval2012(2)": "semeval2012_2", "BLESS": "bless", "AP": "ap"}
@@ -89,8 +90,32 @@ MEASURES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
 }
 
 
+# the rows of a run in the paper's protocol (`--protocol ethayarajh2019`): the released code's sampled
+# statistics, then lmgeom's exact ones on the same store
+PROTOCOL_MEASURES: dict[str, list[tuple[str, str, str]]] = {
+    "anisotropy": [("released code's estimate, 1,000 pairs", "anisotropy_released", "raw"),
+                   ("exact", "anisotropy_exact", "raw")],
+    "selfsim-raw": [("released code's estimate", "self_similarity_released", "raw"), ("exact", "self_similarity", "raw")],
+    "selfsim-adjusted": [("released code's estimate", "self_similarity_released", "adjusted"),
+                         ("exact", "self_similarity", "adjusted")],
+    "intrasim-raw": [("released code's estimate, 1,000 sentences", "intra_sentence_similarity_released", "raw"),
+                     ("exact, every sentence", "intra_sentence_similarity", "raw")],
+    "intrasim-adjusted": [("released code's estimate, 1,000 sentences", "intra_sentence_similarity_released", "adjusted"),
+                          ("exact, every sentence", "intra_sentence_similarity", "adjusted")],
+    "mev-svd-ratio-raw": [("released code's (rounded, clipped at 1)", "mev_svd_ratio_released", "raw"),
+                          ("exact", "mev_svd_ratio", "raw")],
+    "mev-svd-ratio-baseline": [("released code's: the 1,000 sampled words", "mev_svd_ratio_released", "baseline"),
+                               ("1,000 sampled occurrences", "mev_svd_ratio", "baseline")],
+    "mev-svd-ratio-adjusted": [("released code's", "mev_svd_ratio_released", "adjusted"), ("exact", "mev_svd_ratio", "adjusted")],
+}
+
+
+def is_protocol_run(run: str) -> bool:
+    return load_json(RESULTS / run / "contextuality.json")["settings"].get("protocol") is not None
+
+
 def measure_table(name: str) -> str:
-    paper_metric, ours = MEASURES[name]
+    paper_metric, default = MEASURES[name]
     header = ["model", "source", *[str(layer) for layer in LAYERS]]
     rows = []
     if paper_metric:
@@ -100,8 +125,9 @@ def measure_table(name: str) -> str:
             last = int(stats[stats.model == model]["layer"].max())
             rows.append([model, "released (kawine/contextual)",
                          *[number(values.get(layer)) if layer <= last else "" for layer in LAYERS]])
-    for run, label in RUNS:
+    for run, label, _ in RUNS:
         records = contextuality(run)
+        ours = PROTOCOL_MEASURES.get(name, default) if is_protocol_run(run) else default
         for variant, metric, field in ours:
             values = records[records.metric == metric].set_index("layer")[field]
             source = "lmgeom" + (f", {variant}" if variant else "")
@@ -111,14 +137,15 @@ def measure_table(name: str) -> str:
 
 def run_summary() -> str:
     rows = []
-    for run, label in RUNS:
+    for run, label, unit in RUNS:
         document = load_json(RESULTS / run / "contextuality.json")
         counts, settings = document["counts"], document["settings"]
-        rows.append([label, document["model_id"], f"{counts['sentences']:,}", f"{counts['rows']:,}",
-                     f"{counts['rows_analysed']:,}", f"{counts['words_analysed']:,}", str(settings["min_contexts"]),
+        rows.append([label, document["model_id"], settings.get("protocol") or "lmgeom's default", unit,
+                     f"{counts['sentences']:,}", f"{counts['rows']:,}", f"{counts['rows_analysed']:,}",
+                     f"{counts['words_analysed']:,}", f"≥ {settings['min_contexts']} {settings.get('count_by', 'sentences')}",
                      f"`results/{run}/`"])
-    return markdown(["run", "model", "sentences", "stored words", "tokens analysed", "words analysed", "min. sentences",
-                     "results"], rows, align="llrrrrrl")
+    return markdown(["run", "model", "protocol", "unit", "sentences", "stored units", "units analysed", "distinct analysed",
+                     "threshold", "results"], rows, align="llllrrrrll")
 
 
 def findings(run: str) -> str:
@@ -185,7 +212,7 @@ def table1() -> str:
                        for b in BENCHMARKS]])
         if position == last_static:
             rows += standin_rows()
-    for run, label in RUNS:
+    for run, label, _ in RUNS:
         records = _static_records(run).set_index(["layer", "benchmark"])
         for layer in sorted({layer for layer, _ in records.index}):
             rows += _scored_rows(f"{label}, layer {layer}", "lmgeom", records.loc[layer])
@@ -201,7 +228,7 @@ def build() -> Documents:
     blocks["runs"] = run_summary()
     blocks["table1"] = table1()
     blocks["standins"] = standin_settings()
-    for run, _ in RUNS:
+    for run, _, _ in RUNS:
         blocks[f"findings-{run.removeprefix('ethayarajh-')}"] = findings(run)
     return {DOC: blocks}
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, above, console, user_errors
+from lmgeom.cli.common import COUNT_BY_HELP, MIN_CONTEXTS_HELP, PROTOCOL_HELP, RichProgress, above, console, user_errors
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -67,26 +67,52 @@ def print_contextuality(result: ContextualityResult) -> None:
     console.print(mev)
     zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
     console.print(
-        f"{result.counts['words_analysed']:,} words in ≥ {result.settings['min_contexts']} sentences "
+        f"{result.counts['words_analysed']:,} words of ≥ {result.settings['min_contexts']} "
+        f"{result.settings.get('count_by', 'sentences')} "
         f"({result.counts['words_below_min_contexts']:,} below), {result.counts['rows_analysed']:,} tokens analysed, "
         f"{result.counts['rows_punctuation_excluded']:,} punctuation and {result.counts['rows_special_excluded']:,} special "
         f"tokens excluded; zero vectors excluded: {zero or 'none'}"
     )
+    if result.settings.get("protocol"):
+        print_released(result)
     console.print("[bold]Findings[/]")
     for statement in result.statements:
         console.print(f"  • {statement}")
+
+
+RELEASED_COLUMNS = (("anisotropy_released", "raw", "baseline"), ("self_similarity_released", "adjusted", "SelfSim*"),
+                    ("intra_sentence_similarity_released", "adjusted", "IntraSim*"), ("mev_svd_ratio_released", "raw", "MEV"),
+                    ("mev_svd_ratio_released", "baseline", "MEV base"), ("mev_svd_ratio_released", "adjusted", "MEV*"))
+
+
+def print_released(result: ContextualityResult) -> None:
+    """The released code's sampled statistics (`--protocol ethayarajh2019`), adjusted = raw − its baseline."""
+    from lmgeom.report.labels import number
+
+    table = Table(title=f"the released code's statistics ({result.settings['protocol']}: {result.settings['n_samples']:,} "
+                        "sampled sentences and pairs; * = minus baseline)")
+    table.add_column("layer", justify="right")
+    for _, _, header in RELEASED_COLUMNS:
+        table.add_column(header, justify="right")
+    records = result.layers.set_index(["layer", "metric"])
+    for layer in sorted(result.layers["layer"].unique()):
+        table.add_row(str(layer), *(number(records.at[(layer, metric), field], 3) if (layer, metric) in records.index else "—"
+                                    for metric, field, _ in RELEASED_COLUMNS))
+    console.print(table)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract` (a folder or an fsspec URL)"),
-        min_contexts: int = typer.Option(5, min=1, metavar="<int>", help="analyse words in at least this many distinct sentences"),
+        min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help=MIN_CONTEXTS_HELP),
+        count_by: Optional[str] = typer.Option(None, metavar="sentences|occurrences", help=COUNT_BY_HELP),
+        protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help=PROTOCOL_HELP),
         include_punct: bool = typer.Option(False, "--include-punct", help="also analyse punctuation (the paper left it out)"),
         exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word (decoders without BOS put outliers there)"),
         include_special: bool = typer.Option(False, "--include-special", help="also analyse special tokens (CLS/SEP/BOS) the store kept"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the sampled baselines"),
-        samples: int = typer.Option(1000, min=2, metavar="<int>", help="occurrences sampled for the anisotropy and MEV baselines"),
+        samples: Optional[int] = typer.Option(None, min=2, metavar="<int>", help="occurrences sampled for the anisotropy and MEV baselines (default 1000)"),
         out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
@@ -99,13 +125,15 @@ def register(app: typer.Typer) -> None:
         from lmgeom.runs.analysis import analyze_store
         from lmgeom.runs.contextuality import write_contextuality
         from lmgeom.runs.engine import AnalysisOptions
+        from lmgeom.runs.engine.options import protocol_options
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
-            options = AnalysisOptions(
-                min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
-                exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
-                device=device, engine=engine, num_workers=num_workers, ray_address=ray_address)
+            chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, n_samples=samples,
+                                      include_punct=include_punct or None, include_special=include_special or None,
+                                      exclude_first_word=exclude_first_word or None)
+            options = AnalysisOptions(**chosen, seed=seed, mev_memory_mb=mev_memory_mb, device=device, engine=engine,
+                                      num_workers=num_workers, ray_address=ray_address)
             store = RepresentationStore.open(store_path)
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
@@ -122,8 +150,10 @@ def register(app: typer.Typer) -> None:
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(
             "also load gensim .kv files given to --static-vectors: a .kv is a Python pickle, and loading one can "
             "run arbitrary code, so pass this only for files you made yourself (word2vec format needs no trust)")),
-        min_contexts: int = typer.Option(1, min=1, help="export words occurring in at least this many distinct sentences"),
-        include_punct: bool = typer.Option(False, "--include-punct/--exclude-punct", help="also export punctuation"),
+        min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help="export words occurring at least this many times, counted by --count-by (default 1: every word)"),
+        count_by: Optional[str] = typer.Option(None, metavar="sentences|occurrences", help=COUNT_BY_HELP),
+        protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help="ethayarajh2019: the words of the released code (at least 5 occurrences, no punctuation)"),
+        include_punct: Optional[bool] = typer.Option(None, "--include-punct/--exclude-punct", help="also export punctuation (default: not)"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
                                                       "(default ../shared/data or LMGEOM_DATA)"),
     ) -> None:
@@ -134,7 +164,8 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             exported = export_static_embeddings(
                 store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
-                trust_pickle=trust_pickle, min_contexts=min_contexts, include_punct=include_punct, data_dir=data_dir,
+                trust_pickle=trust_pickle, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
+                protocol=protocol, data_dir=data_dir,
                 progress=progress,
             )
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "

@@ -34,6 +34,10 @@ from lmgeom.errors import InputError, MissingDependency
 
 console = Console()
 
+MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted by --count-by (default 5)"
+COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
+PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
+                 "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
 
 
 class RichProgress:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import COUNT_BY_HELP, MIN_CONTEXTS_HELP, PROTOCOL_HELP, RichProgress, console, split_list, user_errors
 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
         sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences, kept in order (N ≥ 1; default: all)"),
         seed: int = typer.Option(0, min=0, help="seed for --sample"),
-        pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last"),
+        pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last; none: every piece a row of its own, named by the piece"),
         keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
         prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
         skip_unaligned: bool = typer.Option(False, help="leave out words whose characters the tokenizer drops (counted in meta.json) instead of stopping"),
@@ -116,11 +116,14 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
-        corpus: str = typer.Option("lee", help="corpus spec, as for `lmgeom extract --corpus`"),
+        corpus: Optional[str] = typer.Option(None, help="corpus spec, as for `lmgeom extract --corpus` (default lee; sts-scored with --protocol ethayarajh2019)"),
         out: Optional[str] = typer.Option(None, help="run folder or fsspec URL: s3://, gs://, file:// (default runs/<model>-<corpus>, with -limitN for --limit N)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
+        sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences (--seed; default: all)"),
         device: str = typer.Option("auto", help="where every step computes: auto, cpu, cuda, cuda:N"),
-        min_contexts: int = typer.Option(5, min=1, metavar="<int>", help="analyse words in at least this many distinct sentences"),
+        min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help=MIN_CONTEXTS_HELP),
+        count_by: Optional[str] = typer.Option(None, metavar="sentences|occurrences", help=COUNT_BY_HELP),
+        protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help=PROTOCOL_HELP),
         layers: str = typer.Option("default", help="layers to calibrate and distil: default (0, middle, last), all, or e.g. 0,3,6"),
         store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
@@ -136,7 +139,8 @@ def register(app: typer.Typer) -> None:
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:
-            result = run(model, corpus, out=out, limit=limit, device=device, min_contexts=min_contexts, seed=seed,
+            result = run(model, corpus, out=out, limit=limit, sample=sample, device=device, min_contexts=min_contexts,
+                         count_by=count_by, protocol=protocol, seed=seed,
                          layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
                          overwrite=overwrite, num_workers=num_workers, progress=progress)
         print_store(result.store)

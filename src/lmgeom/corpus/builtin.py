@@ -71,9 +71,7 @@ def sts(directory: str | os.PathLike | None = None) -> Corpus:
 
 def sts_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     directory = Path(directory) if directory else DEFAULT_DATA_DIR / "STS_raw"
-    files = sorted(directory.glob("STS1*-en-test/STS.input.*.txt"))
-    if not files:
-        raise FileNotFoundError(f"no STS.input.*.txt files under {directory}/STS1*-en-test/; give the corpus as sts:/path/to/STS_raw")
+    files = _sts_files(directory)
 
     def read() -> Iterator[Item]:
         seen: set[bytes] = set()  # digests of the sentences so far: distinct sentences only
@@ -88,11 +86,49 @@ def sts_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
     return CorpusStream("sts", read, source=str(directory.resolve()))
 
 
-BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts}
-BUILTIN_STREAMS = {"lee": lee_stream, "brown": brown_stream, "sts": sts_stream}
+def sts_scored(directory: str | os.PathLike | None = None) -> Corpus:
+    """The SemEval STS 2012-2016 test sentences as the released code of Ethayarajh (2019) reads them
+    (kawine/contextual, `preprocess.py`): the pairs with a gold score only (a blank line of
+    ``STS.gs.*.txt`` is an unscored pair), both sentences of each pair in file order, duplicates
+    kept, every ``"`` removed (the code's `sts.csv` had them stripped)."""
+    return sts_scored_stream(directory).materialize()
+
+
+def sts_scored_stream(directory: str | os.PathLike | None = None) -> CorpusStream:
+    directory = Path(directory) if directory else DEFAULT_DATA_DIR / "STS_raw"
+    files = _sts_files(directory)
+    pairs = []
+    for path in files:
+        scores = path.with_name(path.name.replace("STS.input.", "STS.gs.", 1))
+        if not scores.is_file():
+            raise FileNotFoundError(f"{path} has no gold-score file {scores.name} beside it: `sts-scored` keeps the scored "
+                                    "pairs only; read the folder as `sts` for every pair")
+        pairs.append((path, scores))
+
+    def read() -> Iterator[Item]:
+        for path, scores in pairs:
+            for line, score in zip(iter_lines(path), iter_lines(scores), strict=True):
+                if not score.strip():
+                    continue  # an unscored pair
+                for text in line.split("\t")[:2]:
+                    text = text.replace('"', "").strip()
+                    if text:
+                        yield text
+    return CorpusStream("sts-scored", read, source=str(directory.resolve()))
+
+
+def _sts_files(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("STS1*-en-test/STS.input.*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no STS.input.*.txt files under {directory}/STS1*-en-test/; give the corpus as sts:/path/to/STS_raw")
+    return files
+
+
+BUILTIN_CORPORA = {"lee": lee, "brown": brown, "sts": sts, "sts-scored": sts_scored}
+BUILTIN_STREAMS = {"lee": lee_stream, "brown": brown_stream, "sts": sts_stream, "sts-scored": sts_scored_stream}
 # No square brackets: the CLI prints errors with rich, which would read "[/CONFIG]" as markup.
 ACCEPTED_SPECS = (
-    "lee; brown or brown:DIR (NLTK Brown corpus folder); sts or sts:DIR (folder of STS1*-en-test/STS.input.*.txt); "
+    "lee; brown or brown:DIR (NLTK Brown corpus folder); sts or sts:DIR (folder of STS1*-en-test/STS.input.*.txt: its distinct sentences); sts-scored or sts-scored:DIR (the scored pairs' sentences, duplicates kept, as Ethayarajh 2019's released code reads them); "
     "hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN; a .jsonl file; or a text file with one sentence per line "
     "(a file or folder named lee, brown or sts is written as a path: ./lee)"
 )
@@ -102,7 +138,7 @@ def load_corpus(
     spec: str, *, field: str = "text", pretokenized: bool = False, limit: int | None = None,
     sample: int | None = None, seed: int = 0,
 ) -> Corpus:
-    """Resolve a corpus spec: ``lee``; ``brown[:DIR]``; ``sts[:DIR]``; ``hf:NAME[/CONFIG]:SPLIT:COLUMN``;
+    """Resolve a corpus spec: ``lee``; ``brown[:DIR]``; ``sts[:DIR]``; ``sts-scored[:DIR]``; ``hf:NAME[/CONFIG]:SPLIT:COLUMN``;
     a ``.jsonl`` file (`field`); any other file, one sentence per line. A spec whose part before the
     first ``:`` is a built-in name is that corpus, whatever the working directory holds: a file or
     folder of that name is written as a path (``./lee``). Then keep the first `limit` sentences of
@@ -142,7 +178,7 @@ def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> C
         try:
             if not argument:
                 return BUILTIN_STREAMS[name]()
-            return brown_stream(argument) if name == "brown" else sts_stream(argument)
+            return {"brown": brown_stream, "sts": sts_stream, "sts-scored": sts_scored_stream}[name](argument)
         except FileNotFoundError as error:
             raise FileNotFoundError(_spec_error(spec, str(error))) from None
     if name == "hf":

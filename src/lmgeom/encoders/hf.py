@@ -14,6 +14,7 @@ import torch
 
 from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Sentence
+from lmgeom.corpus.segment import Word
 from lmgeom.encoders.alignment import ChunkWindows, TokenizedChunk, chunk_windows, concat_ranges, tokenize_chunk, unit_windows
 from lmgeom.encoders.base import EncodedSentence
 from lmgeom.encoders.options import POOLINGS, EncoderOptions
@@ -88,7 +89,8 @@ class HFEncoder:
 
     `options` (`EncoderOptions`, or its fields as keywords) say how: the model reads each sentence's
     natural text with the tokenizer's default special tokens; pieces are pooled into the words their
-    character spans overlap (`pooling`: mean, first or last piece). Inputs longer than `max_length`
+    character spans overlap (`pooling`: mean, first or last piece), or with `pooling="none"` every
+    piece is a word of its own, named by the piece (`piece_sentences`). Inputs longer than `max_length`
     are split into overlapping windows, and each word takes its vector from the window where it has
     most context on both sides. The model runs where it is (its parameters' device); `options.device`
     and `compute_dtype` are for `load_encoder`, which puts it there.
@@ -185,6 +187,8 @@ class HFEncoder:
                layers: Sequence[int] | None = None) -> list[EncodedSentence]:
         """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`): of
         every layer, or of `layers` only (the model's numbering, ascending), in that order."""
+        if self.pooling == "none":
+            sentences = self.piece_sentences(sentences)
         chunk = tokenize_chunk(
             self.tokenizer, sentences, prepend_bos=self.prepend_bos, first_index=first_index, skip_unaligned=self.skip_unaligned,
         )
@@ -192,7 +196,7 @@ class HFEncoder:
         word_sentence = np.repeat(np.arange(len(sentences)), np.diff(chunk.word_bounds))
         units = self._units(chunk, windows, word_sentence, chunk.piece_bounds, chunk.pieces,
                             specials=np.full(len(sentences), self.keep_special))
-        pooled = self._pool(windows, units, self.pooling, layers)
+        pooled = self._pool(windows, units, "first" if self.pooling == "none" else self.pooling, layers)
         n_pieces = units.counts.astype(np.int16)
         word_pieces = np.diff(chunk.piece_bounds)  # a word's pieces; more than it pooled when longer than a window
         encoded = []
@@ -221,6 +225,19 @@ class HFEncoder:
                 n_truncated=n_truncated,
             ))
         return encoded
+
+    def piece_sentences(self, sentences: Sequence[Sentence]) -> list[Sentence]:
+        """Each sentence with the tokenizer's pieces of its text as its words (`pooling="none"`): a
+        piece's text is the piece (`##ate`, `[UNK]`), its span the characters the tokenizer maps it
+        to; pieces of no character (none in WordPiece) are left out."""
+        encoding = self.tokenizer([sentence.text for sentence in sentences], add_special_tokens=False,
+                                  return_offsets_mapping=True)
+        pieced = []
+        for sentence, ids, offsets in zip(sentences, encoding["input_ids"], encoding["offset_mapping"]):
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)
+            pieced.append(Sentence(sentence.text, tuple(Word(piece, int(start), int(end))
+                                                        for piece, (start, end) in zip(pieces, offsets) if end > start)))
+        return pieced
 
     def sentence_embeddings(
         self,

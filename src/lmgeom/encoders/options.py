@@ -7,7 +7,9 @@ from typing import Any, Mapping
 
 from lmgeom.errors import InputError
 
-POOLINGS = ("mean", "first", "last")
+# pieces -> words: the mean, first or last piece of each word; "none": no pooling, every piece is a
+# row of its own keyed by its piece string (`##ate`), Ethayarajh (2019)'s unit for BERT
+POOLINGS = ("mean", "first", "last", "none")
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,28 @@ def fingerprint_files(paths: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+# the named models whose tokenizer is WordPiece (BERT-style), and those whose is not
+_WORDPIECE = {"minilm": True, "tiny-bert": True, "smollm2": False, "gemma3": False, "tiny-gpt2": False, "tiny-llama": False,
+              "elmo-brown": False}
+
+
+def uses_wordpiece(name_or_path: str) -> bool:
+    """Whether the model reads WordPiece pieces (a BERT-style tokenizer): Ethayarajh (2019)'s released
+    code analyses such a model's pieces, not its words. An ELMo model reads words: False."""
+    if name_or_path in _WORDPIECE:
+        return _WORDPIECE[name_or_path]
+    if is_elmo_model(name_or_path):
+        return False
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as error:
+        raise MissingInput(f"could not load the tokenizer of {name_or_path}: {error}") from None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.model).__name__ == "WordPiece"
+
+
 def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **keywords: Any) -> Encoder:
     """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder (a transformers
     model, or an ELMo options JSON + HDF5 weights), with `options` (`EncoderOptions`, or its fields as
@@ -146,10 +168,13 @@ def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **key
         from lmgeom.encoders.elmo import load_elmo_encoder
 
         if (options.keep_special or options.prepend_bos or gguf_file or revision or options.before_final_norm
+                or options.pooling == "none"
                 or options.compute_dtype not in (None, "float32")):
-            raise InputError("`keep_special`, `prepend_bos`, `gguf_file`, `revision`, `before_final_norm` and `compute_dtype` "
-                             "do not apply to an ELMo model (it runs in float32 on the corpus words, and has no norm)",
-                             param=("keep_special", "prepend_bos", "gguf_file", "revision", "before_final_norm", "compute_dtype"))
+            raise InputError("`keep_special`, `prepend_bos`, `gguf_file`, `revision`, `before_final_norm`, `compute_dtype` and "
+                             "`pooling='none'` do not apply to an ELMo model (it runs in float32 on the corpus words, and has "
+                             "no norm and no pieces)",
+                             param=("keep_special", "prepend_bos", "gguf_file", "revision", "before_final_norm", "compute_dtype",
+                                    "pooling"))
         folder = elmo_brown_path() if name_or_path == "elmo-brown" else Path(name_or_path)
         return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 

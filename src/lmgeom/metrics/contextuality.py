@@ -827,3 +827,76 @@ def mev(X: Any, word_ids: np.ndarray, *, variant: str, min_count: int = 2) -> pd
         name=f"mev_{variant}",
         dtype=np.float64,
     )
+
+
+@register_accumulator
+class WordRowsAccumulator(StatefulAccumulator):
+    """Keeps each word's rows (float32, in the order they come) for statistics that sample among a
+    word's occurrences after the read (`sampled_self_similarity`).
+
+    `add(X, word_ids=...)`: words are integer ids in [0, n_words)."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("n_words", "word_ids", "rows")
+
+    def __init__(self, n_words: int) -> None:
+        self.n_words = int(n_words)
+        self.word_ids = np.zeros(0, dtype=np.int64)
+        self.rows = np.zeros((0, 0), dtype=np.float32)
+        self._parts: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def _after_load(self) -> None:
+        self._parts = []
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> WordRowsAccumulator:
+        X = np.asarray(to_numpy(X), dtype=np.float32)
+        (word_ids,) = row_ids(ids, ("word_ids",), len(X), type(self).__name__)
+        _check_dim(self.rows, X, type(self).__name__)
+        self._parts.append((_word_index(word_ids, self.n_words), X.copy()))
+        return self
+
+    def _flush(self) -> None:
+        if self._parts:
+            ids, rows = zip(*self._parts)
+            self.word_ids = np.concatenate([self.word_ids, *ids])
+            self.rows = np.concatenate([self.rows, *rows]) if self.rows.size else np.concatenate(rows)
+            self._parts = []
+
+    def state_dict(self) -> dict[str, Any]:
+        self._flush()
+        return super().state_dict()
+
+    def merge(self, other: WordRowsAccumulator) -> WordRowsAccumulator:
+        other._flush()
+        if len(other.word_ids):
+            self._parts.append((other.word_ids, other.rows))
+        return self
+
+    def result(self) -> list[np.ndarray]:
+        """Each word's rows, in the order they came."""
+        self._flush()
+        order = np.argsort(self.word_ids, kind="stable")
+        bounds = np.searchsorted(self.word_ids[order], np.arange(self.n_words + 1))
+        return [self.rows[order[bounds[w]:bounds[w + 1]]] for w in range(self.n_words)]
+
+
+def sampled_self_similarity(X: np.ndarray, n_pairs: int, rng: np.random.Generator) -> float:
+    """The mean cosine over at most `n_pairs` ordered pairs (i, j), i != j, of the rows of `X`, drawn
+    without replacement among all n(n-1) of them when there are more (all of them otherwise), as the
+    released code of Ethayarajh (2019) computes self-similarity; a pair with a zero row has no cosine
+    and is left out of the mean (`np.nanmean`). NaN for fewer than 2 rows."""
+    n = len(X)
+    if n < 2:
+        return float("nan")
+    X = np.asarray(X, dtype=np.float64)
+    norms = np.linalg.norm(X, axis=1)
+    units = np.divide(X, norms[:, None], out=np.full_like(X, np.nan), where=norms[:, None] > 0)
+    total = n * (n - 1)
+    if total <= n_pairs:
+        i, j = np.nonzero(~np.eye(n, dtype=bool))
+    else:
+        k = rng.choice(total, size=n_pairs, replace=False)
+        i, r = np.divmod(k, n - 1)
+        j = r + (r >= i)
+    cosines = np.einsum("ij,ij->i", units[i], units[j])
+    defined = cosines[~np.isnan(cosines)]
+    return float(defined.mean()) if len(defined) else float("nan")

@@ -41,7 +41,7 @@ def measure_isotropy(
         for layer, values in analysis.layers.items() for name, value in values["isotropy"].items()]
     settings = {"layers": list(analysis.plan.layers), "eval_rows": len(analysis.rows.sample(options.isotropy_rows)),
                 "n_clusters": options.isotropy_clusters, "seed": options.seed, **analysis.rows.selection.options(),
-                "device": analysis.plan.device, "plan": analysis.to_json()}
+                "device": analysis.plan.device, "protocol": options.protocol, "plan": analysis.to_json()}
     resolved = analysis.plan.device
     paths: list[Target] = []
     if write:

@@ -14,6 +14,7 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.runs.contextuality import ContextualityResult
 from lmgeom.runs.engine import AnalysisOptions
+from lmgeom.runs.engine.options import DEFAULT_COUNT_BY, protocol_options
 from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.isotropy import measure_isotropy
@@ -79,9 +80,10 @@ class _Steps:
     Each step also records the `device` it computed on, which is not among its settings (the
     numbers agree on every device)."""
 
-    def __init__(self, store: RepresentationStore, device: str) -> None:
+    def __init__(self, store: RepresentationStore, device: str, protocol: str | None = None) -> None:
         self.store = store
         self.device = device
+        self.protocol = protocol
         self.path = rundir.RUN.at(store.url)
         identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created")}
         self.identity = identity
@@ -112,8 +114,8 @@ class _Steps:
                 "outputs": [rundir.relative_to(self.store.url, path) for path in outputs]}
         self.document["steps"][name] = {**step, **({"holds": holds} if holds is not None else {})}
         self.ran.append(name)
-        write_json(self.path, "run", {"store": self.identity, "device": self.device, "steps": self.document["steps"]},
-                   store_meta=self.store.meta)
+        write_json(self.path, "run", {"store": self.identity, "device": self.device, "protocol": self.protocol,
+                                      "steps": self.document["steps"]}, store_meta=self.store.meta)
 
 
 @dataclass
@@ -130,6 +132,25 @@ class RunResult:
     device: str = "cpu"
 
 
+def protocol_extraction(protocol: str | None, model: str, corpus: str | None) -> tuple[str, str | None]:
+    """The corpus and piece pooling of `protocol` (None: `corpus`, default lee, and the encoder's
+    default pooling). `ethayarajh2019`: the STS sentences as the released code reads them
+    (`sts-scored[:DIR]`, the default; `sts[:DIR]`, the distinct sentences, is refused; any other corpus
+    is that corpus, a deviation the run records), and no pooling (each WordPiece piece a row) for a
+    model whose tokenizer is WordPiece."""
+    if protocol is None:
+        return corpus or "lee", None
+    protocol_options(protocol)  # an unknown protocol is refused here
+    name, _, argument = (corpus or "sts-scored").partition(":")
+    if name == "sts":
+        raise InputError(f"`protocol={protocol!r}` reads the STS sentences as the released code does (`corpus='sts-scored"
+                         f"{':' + argument if argument else ''}'`: scored pairs, duplicates kept); got `corpus={corpus!r}` "
+                         "(every distinct sentence): leave `corpus` out or give sts-scored", param=("protocol", "corpus"))
+    from lmgeom.encoders.registry import uses_wordpiece
+
+    return corpus or "sts-scored", "none" if uses_wordpiece(model) else None
+
+
 def run_device(device: str) -> str:
     """The device every step of `run` computes on, resolved once (`auto`: CUDA when present), as
     results record it: "cpu", "cuda:0", ..."""
@@ -140,12 +161,15 @@ def run_device(device: str) -> str:
 
 def run(
     model: str = "minilm",
-    corpus: str = "lee",
+    corpus: str | None = None,
     *,
     out: str | os.PathLike[str] | None = None,
     limit: int | None = None,
+    sample: int | None = None,
     device: str = "auto",
-    min_contexts: int = 5,
+    min_contexts: int | None = None,
+    count_by: str | None = None,
+    protocol: str | None = None,
     seed: int = 0,
     layers: str | Sequence[int] = "default",
     store_layers: str | Sequence[int] | None = None,
@@ -168,8 +192,18 @@ def run(
     (`run_device`) and every step computes there: the model, the analysis, isotropy, calibration,
     the static embeddings and the similarity (run.json records it). `num_workers`: layers the contextuality analysis
     runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
-    about this many times one layer's memory); not a setting of the step, as it changes no number."""
-    analysis = AnalysisOptions(min_contexts=min_contexts, seed=seed, num_workers=num_workers, device=device)  # checked before the extraction, which can take hours
+    about this many times one layer's memory); not a setting of the step, as it changes no number.
+    `corpus` defaults to lee; `sample` keeps a seeded sample of that many of its sentences. Words are
+    those of at least `min_contexts` (default 5) distinct sentences or occurrences (`count_by`,
+    default sentences). `protocol` (`ethayarajh2019`) sets every part of a paper's released code at
+    once (`protocol_extraction`: the corpus, default sts-scored, and the units; `protocol_options`:
+    the word threshold and the released code's sampled statistics beside lmgeom's, the static
+    vectors' words), recorded in run.json and every result file; a given option it sets otherwise is
+    refused, naming both."""
+    # checked before the extraction, which can take hours
+    analysis = AnalysisOptions(**protocol_options(protocol, min_contexts=min_contexts, count_by=count_by), seed=seed,
+                               num_workers=num_workers, device=device)
+    corpus, pooling = protocol_extraction(protocol, model, corpus)
     require_count(limit, "limit")
     progress = progress or NoProgress()
     resolved = run_device(device)
@@ -177,16 +211,21 @@ def run(
     analysis_device = resolved if resolved.startswith(("cpu", "cuda")) else "cpu"
     analysis = analysis.replace(device=analysis_device)
     started = time.perf_counter()
+    extraction: dict[str, Any] = {"pooling": pooling} if pooling else {}
+    if sample is not None:
+        extraction.update(sample=sample, seed=seed)
     store = extract_model(model, corpus, out=out, limit=limit, store_layers=store_layers, device=resolved, overwrite=overwrite,
-                          progress=progress)
-    steps = _Steps(store, resolved)
-    settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit}
+                          progress=progress, **extraction)
+    steps = _Steps(store, resolved, protocol)
+    settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit, **extraction}
     if not steps.done("extract", settings):  # an extraction resumed or finished just now
         steps.record("extract", settings, started, [rundir.target(store.url, layout.META)])
     per_layer = run_layers(store.layers, layers)
     paths: list[Target] = []
 
-    settings = {"min_contexts": min_contexts, "seed": seed}
+    settings = {"min_contexts": analysis.min_contexts, "seed": seed}
+    if analysis.count_by != DEFAULT_COUNT_BY or protocol is not None:
+        settings.update(count_by=analysis.count_by, protocol=protocol)
     if steps.done("contextuality", settings):
         contextuality = ContextualityResult.read(store)
     else:
@@ -197,11 +236,12 @@ def run(
     paths += [spec.at(store.url) for spec in
               (rundir.SUMMARY, rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS)]
 
-    settings = {"seed": seed}
+    settings = {"seed": seed, **({"protocol": protocol} if protocol else {})}
     if not steps.done("isotropy", settings):
         started = time.perf_counter()
+        isotropy_options = AnalysisOptions(**protocol_options(protocol)) if protocol else None
         steps.record("isotropy", settings, started,
-                     measure_isotropy(store, seed=seed, device=analysis_device, progress=progress).paths)
+                     measure_isotropy(store, isotropy_options, seed=seed, device=analysis_device, progress=progress).paths)
     paths.append(rundir.ISOTROPY.at(store.url))
 
     # calibration.json also takes the fits of `lmgeom calibrate`: the step is done while the file
@@ -214,11 +254,12 @@ def run(
         steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
     paths.append(rundir.CALIBRATION.at(store.url))
 
-    settings = {"layers": per_layer}
+    settings = {"layers": per_layer, **({"protocol": protocol} if protocol else {})}
     if not steps.done("static_embeddings", settings):
         started = time.perf_counter()
         written = [path for layer in per_layer for path in
-                   export_static_embeddings(store, layer=layer, device=analysis_device, progress=progress).paths.values()]
+                   export_static_embeddings(store, layer=layer, protocol=protocol, device=analysis_device,
+                                            progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written)
     paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
 

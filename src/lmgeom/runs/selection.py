@@ -10,8 +10,10 @@ store was extracted with `--keep-special`.
 - Zero vectors stay selected but have no direction: every cosine-based statistic (baselines,
   self-similarity, intra-sentence similarity, MEV) leaves them out and counts them, while
   covariance-based ones (IsoScore, calibrator fits) use them as points.
-Word statistics then use the selected rows of the words that occur in at least `min_contexts`
-distinct sentences (two occurrences in one sentence count as two occurrences, as in the original code).
+Word statistics then use the selected rows of the words that occur at least `min_contexts` times,
+counted by `count_by`: in distinct sentences (`sentences`, the default), or as occurrences
+(`occurrences`: two in one sentence, or one in each copy of a repeated sentence, count twice, as the
+released code of Ethayarajh 2019 counts). Either way a word's statistics use every occurrence.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import pandas as pd
 
 from lmgeom.errors import InputError
 
+# the units a word threshold counts in (`select_words`' `count_by`)
+COUNT_UNITS = ("sentences", "occurrences")
 
 # the token table's columns `select_rows` reads
 SELECTION_COLUMNS = ("sentence_id", "word_id", "is_punct", "is_special")
@@ -87,7 +91,7 @@ def select_rows(
 
 @dataclass(frozen=True)
 class WordSelection:
-    """The words whose selected rows number at least `min_contexts` distinct sentences."""
+    """The words whose selected rows number at least `min_contexts` (`count_by`: distinct sentences or occurrences)."""
 
     min_contexts: int
     words: pd.DataFrame  # word_id, word, count, contexts: over the selected rows, ordered by word_id
@@ -98,17 +102,22 @@ class WordSelection:
         return len(self.words)
 
 
-def select_words(vocab: pd.DataFrame, selection: RowSelection, *, min_contexts: int) -> WordSelection:
-    """The words of the selected rows that occur in at least `min_contexts` distinct sentences.
+def select_words(vocab: pd.DataFrame, selection: RowSelection, *, min_contexts: int,
+                 count_by: str = "sentences") -> WordSelection:
+    """The words of the selected rows that occur at least `min_contexts` times, counted in distinct
+    sentences or occurrences (`count_by`, see the module docstring).
     `vocab`: the store's vocabulary (`word_id`, `word`), which names them; rows are counted from the
     selection's own per-row ids, so no per-row table of words is needed."""
     rows = pd.DataFrame({"word_id": selection.word_ids[selection.mask], "sentence_id": selection.sentence_ids[selection.mask]})
     table = rows.groupby("word_id", sort=True).agg(count=("sentence_id", "size"), contexts=("sentence_id", "nunique")).reset_index()
     names = vocab["word"].to_numpy()[pd.Index(vocab["word_id"]).get_indexer(table["word_id"])]
     table.insert(1, "word", names)
-    words = table.loc[table["contexts"] >= min_contexts].reset_index(drop=True)
+    if count_by not in COUNT_UNITS:
+        raise InputError(f"unknown `count_by` {count_by!r}; use one of {', '.join(COUNT_UNITS)}", param="count_by")
+    counted = table["contexts" if count_by == "sentences" else "count"]
+    words = table.loc[counted >= min_contexts].reset_index(drop=True)
     if words.empty:
-        raise InputError(_no_word_message(table["contexts"], min_contexts, int(selection.mask.sum())), param="min_contexts")
+        raise InputError(_no_word_message(counted, min_contexts, int(selection.mask.sum()), count_by), param="min_contexts")
     index_of_word_id = np.full(int(selection.word_ids.max()) + 1, -1, dtype=np.int64)
     index_of_word_id[words["word_id"].to_numpy()] = np.arange(len(words))
     word_index = np.where(selection.mask, index_of_word_id[selection.word_ids], -1)
@@ -122,11 +131,13 @@ def select_words(vocab: pd.DataFrame, selection: RowSelection, *, min_contexts: 
     return WordSelection(min_contexts, words, word_index, counts)
 
 
-def _no_word_message(contexts: pd.Series, min_contexts: int, n_rows: int) -> str:
+def _no_word_message(contexts: pd.Series, min_contexts: int, n_rows: int, count_by: str = "sentences") -> str:
     histogram = contexts.value_counts().sort_index()
-    shown = ", ".join(f"{n} word{'s' if n != 1 else ''} in {c} sentence{'s' if c != 1 else ''}" for c, n in histogram.items())
+    unit = "sentence" if count_by == "sentences" else "occurrence"
+    shown = ", ".join(f"{n} word{'s' if n != 1 else ''} in {c} {unit}{'s' if c != 1 else ''}" for c, n in histogram.items())
+    where = "in at least {} distinct sentences" if count_by == "sentences" else "at least {} times"
     return (
-        f"no word occurs in at least {min_contexts} distinct sentences ({n_rows} analysed tokens; {shown or 'no words'}); "
+        f"no word occurs {where.format(min_contexts)} ({n_rows} analysed tokens; {shown or 'no words'}); "
         "lower `min_contexts` (2 is the least that defines self-similarity) or use a bigger corpus"
     )
 

@@ -13,7 +13,7 @@ Baselines: the mean of the word's occurrences at layer l, and the mean of its la
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -28,6 +28,7 @@ from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate
                                        read_word_benchmarks)
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors, static_vectors_format
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
+from lmgeom.runs.engine.options import protocol_options
 from lmgeom.runs.engine.plan import resolved_device
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
@@ -47,6 +48,7 @@ class StaticEmbeddings:
     vectors: dict[str, np.ndarray]  # kind -> (n_words, dim)
     store_meta: dict[str, Any]
     device: str = "cpu"  # where the layer-0 means summed ("cpu", "cuda:0")
+    selection: dict[str, Any] = field(default_factory=dict)  # which words have vectors: WORD_SELECTION of the options
 
     def keyed_vectors(self, kind: str = "first_pc") -> KeyedVectors:
         if kind not in self.vectors:
@@ -98,6 +100,8 @@ def first_pc_vectors(store: RepresentationStore, layer: int, options: AnalysisOp
 
 # static vectors are of every word in at least one sentence unless asked otherwise
 STATIC_OPTIONS = AnalysisOptions(min_contexts=1)
+# the options that say which words have vectors (recorded in the benchmark files)
+WORD_SELECTION = ("min_contexts", "count_by", "include_punct", "include_special", "exclude_first_word", "protocol")
 
 
 def static_embeddings(
@@ -129,6 +133,7 @@ def static_embeddings(
         vectors=kinds,
         store_meta=dict(store.meta),
         device=device,
+        selection={name: getattr(options, name) for name in WORD_SELECTION},
     )
 
 
@@ -201,6 +206,7 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: ru
                       "score_oov_mean": "oov=mean: every item, out-of-vocabulary words as the mean of the "
                                         "L2-normalised vectors (the web package's protocol)"},
         "categorisation_seed": CATEGORISATION_SEED,
+        "settings": embeddings.selection,
         "skipped": dict(skipped or {}),
         "device": embeddings.device,
         "records": scores.to_dict("records"),
@@ -228,8 +234,10 @@ def export_static_embeddings(
     benchmarks: Sequence[str | os.PathLike[str]] = (),
     static_vectors: Sequence[str | os.PathLike[str]] = (),
     trust_pickle: bool = False,
-    min_contexts: int = 1,
-    include_punct: bool = False,
+    min_contexts: int | None = None,
+    count_by: str | None = None,
+    include_punct: bool | None = None,
+    protocol: str | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     device: str = "cpu",
     progress: Progress | None = None,
@@ -238,7 +246,11 @@ def export_static_embeddings(
     or `text_path`), and score them on `default_word_benchmarks(data_dir)` plus `benchmarks` next to
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
     A benchmark missing from `data_dir` is skipped, its reason kept in the JSON. A `.kv` among
-    `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`)."""
+    `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`).
+    Words: those of at least `min_contexts` (default 1: every word) distinct sentences or occurrences
+    (`count_by`), punctuation only with `include_punct`; `protocol` sets them as that protocol does
+    (`lmgeom.runs.engine.options.PROTOCOLS`: ethayarajh2019, words of at least 5 occurrences), and a
+    given option it sets otherwise is refused."""
     store = RepresentationStore.of(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
@@ -247,8 +259,9 @@ def export_static_embeddings(
         static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
-    embeddings = static_embeddings(store, STATIC_OPTIONS.replace(min_contexts=min_contexts, include_punct=include_punct,
-                                                                  device=device), layer=layer)
+    chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct)
+    chosen.pop("statistics", None)  # the distillation computes its own
+    embeddings = static_embeddings(store, STATIC_OPTIONS.replace(**chosen, device=device), layer=layer)
     progress.advance(f"distil layer {layer}")
     saved = embeddings.save(store.url, text_path=text_path)
     found, skipped = default_word_benchmarks(data_dir)

@@ -15,11 +15,18 @@ from typing import Any, Mapping
 from lmgeom.errors import InputError
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
 from lmgeom.metrics.spectrum import MEV_VARIANTS, mev_variants
+from lmgeom.runs.selection import COUNT_UNITS
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
 
 DEFAULT_MEV_MEMORY_MB = 512
+# the word threshold of `run` and `analyze`: words in at least 5 distinct sentences (the unit, distinct
+# sentences, is `static-embeddings`' too, which exports every word unless asked otherwise)
+DEFAULT_MIN_CONTEXTS = 5
+DEFAULT_COUNT_BY = "sentences"
 # the statistics of the contextuality analysis (Ethayarajh 2019), in the order their records appear
 CONTEXTUALITY_STATISTICS = ("baseline", "norms", "sample", "self_similarity", "intra", "mev")
+# the released code's sampled statistics (`lmgeom.runs.engine.released`)
+RELEASED_STATISTICS = ("released_sample", "self_similarity_released")
 ENGINES = ("auto", "local", "processes", "ray")
 # options that say how an analysis runs, not what it computes: shards computed on other machines
 # (another device, other workers) merge
@@ -31,8 +38,11 @@ class AnalysisOptions:
     """What an analysis of a store computes and how it runs.
 
     What: rows follow `lmgeom.runs.selection` (`include_special`, `include_punct`,
-    `exclude_first_word`); word statistics use the words in at least `min_contexts` distinct
-    sentences; `n_samples` occurrences drawn with `seed` make the sampled baselines; `layers` (None:
+    `exclude_first_word`); word statistics use the words occurring at least `min_contexts` times,
+    counted in distinct sentences or occurrences (`count_by`); `n_samples` occurrences drawn with
+    `seed` make the sampled baselines (and, for the released code's statistics, `n_samples`
+    sentences, pairs and pairs per word); `protocol` names the protocol that set these options
+    (`PROTOCOLS`; None: lmgeom's defaults); `layers` (None:
     every layer); `statistics`: the registered statistics computed (`lmgeom.runs.engine.statistics`);
     `mev_variants`: the MEV variants solved; `mev_memory_mb` bounds the per-word occurrence matrices
     held at once (the other word groups wait in scratch files); `isotropy_rows` selected rows (drawn
@@ -43,7 +53,8 @@ class AnalysisOptions:
     row range and word group, so that no task holds the state of every word); `chunk_rows` rows read
     at a time; `ray_address` the Ray cluster to join (None: RAY_ADDRESS or a local one)."""
 
-    min_contexts: int = 5
+    min_contexts: int = DEFAULT_MIN_CONTEXTS
+    count_by: str = DEFAULT_COUNT_BY
     include_special: bool = False
     include_punct: bool = False
     exclude_first_word: bool = False
@@ -61,6 +72,7 @@ class AnalysisOptions:
     row_parts: int | None = None
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     ray_address: str | None = None
+    protocol: str | None = None
 
     def __post_init__(self) -> None:
         # sequences given as lists (from JSON or a caller) become tuples: the options stay hashable
@@ -85,6 +97,15 @@ class AnalysisOptions:
                              f"{self.isotropy_rows} and {self.isotropy_clusters}", param="isotropy_rows")
         if self.chunk_rows < 1:
             raise InputError(f"`chunk_rows` must be at least 1; got {self.chunk_rows}", param="chunk_rows")
+        if self.count_by not in COUNT_UNITS:
+            raise InputError(f"unknown `count_by` {self.count_by!r}; use one of {', '.join(COUNT_UNITS)}", param="count_by")
+        if self.protocol is not None:
+            settings = protocol_settings(self.protocol)
+            differing = [name for name, value in settings.items() if getattr(self, name) != value]
+            if differing:
+                name = differing[0]
+                raise InputError(f"`protocol={self.protocol!r}` sets `{name}={settings[name]!r}`; got "
+                                 f"`{name}={getattr(self, name)!r}`", param=("protocol", name))
         if self.engine not in ENGINES:
             raise InputError(f"unknown `engine` {self.engine!r}; use one of {', '.join(ENGINES)}", param="engine")
 
@@ -112,3 +133,42 @@ class AnalysisOptions:
     def analysis_settings(self) -> dict[str, Any]:
         """`to_settings` without the options of how it runs: what two shards must share to merge."""
         return {key: value for key, value in self.to_settings().items() if key not in EXECUTION_FIELDS}
+
+
+# Protocols: named sets of options that reproduce a paper's released code. `ethayarajh2019`: the
+# analysis of kawine/contextual (`preprocess.py`, `analyze.py`): words of at least 5 occurrences,
+# punctuation left out, and its sampled statistics (1,000 sentences with one random word each, 1,000
+# pairs of those drawn with replacement, IntraSim over the 1,000 sentences, SelfSim over at most 1,000
+# sampled pairs per word, MEV as TruncatedSVD's ratio clipped at 1, values rounded to 3 decimals) beside
+# lmgeom's. The corpus (`sts-scored`) and the units (WordPiece pieces of BERT-style models) are the
+# extraction's part of the protocol (`lmgeom.runs.job.protocol_extraction`).
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "ethayarajh2019": {
+        "min_contexts": 5, "count_by": "occurrences", "n_samples": 1000, "include_punct": False,
+        "include_special": False, "exclude_first_word": False,
+    },
+}
+
+
+def protocol_settings(protocol: str) -> dict[str, Any]:
+    """The analysis options `protocol` sets (`PROTOCOLS`; its statistics are `protocol_options`')."""
+    if protocol not in PROTOCOLS:
+        raise InputError(f"unknown `protocol` {protocol!r}; use one of {', '.join(PROTOCOLS)}", param="protocol")
+    return dict(PROTOCOLS[protocol])
+
+
+def protocol_options(protocol: str | None, **given: Any) -> dict[str, Any]:
+    """The options of an analysis: the `given` ones (None: not given) with those `protocol` sets.
+    A given option the protocol sets to another value is refused, naming both (a given one equal to
+    the protocol's is kept)."""
+    chosen = {name: value for name, value in given.items() if value is not None}
+    if protocol is None:
+        return chosen
+    settings = protocol_settings(protocol)
+    for name, value in chosen.items():
+        if name in settings and value != settings[name]:
+            raise InputError(f"`protocol={protocol!r}` sets `{name}={settings[name]!r}`; got `{name}={value!r}`: "
+                             "leave that option out, or the protocol", param=("protocol", name))
+    statistics = tuple(chosen.get("statistics") or CONTEXTUALITY_STATISTICS)
+    statistics += tuple(name for name in RELEASED_STATISTICS if name not in statistics)
+    return {**chosen, **settings, "statistics": statistics, "protocol": protocol}

@@ -23,6 +23,7 @@ import numpy as np
 
 from lmgeom.errors import InputError
 from lmgeom.metrics.contextuality import mev_state_bytes, sample_indexes
+import lmgeom.runs.engine.released  # noqa: F401  (registers the released code's statistics, which plans name)
 from lmgeom.runs.engine.options import AnalysisOptions
 from lmgeom.runs.engine.statistics import ROWS, Statistic, statistic
 from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
@@ -94,7 +95,8 @@ class PlanRows:
 
     @cached_property
     def words(self) -> WordSelection:
-        words = select_words(self._vocab, self.selection, min_contexts=self.options.min_contexts)
+        words = select_words(self._vocab, self.selection, min_contexts=self.options.min_contexts,
+                             count_by=self.options.count_by)
         self._vocab = None  # the selection keeps the names it needs
         return words
 
