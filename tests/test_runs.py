@@ -347,7 +347,7 @@ def test_run_from_python_equals_the_cli(tiny_run, tiny_cli_run):
                             cli_document.get("records", cli_document.get("layers")), atol=0)
     assert [path.name for path in result.paths] == ["summary.json", "contextuality.json", "contextuality_layers.csv",
                                                     "contextuality_words.csv", "isotropy.json", "calibration.json",
-                                                    "0.benchmarks.json", "3.benchmarks.json", "report.html"]
+                                                    "0.benchmarks.json", "3.benchmarks.json", "similarity.json", "report.html"]
     assert all(path.exists() for path in result.paths)
     assert "sentences/s" in output and "words/s" in output and "tok/s" not in output
 
