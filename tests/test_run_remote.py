@@ -26,7 +26,7 @@ from lmgeom.store.location import Location
 
 LIMIT = 60
 OPTIONS: dict[str, Any] = {"limit": LIMIT, "device": "cpu", "num_workers": 1}
-STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "report"]
+STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "geometry", "report"]
 # the result documents whose numbers a run elsewhere must reproduce
 COMPARED = (rundir.CONTEXTUALITY, rundir.SUMMARY, rundir.ISOTROPY, rundir.CALIBRATION)
 
@@ -99,7 +99,7 @@ def test_run_on_memory_resumes_and_equals_the_local_run(local_run: Path):
     assert record["device"] == "cpu" and record["steps"]["contextuality"]["device"] == "cpu"
     resumed = run("tiny-bert", "lee", out=url, **OPTIONS)
     assert resumed.steps_skipped == ["extract", "contextuality"]
-    assert resumed.steps_run == ["isotropy", "calibration", "static_embeddings", "report"]
+    assert resumed.steps_run == ["isotropy", "calibration", "static_embeddings", "geometry", "report"]
     assert all(isinstance(path, str) and path.startswith(url + "/") for path in resumed.paths)
     assert_same_results(local_run, url, rtol=1e-5)
     # what a result file records of where it ran

@@ -393,15 +393,15 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
 
     options = dict(limit=80, device="cpu", min_contexts=3, layers="all")
     whole = run("tiny-bert", "lee", out=tmp_path / "whole", **options)
-    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "report"]
+    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "geometry", "report"]
     with pytest.raises(KeyboardInterrupt):
         run("tiny-bert", "lee", out=tmp_path / "cut", progress=StopAt("calibrate"), **options)
     assert not (tmp_path / "cut" / "calibration.json").exists()
     resumed = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
     assert resumed.steps_skipped == ["extract", "contextuality", "isotropy"]
-    assert resumed.steps_run == ["calibration", "static_embeddings", "report"]
+    assert resumed.steps_run == ["calibration", "static_embeddings", "geometry", "report"]
     again = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
-    assert again.steps_run == ["report"] and len(again.steps_skipped) == 5
+    assert again.steps_run == ["report"] and len(again.steps_skipped) == 6
     for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/2.benchmarks.json"):
         first, second = (json.loads((tmp_path / side / name).read_text()) for side in ("whole", "cut"))
         assert_same_numbers(first["records"], second["records"], atol=1e-12)

@@ -7,6 +7,9 @@
   dimension, each located by its store row and dimension (the driver adds the token, sentence and
   position) and given as a ratio to the layer's median |h|. Sun et al. call an activation massive
   when |h| > 100 and about 1,000 times the median; `is_massive` applies those two thresholds.
+- **LayerNorm-weight outliers** (Kovaleva et al. 2021): the dimensions of a LayerNorm's weight
+  (gain) vector lying more than `n_sigma` (3) standard deviations from the vector's mean, either
+  side (`weight_outliers`).
 - The rogue dimensions by contribution to the cosine stay in `lmgeom.metrics.isotropy`.
 
 `MagnitudeAccumulator` streams and merges (per-dimension sums of h, h^2 and |h|, and the running
@@ -149,14 +152,22 @@ def magnitude_outliers(mean_abs: np.ndarray, *, n_sigma: float = OUTLIER_SIGMAS)
     return OutlierDimensions(n_sigma, dims, mean_abs[dims], z[dims])
 
 
+def weight_outliers(weight: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> tuple[np.ndarray, np.ndarray]:
+    """(dimensions, z-scores) of the entries of a weight vector more than `n_sigma` population
+    standard deviations from its mean, either side, largest |z| first (none when it is constant)."""
+    weight = np.asarray(weight, dtype=np.float64)
+    if weight.ndim != 1 or weight.size < 2:
+        raise InputError(f"weight outliers need a vector of at least 2 entries, got shape {weight.shape}")
+    spread = float(weight.std())
+    z = (weight - weight.mean()) / spread if spread > 0 else np.zeros_like(weight)
+    dims = np.flatnonzero(np.abs(z) > n_sigma)
+    dims = dims[np.argsort(-np.abs(z[dims]), kind="stable")]
+    return dims, z[dims]
+
+
 def is_massive(magnitude: float, ratio: float) -> bool:
     """Sun et al. (2024)'s thresholds: |h| above 100 and at least 1,000 times the layer's median |h|."""
     return magnitude > MASSIVE_MIN_MAGNITUDE and ratio >= MASSIVE_MIN_RATIO
-
-
-def standardized(X: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """Rows z-scored per dimension with the given moments; constant dimensions are only centred."""
-    return (X - mean) / np.where(std > 0, std, 1.0)
 
 
 @register_accumulator
@@ -206,5 +217,6 @@ class TransformedAccumulator(StatefulAccumulator):
 
 
 def standardizing(dim: int, mean: np.ndarray, std: np.ndarray) -> dict[str, Any]:
-    """`TransformedAccumulator`'s keywords for rows z-scored per dimension (`standardized`)."""
+    """`TransformedAccumulator`'s keywords for rows z-scored per dimension with these moments
+    (constant dimensions only centred)."""
     return {"dim": dim, "shift": np.asarray(mean, dtype=np.float64), "scale": np.where(std > 0, std, 1.0)}

@@ -17,6 +17,7 @@ from lmgeom.report.data import (
 )
 from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
+from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.runs import rundir
@@ -274,6 +275,8 @@ def build_report(
                      "score of the items whose words all have vectors; OOV words as the mean vector: every item.</p>"
                      + table(labelled(run.static[columns]), digits=3))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
+    page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",
+                 geometry_section(run, page, out_path))
     if run.sts is None:
         page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))
     else:

@@ -51,6 +51,7 @@ from lmgeom.metrics.outliers import (
     Magnitudes,
     is_massive,
     magnitude_outliers,
+    weight_outliers,
 )
 from lmgeom.progress import Progress
 from lmgeom.runs.engine import AnalysisOptions, Executor, LayerValues, run_analysis
@@ -73,6 +74,7 @@ class GeometryResult:
     settings: dict[str, Any]
     counts: dict[str, Any]
     store_meta: dict[str, Any] = field(repr=False)
+    layernorm_weights: dict[str, Any] = field(default_factory=dict)  # `layernorm_outliers`, or why not computed
     paths: list[Target] = field(default_factory=list)
 
     def profile(self, method: str = "twonn", n2: int | None = None) -> np.ndarray:
@@ -142,6 +144,44 @@ def special_rows_note(store: RepresentationStore) -> str | None:
             "over its word rows only; massive activations on BOS/CLS need a store extracted with `keep_special=True`")
 
 
+def model_spec(model_id: str | None) -> str:
+    """The name `load_encoder` takes from a store's `model_id` ("minilm (sentence-transformers/...)" -> "minilm")."""
+    return str(model_id or "").split(" ")[0]
+
+
+def layernorm_outliers(model: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> dict[str, Any]:
+    """The `n_sigma` outliers of every LayerNorm (and RMSNorm) weight vector of `model` (a name
+    `load_encoder` takes: built-in, local folder, Hub id; or a loaded torch module), Kovaleva et al.
+    (2021); `computed` False with the reason (`note`) when the model cannot be loaded or has no
+    LayerNorm. Gemma-style RMSNorms scale by 1 + weight: their z-scores are the same."""
+    base = {"n_sigma": n_sigma, "rule": "|w - mean(w)| > n_sigma x std(w) within each norm's weight vector (population std)",
+            "model": model if isinstance(model, str) else type(model).__name__}
+    if isinstance(model, str):
+        from lmgeom.encoders import load_encoder
+
+        try:
+            module = getattr(load_encoder(model, device="cpu"), "model", None)
+        except (InputError, OSError, ImportError, ValueError) as error:
+            return {**base, "computed": False, "note": f"not computed: the model {model!r} could not be loaded ({error})",
+                    "modules": []}
+    else:
+        module = model
+    norms = [] if module is None else [
+        (name, part.weight) for name, part in module.named_modules()
+        if "norm" in type(part).__name__.lower() and getattr(part, "weight", None) is not None and part.weight.ndim == 1]
+    if not norms:
+        return {**base, "computed": False, "note": f"not computed: {base['model']} has no LayerNorm weights", "modules": []}
+    modules = []
+    for name, weight in norms:
+        values = weight.detach().float().cpu().numpy()
+        dims, z = weight_outliers(values, n_sigma=n_sigma)
+        block = next((int(part) for part in name.split(".") if part.isdigit()), None)
+        modules.append({"module": name, "block": block, "dim": int(values.size), "mean": float(values.mean()),
+                        "std": float(values.std()), "outliers": [{"dimension": int(d), "weight": float(values[d]), "z": float(v)}
+                                                               for d, v in zip(dims, z)]})
+    return {**base, "computed": True, "note": None, "modules": modules}
+
+
 def measure_geometry(
     store: RepresentationStore,
     options: AnalysisOptions | None = None,
@@ -149,6 +189,7 @@ def measure_geometry(
     n_boot: int = N_BOOT,
     max_sentences: int = MAX_SENTENCES,
     data_dir: str | Path | None = None,
+    model_weights: Any = None,
     out: str | Path | None = None,
     write: bool = True,
     executor: Executor | None = None,
@@ -157,7 +198,9 @@ def measure_geometry(
 ) -> GeometryResult:
     """Every layer's intrinsic dimension, outlier panel, uniformity and alignment (module docstring),
     with `options` (or its fields as `keywords`: the rows, `geometry_rows`, `top_activations`, `seed`,
-    `device`, `engine`, ...) on `executor` (default: the options'); written to OUT/geometry.json and
+    `device`, `engine`, ...) on `executor` (default: the options'); with `model_weights` (a model
+    name, True for the store's own model, or a torch module) the LayerNorm-weight outliers too
+    (`layernorm_outliers`), else stated as not computed. Written to OUT/geometry.json and
     geometry.csv (OUT defaults to the store's location)."""
     options = (options or AnalysisOptions()).replace(**keywords)
     if max_sentences < 2:
@@ -191,6 +234,11 @@ def measure_geometry(
             records[layer][f"intra_sentence_similarity_{variant}"] = _mean_defined(
                 values[f"intra_{variant}"].to_numpy(dtype=np.float64))
     special_note = special_rows_note(store)
+    if model_weights is None or model_weights is False:
+        layernorm: dict[str, Any] = {"n_sigma": OUTLIER_SIGMAS, "computed": False, "modules": [],
+                                     "note": "not computed: a store holds activations, not weights (ask with `model_weights`)"}
+    else:
+        layernorm = layernorm_outliers(model_spec(store.meta.get("model_id")) if model_weights is True else model_weights)
     settings = {
         "layers": list(first.plan.layers), "n_points": len(rows.sample(options.geometry_rows)), "seed": options.seed,
         **rows.selection.options(), "min_contexts": options.min_contexts, "device": device,
@@ -216,11 +264,11 @@ def measure_geometry(
         "plan": first.to_json(),
     }
     counts = {**rows.selection.counts, "sentences": len(store.sentences), "words_analysed": n_words or 0}
-    result = GeometryResult([records[layer] for layer in first.plan.layers], settings, counts, dict(store.meta))
+    result = GeometryResult([records[layer] for layer in first.plan.layers], settings, counts, dict(store.meta), layernorm)
     if write:
         target = store.url if out is None else out
-        result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, {"settings": settings, "counts": counts,
-                                                                         "layers": result.layers}, store_meta=store.meta),
+        document = {"settings": settings, "counts": counts, "layers": result.layers, "layernorm_weights": layernorm}
+        result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, document, store_meta=store.meta),
                         write_records_csv(GEOMETRY_CSV.at(target), geometry_records(result.layers))]
     return result
 
@@ -312,10 +360,6 @@ def best_probe_layer(results: Mapping[str, Any]) -> tuple[int, str, str, list[fl
     raise InputError(f"no per-layer probe scores on {PROBE_SCORES} in these results")
 
 
-def _model_name(model_id: str | None) -> str:
-    return str(model_id or "").split(" ")[0]
-
-
 def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequence[str | Path], *,
                      method: str = "twonn") -> dict[str, Any]:
     """For each (model, task) with a geometry.json of the model and a layer experiment of that task:
@@ -329,7 +373,7 @@ def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequen
         document = json.loads(Path(path).read_text())
         if document.get("kind") != GEOMETRY.kind:
             raise InputError(f"{path} is not a geometry.json (kind {document.get('kind')!r}); write one with `lmgeom geometry STORE`")
-        profiles[_model_name(document.get("model_id"))] = [
+        profiles[model_spec(document.get("model_id"))] = [
             next(e["dimension"] for e in layer["intrinsic_dimension"] if e["method"] == method) for layer in document["layers"]]
     cases: list[dict[str, Any]] = []
     missing: list[str] = []

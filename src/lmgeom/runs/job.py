@@ -16,6 +16,7 @@ from lmgeom.runs.contextuality import ContextualityResult
 from lmgeom.runs.engine import AnalysisOptions
 from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
+from lmgeom.runs.geometry import measure_geometry
 from lmgeom.runs.isotropy import measure_isotropy
 from lmgeom.runs.reporting import render_report
 from lmgeom.runs.static import export_static_embeddings
@@ -157,8 +158,10 @@ def run(
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
     (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
     (isotropy.json), calibrate `layers` with `methods` (calibration.json), and distil and score static
-    embeddings of `layers` (static/), then render report.html with its figures (experiment results
-    under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
+    embeddings of `layers` (static/), measure the intrinsic dimension, outlier panel and uniformity of
+    every layer (geometry.json, with the LayerNorm-weight outliers of `model`), then render
+    report.html with its figures (experiment results under RUN/experiments/ and in `include` folders
+    are shown too). Each step is recorded in run.json
     and skipped when repeated with the same settings; an interrupted run resumes (the extraction
     from its last committed chunk). `out` is a local folder or any fsspec URL (s3://, gs://,
     memory://, file://): every file of the run is written there. `device` is resolved once
@@ -218,6 +221,12 @@ def run(
                    export_static_embeddings(store, layer=layer, device=analysis_device, progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written)
     paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
+
+    settings = {"min_contexts": min_contexts, "seed": seed, "model_weights": model}
+    if not steps.done("geometry", settings):
+        started = time.perf_counter()
+        steps.record("geometry", settings, started, measure_geometry(store, analysis, model_weights=model, progress=progress).paths)
+    paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()
