@@ -360,6 +360,21 @@ def best_probe_layer(results: Mapping[str, Any]) -> tuple[int, str, str, list[fl
     raise InputError(f"no per-layer probe scores on {PROBE_SCORES} in these results")
 
 
+def model_layernorm_outliers(geometry_file: str | Path) -> dict[str, Any]:
+    """The LayerNorm-weight outliers of the model of a geometry.json: those it holds, else computed
+    by loading the model its `model_id` names (`layernorm_outliers`)."""
+    document = _read_geometry(geometry_file)
+    held = document.get("layernorm_weights") or {}
+    return held if held.get("computed") else layernorm_outliers(model_spec(document.get("model_id")))
+
+
+def _read_geometry(path: str | Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(Path(path).read_text())
+    if document.get("kind") != GEOMETRY.kind:
+        raise InputError(f"{path} is not a geometry.json (kind {document.get('kind')!r}); write one with `lmgeom geometry STORE`")
+    return document
+
+
 def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequence[str | Path], *,
                      method: str = "twonn") -> dict[str, Any]:
     """For each (model, task) with a geometry.json of the model and a layer experiment of that task:
@@ -370,9 +385,7 @@ def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequen
         raise InputError(f"unknown method {method!r}; use twonn or mle", param="method")
     profiles: dict[str, list[float]] = {}
     for path in geometry_files:
-        document = json.loads(Path(path).read_text())
-        if document.get("kind") != GEOMETRY.kind:
-            raise InputError(f"{path} is not a geometry.json (kind {document.get('kind')!r}); write one with `lmgeom geometry STORE`")
+        document = _read_geometry(path)
         profiles[model_spec(document.get("model_id"))] = [
             next(e["dimension"] for e in layer["intrinsic_dimension"] if e["method"] == method) for layer in document["layers"]]
     cases: list[dict[str, Any]] = []
