@@ -273,4 +273,3 @@ def test_run_has_a_geometry_step_that_resumes(tmp_path: Path) -> None:
     again = run("tiny-bert", "lee", out=tmp_path / "run", **options)
     assert again.steps_run == ["geometry", "report"]
     assert json.loads((tmp_path / "run" / "geometry.json").read_text())["layers"] == document["layers"]
-    assert run("tiny-bert", "lee", out=tmp_path / "run", **options).steps_run == ["report"]
