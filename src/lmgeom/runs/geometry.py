@@ -149,6 +149,23 @@ def model_spec(model_id: str | None) -> str:
     return str(model_id or "").split(" ")[0]
 
 
+def _not_at_hand(model: str) -> str | None:
+    """None when `model` loads without the network (a built-in name, a local folder, a Hub id in the
+    local Hugging Face cache), else why not."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from lmgeom.encoders.registry import NAMED_MODELS, TINY_MODELS
+
+    if model in NAMED_MODELS or model in TINY_MODELS or Path(model).expanduser().exists():
+        return None
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a valid Hub id
+        cached = None
+    return None if isinstance(cached, str) else (
+        f"the model {model!r} is neither built in, a local folder nor a Hub id in the local Hugging Face cache")
+
+
 def layernorm_outliers(model: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> dict[str, Any]:
     """The `n_sigma` outliers of every LayerNorm (and RMSNorm) weight vector of `model` (a name
     `load_encoder` takes: built-in, local folder, Hub id; or a loaded torch module), Kovaleva et al.
@@ -159,6 +176,9 @@ def layernorm_outliers(model: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> dict[s
     if isinstance(model, str):
         from lmgeom.encoders import load_encoder
 
+        unreachable = _not_at_hand(model)
+        if unreachable:
+            return {**base, "computed": False, "note": f"not computed: {unreachable}", "modules": []}
         try:
             module = getattr(load_encoder(model, device="cpu"), "model", None)
         except (InputError, OSError, ImportError, ValueError) as error:
@@ -267,7 +287,8 @@ def measure_geometry(
     result = GeometryResult([records[layer] for layer in first.plan.layers], settings, counts, dict(store.meta), layernorm)
     if write:
         target = store.url if out is None else out
-        document = {"settings": settings, "counts": counts, "layers": result.layers, "layernorm_weights": layernorm}
+        document = {"settings": settings, "device": device, "counts": counts, "layers": result.layers,
+                    "layernorm_weights": layernorm}
         result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, document, store_meta=store.meta),
                         write_records_csv(GEOMETRY_CSV.at(target), geometry_records(result.layers))]
     return result
