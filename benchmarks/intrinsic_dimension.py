@@ -102,7 +102,8 @@ def main() -> None:
         wall, cpu, peak, value = timed(function, args.repeat)
         dimension = float(value) if isinstance(value, float) else None
         rows.append((name, n, wall, cpu, peak, None if limit is None else cpu / limit, dimension))
-        print(f"  {name} ({n:,} points): {cpu:.1f} CPU s", flush=True)
+        print(f"  {name} ({n:,} points): {cpu:.1f} CPU s, {wall:.1f} s wall, peak {peak:.0f} MB"
+              + ("" if dimension is None else f", dimension {dimension:.3f}"), flush=True)
         return cpu
 
     with threadpool_limits(limits=1):
