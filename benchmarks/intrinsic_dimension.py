@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--manifold", type=int, default=10)
-    parser.add_argument("--peer-points", type=int, default=10_000)
+    parser.add_argument("--peer-points", type=int, default=10_000, help="0: no run at the peer's size")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--skip-all", action="store_true", help="leave out the 64-NN run of every estimator")
@@ -108,7 +108,7 @@ def main() -> None:
 
     with threadpool_limits(limits=1):
         # the peer's size first (minutes), then --points (the n^2 search: the long part)
-        for n, data in ((args.peer_points, small), (args.points, X)):
+        for n, data in ([(args.peer_points, small)] if args.peer_points else []) + [(args.points, X)]:
             limit_2 = measure("limit: one 2-NN search", n, lambda: nearest_neighbours(data, 2, device=args.device) and None)
             measure("lmgeom TwoNN", n, lambda: twonn(data, device=args.device), limit_2)
             limit_20 = measure(f"limit: one {MLE_NEIGHBOURS}-NN search", n,
