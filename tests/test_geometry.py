@@ -249,7 +249,7 @@ def _planted_store(tmp_path):
 
 def test_geometry_locates_the_planted_massive_activation_on_a_special_row(tmp_path):
     store = _planted_store(tmp_path)
-    result = measure_geometry(store, n_points=300, n_boot=0, top_k=3, data_dir=tmp_path / "no-data")
+    result = measure_geometry(store, geometry_rows=300, n_boot=0, top_activations=3, data_dir=tmp_path / "no-data")
     layer = result.layers[1]
     top = layer["top_activations"][0]
     assert (top["row"], top["dimension"], top["value"]) == (27, 7, 2000.0)
@@ -266,7 +266,7 @@ def test_geometry_locates_the_planted_massive_activation_on_a_special_row(tmp_pa
 
 def test_self_and_intra_similarity_without_outliers_and_standardised_equal_brute_force(tmp_path):
     store = _planted_store(tmp_path)
-    result = measure_geometry(store, n_points=300, n_boot=0, top_k=1, min_contexts=5, data_dir=tmp_path / "no-data", write=False)
+    result = measure_geometry(store, geometry_rows=300, n_boot=0, top_activations=1, min_contexts=5, data_dir=tmp_path / "no-data", write=False)
     tokens = store.tokens
     words = ~tokens["is_special"].to_numpy()
     X = store.layer(1)[:].astype(np.float64)[words]
@@ -289,7 +289,7 @@ def test_alignment_on_stsb_pairs_found_in_the_corpus(tmp_path):
     rng = np.random.default_rng(12)
     layer = rng.normal(size=(12, 6)).astype(np.float32)
     store = write_store_from_arrays(tmp_path / "store", [layer], sentences)
-    result = measure_geometry(store, n_points=12, n_boot=0, top_k=1, data_dir=tmp_path / "data", write=False)
+    result = measure_geometry(store, geometry_rows=12, n_boot=0, top_activations=1, data_dir=tmp_path / "data", write=False)
     means = layer.astype(np.float64).reshape(4, 3, 6).mean(axis=1)
     assert result.settings["alignment"]["n_pairs"] == 2
     assert result.layers[0]["alignment"] == pytest.approx(alignment(means[[0, 2]], means[[1, 3]]), rel=1e-12)

@@ -53,7 +53,7 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
         monkeypatch.setattr(lmgeom.device, name, spy)
     given: dict[str, Any] = {}
     for step in ("extract_model", "analyze_store", "measure_isotropy", "calibrate_store", "export_static_embeddings",
-                 "similarity_matrix"):
+                 "similarity_matrix", "measure_geometry"):
         original = getattr(job, step)
 
         def record(*args: Any, _original: Callable[..., Any] = original, _step: str = step, **kwargs: Any) -> Any:
@@ -69,11 +69,12 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
     assert outcome.exit_code == 0, outcome.output
     assert "every step computed on cpu" in " ".join(outcome.output.split())
     assert given == {"extract_model": ["cpu"], "analyze_store": ["cpu"], "measure_isotropy": ["cpu"],
-                     "calibrate_store": ["cpu"], "export_static_embeddings": ["cpu"] * 3, "similarity_matrix": ["cpu"]}
+                     "calibrate_store": ["cpu"], "export_static_embeddings": ["cpu"] * 3, "similarity_matrix": ["cpu"],
+                     "measure_geometry": ["cpu"]}
     assert "auto" not in asked and "cpu" in asked
     record = json.loads((out / "run.json").read_text())
     assert record["device"] == "cpu" and {step["device"] for step in record["steps"].values()} == {"cpu"}
-    for name in ("isotropy.json", "calibration.json", "static/1.benchmarks.json"):
+    for name in ("isotropy.json", "calibration.json", "static/1.benchmarks.json", "geometry.json"):
         assert json.loads((out / name).read_text())["device"] == "cpu", name
     assert json.loads((out / "contextuality.json").read_text())["plan"]["device"] == "cpu"
     assert (out / "report.html").exists()

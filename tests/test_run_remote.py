@@ -27,7 +27,7 @@ from lmgeom.store.location import Location
 from helpers import TINY_RUN, TINY_RUN_ARGS
 
 OPTIONS = TINY_RUN  # the options of the session's tiny run, the local run the others must equal
-STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "report"]
+STEPS = ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "geometry", "report"]
 # the result documents whose numbers a run elsewhere must reproduce
 COMPARED = (rundir.CONTEXTUALITY, rundir.SUMMARY, rundir.ISOTROPY, rundir.CALIBRATION)
 
@@ -98,7 +98,7 @@ def test_run_on_memory_resumes_and_equals_the_local_run(local_run: Path):
     assert record["device"] == "cpu" and record["steps"]["contextuality"]["device"] == "cpu"
     resumed = run("tiny-bert", "lee", out=url, **OPTIONS)
     assert resumed.steps_skipped == ["extract", "contextuality"]
-    assert resumed.steps_run == ["isotropy", "calibration", "static_embeddings", "similarity", "report"]
+    assert resumed.steps_run == ["isotropy", "calibration", "static_embeddings", "similarity", "geometry", "report"]
     assert all(isinstance(path, str) and path.startswith(url + "/") for path in resumed.paths)
     assert_same_results(local_run, url, rtol=1e-5)
     # what a result file records of where it ran

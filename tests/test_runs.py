@@ -347,7 +347,8 @@ def test_run_from_python_equals_the_cli(tiny_run, tiny_cli_run):
                             cli_document.get("records", cli_document.get("layers")), atol=0)
     assert [path.name for path in result.paths] == ["summary.json", "contextuality.json", "contextuality_layers.csv",
                                                     "contextuality_words.csv", "isotropy.json", "calibration.json",
-                                                    "0.benchmarks.json", "3.benchmarks.json", "similarity.json", "report.html"]
+                                                    "0.benchmarks.json", "3.benchmarks.json", "similarity.json", "geometry.json",
+                                                    "geometry.csv", "report.html"]
     assert all(path.exists() for path in result.paths)
     assert "sentences/s" in output and "words/s" in output and "tok/s" not in output
 
@@ -388,15 +389,15 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tiny_run, tmp
 
     options = TINY_RUN
     whole = tiny_run  # the same run, not interrupted
-    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "report"]
+    assert whole.steps_run == ["extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "geometry", "report"]
     with pytest.raises(KeyboardInterrupt):
         run("tiny-bert", "lee", out=tmp_path / "cut", progress=StopAt("calibrate"), **options)
     assert not (tmp_path / "cut" / "calibration.json").exists()
     resumed = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
     assert resumed.steps_skipped == ["extract", "contextuality", "isotropy"]
-    assert resumed.steps_run == ["calibration", "static_embeddings", "similarity", "report"]
+    assert resumed.steps_run == ["calibration", "static_embeddings", "similarity", "geometry", "report"]
     again = run("tiny-bert", "lee", out=tmp_path / "cut", **options)
-    assert again.steps_run == ["report"] and len(again.steps_skipped) == 6
+    assert again.steps_run == ["report"] and len(again.steps_skipped) == 7
     for name in ("contextuality.json", "isotropy.json", "calibration.json", "static/3.benchmarks.json"):
         first, second = (json.loads((folder / name).read_text()) for folder in (whole.store.path, tmp_path / "cut"))
         assert_same_numbers(first["records"], second["records"], atol=1e-12)

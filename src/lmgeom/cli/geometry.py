@@ -103,8 +103,27 @@ def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> 
     note = settings["alignment"]["note"]
     if note:
         console.print(f"alignment: none ({note})")
+    print_layernorm(result.layernorm_weights)
     if not isotropy or not raw:
         console.print("missing columns come from the run's isotropy.json and contextuality.json: `lmgeom run` writes them")
+
+
+def print_layernorm(layernorm: dict[str, Any]) -> None:
+    """The LayerNorm-weight outliers of a model (`lmgeom.runs.geometry.layernorm_outliers`), or why there are none."""
+    from lmgeom.report.labels import number
+
+    if not layernorm.get("computed"):
+        console.print(f"LayerNorm-weight outliers: {layernorm.get('note') or 'not computed'}")
+        return
+    table = Table(title=f"{layernorm['model']}: LayerNorm-weight outliers (|z| > {layernorm['n_sigma']:g} within each "
+                        f"of its {len(layernorm['modules'])} norm weight vectors)")
+    for header in ("module", "dim", "weight", "z"):
+        table.add_column(header, justify="left" if header == "module" else "right")
+    for module in layernorm["modules"]:
+        for outlier in module["outliers"]:
+            table.add_row(module["module"], str(outlier["dimension"]), number(outlier["weight"], 3), number(outlier["z"], 1))
+    console.print(table if table.row_count else f"{layernorm['model']}: no LayerNorm-weight outlier in "
+                                                 f"{len(layernorm['modules'])} norm weight vectors")
 
 
 def register(app: typer.Typer) -> None:
@@ -123,18 +142,21 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the samples and the bootstrap"),
         device: str = typer.Option("cpu", help="where the k-NN search runs: cpu, cuda, cuda:N or auto"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
+        model_weights: bool = typer.Option(False, "--model-weights", help="also the LayerNorm-weight outliers of the store's model (loads it)"),
     ) -> None:
         """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
-        uniformity and alignment of every layer, written to geometry.json."""
+        uniformity and alignment of every layer, written to geometry.json and geometry.csv."""
+        from lmgeom.runs.engine import AnalysisOptions
         from lmgeom.runs.geometry import measure_geometry
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
             store = RepresentationStore.open(store_path)
-            result = measure_geometry(store, n_points=points, n_boot=boot, top_k=top_k, max_sentences=max_sentences,
-                                      min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
-                                      exclude_first_word=exclude_first_word, seed=seed, device=device, data_dir=data_dir,
-                                      out=out, progress=progress)
+            options = AnalysisOptions(geometry_rows=points, top_activations=top_k, min_contexts=min_contexts,
+                                      include_punct=include_punct, include_special=include_special,
+                                      exclude_first_word=exclude_first_word, seed=seed, device=device)
+            result = measure_geometry(store, options, n_boot=boot, max_sentences=max_sentences, data_dir=data_dir, out=out,
+                                      model_weights=model_weights, progress=progress)
         print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)
                                 if folder is not None])
         console.print("wrote " + ", ".join(str(p) for p in result.paths))
@@ -144,13 +166,16 @@ def register(app: typer.Typer) -> None:
         geometry: List[Path] = typer.Argument(..., metavar="GEOMETRY...", help="geometry.json files, one per model"),
         results: List[Path] = typer.Option(..., "--results", help="a layer experiment's results.json (repeatable)"),
         method: str = typer.Option("twonn", help="the intrinsic-dimension estimate of the profile: twonn or mle"),
+        model_weights: bool = typer.Option(False, "--model-weights", help="also each model's LayerNorm-weight outliers "
+                                           "(from its geometry.json, else by loading the model it names)"),
     ) -> None:
         """Does the intrinsic-dimension peak (Cheng et al. 2025) or the minimum after it (Valeriani et
         al. 2023) pick the best probing layer? Hits against chance, with an exact test."""
-        from lmgeom.runs.geometry import probe_layer_test
+        from lmgeom.runs.geometry import model_layernorm_outliers, probe_layer_test
 
         with user_errors():
             test = probe_layer_test(geometry, results, method=method)
+            layernorms = [model_layernorm_outliers(path) for path in geometry] if model_weights else []
         table = Table(title=f"best probing layer vs the {method} profile (layer 0 = embedding output)")
         for header in ("model", "task", "best", "peak", "min after", "layers"):
             table.add_column(header, justify="left" if header in ("model", "task") else "right")
@@ -165,3 +190,5 @@ def register(app: typer.Typer) -> None:
         console.print(test["test"])
         if test["missing"]:
             console.print("no geometry for: " + ", ".join(test["missing"]))
+        for layernorm in layernorms:
+            print_layernorm(layernorm)

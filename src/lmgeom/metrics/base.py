@@ -71,6 +71,13 @@ def register_accumulator(cls: type[A]) -> type[A]:
     return cls
 
 
+def accumulator_class(name: str) -> type[StatefulAccumulator]:
+    """The registered accumulator class called `name` (`register_accumulator`)."""
+    if name not in _ACCUMULATORS:
+        raise InputError(f"{name} is not a known accumulator ({sorted(_ACCUMULATORS)})")
+    return _ACCUMULATORS[name]
+
+
 def _plain(value: Any) -> StateValue:
     """A copy of `value` as a numpy array or a Python scalar (0-d arrays from .npz become scalars)."""
     if array_api_compat.is_array_api_obj(value) and not isinstance(value, np.ndarray):

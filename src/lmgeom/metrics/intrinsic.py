@@ -284,6 +284,13 @@ def twonn(X: Any, *, discard_fraction: float = TWONN_DISCARD_FRACTION, device: s
     return twonn_from_ratios(distances[:, 1] / distances[:, 0], discard_fraction=discard_fraction)
 
 
+def mle(X: Any, *, k: int = MLE_NEIGHBOURS, device: str = "cpu") -> float:
+    """The Levina-Bickel MLE (k neighbours, MacKay-Ghahramani's combination) of the distinct rows of X (no interval)."""
+    points, _ = unique_rows(X)
+    distances, _ = nearest_neighbours(points, k, device=device)
+    return mle_from_inverses(mle_inverse_estimates(distances, k))
+
+
 # --------------------------------------------------------------------------------------------
 # does the profile over depth pick the best probing layer?
 # --------------------------------------------------------------------------------------------

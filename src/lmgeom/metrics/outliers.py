@@ -7,21 +7,34 @@
   dimension, each located by its store row and dimension (the driver adds the token, sentence and
   position) and given as a ratio to the layer's median |h|. Sun et al. call an activation massive
   when |h| > 100 and about 1,000 times the median; `is_massive` applies those two thresholds.
+- **LayerNorm-weight outliers** (Kovaleva et al. 2021): the dimensions of a LayerNorm's weight
+  (gain) vector lying more than `n_sigma` (3) standard deviations from the vector's mean, either
+  side (`weight_outliers`).
 - The rogue dimensions by contribution to the cosine stay in `lmgeom.metrics.isotropy`.
 
 `MagnitudeAccumulator` streams and merges (per-dimension sums of h, h^2 and |h|, and the running
 top-k |h| with their rows and dimensions): one pass per layer, memory O(dim + top_k).
+`TransformedAccumulator` feeds another accumulator the rows transformed per dimension
+(((h - shift) / scale) on the kept dimensions): the cosines without the outlier dimensions and
+after standardisation, from the moments of a first pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
 from lmgeom.errors import InputError
-from lmgeom.metrics.base import StatefulAccumulator, as_float64_rows, register_accumulator, row_ids
+from lmgeom.metrics.base import (
+    StatefulAccumulator,
+    StateDict,
+    accumulator_class,
+    as_float64_rows,
+    register_accumulator,
+    row_ids,
+)
 
 OUTLIER_SIGMAS = 3.0
 TOP_ACTIVATIONS = 10
@@ -139,11 +152,71 @@ def magnitude_outliers(mean_abs: np.ndarray, *, n_sigma: float = OUTLIER_SIGMAS)
     return OutlierDimensions(n_sigma, dims, mean_abs[dims], z[dims])
 
 
+def weight_outliers(weight: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> tuple[np.ndarray, np.ndarray]:
+    """(dimensions, z-scores) of the entries of a weight vector more than `n_sigma` population
+    standard deviations from its mean, either side, largest |z| first (none when it is constant)."""
+    weight = np.asarray(weight, dtype=np.float64)
+    if weight.ndim != 1 or weight.size < 2:
+        raise InputError(f"weight outliers need a vector of at least 2 entries, got shape {weight.shape}")
+    spread = float(weight.std())
+    z = (weight - weight.mean()) / spread if spread > 0 else np.zeros_like(weight)
+    dims = np.flatnonzero(np.abs(z) > n_sigma)
+    dims = dims[np.argsort(-np.abs(z[dims]), kind="stable")]
+    return dims, z[dims]
+
+
 def is_massive(magnitude: float, ratio: float) -> bool:
     """Sun et al. (2024)'s thresholds: |h| above 100 and at least 1,000 times the layer's median |h|."""
     return magnitude > MASSIVE_MIN_MAGNITUDE and ratio >= MASSIVE_MIN_RATIO
 
 
-def standardized(X: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """Rows z-scored per dimension with the given moments; constant dimensions are only centred."""
-    return (X - mean) / np.where(std > 0, std, 1.0)
+@register_accumulator
+class TransformedAccumulator(StatefulAccumulator):
+    """`inner` fed every row as ((h - shift) / scale)[kept]: `kept` dimensions (None: all), `shift`
+    and `scale` per dimension (None: 0 and 1). Merges when the transforms agree; `result()` is the
+    inner accumulator's."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("kept", "shift", "scale")
+
+    def __init__(self, inner: Any, *, dim: int, kept: np.ndarray | None = None, shift: np.ndarray | None = None,
+                 scale: np.ndarray | None = None) -> None:
+        self.inner = inner
+        self.kept = np.arange(dim, dtype=np.int64) if kept is None else np.asarray(kept, dtype=np.int64)
+        self.shift = np.zeros(dim) if shift is None else np.asarray(shift, dtype=np.float64)
+        self.scale = np.ones(dim) if scale is None else np.asarray(scale, dtype=np.float64)
+        if self.shift.shape != (dim,) or self.scale.shape != (dim,) or not np.all(self.scale > 0):
+            raise InputError(f"shift and scale must be {dim} values, the scales above 0", param="scale")
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        return ((X - self.shift) / self.scale)[:, self.kept]
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> TransformedAccumulator:
+        self.inner.add(self.transform(as_float64_rows(X)), **ids)
+        return self
+
+    def merge(self, other: TransformedAccumulator) -> TransformedAccumulator:
+        if not (np.array_equal(self.kept, other.kept) and np.array_equal(self.shift, other.shift)
+                and np.array_equal(self.scale, other.scale)):
+            raise ValueError("cannot merge accumulators of rows transformed differently")
+        self.inner.merge(other.inner)
+        return self
+
+    def result(self) -> Any:
+        return self.inner.result()
+
+    def state_dict(self) -> StateDict:
+        state = super().state_dict()
+        state["inner_class"] = type(self.inner).__name__
+        state.update({f"inner.{name}": value for name, value in self.inner.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        inner = {name.removeprefix("inner."): value for name, value in state.items() if name.startswith("inner.")}
+        self.inner = accumulator_class(str(state["inner_class"])).from_state_dict(inner)
+
+
+def standardizing(dim: int, mean: np.ndarray, std: np.ndarray) -> dict[str, Any]:
+    """`TransformedAccumulator`'s keywords for rows z-scored per dimension with these moments
+    (constant dimensions only centred)."""
+    return {"dim": dim, "shift": np.asarray(mean, dtype=np.float64), "scale": np.where(std > 0, std, 1.0)}

@@ -17,6 +17,7 @@ from lmgeom.report.data import (
 )
 from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
+from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.report.similarity import similarity_section
@@ -276,6 +277,8 @@ def build_report(
                      + table(labelled(run.static[columns]), digits=3))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
     page.section("similarity", "Similarity between layers", similarity_section(page, run.path))
+    page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",
+                 geometry_section(run, page, out_path))
     if run.sts is None:
         page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))
     else:

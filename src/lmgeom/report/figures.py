@@ -48,6 +48,7 @@ class Series:
     x: list[float]
     y: list[float]
     dash: bool = False
+    band: tuple[list[float], list[float]] | None = None  # (low, high) at each x: an interval drawn around y
 
 
 @dataclass
@@ -300,6 +301,9 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
         figure.add_trace(go.Scatter(
             x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
             line={"dash": "dash" if series.dash else "solid"}, connectgaps=False,
+            **({} if series.band is None else {"error_y": {
+                "type": "data", "symmetric": False, "array": [None if math.isnan(h - y) else h - y for y, h in zip(series.y, series.band[1])],
+                "arrayminus": [None if math.isnan(y - lo) else y - lo for y, lo in zip(series.y, series.band[0])]}}),
         ))
     figure.update_layout(
         xaxis_title=plotly_text(chart.x_label), yaxis_title=plotly_text(chart.y_label), template="plotly_white",
@@ -327,7 +331,9 @@ def draw_figure(chart: Chart) -> Any:
     height = 3.7 + header
     fig, ax = plt.subplots(figsize=(7.0, height))
     for series in chart.series:
-        ax.plot(series.x, series.y, marker="o", markersize=3.5, linestyle="--" if series.dash else "-", label=series.name)
+        (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linestyle="--" if series.dash else "-", label=series.name)
+        if series.band is not None:
+            ax.fill_between(series.x, *series.band, color=line.get_color(), alpha=0.2, linewidth=0)
     top = 1 - 6 / POINTS_PER_INCH / height
     fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15)
     fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, "\n".join(subtitles),

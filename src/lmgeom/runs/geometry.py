@@ -2,24 +2,21 @@
 activations, uniformity and alignment; and whether the intrinsic-dimension profile over depth picks
 the best probing layer.
 
-Each layer is read once, chunk by chunk, through `lmgeom.runs.tally` (`Feed`s of mergeable
-accumulators, so the pass can be registered in the analysis engine as it stands):
-- a `MagnitudeAccumulator` over *every* stored row (special tokens and first positions included:
-  massive activations sit there) for the top |h| and where they are;
-- a `MagnitudeAccumulator` over the selected rows (words; punctuation and special tokens out by
-  default) for the per-dimension mean |h| and its 3-sigma outliers;
-- a `RowSampleAccumulator` keeping one seeded sample of `n_points` selected rows, the same rows at
-  every layer, for the intrinsic dimension, the median |h| and the anisotropy with and without the
-  outlier and rogue dimensions;
-- a `WordMeanAccumulator` keyed by sentence: each sentence's vector is the mean of its selected
-  rows, for uniformity (on at most `max_sentences` seeded sentences) and, where the corpus holds
-  STS-B pairs with gold >= 4, alignment.
-Then the sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on `device`. A second
-read of the layer (it needs the first pass's per-dimension moments) gives self-similarity (words in
-at least `min_contexts` sentences) and intra-sentence similarity of the rows without the 3-sigma
-outlier dimensions and of the rows standardised per dimension (z-scores with the selected rows' mean
-and population std), beside the raw ones in contextuality.json.
-Written to RUN/geometry.json.
+Two analyses on the engine (`lmgeom.runs.engine`; every executor), each one read of every layer:
+1. the statistics `geometry_sample` (one seeded sample of `geometry_rows` selected rows, the same
+   rows at every layer: intrinsic dimension, median |h|, anisotropy with and without the outlier
+   and rogue dimensions), `magnitudes` (per-dimension mean, std and mean |h| of the selected rows:
+   3-sigma outliers), `top_activations` (the `top_activations` largest |h| over *every* stored row,
+   special tokens and first positions included: massive activations sit there) and
+   `sentence_means` (each sentence's mean selected row: uniformity on at most `max_sentences` seeded
+   sentences and, where the corpus holds STS-B pairs with gold >= 4, alignment);
+2. from the first's per-dimension moments (`run_analysis(..., inputs=)`), self-similarity (words in
+   at least `min_contexts` sentences) and intra-sentence similarity of the rows without the 3-sigma
+   outlier dimensions and of the rows standardised per dimension (z-scores with the selected rows'
+   mean and population std), beside the raw ones in contextuality.json.
+The sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on the analysis's device.
+LayerNorm-weight outliers need the model's weights, not the store (`layernorm_outliers`).
+Written to RUN/geometry.json and geometry.csv.
 """
 
 from __future__ import annotations
@@ -27,21 +24,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from lmgeom.errors import InputError
 from lmgeom.metrics.alignment import ALIGNMENT_ALPHA, UNIFORMITY_T, alignment, uniformity
-from lmgeom.metrics.contextuality import (
-    IntraSentenceAccumulator,
-    RowSampleAccumulator,
-    SelfSimilarityAccumulator,
-    WordMeanAccumulator,
-    average_cosine,
-    sample_indexes,
-)
+from lmgeom.metrics.contextuality import average_cosine, sample_indexes
 from lmgeom.metrics.intrinsic import (
     CONFIDENCE,
     GRIDE_SCALES,
@@ -58,22 +48,22 @@ from lmgeom.metrics.outliers import (
     MASSIVE_MIN_MAGNITUDE,
     MASSIVE_MIN_RATIO,
     OUTLIER_SIGMAS,
-    TOP_ACTIVATIONS,
-    MagnitudeAccumulator,
+    Magnitudes,
     is_massive,
     magnitude_outliers,
-    standardized,
+    weight_outliers,
 )
-from lmgeom.progress import NoProgress, Progress
-from lmgeom.runs.rundir import GEOMETRY, Target, write_json
-from lmgeom.runs.selection import RowSelection, WordSelection, select_rows, select_words
-from lmgeom.runs.tally import Feed, RowSink, tally
+from lmgeom.progress import Progress
+from lmgeom.runs.engine import AnalysisOptions, Executor, LayerValues, run_analysis
+from lmgeom.runs.engine.statistics import TRANSFORMED_VARIANTS
+from lmgeom.runs.rundir import GEOMETRY, GEOMETRY_CSV, Target, write_json, write_records_csv
 from lmgeom.store import RepresentationStore
 
-GEOMETRY_POINTS = 5000
 MAX_SENTENCES = 10_000
 ALIGNMENT_MIN_GOLD = 4.0
 ROGUE_TOP_K = 3
+# the first analysis's statistics; the second's are the TRANSFORMED_VARIANTS of intra (and self-similarity)
+GEOMETRY_STATISTICS = ("geometry_sample", "magnitudes", "top_activations", "sentence_means")
 
 
 @dataclass
@@ -84,6 +74,7 @@ class GeometryResult:
     settings: dict[str, Any]
     counts: dict[str, Any]
     store_meta: dict[str, Any] = field(repr=False)
+    layernorm_weights: dict[str, Any] = field(default_factory=dict)  # `layernorm_outliers`, or why not computed
     paths: list[Target] = field(default_factory=list)
 
     def profile(self, method: str = "twonn", n2: int | None = None) -> np.ndarray:
@@ -92,41 +83,9 @@ class GeometryResult:
                               if e["method"] == method and (n2 is None or e["n2"] == n2)) for layer in self.layers])
 
 
-class _Transformed:
-    """A `RowSink` handing `accumulator` its rows transformed (outlier dimensions dropped, or standardised)."""
-
-    def __init__(self, accumulator: RowSink, transform: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.accumulator = accumulator
-        self.transform = transform
-
-    def add(self, X: Any, /, **ids: np.ndarray) -> _Transformed:
-        self.accumulator.add(self.transform(X), **ids)
-        return self
-
-
 def _mean_defined(values: np.ndarray) -> float | None:
     defined = values[~np.isnan(values)]
     return float(defined.mean()) if len(defined) else None
-
-
-def _cosines_without_outliers(store: RepresentationStore, layer: int, selection: RowSelection, words: WordSelection | None,
-                              kept: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str, float | None]:
-    """SelfSim and IntraSim of the rows without the outlier dimensions and standardised: one read."""
-    variants: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-        "without_outlier_dimensions": lambda X: X[:, kept], "standardized": lambda X: standardized(X, mean, std)}
-    self_sims = {name: SelfSimilarityAccumulator(len(words)) for name in variants} if words is not None else {}
-    intras = {name: IntraSentenceAccumulator() for name in variants}
-    feeds = []
-    for name, transform in variants.items():
-        if words is not None:
-            feeds.append(Feed(_Transformed(self_sims[name], transform), words.word_index >= 0, {"word_ids": words.word_index}))
-        feeds.append(Feed(_Transformed(intras[name], transform), selection.mask, {"sentence_ids": selection.sentence_ids}))
-    tally(store, layer, feeds)
-    out: dict[str, float | None] = {}
-    for name in variants:
-        out[f"self_similarity_{name}"] = _mean_defined(self_sims[name].result()) if name in self_sims else None
-        out[f"intra_sentence_similarity_{name}"] = _mean_defined(intras[name].result().to_numpy(dtype=np.float64))
-    return out
 
 
 def _sentence_text_index(store: RepresentationStore) -> dict[str, int]:
@@ -177,116 +136,206 @@ def _located(store: RepresentationStore, tokens: pd.DataFrame, values: np.ndarra
     return located
 
 
+def special_rows_note(store: RepresentationStore) -> str | None:
+    """None when the store kept its special-token rows (BOS, CLS: where massive activations sit), else why they are not read."""
+    if store.meta.get("special_tokens") == "stored":
+        return None
+    return (f"the store kept no special-token rows (special_tokens: {store.meta.get('special_tokens')}): the top |h| are "
+            "over its word rows only; massive activations on BOS/CLS need a store extracted with `keep_special=True`")
+
+
+def model_spec(model_id: str | None) -> str:
+    """The name `load_encoder` takes from a store's `model_id` ("minilm (sentence-transformers/...)" -> "minilm")."""
+    return str(model_id or "").split(" ")[0]
+
+
+def _not_at_hand(model: str) -> str | None:
+    """None when `model` loads without the network (a built-in name, a local folder, a Hub id in the
+    local Hugging Face cache), else why not."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from lmgeom.encoders.registry import NAMED_MODELS, TINY_MODELS
+
+    if model in NAMED_MODELS or model in TINY_MODELS or Path(model).expanduser().exists():
+        return None
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a valid Hub id
+        cached = None
+    return None if isinstance(cached, str) else (
+        f"the model {model!r} is neither built in, a local folder nor a Hub id in the local Hugging Face cache")
+
+
+def layernorm_outliers(model: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> dict[str, Any]:
+    """The `n_sigma` outliers of every LayerNorm (and RMSNorm) weight vector of `model` (a name
+    `load_encoder` takes: built-in, local folder, Hub id; or a loaded torch module), Kovaleva et al.
+    (2021); `computed` False with the reason (`note`) when the model cannot be loaded or has no
+    LayerNorm. Gemma-style RMSNorms scale by 1 + weight: their z-scores are the same."""
+    base = {"n_sigma": n_sigma, "rule": "|w - mean(w)| > n_sigma x std(w) within each norm's weight vector (population std)",
+            "model": model if isinstance(model, str) else type(model).__name__}
+    if isinstance(model, str):
+        from lmgeom.encoders import load_encoder
+
+        unreachable = _not_at_hand(model)
+        if unreachable:
+            return {**base, "computed": False, "note": f"not computed: {unreachable}", "modules": []}
+        try:
+            module = getattr(load_encoder(model, device="cpu"), "model", None)
+        except (InputError, OSError, ImportError, ValueError) as error:
+            return {**base, "computed": False, "note": f"not computed: the model {model!r} could not be loaded ({error})",
+                    "modules": []}
+    else:
+        module = model
+    norms = [] if module is None else [
+        (name, part.weight) for name, part in module.named_modules()
+        if "norm" in type(part).__name__.lower() and getattr(part, "weight", None) is not None and part.weight.ndim == 1]
+    if not norms:
+        return {**base, "computed": False, "note": f"not computed: {base['model']} has no LayerNorm weights", "modules": []}
+    modules = []
+    for name, weight in norms:
+        values = weight.detach().float().cpu().numpy()
+        dims, z = weight_outliers(values, n_sigma=n_sigma)
+        block = next((int(part) for part in name.split(".") if part.isdigit()), None)
+        modules.append({"module": name, "block": block, "dim": int(values.size), "mean": float(values.mean()),
+                        "std": float(values.std()), "outliers": [{"dimension": int(d), "weight": float(values[d]), "z": float(v)}
+                                                               for d, v in zip(dims, z)]})
+    return {**base, "computed": True, "note": None, "modules": modules}
+
+
 def measure_geometry(
     store: RepresentationStore,
+    options: AnalysisOptions | None = None,
     *,
-    layers: Sequence[int] | None = None,
-    n_points: int = GEOMETRY_POINTS,
     n_boot: int = N_BOOT,
-    top_k: int = TOP_ACTIVATIONS,
     max_sentences: int = MAX_SENTENCES,
-    min_contexts: int = 5,
-    include_punct: bool = False,
-    include_special: bool = False,
-    exclude_first_word: bool = False,
-    seed: int = 0,
-    device: str = "cpu",
     data_dir: str | Path | None = None,
+    model_weights: Any = None,
     out: str | Path | None = None,
     write: bool = True,
+    executor: Executor | None = None,
     progress: Progress | None = None,
+    **keywords: Any,
 ) -> GeometryResult:
-    """Every layer's intrinsic dimension, outlier panel, uniformity and alignment (module docstring);
-    written to OUT/geometry.json (OUT defaults to the store's folder)."""
-    progress = progress or NoProgress()
-    if n_points < 2 or max_sentences < 2:
-        raise InputError(f"n_points and max_sentences must be at least 2, got {n_points} and {max_sentences}", param="n_points")
-    layers = list(store.layers if layers is None else layers)
-    for layer in layers:
-        store.layer(layer)
-    tokens = store.token_columns("sentence_id", "word_id", "is_punct", "is_special", "position", "word")
-    selection = select_rows(tokens, include_special=include_special, include_punct=include_punct,
-                            exclude_first_word=exclude_first_word)
-    sample = sample_indexes(selection.rows, n_points, seed)
+    """Every layer's intrinsic dimension, outlier panel, uniformity and alignment (module docstring),
+    with `options` (or its fields as `keywords`: the rows, `geometry_rows`, `top_activations`, `seed`,
+    `device`, `engine`, ...) on `executor` (default: the options'); with `model_weights` (a model
+    name, True for the store's own model, or a torch module) the LayerNorm-weight outliers too
+    (`layernorm_outliers`), else stated as not computed. Written to OUT/geometry.json and
+    geometry.csv (OUT defaults to the store's location)."""
+    options = (options or AnalysisOptions()).replace(**keywords)
+    if max_sentences < 2:
+        raise InputError(f"`max_sentences` must be at least 2, got {max_sentences}", param="max_sentences")
+    if n_boot < 0:
+        raise InputError(f"`n_boot` must be at least 0, got {n_boot}", param="n_boot")
+    first = run_analysis(store, options.replace(statistics=GEOMETRY_STATISTICS), executor=executor, progress=progress,
+                         label="geometry")
+    rows = first.rows
     try:
-        words: WordSelection | None = select_words(store.vocab, selection, min_contexts=min_contexts)
+        n_words: int | None = len(rows.words)
     except InputError:  # no word in min_contexts sentences: no self-similarity, the rest stands
-        words = None
-    n_sentences = len(store.sentences)
+        n_words = None
+    tokens = store.token_columns("sentence_id", "word_id", "is_punct", "is_special", "position", "word")
     pairs, alignment_note = positive_pairs(store, data_dir)
-    all_rows = {"rows": np.arange(store.n_tokens)}
-    progress.start("geometry", len(layers), unit="layers")
-    records: list[dict[str, Any]] = []
-    for layer in layers:
-        everywhere, selected = MagnitudeAccumulator(top_k), MagnitudeAccumulator(top_k)
-        sampled = RowSampleAccumulator(sample)
-        sentences = WordMeanAccumulator(n_sentences)
-        tally(store, layer, [Feed(everywhere, None, all_rows), Feed(selected, selection.mask, all_rows),
-                             Feed(sampled, selection.mask, all_rows),
-                             Feed(sentences, selection.mask, {"word_ids": selection.sentence_ids})])
-        X = sampled.result()
-        record = _layer_record(store, tokens, layer, X, everywhere, selected, sentences, pairs, alignment_note,
-                               n_boot=n_boot, max_sentences=max_sentences, seed=seed, device=device)
-        moments = selected.result()
-        kept = np.setdiff1d(np.arange(store.dim), [d["dimension"] for d in record["outlier_dimensions"]])
-        record.update(_cosines_without_outliers(store, layer, selection, words, kept, moments.mean, moments.std))
-        records.append(record)
-        progress.advance("geometry", note=f"layer {layer}")
-    store.check_unchanged()
+    device = first.plan.device
+    records = {layer: _layer_record(store, tokens, layer, values, pairs, alignment_note, n_boot=n_boot,
+                                    max_sentences=max_sentences, seed=options.seed, device=device)
+               for layer, values in first.layers.items()}
+    inputs = {layer: {"kept": np.setdiff1d(np.arange(store.dim), [d["dimension"] for d in record["outlier_dimensions"]]),
+                      "mean": first.layers[layer]["magnitudes"].mean, "std": first.layers[layer]["magnitudes"].std}
+              for layer, record in records.items()}
+    second_statistics = tuple(f"{kind}_{variant}" for variant in TRANSFORMED_VARIANTS
+                              for kind in (("intra", "self_similarity") if n_words is not None else ("intra",)))
+    second = run_analysis(store, options.replace(statistics=second_statistics), executor=executor, progress=progress,
+                          label="geometry cosines", inputs=inputs)
+    for layer, values in second.layers.items():
+        for variant in TRANSFORMED_VARIANTS:
+            name = f"self_similarity_{variant}"
+            records[layer][name] = _mean_defined(values[name]) if name in values else None
+            records[layer][f"intra_sentence_similarity_{variant}"] = _mean_defined(
+                values[f"intra_{variant}"].to_numpy(dtype=np.float64))
+    special_note = special_rows_note(store)
+    if model_weights is None or model_weights is False:
+        layernorm: dict[str, Any] = {"n_sigma": OUTLIER_SIGMAS, "computed": False, "modules": [],
+                                     "note": "not computed: a store holds activations, not weights (ask with `model_weights`)"}
+    else:
+        layernorm = layernorm_outliers(model_spec(store.meta.get("model_id")) if model_weights is True else model_weights)
     settings = {
-        "layers": layers, "n_points": len(sample), "seed": seed, **selection.options(),
+        "layers": list(first.plan.layers), "n_points": len(rows.sample(options.geometry_rows)), "seed": options.seed,
+        **rows.selection.options(), "min_contexts": options.min_contexts, "device": device,
         "intrinsic_dimension": {"twonn_discard_fraction": TWONN_DISCARD_FRACTION, "mle_k": MLE_NEIGHBOURS,
                                 "mle_combination": "MacKay-Ghahramani (inverse of the mean of the inverse estimates)",
                                 "gride_n2": [2**s for s in range(1, GRIDE_SCALES + 1)], "n_boot": n_boot,
                                 "interval": f"bootstrap percentile, {CONFIDENCE:.0%}", "knn": "exact, blocked, float64",
                                 "rows": "one seeded sample of the selected rows, the same at every layer; exact duplicates removed per layer"},
         "outliers": {"n_sigma": OUTLIER_SIGMAS, "over": "selected rows: mean |h| per dimension vs mean and std over dimensions",
-                     "top_k": top_k, "top_over": "every stored row (special tokens and first positions included)",
+                     "top_k": options.top_activations,
+                     "top_over": "every stored row (special tokens and first positions included)",
+                     "special_rows": special_note or "stored and read",
                      "median": "median |h| over the sampled rows and all dimensions",
                      "massive": f"|h| > {MASSIVE_MIN_MAGNITUDE:g} and >= {MASSIVE_MIN_RATIO:g} x median (Sun et al. 2024)",
-                     "rogue_top_k": ROGUE_TOP_K, "layernorm_weights": "not measured: a store holds activations, not weights",
-                     "cosines": (f"self-similarity (words in >= {min_contexts} sentences) and intra-sentence similarity without "
-                                 "the outlier dimensions and standardised (selected rows' mean and population std): "
+                     "rogue_top_k": ROGUE_TOP_K,
+                     "cosines": (f"self-similarity (words in >= {options.min_contexts} sentences) and intra-sentence similarity "
+                                 "without the outlier dimensions and standardised (selected rows' mean and population std): "
                                  "a second read of each layer")},
         "uniformity": {"t": UNIFORMITY_T, "vectors": "sentence vectors (mean of the sentence's selected rows), normalised",
                        "max_sentences": max_sentences},
         "alignment": {"alpha": ALIGNMENT_ALPHA, "pairs": f"STS-B pairs with gold >= {ALIGNMENT_MIN_GOLD:g}", "n_pairs": len(pairs),
                       "note": alignment_note},
+        "plan": first.to_json(),
     }
-    counts = {**selection.counts, "sentences": n_sentences, "words_analysed": 0 if words is None else len(words)}
-    result = GeometryResult(records, settings, counts, dict(store.meta))
+    counts = {**rows.selection.counts, "sentences": len(store.sentences), "words_analysed": n_words or 0}
+    result = GeometryResult([records[layer] for layer in first.plan.layers], settings, counts, dict(store.meta), layernorm)
     if write:
-        target = store.path if out is None else Path(out)
-        target.mkdir(parents=True, exist_ok=True)
-        result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, {"settings": settings, "counts": counts, "layers": records},
-                                   store_meta=store.meta)]
+        target = store.url if out is None else out
+        document = {"settings": settings, "device": device, "counts": counts, "layers": result.layers,
+                    "layernorm_weights": layernorm}
+        result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, document, store_meta=store.meta),
+                        write_records_csv(GEOMETRY_CSV.at(target), geometry_records(result.layers))]
     return result
 
 
-def _layer_record(store: RepresentationStore, tokens: pd.DataFrame, layer: int, X: np.ndarray, everywhere: MagnitudeAccumulator,
-                  selected: MagnitudeAccumulator, sentences: WordMeanAccumulator, pairs: np.ndarray, alignment_note: str | None,
-                  *, n_boot: int, max_sentences: int, seed: int, device: str) -> dict[str, Any]:
+def geometry_records(layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tidy (layer, measure, value, low, high) rows of geometry.json's per-layer numbers (geometry.csv)."""
+    records: list[dict[str, Any]] = []
+    for layer in layers:
+        for estimate in layer["intrinsic_dimension"]:
+            name = estimate["method"] + (f"_{estimate['n2']}" if estimate.get("n2") is not None and estimate["method"] == "gride" else "")
+            records.append({"layer": layer["layer"], "measure": f"id_{name}", "value": estimate["dimension"],
+                            "low": estimate.get("low"), "high": estimate.get("high")})
+        scalars = {key: value for key, value in layer.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and key != "layer"}
+        scalars["n_outlier_dimensions"] = len(layer["outlier_dimensions"])
+        scalars["top_abs_activation"] = abs(layer["top_activations"][0]["value"])
+        scalars["top_ratio_to_median"] = layer["top_activations"][0]["ratio_to_median"]
+        records += [{"layer": layer["layer"], "measure": key, "value": value, "low": None, "high": None}
+                    for key, value in scalars.items()]
+    return records
+
+
+def _layer_record(store: RepresentationStore, tokens: pd.DataFrame, layer: int, values: LayerValues, pairs: np.ndarray,
+                  alignment_note: str | None, *, n_boot: int, max_sentences: int, seed: int, device: str) -> dict[str, Any]:
+    X: np.ndarray = values["geometry_sample"]
     # a small store has fewer distinct rows than the largest neighbour asked for: fewer GRIDE scales, a smaller MLE k
     n_distinct = len(np.unique(X, axis=0))
     scales = min(GRIDE_SCALES, int(np.log2(max(n_distinct - 1, 1))))
     if n_distinct < 3:
         raise InputError(f"layer {layer} has {n_distinct} distinct sampled rows; the intrinsic dimension needs at least 3 "
-                         "(raise n_points or use a bigger corpus)", param="n_points")
+                         "(raise `geometry_rows` or use a bigger corpus)", param="geometry_rows")
     dimension = intrinsic_dimension(X, n_boot=n_boot, seed=seed, device=device, mle_k=min(MLE_NEIGHBOURS, n_distinct - 1),
                                     gride_scales=max(1, scales))
     median = float(np.median(np.abs(X)))
-    top = everywhere.result()
-    moments = selected.result()
+    top: Magnitudes = values["top_activations"]
+    moments: Magnitudes = values["magnitudes"]
     outliers = magnitude_outliers(moments.mean_abs)
     rogue = rogue_dimensions(X, top_k=ROGUE_TOP_K) if X.shape[1] > ROGUE_TOP_K else None
     kept = np.setdiff1d(np.arange(X.shape[1]), outliers.dimensions)
-    counts = sentences.counts
+    counts = values["sentence_rows"]
     present = np.flatnonzero(counts > 0)
-    means = sentences.sums[present] / counts[present, None]
+    means = values["sentence_means"][present]
     chosen = sample_indexes(np.arange(len(present)), max_sentences, seed)
     aligned = None
     if len(pairs):
-        position = np.full(len(counts), -1)
+        position = np.full(len(store.sentences), -1)
         position[present] = np.arange(len(present))
         usable = (position[pairs[:, 0]] >= 0) & (position[pairs[:, 1]] >= 0)
         if usable.any():
@@ -332,8 +381,19 @@ def best_probe_layer(results: Mapping[str, Any]) -> tuple[int, str, str, list[fl
     raise InputError(f"no per-layer probe scores on {PROBE_SCORES} in these results")
 
 
-def _model_name(model_id: str | None) -> str:
-    return str(model_id or "").split(" ")[0]
+def model_layernorm_outliers(geometry_file: str | Path) -> dict[str, Any]:
+    """The LayerNorm-weight outliers of the model of a geometry.json: those it holds, else computed
+    by loading the model its `model_id` names (`layernorm_outliers`)."""
+    document = _read_geometry(geometry_file)
+    held = document.get("layernorm_weights") or {}
+    return held if held.get("computed") else layernorm_outliers(model_spec(document.get("model_id")))
+
+
+def _read_geometry(path: str | Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(Path(path).read_text())
+    if document.get("kind") != GEOMETRY.kind:
+        raise InputError(f"{path} is not a geometry.json (kind {document.get('kind')!r}); write one with `lmgeom geometry STORE`")
+    return document
 
 
 def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequence[str | Path], *,
@@ -346,10 +406,8 @@ def probe_layer_test(geometry_files: Sequence[str | Path], results_files: Sequen
         raise InputError(f"unknown method {method!r}; use twonn or mle", param="method")
     profiles: dict[str, list[float]] = {}
     for path in geometry_files:
-        document = json.loads(Path(path).read_text())
-        if document.get("kind") != GEOMETRY.kind:
-            raise InputError(f"{path} is not a geometry.json (kind {document.get('kind')!r}); write one with `lmgeom geometry STORE`")
-        profiles[_model_name(document.get("model_id"))] = [
+        document = _read_geometry(path)
+        profiles[model_spec(document.get("model_id"))] = [
             next(e["dimension"] for e in layer["intrinsic_dimension"] if e["method"] == method) for layer in document["layers"]]
     cases: list[dict[str, Any]] = []
     missing: list[str] = []

@@ -17,6 +17,7 @@ from lmgeom.runs.engine import AnalysisOptions
 from lmgeom.runs.engine.options import DEFAULT_COUNT_BY, protocol_options
 from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
+from lmgeom.runs.geometry import measure_geometry
 from lmgeom.runs.isotropy import measure_isotropy
 from lmgeom.runs.reporting import render_report
 from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix, write_similarity
@@ -182,10 +183,11 @@ def run(
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
     (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
     (isotropy.json), calibrate `layers` with `methods` (calibration.json), distil and score static
-    embeddings of `layers` (static/), and measure the similarity of every pair of layers
-    (similarity.json: CKA, Procrustes, RSA, mutual k-NN with their permutation null), then render
-    report.html with its figures (experiment results
-    under RUN/experiments/ and in `include` folders are shown too). Each step is recorded in run.json
+    embeddings of `layers` (static/), measure the similarity of every pair of layers (similarity.json:
+    CKA, Procrustes, RSA, mutual k-NN with their permutation null), measure the intrinsic dimension,
+    outlier panel and uniformity of every layer (geometry.json, with the LayerNorm-weight outliers of
+    `model`), then render report.html with its figures (experiment results under RUN/experiments/ and
+    in `include` folders are shown too). Each step is recorded in run.json
     and skipped when repeated with the same settings; an interrupted run resumes (the extraction
     from its last committed chunk). `out` is a local folder or any fsspec URL (s3://, gs://,
     memory://, file://): every file of the run is written there. `device` is resolved once
@@ -270,6 +272,11 @@ def run(
         steps.record("similarity", settings, started,
                      write_similarity(similarity_matrix(store, None, similarity, progress=progress), store.url))
     paths.append(rundir.SIMILARITY.at(store.url))
+    settings = {"min_contexts": min_contexts, "seed": seed, "model_weights": model}
+    if not steps.done("geometry", settings):
+        started = time.perf_counter()
+        steps.record("geometry", settings, started, measure_geometry(store, analysis, model_weights=model, progress=progress).paths)
+    paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()

@@ -147,7 +147,8 @@ STATIC_VECTORS = ResultFile("static/{layer}.kv", STATIC.producer)  # gensim Keye
 STATIC_TEXT = ResultFile("static/{layer}.txt", STATIC.producer)  # the same in word2vec text
 STATIC_BENCHMARKS = ResultFile("static/{layer}.benchmarks.json", STATIC.producer, "static_embedding_benchmarks", ("records",))
 STATIC_BENCHMARKS_CSV = ResultFile("static/{layer}.benchmarks.csv", STATIC.producer)
-GEOMETRY = ResultFile("geometry.json", "lmgeom geometry RUN", "geometry", ("settings", "counts", "layers"))
+GEOMETRY = ResultFile("geometry.json", "lmgeom geometry RUN (or lmgeom run)", "geometry", ("settings", "counts", "layers"))
+GEOMETRY_CSV = ResultFile("geometry.csv", GEOMETRY.producer)
 STS_CSV_SUFFIX = ".csv"  # an STS results JSON's records as a table beside it: NAME.json -> NAME.csv
 STS = ResultFile("sts.json", "lmgeom sts MODEL --data DIR --out RUN/sts.json", "sts", ("settings", "records"))
 EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experiments/NAME/results.json")
@@ -176,7 +177,7 @@ COMPARE_CSV = ResultFile("compare.csv", COMPARE_PAGE.producer)
 COMPARE_SIMILARITY = ResultFile("similarity/{name}", "lmgeom compare RUN1 RUN2 --out DIR (runs of one corpus)")
 
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
-                CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
+                GEOMETRY_CSV, CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
                 EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES)
 KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}
 # names at the top of a run that hold something other than STS results: the store's and the run's own

@@ -10,7 +10,7 @@ values. Executors (`executors`: local, processes, Ray) only schedule the same ta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.engine.executors import Executor, LocalExecutor, ProcessExecutor, RayExecutor, executor_for
@@ -36,10 +36,11 @@ class Analysis:
 
 
 def run_analysis(store: RepresentationStore, options: AnalysisOptions, *, executor: Executor | None = None,
-                 progress: Progress | None = None, label: str = "analyze") -> Analysis:
+                 progress: Progress | None = None, label: str = "analyze", inputs: Mapping[int, Any] | None = None) -> Analysis:
     """Plan `options` on `store`, run its tasks on `executor` (default `executor_for(options)`), merge
-    and finish them: each layer's values."""
-    plan, rows = plan_analysis(store, options)
+    and finish them: each layer's values. `inputs`: each layer's values of an earlier analysis, which
+    the statistics of a second stage (`Statistic.takes_inputs`) are made from."""
+    plan, rows = plan_analysis(store, options, inputs=inputs)
     executor = executor or executor_for(options)
     progress = progress or NoProgress()
     merger = Merger(plan, rows)

@@ -46,7 +46,9 @@ class AnalysisOptions:
     every layer); `statistics`: the registered statistics computed (`lmgeom.runs.engine.statistics`);
     `mev_variants`: the MEV variants solved; `mev_memory_mb` bounds the per-word occurrence matrices
     held at once (the other word groups wait in scratch files); `isotropy_rows` selected rows (drawn
-    with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures.
+    with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures; `geometry_rows`
+    selected rows (drawn with `seed`) the intrinsic dimension, and `top_activations` the largest |h|
+    of a layer located (`lmgeom.runs.geometry`).
     How: `device` where block statistics compute (cpu, cuda, cuda:N, auto, torch:cpu); `engine`
     (`auto`: `processes` when `num_workers` > 1, else `local`; `ray`); `num_workers` tasks at once;
     `row_parts` row ranges per layer (None: 1, or 2 per worker on Ray; more than 1 gives a task per
@@ -66,6 +68,8 @@ class AnalysisOptions:
     statistics: tuple[str, ...] = CONTEXTUALITY_STATISTICS
     isotropy_rows: int = REPORT_MAX_ROWS
     isotropy_clusters: int = 8
+    geometry_rows: int = 5000
+    top_activations: int = 10
     device: str = "cpu"
     engine: str = "auto"
     num_workers: int = 1
@@ -95,6 +99,9 @@ class AnalysisOptions:
         if self.isotropy_rows < 2 or self.isotropy_clusters < 1:
             raise InputError(f"`isotropy_rows` must be at least 2 and `isotropy_clusters` at least 1; got "
                              f"{self.isotropy_rows} and {self.isotropy_clusters}", param="isotropy_rows")
+        if self.geometry_rows < 2 or self.top_activations < 1:
+            raise InputError(f"`geometry_rows` must be at least 2 and `top_activations` at least 1; got "
+                             f"{self.geometry_rows} and {self.top_activations}", param="geometry_rows")
         if self.chunk_rows < 1:
             raise InputError(f"`chunk_rows` must be at least 1; got {self.chunk_rows}", param="chunk_rows")
         if self.count_by not in COUNT_UNITS:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -74,10 +74,13 @@ class AnalysisPlan:
 class PlanRows:
     """The per-row arrays of a plan: the row selection, the analysed words, the seeded samples and
     the word groups (each computed on first use, the same in every process: they follow from the
-    store's token table and the options)."""
+    store's token table and the options); and `inputs`, each layer's values of an earlier analysis
+    that the accumulators of a second stage are made from (`Statistic.takes_inputs`)."""
 
-    def __init__(self, selection: RowSelection, vocab: Any, options: AnalysisOptions, *, dim: int, row_bytes: int) -> None:
+    def __init__(self, selection: RowSelection, vocab: Any, options: AnalysisOptions, *, dim: int, row_bytes: int,
+                 inputs: Mapping[int, Any] | None = None) -> None:
         self.selection = selection
+        self.inputs: Mapping[int, Any] = dict(inputs or {})
         self.options = options
         self._vocab = vocab
         self.dim = dim
@@ -86,12 +89,12 @@ class PlanRows:
         self._group_masks: dict[int, np.ndarray] = {}
 
     @classmethod
-    def of(cls, store: RepresentationStore, options: AnalysisOptions) -> PlanRows:
+    def of(cls, store: RepresentationStore, options: AnalysisOptions, inputs: Mapping[int, Any] | None = None) -> PlanRows:
         # only the columns the selection reads (the vocabulary names the words)
         tokens = store.token_columns(*SELECTION_COLUMNS)
         selection = select_rows(tokens, include_special=options.include_special, include_punct=options.include_punct,
                                 exclude_first_word=options.exclude_first_word)
-        return cls(selection, store.vocab, options, dim=store.dim, row_bytes=stored_row_bytes(store))
+        return cls(selection, store.vocab, options, dim=store.dim, row_bytes=stored_row_bytes(store), inputs=inputs)
 
     @cached_property
     def words(self) -> WordSelection:
@@ -192,8 +195,10 @@ def resolved_device(device: str) -> str:
 
 
 def plan_analysis(store: RepresentationStore, options: AnalysisOptions = AnalysisOptions(), *,
-                  rows: range | tuple[int, int] | None = None) -> tuple[AnalysisPlan, PlanRows]:
-    """The plan of `options` on `store` (over store `rows`, default all: a shard's) and its per-row arrays."""
+                  rows: range | tuple[int, int] | None = None,
+                  inputs: Mapping[int, Any] | None = None) -> tuple[AnalysisPlan, PlanRows]:
+    """The plan of `options` on `store` (over store `rows`, default all: a shard's) and its per-row
+    arrays (with `inputs`: each layer's values of an earlier analysis, for second-stage statistics)."""
     statistics = tuple(statistic(name) for name in options.statistics)
     if not statistics:
         raise InputError("give at least one statistic to compute", param="statistics")
@@ -212,7 +217,7 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
     for layer in layers:
         store.layer(layer)  # an unknown layer is an IndexError naming the range
     span = row_range(store, rows)
-    plan_rows = PlanRows.of(store, options)
+    plan_rows = PlanRows.of(store, options, inputs)
     n_groups = len(plan_rows.group_words) if word_statistics else 0
     has_rows = any(stat.scope == ROWS for stat in statistics)
     parts = options.row_parts or (2 * options.num_workers if options.engine == "ray" else 1)

@@ -16,6 +16,10 @@ per-layer `counts`. Scopes:
 Pair statistics (`PairStatistic`, `register_pair_statistic`) are the statistics of two aligned row
 streams that similarity measures need (CKA and the Procrustes distance: `CrossMoments`); the tasks
 of `lmgeom.runs.engine.pairs` compute them.
+
+A `rows` statistic with `every_row` takes every stored row (special tokens, punctuation and first
+words included) instead of the selection. A statistic with `takes_inputs` is of a second stage: its
+accumulator is made from its layer's values of an earlier analysis (`run_analysis(..., inputs=)`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from lmgeom.metrics.contextuality import (
 )
 from lmgeom.metrics.isotropy import MomentAccumulator, isotropy_report, local_isotropy
 from lmgeom.metrics.similarity import STREAMED_MEASURES, CrossMoments, streamed_measures
+from lmgeom.metrics.outliers import MagnitudeAccumulator, TransformedAccumulator, standardizing
 from lmgeom.metrics.spectrum import MEV_VARIANTS
 
 if TYPE_CHECKING:
@@ -55,11 +60,12 @@ LayerValues = dict[str, Any]
 class Statistic:
     """One per-layer statistic (see the module docstring). `accumulator(rows, words)`: a fresh
     accumulator (`words`: the group's words, indexes into the analysed words; None for `rows`
-    scope); `finish(accumulator, rows, words)`: its values."""
+    scope), `accumulator(rows, words, inputs)` with `takes_inputs` (`inputs`: the layer's entry of
+    `PlanRows.inputs`); `finish(accumulator, rows, words)`: its values."""
 
     name: str
     scope: str
-    accumulator: Callable[[PlanRows, np.ndarray | None], Any]
+    accumulator: Callable[..., Any]
     finish: Callable[[Any, PlanRows, np.ndarray | None], LayerValues]
     description: str = ""
     labels: Callable[[PlanRows], Mapping[str, np.ndarray]] | None = None  # rows scope: labels per store row
@@ -67,6 +73,8 @@ class Statistic:
     spool: bool = False
     requires: tuple[str, ...] = ()  # statistics whose values its result hooks read
     min_contexts: int = 1
+    every_row: bool = False  # rows scope: every stored row, not the selection
+    takes_inputs: bool = False  # its accumulator takes the layer's inputs from an earlier analysis
     records: Callable[[LayerValues], list[dict[str, Any]]] | None = None
     word_columns: Callable[[LayerValues], dict[str, np.ndarray]] | None = None
     counts: Callable[[LayerValues], dict[str, Any]] | None = None
@@ -77,6 +85,17 @@ class Statistic:
             raise InputError(f"unknown statistic scope {self.scope!r}; use {ROWS!r} or {WORD_GROUPS!r}", param="scope")
         if self.spool and not self.stored_rows:
             raise InputError("a spooled statistic takes its rows as stored (`stored_rows=True`)", param="spool")
+        if self.every_row and self.scope != ROWS:
+            raise InputError("only a `rows` statistic reads every stored row (`every_row=True`)", param="every_row")
+
+    def new_accumulator(self, rows: PlanRows, words: np.ndarray | None, layer: int) -> Any:
+        """A fresh accumulator of this statistic for `layer` (`words`: the group's, None for `rows` scope)."""
+        if self.takes_inputs:
+            if layer not in rows.inputs:
+                raise InputError(f"the statistic {self.name!r} needs layer {layer}'s values of an earlier analysis "
+                                 "(`run_analysis(..., inputs={layer: ...})`)", param="inputs")
+            return self.accumulator(rows, words, rows.inputs[layer])
+        return self.accumulator(rows, words)
 
 
 _REGISTRY: dict[str, Statistic] = {}
@@ -429,3 +448,79 @@ def _cross_moments_bytes(dim_x: int, dim_y: int) -> int:
 register_pair_statistic(PairStatistic(
     "cross_moments", STREAMED_MEASURES, _cross_moments, streamed_measures, _cross_moments_bytes,
 ))
+
+
+# geometry (geometry.json, `lmgeom.runs.geometry`): a seeded row sample for the intrinsic dimension,
+# per-dimension magnitudes of the selected rows, the largest |h| over every stored row (massive
+# activations sit on special tokens and first positions), sentence means for uniformity and
+# alignment; then, from the first stage's moments, the cosines without the outlier dimensions and
+# standardised
+
+
+def _geometry_sample_accumulator(rows: PlanRows, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(rows.sample(rows.options.geometry_rows))
+
+
+def _magnitude_accumulator(rows: PlanRows, words: np.ndarray | None) -> MagnitudeAccumulator:
+    return MagnitudeAccumulator(rows.options.top_activations)
+
+
+def _sentence_mean_accumulator(rows: PlanRows, words: np.ndarray | None) -> WordMeanAccumulator:
+    return WordMeanAccumulator(int(rows.selection.sentence_ids.max(initial=-1)) + 1)
+
+
+def _sentence_mean_values(acc: WordMeanAccumulator, rows: PlanRows, words: np.ndarray | None) -> LayerValues:
+    return {"sentence_means": acc.result(), "sentence_rows": acc.counts}
+
+
+def sentence_word_labels(rows: PlanRows) -> dict[str, np.ndarray]:
+    """`rows` labels: each row's sentence, as the `word_ids` of a per-key accumulator."""
+    return {"word_ids": rows.selection.sentence_ids}
+
+
+register_statistic(Statistic(
+    "geometry_sample", ROWS, _geometry_sample_accumulator, partial(result_as, "geometry_sample"),
+    description="a seeded sample of selected rows (intrinsic dimension)", labels=row_number_labels,
+))
+register_statistic(Statistic(
+    "magnitudes", ROWS, _magnitude_accumulator, partial(result_as, "magnitudes"),
+    description="per-dimension mean, std and mean |h| of the selected rows", labels=row_number_labels,
+))
+register_statistic(Statistic(
+    "top_activations", ROWS, _magnitude_accumulator, partial(result_as, "top_activations"),
+    description="the largest |h| over every stored row, located", labels=row_number_labels, every_row=True,
+))
+register_statistic(Statistic(
+    "sentence_means", ROWS, _sentence_mean_accumulator, _sentence_mean_values,
+    description="each sentence's mean selected row", labels=sentence_word_labels,
+))
+
+
+def _transformed_keywords(variant: str, dim: int, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The transform of `variant` from a layer's first-stage `inputs` (`kept` dimensions, `mean`, `std`)."""
+    if variant == "without_outlier_dimensions":
+        return {"dim": dim, "kept": inputs["kept"]}
+    return standardizing(dim, inputs["mean"], inputs["std"])
+
+
+def _transformed_self_similarity(variant: str, rows: PlanRows, words: np.ndarray | None,
+                                 inputs: Mapping[str, Any]) -> TransformedAccumulator:
+    assert words is not None
+    return TransformedAccumulator(SelfSimilarityAccumulator(len(words)), **_transformed_keywords(variant, rows.dim, inputs))
+
+
+def _transformed_intra(variant: str, rows: PlanRows, words: np.ndarray | None, inputs: Mapping[str, Any]) -> TransformedAccumulator:
+    return TransformedAccumulator(IntraSentenceAccumulator(), **_transformed_keywords(variant, rows.dim, inputs))
+
+
+TRANSFORMED_VARIANTS = ("without_outlier_dimensions", "standardized")
+for _variant in TRANSFORMED_VARIANTS:
+    register_statistic(Statistic(
+        f"self_similarity_{_variant}", WORD_GROUPS, partial(_transformed_self_similarity, _variant),
+        partial(result_as, f"self_similarity_{_variant}"), description=f"self-similarity, {_variant.replace('_', ' ')}",
+        min_contexts=2, takes_inputs=True,
+    ))
+    register_statistic(Statistic(
+        f"intra_{_variant}", ROWS, partial(_transformed_intra, _variant), partial(result_as, f"intra_{_variant}"),
+        description=f"intra-sentence similarity, {_variant.replace('_', ' ')}", labels=sentence_labels, takes_inputs=True,
+    ))

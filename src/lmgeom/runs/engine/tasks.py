@@ -81,8 +81,9 @@ def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, 
     output = TaskOutput(task)
     row_statistics = plan.of_scope(ROWS) if task.rows else ()
     word_statistics = plan.of_scope(WORD_GROUPS) if task.groups else ()
-    row_accumulators = {stat.name: stat.accumulator(rows, None) for stat in row_statistics}
-    feeds = [Feed(row_accumulators[stat.name], rows.selection.mask, stat.labels(rows) if stat.labels else {}, stat.stored_rows)
+    row_accumulators = {stat.name: stat.new_accumulator(rows, None, task.layer) for stat in row_statistics}
+    feeds = [Feed(row_accumulators[stat.name], None if stat.every_row else rows.selection.mask,
+                  stat.labels(rows) if stat.labels else {}, stat.stored_rows)
              for stat in row_statistics]
     with ExitStack() as cleanup:
         # a complete task spools the spooled statistics of every group but its first
@@ -97,7 +98,7 @@ def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, 
                     assert scratch is not None
                     sinks[stat.name] = cleanup.enter_context(RowSpool(scratch / f"group-{group}-{stat.name}.rows"))
                 else:
-                    sinks[stat.name] = stat.accumulator(rows, words)
+                    sinks[stat.name] = stat.new_accumulator(rows, words, task.layer)
                 feeds.append(Feed(sinks[stat.name], rows.group_mask(group), {"word_ids": rows.local_of_row}, stat.stored_rows))
             in_read[group] = sinks
         tally(store, task.layer, feeds, rows=(task.start, task.stop), chunk_rows=plan.options.chunk_rows, device=plan.device)
@@ -114,7 +115,7 @@ def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, 
             accumulators: dict[str, Any] = {}
             for name, sink in sinks.items():
                 if isinstance(sink, RowSpool):
-                    accumulator = next(stat for stat in word_statistics if stat.name == name).accumulator(rows, words)
+                    accumulator = next(stat for stat in word_statistics if stat.name == name).new_accumulator(rows, words, task.layer)
                     sink.drain(accumulator)
                     accumulators[name] = accumulator
                 else:
