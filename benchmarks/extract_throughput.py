@@ -26,7 +26,7 @@ times over), each in a fresh process (goal: 10x <= 1.5 x 1x).
     nice -n 19 python benchmarks/extract_throughput.py --model smollm2,gemma3 --sentences 100 --threads 1 --repeat 3 --no-profile
     python benchmarks/extract_throughput.py --model elmo-brown --sentences 2680 --threads 2 --repeat 5
     python benchmarks/extract_throughput.py --model minilm --sentences 2680 --threads 2 --repeat 5 --memory
-    python benchmarks/extract_throughput.py --model minilm --corpus brown --sentences 10000 --threads 1 --repeat 3 --no-profile
+    python benchmarks/extract_throughput.py --model minilm --corpus brown --sentences 1000 --threads 1 --repeat 1 --no-profile
 """
 
 from __future__ import annotations
