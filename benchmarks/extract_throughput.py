@@ -17,12 +17,16 @@ also measure waiting for a core, CPU seconds still measure the work.
 The profile then runs extraction's windows stage by stage, synchronously: encode (with the model's
 forward timed by hooks), commit, finalize, in wall and CPU seconds. `--repeat 0` runs the profile only.
 
-`--memory` adds peak RSS of `lmgeom extract` for a 1x and a 10x corpus, each in a fresh process
-(goal: 10x <= 1.5 x 1x).
+`--memory` adds peak RSS of `lmgeom extract` for a 1x and a 10x corpus (the same sentences ten
+times over), each in a fresh process (goal: 10x <= 1.5 x 1x).
+
+`--corpus` takes any corpus spec `lmgeom extract --corpus` takes (default `lee`, e.g. `brown`);
+`--sentences N` keeps its first N sentences.
 
     nice -n 19 python benchmarks/extract_throughput.py --model smollm2,gemma3 --sentences 100 --threads 1 --repeat 3 --no-profile
     python benchmarks/extract_throughput.py --model elmo-brown --sentences 2680 --threads 2 --repeat 5
     python benchmarks/extract_throughput.py --model minilm --sentences 2680 --threads 2 --repeat 5 --memory
+    python benchmarks/extract_throughput.py --model minilm --corpus brown --sentences 1000 --threads 1 --repeat 1 --no-profile
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from lmgeom.corpus import Corpus, lee
+from lmgeom.corpus import Corpus, load_corpus
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.elmo import batch_to_ids
 from lmgeom.encoders import load_encoder
@@ -172,13 +176,13 @@ MEMORY_WORKER = textwrap.dedent(
     """
     import json, resource, sys, tempfile
     import torch
-    from lmgeom.corpus import Corpus, lee
+    from lmgeom.corpus import Corpus, load_corpus
     from lmgeom.encoders import load_encoder
     from lmgeom.runs import extract
 
-    model, n_sentences, copies, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    model, spec, n_sentences, copies, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     torch.set_num_threads(threads)
-    corpus = Corpus("lee-bench", list(lee().head(n_sentences).sentences) * copies)
+    corpus = Corpus("bench", list(load_corpus(spec, limit=n_sentences).sentences) * copies)
     with tempfile.TemporaryDirectory() as out:
         extract(load_encoder(model, device="cpu"), corpus, out + "/store")
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -186,8 +190,8 @@ MEMORY_WORKER = textwrap.dedent(
 )
 
 
-def peak_rss_mb(model: str, sentences: int, copies: int, threads: int) -> float:
-    output = subprocess.run([sys.executable, "-c", MEMORY_WORKER, model, str(sentences), str(copies), str(threads)],
+def peak_rss_mb(model: str, corpus: str, sentences: int, copies: int, threads: int) -> float:
+    output = subprocess.run([sys.executable, "-c", MEMORY_WORKER, model, corpus, str(sentences), str(copies), str(threads)],
                             check=True, capture_output=True, text=True).stdout
     return float(json.loads(output.strip().splitlines()[-1])["peak_rss_mb"])
 
@@ -230,7 +234,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm", help="comma-separated: minilm, smollm2, gemma3, elmo-brown, or any model load_encoder takes")
-    parser.add_argument("--sentences", type=int, default=500, help="the first N sentences of the Lee corpus")
+    parser.add_argument("--corpus", default="lee", help="a corpus spec, as `lmgeom extract --corpus` takes (lee, brown, ...)")
+    parser.add_argument("--sentences", type=int, default=500, help="the first N sentences of the corpus")
     parser.add_argument("--repeat", type=int, default=3, help="bare/extract pairs, alternating (0: the profile only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-profile", action="store_true", help="skip the stage-by-stage profile")
@@ -238,13 +243,13 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    corpus = lee().head(args.sentences)
+    corpus = load_corpus(args.corpus, limit=args.sentences)
     n_words = sum(len(s.words) for s in corpus.sentences)
     rows = []
     for name in args.model.split(","):
         encoder = load_encoder(name, device="cpu")
         windows, chunk = windows_of(encoder, corpus)
-        print(f"{name}: {len(corpus):,} Lee sentences ({n_words:,} words) in {len(windows)} sort windows, "
+        print(f"{name}: {len(corpus):,} {args.corpus} sentences ({n_words:,} words) in {len(windows)} sort windows, "
               f"chunks of {chunk}, {args.threads} threads", flush=True)
         if args.repeat:
             rows.append(alternate(name, encoder, corpus, args.repeat, n_words))
@@ -260,7 +265,7 @@ def main() -> None:
                 print(f"of the bare forward: layers() stack {elmo_layers_stack_seconds(encoder, windows):.2f} s "
                       "(the baseline builds it; extract copies rows from the biLM outputs instead)")
         if args.memory:
-            small, big = (peak_rss_mb(name, args.sentences, copies, args.threads) for copies in (1, 10))
+            small, big = (peak_rss_mb(name, args.corpus, len(corpus), copies, args.threads) for copies in (1, 10))
             print(f"\npeak RSS of extract: 1x {small:,.0f} MB, 10x {big:,.0f} MB, ratio {big / small:.2f} (goal <= 1.5)")
         del encoder
     if len(rows) > 1:

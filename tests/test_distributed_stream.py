@@ -55,7 +55,7 @@ def test_a_resumed_stream_reads_past_the_finished_shards(encoder, corpus, local_
     reader = ReadAhead([s.text for s in corpus])
     with pytest.raises(KeyboardInterrupt):  # inside shard 2 (sentences 16-23), after shards 0 and 1 were committed
         extract_sharded(CrashingEncoder(encoder, crash_at=20), reader.stream(corpus.name, corpus.source), tmp_path / "run",
-                        chunk_sentences=CHUNK, shard_sentences=SHARD)
+                        chunk_sentences=CHUNK, sort_window=CHUNK, shard_sentences=SHARD)  # windows of a chunk: encoded chunk by chunk
     resuming = CrashingEncoder(encoder, crash_at=None)
     store = extract_sharded(resuming, reader.stream(corpus.name, corpus.source), tmp_path / "run", chunk_sentences=CHUNK,
                             shard_sentences=SHARD)

@@ -93,7 +93,7 @@ def test_a_crash_between_part_and_manifest_leaves_a_readable_store(local_store, 
     crash_at = 3 * CHUNK + 2  # inside the second chunk of shard 1 (two chunks per shard of 16)
     crashing = CrashingEncoder(encoder, crash_at=crash_at)
     with pytest.raises(KeyboardInterrupt):
-        extract(crashing, corpus, url, chunk_sentences=CHUNK)
+        extract(crashing, corpus, url, chunk_sentences=CHUNK, sort_window=CHUNK)  # a shard part appended chunk by chunk
     shard_sentences = int(location.read_json("meta.json")["shard_sentences"])
     assert shard_sentences == 2 * CHUNK
     # shard 0 committed; shard 1's part holds its first chunk's rows but no manifest names it

@@ -49,6 +49,23 @@ def default_shard_sentences(n_sentences: int, chunk_sentences: int, *, num_worke
     return int(min(16, max(1, chunks)) * chunk_sentences)
 
 
+def resolve_shards(options: ExtractionOptions, n_layers: int, dim: int, n_sentences: int, *,
+                   num_workers: int = 1) -> ExtractionOptions:
+    """`options.resolve` for the sharded engine, with `shard_sentences` filled in: by default a shard is
+    `default_shard_sentences` (in whole chunks) and its sort window the whole shard, or as many whole
+    chunks of it as the memory budget holds (`default_sort_window`); a shard is whole windows (its size
+    is rounded up to one), so shard windows are the windows a local run with that `sort_window` cuts and
+    the stored vectors are the local engine's. Windows never cross a shard: a shard is encoded, committed
+    and redone on its own."""
+    resolved = options.resolve(n_layers, dim, n_sentences)  # the local engine's window: the memory budget's
+    chunk = int(resolved.chunk_sentences or 0)
+    shard = options.shard_sentences or default_shard_sentences(n_sentences, chunk, num_workers=num_workers)
+    window = options.sort_window or min(int(resolved.sort_window or 0), -(-shard // chunk) * chunk)
+    if shard % window:  # a shard is whole windows, as a local run cuts them
+        shard += window - shard % window
+    return replace(resolved, sort_window=window, shard_sentences=shard)
+
+
 def connect_ray(address: str | None = None) -> ModuleType:
     """Ray, joined to the cluster at `address` (or RAY_ADDRESS), or a local one started here."""
     try:
@@ -158,7 +175,8 @@ def extract_sharded(
     `make_encoder` builds the model in each worker (Ray pickles it to the actors); the local engine
     also takes an encoder itself. `options` (`ExtractionOptions`, or its fields as keywords):
     `chunk_sentences` and the stored layers default as in `extract` for the workers' model,
-    `sort_window` to one chunk (shards run in parallel, each sorted chunk by chunk); `shard_sentences` defaults to `default_shard_sentences` (a resumed run keeps its own). With
+    `shard_sentences` and `sort_window` as `resolve_shards` says (each shard sorted by length as a
+    whole, where the memory budget allows; a resumed run keeps its own). With
     `engine="ray"`, `num_workers` actors with `gpus_per_worker` GPUs each encode the shards; a killed
     actor is restarted and its shard redone up to `max_retries` times, after which the run stops and a
     re-run resumes it."""
@@ -196,14 +214,8 @@ def extract_sharded(
             options = replace(options, chunk_sentences=recorded["chunk_sentences"],
                               sort_window=options.sort_window or recorded.get("sort_window") or recorded["chunk_sentences"],
                               shard_sentences=options.shard_sentences or recorded.get("shard_sentences"))
-    # shards are encoded in parallel: by default each chunk is sorted on its own, not a window of the corpus
-    options = options.resolve(int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences,
-                              sort_window=options.sort_window or "chunk")
-    shard_sentences = options.shard_sentences or default_shard_sentences(summary.n_sentences, int(options.sort_window or 0),
-                                                                        num_workers=num_workers)
-    if shard_sentences % int(options.sort_window or 0):  # a shard is whole windows, as a local run cuts them
-        shard_sentences += int(options.sort_window or 0) - shard_sentences % int(options.sort_window or 0)
-    options = replace(options, shard_sentences=shard_sentences)
+    options = resolve_shards(options, int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences,
+                             num_workers=num_workers)
     settings = store_settings(encoder_settings, source, summary, options)
     with ShardedStoreWriter(location, settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
         stage = f"extract {source.name}"
