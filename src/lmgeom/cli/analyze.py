@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, above, console, user_errors
+from lmgeom.cli.common import (
+    BOOTSTRAP_HELP,
+    CONFIDENCE_HELP,
+    MEV_ADJ_COLUMN,
+    RichProgress,
+    above,
+    console,
+    interval_cell,
+    user_errors,
+)
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -65,6 +74,7 @@ def print_contextuality(result: ContextualityResult) -> None:
         cells = [number(row[f"mev_{v}{suffix}"]) for v in variants for suffix in ("", "_adjusted")]
         mev.add_row(str(row["layer"]), *cells)
     console.print(mev)
+    print_intervals(result)
     zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
     console.print(
         f"{result.counts['words_analysed']:,} words in ≥ {result.settings['min_contexts']} sentences "
@@ -75,6 +85,31 @@ def print_contextuality(result: ContextualityResult) -> None:
     console.print("[bold]Findings[/]")
     for statement in result.statements:
         console.print(f"  • {statement}")
+
+
+# the key columns whose intervals the terminal shows: (summary column, header)
+INTERVAL_COLUMNS = [("anisotropy_exact", "baseline exact"), ("self_similarity_adjusted", "SelfSim adj"),
+                    ("intra_sentence_similarity_adjusted", "IntraSim adj"), (MEV_ADJ_COLUMN, "MEV svd_ratio adj")]
+
+
+def print_intervals(result: ContextualityResult) -> None:
+    """The key columns with their bootstrap intervals (nothing when the analysis had no bootstrap)."""
+    intervals = result.intervals()
+    if intervals.empty or not result.bootstrap:
+        return
+    design = result.bootstrap
+    summary = result.summary().set_index("layer")
+    intervals = intervals.set_index("layer")
+    table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}, seed {design['seed']} "
+                        "(cosines: sentences resampled; MEV: words)")
+    table.add_column("layer", justify="right")
+    columns = [(column, header) for column, header in INTERVAL_COLUMNS if column in summary]
+    for _, header in columns:
+        table.add_column(header, justify="right")
+    for layer, row in summary.iterrows():
+        table.add_row(str(layer), *(interval_cell(row[c], intervals.loc[layer, f"{c}_lo"], intervals.loc[layer, f"{c}_hi"])
+                                    for c, _ in columns))
+    console.print(table)
 
 
 def register(app: typer.Typer) -> None:
@@ -94,6 +129,8 @@ def register(app: typer.Typer) -> None:
                                                 "ray (tasks on a Ray cluster), auto (processes with more than one worker)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: a local one)"),
         num_workers: int = typer.Option(2, min=1, metavar="<int>", help="tasks at once: layers in worker processes, or Ray tasks (see docs/performance.md)"),
+        bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
+        confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs.analysis import analyze_store
@@ -105,7 +142,8 @@ def register(app: typer.Typer) -> None:
             options = AnalysisOptions(
                 min_contexts=min_contexts, include_punct=include_punct, include_special=include_special,
                 exclude_first_word=exclude_first_word, seed=seed, n_samples=samples, mev_memory_mb=mev_memory_mb,
-                device=device, engine=engine, num_workers=num_workers, ray_address=ray_address)
+                device=device, engine=engine, num_workers=num_workers, ray_address=ray_address, bootstrap=bootstrap,
+                confidence=confidence)
             store = RepresentationStore.open(store_path)
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)

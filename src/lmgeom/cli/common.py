@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import re
 import sys
 import time
@@ -37,6 +38,17 @@ console = Console()
 MEV_ADJ_COLUMN = "mev_svd_ratio_adjusted"
 MEV_ADJ_NOTE = "MEV adj = the svd_ratio variant (TruncatedSVD's ratio, as the paper's released figures) minus its baseline"
 """The one MEV column of the CLI's per-layer tables (`lmgeom run`, `lmgeom report`), and its note."""
+BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; see docs/metrics.md)"
+CONFIDENCE_HELP = "level of the percentile bootstrap intervals, between 0 and 1"
+
+
+def interval_cell(value: float, lo: float, hi: float, digits: int = 3) -> str:
+    """A table cell: the value, and its interval below it ("lo–hi"; the value alone without one)."""
+    from lmgeom.report.labels import number
+
+    if math.isnan(lo) or math.isnan(hi):
+        return number(value, digits)
+    return f"{number(value, digits)}\n{number(lo, digits)}–{number(hi, digits)}"
 
 
 class RichProgress:

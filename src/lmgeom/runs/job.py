@@ -152,6 +152,8 @@ def run(
     include: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     num_workers: int = 2,
+    bootstrap: int = 1000,
+    confidence: float = 0.95,
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
@@ -166,7 +168,8 @@ def run(
     the static embeddings (run.json records it). `num_workers`: layers the contextuality analysis
     runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
     about this many times one layer's memory); not a setting of the step, as it changes no number."""
-    analysis = AnalysisOptions(min_contexts=min_contexts, seed=seed, num_workers=num_workers, device=device)  # checked before the extraction, which can take hours
+    analysis = AnalysisOptions(min_contexts=min_contexts, seed=seed, num_workers=num_workers, device=device, bootstrap=bootstrap,
+                               confidence=confidence)  # checked before the extraction, which can take hours
     require_count(limit, "limit")
     progress = progress or NoProgress()
     resolved = run_device(device)
@@ -183,7 +186,7 @@ def run(
     per_layer = run_layers(store.layers, layers)
     paths: list[Target] = []
 
-    settings = {"min_contexts": min_contexts, "seed": seed}
+    settings = {"min_contexts": min_contexts, "seed": seed, "bootstrap": bootstrap, "confidence": confidence}
     if steps.done("contextuality", settings):
         contextuality = ContextualityResult.read(store)
     else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lmgeom.errors import InputError
+from lmgeom.metrics.bootstrap import check_options as check_bootstrap
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
 from lmgeom.metrics.spectrum import MEV_VARIANTS, mev_variants
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
@@ -36,7 +37,9 @@ class AnalysisOptions:
     every layer); `statistics`: the registered statistics computed (`lmgeom.runs.engine.statistics`);
     `mev_variants`: the MEV variants solved; `mev_memory_mb` bounds the per-word occurrence matrices
     held at once (the other word groups wait in scratch files); `isotropy_rows` selected rows (drawn
-    with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures.
+    with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures; `bootstrap`
+    resamples (0: none) give each contextuality number a `confidence` percentile interval
+    (`lmgeom.runs.engine.bootstrap`, seeded with `seed`).
     How: `device` where block statistics compute (cpu, cuda, cuda:N, auto, torch:cpu); `engine`
     (`auto`: `processes` when `num_workers` > 1, else `local`; `ray`); `num_workers` tasks at once;
     `row_parts` row ranges per layer (None: 1, or 2 per worker on Ray; more than 1 gives a task per
@@ -55,6 +58,8 @@ class AnalysisOptions:
     statistics: tuple[str, ...] = CONTEXTUALITY_STATISTICS
     isotropy_rows: int = REPORT_MAX_ROWS
     isotropy_clusters: int = 8
+    bootstrap: int = 1000
+    confidence: float = 0.95
     device: str = "cpu"
     engine: str = "auto"
     num_workers: int = 1
@@ -83,6 +88,7 @@ class AnalysisOptions:
         if self.isotropy_rows < 2 or self.isotropy_clusters < 1:
             raise InputError(f"`isotropy_rows` must be at least 2 and `isotropy_clusters` at least 1; got "
                              f"{self.isotropy_rows} and {self.isotropy_clusters}", param="isotropy_rows")
+        check_bootstrap(self.bootstrap, self.confidence)
         if self.chunk_rows < 1:
             raise InputError(f"`chunk_rows` must be at least 1; got {self.chunk_rows}", param="chunk_rows")
         if self.engine not in ENGINES:
