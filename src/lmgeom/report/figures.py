@@ -323,18 +323,19 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     figure = go.Figure()
     for index, series in enumerate(chart.series):
         color = DEFAULT_PLOTLY_COLORS[index % len(DEFAULT_PLOTLY_COLORS)]
-        if series.band is not None:
-            red, green, blue = unlabel_rgb(color)
-            for bound, fill in ((series.band[1], "none"), (series.band[0], "tonexty")):
-                figure.add_trace(go.Scatter(
-                    x=series.x, y=[None if math.isnan(v) else v for v in bound], mode="lines", line={"width": 0},
-                    fill=fill, fillcolor=f"rgba({red:.0f},{green:.0f},{blue:.0f},0.18)", showlegend=False,
-                    hoverinfo="skip", connectgaps=False,
-                ))
         figure.add_trace(go.Scatter(
             x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
             line={"dash": "dash" if series.dash else "solid", "color": color}, connectgaps=False,
         ))
+        if series.band is not None:
+            # the band after its line: its upper bound, then the lower one filled up to it (outside the legend)
+            red, green, blue = unlabel_rgb(color)
+            for bound, fill in ((series.band[1], "none"), (series.band[0], "tonexty")):
+                figure.add_trace(go.Scatter(
+                    x=series.x, y=[None if math.isnan(v) else v for v in bound], name=plotly_text(f"{series.name} interval"),
+                    mode="lines", line={"width": 0}, fill=fill, fillcolor=f"rgba({red:.0f},{green:.0f},{blue:.0f},0.18)",
+                    showlegend=False, hoverinfo="skip", connectgaps=False,
+                ))
     figure.update_layout(
         xaxis_title=plotly_text(chart.x_label), yaxis_title=plotly_text(chart.y_label), template="plotly_white",
         height=PLOT_HEIGHT + 150, margin={"t": 16, "l": 70, "r": 20, "b": 60},
