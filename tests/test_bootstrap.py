@@ -191,6 +191,22 @@ def test_the_engine_writes_intervals_and_adjacent_layer_tests_and_keeps_every_po
     assert {"raw_lo", "raw_hi", "adjusted_lo", "adjusted_hi"} <= set(layers_csv.columns)
     np.testing.assert_allclose(layers_csv["raw_lo"], records["raw_lo"], rtol=1e-15)
 
+    # the report: error bands on the per-layer figures, the adjacent-layer tests in its findings
+    from lmgeom.report.build import adjacent_layer_findings
+    from lmgeom.report.data import load_run
+    from lmgeom.report.figures import plotly_figure, run_charts
+
+    charts = {chart.name: chart for chart in run_charts(load_run(tmp_path / "a"))}
+    selfsim = charts["self_similarity"]
+    lo, hi = selfsim.series[0].band
+    np.testing.assert_array_equal(lo, records.loc[records["metric"] == "self_similarity", "raw_lo"])
+    np.testing.assert_array_equal(hi, records.loc[records["metric"] == "self_similarity", "raw_hi"])
+    assert "bands: 95% percentile bootstrap intervals (B = 300" in selfsim.note
+    traces = plotly_figure(selfsim)["data"]
+    assert [t.get("fill") for t in traces[:3]] == [None, "none", "tonexty"] and traces[2]["y"] == list(lo)
+    findings = adjacent_layer_findings(document)
+    assert findings[0].startswith("SelfSim (raw) from layer to layer (paired bootstrap, B = 300") and "1→2" in findings[0]
+
 
 def test_seeded_intervals_are_the_same_in_a_new_process(tmp_path):
     store = _store(tmp_path / "store")

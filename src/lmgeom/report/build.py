@@ -223,7 +223,7 @@ def adjacent_layer_findings(contextuality: dict[str, Any], alpha: float = 0.05) 
         parts = "; ".join(f"{t['previous_layer']}→{t['layer']} {number(t['difference'], 3)} "
                           f"[{number(t['lo'], 3)}, {number(t['hi'], 3)}], p {number(t['p_value'], 3)}" for t in steps)
         sentences.append(f"{label(metric)} ({kind}) from layer to layer (paired bootstrap, B = {design['B']:,}, "
-                         f"{design['level']:.0%} intervals): differs at {significant} of {len(steps)} steps (p < {alpha}): {parts}")
+                         f"{design['level']:.0%} intervals): differs at {significant} of {len(steps)} steps (p < {alpha}, uncorrected): {parts}")
     return sentences
 
 
