@@ -12,8 +12,8 @@ from n units). Every replicate is computed from per-unit summaries, never from t
 - a mean of per-item values (IntraSim per sentence, MEV per word): sum_j m_j a_j / sum_j m_j c_j,
   a_j the sum of unit j's defined values and c_j their number (`weighted_means`);
 - MEV of resampled occurrences (the MEV baseline): the top eigenvalue of the weighted scatter
-  X^T diag(m) X (uncentred and centred) by power iteration from the full sample's direction
-  (`resampled_mev`).
+  X^T diag(m) X (uncentred and centred) by Lanczos from the full sample's direction, every
+  resample at once (`resampled_mev`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from lmgeom.errors import InputError
 INTERVAL = "percentile"
 # independent streams of one seed: the sentence units, the words, the sampled occurrences
 STREAMS = {"sentences": 1, "words": 2, "sampled occurrences": 3}
-# the resampled MEV baseline: power iteration to this relative residual, at most this many iterations
-# (then the resample is solved exactly); exact from the start up to DENSE_DIM dimensions
-POWER_TOLERANCE = 1e-10
-POWER_ITERATIONS = 100
+# the resampled MEV baseline: Lanczos steps for every resample, and the largest relative residual of
+# the Ritz pair accepted (else the resample is solved exactly); exact from the start up to DENSE_DIM
+LANCZOS_STEPS = 30
+RESIDUAL_TOLERANCE = 1e-8
 DENSE_DIM = 64
 
 
@@ -103,30 +103,54 @@ def _scatter(X: np.ndarray, m: np.ndarray, centred: bool) -> np.ndarray:
     return scatter
 
 
+def _apply(X: np.ndarray, m: np.ndarray, vectors: np.ndarray, centred: bool) -> np.ndarray:
+    """`_scatter(X, m_b) @ v_b` for every resample b at once, without forming a scatter matrix."""
+    images = (m * (vectors @ X.T)) @ X
+    if centred:
+        n_b = m.sum(axis=1)
+        means = (m @ X) / n_b[:, None]
+        images -= (n_b * np.einsum("bi,bi->b", means, vectors))[:, None] * means
+    return images
+
+
 def _top_eigenpairs(X: np.ndarray, m: np.ndarray, start: np.ndarray, centred: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Top eigenvalue and unit eigenvector of `_scatter(X, m_b)` for every resample b: by power
-    iteration from `start` (d,), vectorised over the resamples, until a resample's residual
-    ||C v - lambda v|| is at most `POWER_TOLERANCE` lambda (lambda is then within about its square over
-    the relative spectral gap, v within it over the gap); a
-    resample not there after `POWER_ITERATIONS` (a flat top of its spectrum) is solved exactly (its
-    scatter formed, `numpy.linalg.eigh`)."""
-    values = np.zeros(len(m))
-    vectors = np.tile(start / np.linalg.norm(start), (len(m), 1))
-    iterations = POWER_ITERATIONS if X.shape[1] > DENSE_DIM else 0
-    todo = np.arange(len(m))
-    for _ in range(iterations):
-        if not len(todo):
-            break
-        weights, current = m[todo], vectors[todo]
-        images = (weights * (current @ X.T)) @ X
-        if centred:
-            means = (weights @ X) / weights.sum(axis=1)[:, None]
-            images -= (weights.sum(axis=1) * np.einsum("bi,bi->b", means, current))[:, None] * means
-        quotients = np.einsum("bi,bi->b", images, current)
-        residuals = np.linalg.norm(images - quotients[:, None] * current, axis=1)
-        norms = np.linalg.norm(images, axis=1)
-        values[todo], vectors[todo] = quotients, images / np.where(norms > 0, norms, 1.0)[:, None]
-        todo = todo[residuals > POWER_TOLERANCE * np.abs(quotients)]
+    """Top eigenvalue and unit eigenvector of `_scatter(X, m_b)` for every resample b: Lanczos from
+    `start` (d,) with full reorthogonalisation, `LANCZOS_STEPS` steps for every resample at once (the
+    top Ritz value converges like a Chebyshev polynomial of the spectral gap, not like its power).
+    A resample whose Ritz pair then has a residual ||C v - lambda v|| above `RESIDUAL_TOLERANCE`
+    lambda is solved exactly (its scatter formed, `numpy.linalg.eigh`), as is every resample at
+    d <= `DENSE_DIM`."""
+    n_resamples, dim = len(m), X.shape[1]
+    steps = min(LANCZOS_STEPS, dim)
+    values, vectors = np.zeros(n_resamples), np.zeros((n_resamples, dim))
+    todo = np.arange(n_resamples)
+    if dim > DENSE_DIM:
+        basis = np.zeros((n_resamples, steps, dim))
+        alpha, beta = np.zeros((n_resamples, steps)), np.zeros((n_resamples, steps))
+        basis[:, 0] = start / np.linalg.norm(start)
+        for j in range(steps):
+            w = _apply(X, m, basis[:, j], centred)
+            alpha[:, j] = np.einsum("bi,bi->b", w, basis[:, j])
+            # full reorthogonalisation against every basis vector so far (twice: Kahan's "twice is enough")
+            for _ in range(2):
+                w -= np.einsum("bk,bki->bi", np.einsum("bki,bi->bk", basis[:, :j + 1], w), basis[:, :j + 1])
+            if j + 1 < steps:
+                beta[:, j] = np.linalg.norm(w, axis=1)
+                scale = np.maximum(np.abs(alpha[:, : j + 1]).max(axis=1), 1e-300)
+                alive = beta[:, j] > 1e-13 * scale  # else the Krylov space is invariant: the rest stays zero
+                basis[alive, j + 1] = w[alive] / beta[alive, j, None]
+                beta[~alive, j] = 0.0
+        tridiagonal = np.zeros((n_resamples, steps, steps))
+        index = np.arange(steps)
+        tridiagonal[:, index, index] = alpha
+        tridiagonal[:, index[:-1], index[1:]] = beta[:, :-1]
+        tridiagonal[:, index[1:], index[:-1]] = beta[:, :-1]
+        ritz_values, ritz_vectors = np.linalg.eigh(tridiagonal)
+        values = ritz_values[:, -1]
+        vectors = np.einsum("bk,bki->bi", ritz_vectors[:, :, -1], basis)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        residuals = np.linalg.norm(_apply(X, m, vectors, centred) - values[:, None] * vectors, axis=1)
+        todo = np.flatnonzero(~(residuals <= RESIDUAL_TOLERANCE * np.abs(values)))
     for b in todo.tolist():
         eigenvalues, eigenvectors = np.linalg.eigh(_scatter(X, m[b], centred))
         values[b], vectors[b] = eigenvalues[-1], eigenvectors[:, -1]
