@@ -47,7 +47,7 @@ MIN_UNITS = 100
 DUPLICATE_RULE = ("a unit drawn k times counts k times, and every pair of two distinct original occurrences counts "
                   "m_a m_b times (m: their units' multiplicities); an occurrence is never paired with its own copy, so "
                   "no pair of cosine 1 is added that the data do not have")
-# the metric of each record, the unit it resamples, and (for adjusted values) the baseline's replicates
+# the unit each cosine record's bootstrap resamples (MEV: `resampled_unit`)
 UNITS = {"anisotropy_exact": "sentences", "self_similarity": "sentences", "intra_sentence_similarity": "sentences",
          "anisotropy_sampled": "sampled occurrences"}
 
