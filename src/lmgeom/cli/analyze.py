@@ -8,7 +8,19 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import COUNT_BY_HELP, MIN_CONTEXTS_HELP, PROTOCOL_HELP, RichProgress, above, console, user_errors
+from lmgeom.cli.common import (
+    BOOTSTRAP_HELP,
+    CONFIDENCE_HELP,
+    COUNT_BY_HELP,
+    MIN_CONTEXTS_HELP,
+    PROTOCOL_HELP,
+    RichProgress,
+    above,
+    console,
+    interval_cell,
+    user_errors,
+)
+from lmgeom.report.labels import MEV_ADJ_COLUMN
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -65,6 +77,7 @@ def print_contextuality(result: ContextualityResult) -> None:
         cells = [number(row[f"mev_{v}{suffix}"]) for v in variants for suffix in ("", "_adjusted")]
         mev.add_row(str(row["layer"]), *cells)
     console.print(mev)
+    print_intervals(result)
     zero = {layer: n for layer, n in result.counts["zero_vectors_excluded_by_layer"].items() if n}
     console.print(
         f"{result.counts['words_analysed']:,} words of ≥ {result.settings['min_contexts']} "
@@ -98,6 +111,30 @@ def print_released(result: ContextualityResult) -> None:
     for layer in sorted(result.layers["layer"].unique()):
         table.add_row(str(layer), *(number(records.at[(layer, metric), field], 3) if (layer, metric) in records.index else "—"
                                     for metric, field, _ in RELEASED_COLUMNS))
+
+
+# the key columns whose intervals the terminal shows: (summary column, header)
+INTERVAL_COLUMNS = [("anisotropy_exact", "baseline exact"), ("self_similarity_adjusted", "SelfSim adj"),
+                    ("intra_sentence_similarity_adjusted", "IntraSim adj"), (MEV_ADJ_COLUMN, "MEV svd_ratio adj")]
+
+
+def print_intervals(result: ContextualityResult) -> None:
+    """The key columns with their bootstrap intervals (nothing when the analysis had no bootstrap)."""
+    intervals = result.intervals()
+    if intervals.empty or not result.bootstrap:
+        return
+    design = result.bootstrap
+    summary = result.summary().set_index("layer")
+    intervals = intervals.set_index("layer")
+    table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}, seed {design['seed']} "
+                        "(cosines: sentences resampled; MEV: words)")
+    table.add_column("layer", justify="right")
+    columns = [(column, header) for column, header in INTERVAL_COLUMNS if column in summary]
+    for _, header in columns:
+        table.add_column(header, justify="right")
+    for layer, row in summary.iterrows():
+        table.add_row(str(layer), *(interval_cell(row[c], intervals.loc[layer, f"{c}_lo"], intervals.loc[layer, f"{c}_hi"])
+                                    for c, _ in columns))
     console.print(table)
 
 
@@ -120,6 +157,8 @@ def register(app: typer.Typer) -> None:
                                                 "ray (tasks on a Ray cluster), auto (processes with more than one worker)"),
         ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: a local one)"),
         num_workers: int = typer.Option(2, min=1, metavar="<int>", help="tasks at once: layers in worker processes, or Ray tasks (see docs/performance.md)"),
+        bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
+        confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.runs.analysis import analyze_store
@@ -133,7 +172,8 @@ def register(app: typer.Typer) -> None:
                                       include_punct=include_punct or None, include_special=include_special or None,
                                       exclude_first_word=exclude_first_word or None)
             options = AnalysisOptions(**chosen, seed=seed, mev_memory_mb=mev_memory_mb, device=device, engine=engine,
-                                      num_workers=num_workers, ray_address=ray_address)
+                                      num_workers=num_workers, ray_address=ray_address, bootstrap=bootstrap,
+                                      confidence=confidence)
             store = RepresentationStore.open(store_path)
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)

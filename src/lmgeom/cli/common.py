@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import re
 import sys
 import time
@@ -38,6 +39,17 @@ MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted b
 COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
 PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
                  "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
+BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; see docs/metrics.md)"
+CONFIDENCE_HELP = "level of the percentile bootstrap intervals, between 0 and 1"
+
+
+def interval_cell(value: float, lo: float, hi: float, digits: int = 3) -> str:
+    """A table cell: the value, and its interval below it ("lo–hi"; the value alone without one)."""
+    from lmgeom.report.labels import number
+
+    if math.isnan(lo) or math.isnan(hi):
+        return number(value, digits)
+    return f"{number(value, digits)}\n{number(lo, digits)}–{number(hi, digits)}"
 
 
 class RichProgress:

@@ -8,7 +8,18 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import COUNT_BY_HELP, MIN_CONTEXTS_HELP, PROTOCOL_HELP, RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import (
+    BOOTSTRAP_HELP,
+    CONFIDENCE_HELP,
+    COUNT_BY_HELP,
+    MIN_CONTEXTS_HELP,
+    PROTOCOL_HELP,
+    RichProgress,
+    console,
+    interval_cell,
+    split_list,
+    user_errors,
+)
 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
 if TYPE_CHECKING:
@@ -131,6 +142,8 @@ def register(app: typer.Typer) -> None:
         num_workers: int = typer.Option(2, min=1, metavar="<int>", help="layers analysed at once, each in a worker process (see docs/performance.md)"),
         include: List[Path] = typer.Option([], help="a folder of experiment results to show in the report (repeatable)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a store of other settings in --out"),
+        bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
+        confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
     ) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
@@ -142,18 +155,31 @@ def register(app: typer.Typer) -> None:
             result = run(model, corpus, out=out, limit=limit, sample=sample, device=device, min_contexts=min_contexts,
                          count_by=count_by, protocol=protocol, seed=seed,
                          layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
-                         overwrite=overwrite, num_workers=num_workers, progress=progress)
+                         overwrite=overwrite, num_workers=num_workers, bootstrap=bootstrap, confidence=confidence,
+                         progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")
-        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']} (layer 0 = embedding output; adj = minus baseline)")
+        intervals = result.contextuality.intervals()
+        intervals = intervals.set_index("layer") if not intervals.empty else None
+        design = result.contextuality.bootstrap
+        below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,})"
+                 if intervals is not None and design else "")
+        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']} (layer 0 = embedding output; adj = minus baseline{below})")
+
+        def cell(layer: int, column: str) -> str:
+            value = summary.loc[layer, column]
+            if intervals is None:
+                return number(value, 3)
+            return interval_cell(value, intervals.loc[layer, f"{column}_lo"], intervals.loc[layer, f"{column}_hi"])
+
         for column in ("layer", "norm", "anisotropy", "SelfSim adj", "IntraSim adj", "MEV adj"):
             table.add_column(column, justify="right")
         for record in result.summary:
-            row = summary.loc[record["layer"]]
-            table.add_row(str(record["layer"]), f"{record['mean_norm']:.2f}", number(record["average_cosine"], 3),
-                          number(row["self_similarity_adjusted"], 3), number(row["intra_sentence_similarity_adjusted"], 3),
-                          number(row[MEV_ADJ_COLUMN], 3))
+            layer = record["layer"]
+            table.add_row(str(layer), f"{record['mean_norm']:.2f}", number(record["average_cosine"], 3),
+                          cell(layer, "self_similarity_adjusted"), cell(layer, "intra_sentence_similarity_adjusted"),
+                          cell(layer, MEV_ADJ_COLUMN))
         console.print(table)
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:

@@ -258,6 +258,113 @@ class RowSampleAccumulator(StatefulAccumulator):
 
 
 # ---------------------------------------------------------------------------------------------
+# the bootstrap's summaries: sums of unit vectors per resampling unit, and per (word, unit)
+
+
+@register_accumulator
+class UnitSumsAccumulator(StatefulAccumulator):
+    """Sums of unit vectors and non-zero counts per resampling unit (`unit_*`, over every row) and per
+    (word, unit) (`pair_*`, over the rows of a word, word id >= 0): what a sentence bootstrap of the
+    anisotropy baseline and of self-similarity resamples (`lmgeom.metrics.bootstrap.pair_mean`).
+
+    `add(X, unit_ids=..., word_ids=...)`: units in [0, n_units), words -1 (none) or >= 0. A chunk's
+    sums are kept as they come and added up by key when the state is read (`consolidate`): rows come
+    in sentence order, so only a unit at a chunk's edge has sums in two chunks."""
+
+    _state_fields: ClassVar[tuple[str, ...]] = ("n_units", "unit_keys", "unit_sums", "unit_counts",
+                                                "pair_keys", "pair_sums", "pair_counts")
+
+    def __init__(self, n_units: int) -> None:
+        self.n_units = int(n_units)
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {"unit": [], "pair": []}
+        self._consolidated: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def add(self, X: Any, /, **ids: np.ndarray) -> UnitSumsAccumulator:
+        return self.add_block(RowBlock(X), None, **ids)
+
+    def add_block(self, block: RowBlock, keep: np.ndarray | None, /, **ids: np.ndarray) -> UnitSumsAccumulator:
+        unit_ids, word_ids = row_ids(ids, ("unit_ids", "word_ids"), _n_kept(block, keep), type(self).__name__)
+        unit_ids, word_ids = unit_ids.astype(np.int64, copy=False), word_ids.astype(np.int64, copy=False)
+        if len(unit_ids) and (unit_ids.min() < 0 or unit_ids.max() >= self.n_units):
+            raise InputError(f"unit_ids must lie in [0, {self.n_units}); got values from {unit_ids.min()} to {unit_ids.max()}")
+        rows = block.kept(keep)
+        nonzero = block.nonzero_on_host[rows]
+        rows, unit_ids, word_ids = rows[nonzero], unit_ids[nonzero], word_ids[nonzero]
+        for name, keys, take in (("unit", unit_ids, slice(None)), ("pair", word_ids * self.n_units + unit_ids, word_ids >= 0)):
+            keys, taken = keys[take], rows[take]
+            if not len(keys):
+                continue
+            labels, ordered, groups = _grouped(keys, taken)
+            sums = group_sums(block.xp, block.X, block.on_device(ordered), block.on_device(groups), len(labels),
+                              block.inverse_norms[block.on_device(ordered)])
+            self._parts[name].append((labels, to_numpy(sums), np.bincount(groups, minlength=len(labels))))
+        self._consolidated = {}
+        return self
+
+    def consolidate(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys ascending, sums, counts) of `name` ("unit" or "pair"), each key once."""
+        if name not in self._consolidated:
+            parts = self._parts[name]
+            if not parts:
+                keys, sums, counts = np.zeros(0, dtype=np.int64), np.zeros((0, 0)), np.zeros(0, dtype=np.int64)
+            else:
+                # the counts ride along as one more column of the sums
+                stacked = np.concatenate([np.column_stack([p[1], p[2]]) for p in parts])
+                keys, summed, _ = sum_by_group(stacked, np.concatenate([p[0] for p in parts]))
+                sums, counts = summed[:, :-1], np.rint(summed[:, -1]).astype(np.int64)
+            self._parts[name] = [(keys, sums, counts)] if len(keys) else []
+            self._consolidated[name] = (keys, sums, counts)
+        return self._consolidated[name]
+
+    @property
+    def unit_keys(self) -> np.ndarray:
+        return self.consolidate("unit")[0]
+
+    @property
+    def unit_sums(self) -> np.ndarray:
+        return self.consolidate("unit")[1]
+
+    @property
+    def unit_counts(self) -> np.ndarray:
+        return self.consolidate("unit")[2]
+
+    @property
+    def pair_keys(self) -> np.ndarray:
+        return self.consolidate("pair")[0]
+
+    @property
+    def pair_sums(self) -> np.ndarray:
+        return self.consolidate("pair")[1]
+
+    @property
+    def pair_counts(self) -> np.ndarray:
+        return self.consolidate("pair")[2]
+
+    def load_state_dict(self, state: Any) -> None:
+        self.n_units = int(state["n_units"])
+        self._consolidated = {}
+        self._parts = {name: ([(np.asarray(state[f"{name}_keys"], dtype=np.int64), np.asarray(state[f"{name}_sums"], dtype=np.float64),
+                                np.asarray(state[f"{name}_counts"], dtype=np.int64))] if len(state[f"{name}_keys"]) else [])
+                       for name in ("unit", "pair")}
+
+    def merge(self, other: UnitSumsAccumulator) -> UnitSumsAccumulator:
+        if other.n_units != self.n_units:
+            raise ValueError(f"cannot merge unit sums over {self.n_units} and {other.n_units} units")
+        for name in ("unit", "pair"):
+            keys, sums, counts = other.consolidate(name)
+            if len(keys):
+                if self._parts[name] and self._parts[name][0][1].shape[1] != sums.shape[1]:
+                    raise InputError("UnitSumsAccumulator holds vectors of another dimension; merge accumulators of one layer")
+                self._parts[name].append((keys, sums, counts))
+        self._consolidated = {}
+        return self
+
+    def result(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """{"unit": (unit ids, sums, counts), "pair": (word * n_units + unit, sums, counts)}, keys ascending."""
+        return {name: self.consolidate(name) for name in ("unit", "pair")}
+
+
+# ---------------------------------------------------------------------------------------------
 # self-similarity: mean cosine between a word's occurrences
 
 

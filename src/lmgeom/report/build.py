@@ -19,7 +19,7 @@ from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
 from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
-from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
+from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
 from lmgeom.report.similarity import similarity_section
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import REPORT
@@ -206,6 +206,29 @@ def _experiments_section(run: RunData) -> str:
     )
 
 
+# the layer-to-layer changes the findings claim (SelfSim falling with depth; the adjusted measures)
+ADJACENT_LAYER_CLAIMS = (("self_similarity", "raw"), ("self_similarity", "adjusted"), ("intra_sentence_similarity", "adjusted"),
+                         ("mev_svd_ratio", "adjusted"))
+
+
+def adjacent_layer_findings(contextuality: dict[str, Any], alpha: float = 0.05) -> list[str]:
+    """One sentence per claimed change: each step between adjacent non-input layers with its paired
+    bootstrap difference, interval and p-value (contextuality.json's `bootstrap.adjacent_layers`)."""
+    design = contextuality.get("bootstrap") or {}
+    sentences = []
+    for metric, kind in ADJACENT_LAYER_CLAIMS:
+        steps = [t for t in design.get("adjacent_layers", []) if t["metric"] == metric and t["value"] == kind
+                 and t["previous_layer"] >= 1]
+        if not steps:
+            continue
+        significant = sum(1 for t in steps if t["p_value"] is not None and t["p_value"] < alpha)
+        parts = "; ".join(f"{t['previous_layer']}→{t['layer']} {number(t['difference'], 3)} "
+                          f"[{number(t['lo'], 3)}, {number(t['hi'], 3)}], p {number(t['p_value'], 3)}" for t in steps)
+        sentences.append(f"{label(metric)} ({kind}) from layer to layer (paired bootstrap, B = {design['B']:,}, "
+                         f"{design['level']:.0%} intervals): differs at {significant} of {len(steps)} steps (p < {alpha}, uncorrected): {parts}")
+    return sentences
+
+
 def build_report(
     run_dir: str | os.PathLike | RunData,
     *,
@@ -230,7 +253,7 @@ def build_report(
     if contextuality is None:
         page.section("findings", "Findings", missing(run.notes["contextuality"]))
     else:
-        statements = "".join(f"<li>{esc(s)}</li>" for s in contextuality.get("statements", []))
+        statements = "".join(f"<li>{esc(s)}</li>" for s in contextuality.get("statements", []) + adjacent_layer_findings(contextuality))
         page.section("findings", "Findings (computed from this run)", f"<ul>{statements}</ul>")
 
     def chart_or_note(name: str) -> str:

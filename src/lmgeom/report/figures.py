@@ -48,7 +48,7 @@ class Series:
     x: list[float]
     y: list[float]
     dash: bool = False
-    band: tuple[list[float], list[float]] | None = None  # (low, high) at each x: an interval drawn around y
+    band: tuple[list[float], list[float]] | None = None  # (lo, hi) at each x: an interval drawn as an error band
 
 
 @dataclass
@@ -84,12 +84,29 @@ def _values(values: Sequence[Any]) -> list[float]:
     return [float(v) if v is not None else math.nan for v in values]
 
 
-def layer_series(name: str, layers: Sequence[Any], values: Sequence[Any], *, dash: bool = False) -> Series:
+def layer_series(name: str, layers: Sequence[Any], values: Sequence[Any], *, dash: bool = False,
+                 band: tuple[Sequence[Any], Sequence[Any]] | None = None) -> Series:
     """A series over integer layers, with a NaN at every layer between them that has no value, so that
-    no line joins two layers that are not adjacent."""
-    given = dict(zip((int(layer) for layer in layers), _values(values)))
+    no line joins two layers that are not adjacent; `band`: (lo, hi) at the same layers."""
+    keys = [int(layer) for layer in layers]
+    given = dict(zip(keys, _values(values)))
     x = list(range(min(given), max(given) + 1)) if given else []
-    return Series(name, [float(layer) for layer in x], [given.get(layer, math.nan) for layer in x], dash)
+
+    def at_x(values: Sequence[Any]) -> list[float]:
+        by_layer = dict(zip(keys, _values(values)))
+        return [by_layer.get(layer, math.nan) for layer in x]
+
+    drawn = None if band is None else (at_x(band[0]), at_x(band[1]))
+    return Series(name, [float(layer) for layer in x], [given.get(layer, math.nan) for layer in x], dash, drawn)
+
+
+def interval_note(run: RunData) -> str:
+    """What a chart's error bands are (empty when the run's analysis had no bootstrap)."""
+    design = (run.contextuality or {}).get("bootstrap")
+    if not design:
+        return ""
+    return (f"bands: {design['level']:.0%} percentile bootstrap intervals (B = {design['B']:,}, seed {design['seed']}; "
+            "cosines: sentences resampled, MEV: words, sampled baselines: their occurrences)")
 
 
 def run_subtitle(run: RunData) -> str:
@@ -133,11 +150,16 @@ def run_charts(run: RunData) -> list[Chart]:
     subtitle = run_subtitle(run)
     x_range = _layer_range(run)
 
+    bands = run.layers is not None and "raw_lo" in run.layers
+
     def metric_series(name: str, metric: str, column: str = "raw", *, dash: bool = False) -> Series:
         values = run.metric(metric, column)
-        return layer_series(name, values.index, values.to_list(), dash=dash)
+        band = (run.metric(metric, f"{column}_lo").to_list(), run.metric(metric, f"{column}_hi").to_list()) if bands else None
+        return layer_series(name, values.index, values.to_list(), dash=dash, band=band)
 
     def chart(name: str, title: str, y_label: str, series: list[Series], note: str = "") -> Chart:
+        drawn = any(s.band is not None and any(not math.isnan(v) for v in s.band[0]) for s in series)
+        note = "; ".join(filter(None, [note, interval_note(run) if drawn else ""]))
         return Chart(name, title, subtitle, LAYER_AXIS, y_label, series, note=note, x_range=x_range)
 
     n_samples = (run.contextuality or {}).get("settings", {}).get("n_samples")
@@ -296,15 +318,24 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     browser wraps them to any width."""
     import plotly.graph_objects as go
 
+    from plotly.colors import DEFAULT_PLOTLY_COLORS, unlabel_rgb
+
     figure = go.Figure()
-    for series in chart.series:
+    for index, series in enumerate(chart.series):
+        color = DEFAULT_PLOTLY_COLORS[index % len(DEFAULT_PLOTLY_COLORS)]
         figure.add_trace(go.Scatter(
             x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
-            line={"dash": "dash" if series.dash else "solid"}, connectgaps=False,
-            **({} if series.band is None else {"error_y": {
-                "type": "data", "symmetric": False, "array": [None if math.isnan(h - y) else h - y for y, h in zip(series.y, series.band[1])],
-                "arrayminus": [None if math.isnan(y - lo) else y - lo for y, lo in zip(series.y, series.band[0])]}}),
+            line={"dash": "dash" if series.dash else "solid", "color": color}, connectgaps=False,
         ))
+        if series.band is not None:
+            # the band after its line: its upper bound, then the lower one filled up to it (outside the legend)
+            red, green, blue = unlabel_rgb(color)
+            for bound, fill in ((series.band[1], "none"), (series.band[0], "tonexty")):
+                figure.add_trace(go.Scatter(
+                    x=series.x, y=[None if math.isnan(v) else v for v in bound], name=plotly_text(f"{series.name} interval"),
+                    mode="lines", line={"width": 0}, fill=fill, fillcolor=f"rgba({red:.0f},{green:.0f},{blue:.0f},0.18)",
+                    showlegend=False, hoverinfo="skip", connectgaps=False,
+                ))
     figure.update_layout(
         xaxis_title=plotly_text(chart.x_label), yaxis_title=plotly_text(chart.y_label), template="plotly_white",
         height=PLOT_HEIGHT + 150, margin={"t": 16, "l": 70, "r": 20, "b": 60},
@@ -333,7 +364,7 @@ def draw_figure(chart: Chart) -> Any:
     for series in chart.series:
         (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linestyle="--" if series.dash else "-", label=series.name)
         if series.band is not None:
-            ax.fill_between(series.x, *series.band, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(series.x, series.band[0], series.band[1], color=line.get_color(), alpha=0.18, linewidth=0)
     top = 1 - 6 / POINTS_PER_INCH / height
     fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15)
     fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, "\n".join(subtitles),

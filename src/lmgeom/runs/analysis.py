@@ -10,7 +10,8 @@ Rows are chosen by the one row selection of `lmgeom.runs.selection`; self-simila
 every selected occurrence of each word with at least `min_contexts` distinct sentences, and the
 baselines use the same rows. Memory is per-word state only: a d-vector per analysed word, and one
 MEV word group's state at a time (at most `mev_memory_mb`; the other groups' rows wait in scratch
-files, `lmgeom.runs.spool`).
+files, `lmgeom.runs.spool`); with a bootstrap (`AnalysisOptions.bootstrap`), also the per-sentence
+and per-(word, sentence) sums of unit vectors its intervals resample (`lmgeom.runs.engine.bootstrap`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import pandas as pd
 from lmgeom.errors import InputError
 from lmgeom.runs import rundir
 from lmgeom.runs.engine import Analysis
+from lmgeom.runs.engine.bootstrap import add_intervals, adjacent_layer_tests, layer_replicates
 from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, findings
 from lmgeom.runs.rundir import LAYER_NOTE, write_json, write_records_csv
 from lmgeom.store import RepresentationStore
@@ -47,6 +48,8 @@ class ContextualityResult:
     store_path: str | os.PathLike[str] | None = None  # where the store is: a local path or an fsspec URL
     definitions: dict[str, str] = field(default_factory=dict)  # metric -> what it is
     plan: dict[str, Any] = field(default_factory=dict)  # the engine's plan (`lmgeom.runs.engine.Analysis.to_json`)
+    # the bootstrap's design and adjacent-layer tests (`lmgeom.runs.engine.bootstrap`); empty without one
+    bootstrap: dict[str, Any] = field(default_factory=dict)
     written: dict[str, rundir.Target] = field(default_factory=dict)
 
     @property
@@ -67,6 +70,19 @@ class ContextualityResult:
         table.insert(0, "layer_name", [layer_name(layer) for layer in table.index])
         return table.reset_index()
 
+    def intervals(self) -> pd.DataFrame:
+        """`summary`'s layout for the interval bounds: columns `<metric>_lo`, `<metric>_hi` (raw) and
+        `<metric>_adjusted_lo`, `..._hi`; empty without a bootstrap."""
+        if "raw_lo" not in self.layers:
+            return pd.DataFrame()
+        table = pd.DataFrame(index=pd.Index(sorted(self.layers["layer"].unique()), name="layer"))
+        for metric, rows in self.layers.groupby("metric", sort=False):
+            rows = rows.set_index("layer")
+            for kind, suffix in (("raw", ""), ("adjusted", "_adjusted")):
+                for bound in ("lo", "hi"):
+                    table[f"{metric}{suffix}_{bound}"] = rows[f"{kind}_{bound}"].astype(float)
+        return table.reset_index()
+
     def to_json(self) -> dict[str, Any]:
         """The JSON payload (provenance is added by `write`)."""
         return {
@@ -78,6 +94,7 @@ class ContextualityResult:
             "findings": self.findings,
             "statements": self.statements,
             "plan": self.plan,
+            **({"bootstrap": self.bootstrap} if self.bootstrap else {}),
         }
 
     @classmethod
@@ -103,6 +120,7 @@ class ContextualityResult:
             store_path=store.url,
             definitions=document["definitions"],
             plan=document.get("plan", {}),
+            bootstrap=document.get("bootstrap", {}),
         )
 
     def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, rundir.Target]:
@@ -144,6 +162,11 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
                 assert stat.word_columns is not None
                 columns.update(stat.word_columns(values))
             frames.append(pd.DataFrame(columns))
+    bootstrap: dict[str, Any] = {}
+    if plan.options.bootstrap and any(stat.name.startswith("bootstrap") for stat in plan.statistics):
+        replicates = {layer: layer_replicates(analysis.layers[layer], rows) for layer in plan.layers}
+        add_intervals(records, replicates, plan.options.confidence)
+        bootstrap = {**rows.bootstrap.to_json(), "adjacent_layers": adjacent_layer_tests(records, replicates, plan.options.confidence)}
     settings = {**plan.options.to_settings(), "layers": list(plan.layers), "device": plan.device, **SETTINGS_NOTES}
     definitions = {metric: text for stat in plan.statistics for metric, text in stat.definitions.items()}
     result = ContextualityResult(
@@ -157,6 +180,7 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
         store_path=store.url,
         definitions={**definitions, "adjusted": ADJUSTED_DEFINITION},
         plan=analysis.to_json(),
+        bootstrap=bootstrap,
     )
     if {"baseline", "self_similarity", "intra", "sample", "mev"} <= {stat.name for stat in plan.statistics}:
         result.findings, result.statements = findings(result.summary(), result.words, variants=plan.options.mev_variants)

@@ -178,6 +178,8 @@ def run(
     include: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     num_workers: int = 2,
+    bootstrap: int = 1000,
+    confidence: float = 0.95,
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
@@ -204,7 +206,8 @@ def run(
     refused, naming both."""
     # checked before the extraction, which can take hours
     analysis = AnalysisOptions(**protocol_options(protocol, min_contexts=min_contexts, count_by=count_by), seed=seed,
-                               num_workers=num_workers, device=device)
+                               num_workers=num_workers, device=device,
+                               bootstrap=bootstrap, confidence=confidence)
     corpus, pooling = protocol_extraction(protocol, model, corpus)
     require_count(limit, "limit")
     progress = progress or NoProgress()
@@ -225,7 +228,7 @@ def run(
     per_layer = run_layers(store.layers, layers)
     paths: list[Target] = []
 
-    settings = {"min_contexts": analysis.min_contexts, "seed": seed}
+    settings = {"min_contexts": analysis.min_contexts, "seed": seed, "bootstrap": bootstrap, "confidence": confidence}
     if analysis.count_by != DEFAULT_COUNT_BY or protocol is not None:
         settings.update(count_by=analysis.count_by, protocol=protocol)
     if steps.done("contextuality", settings):

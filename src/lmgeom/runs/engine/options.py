@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lmgeom.errors import InputError
+from lmgeom.metrics.bootstrap import check_options as check_bootstrap
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
 from lmgeom.metrics.spectrum import MEV_VARIANTS, mev_variants
 from lmgeom.runs.selection import COUNT_UNITS
@@ -48,7 +49,9 @@ class AnalysisOptions:
     held at once (the other word groups wait in scratch files); `isotropy_rows` selected rows (drawn
     with `seed`) and `isotropy_clusters` k-means clusters make the isotropy measures; `geometry_rows`
     selected rows (drawn with `seed`) the intrinsic dimension, and `top_activations` the largest |h|
-    of a layer located (`lmgeom.runs.geometry`).
+    of a layer located (`lmgeom.runs.geometry`); `bootstrap` resamples (0: none) give each
+    contextuality number a `confidence` percentile interval (`lmgeom.runs.engine.bootstrap`, seeded
+    with `seed`).
     How: `device` where block statistics compute (cpu, cuda, cuda:N, auto, torch:cpu); `engine`
     (`auto`: `processes` when `num_workers` > 1, else `local`; `ray`); `num_workers` tasks at once;
     `row_parts` row ranges per layer (None: 1, or 2 per worker on Ray; more than 1 gives a task per
@@ -70,6 +73,8 @@ class AnalysisOptions:
     isotropy_clusters: int = 8
     geometry_rows: int = 5000
     top_activations: int = 10
+    bootstrap: int = 1000
+    confidence: float = 0.95
     device: str = "cpu"
     engine: str = "auto"
     num_workers: int = 1
@@ -102,6 +107,7 @@ class AnalysisOptions:
         if self.geometry_rows < 2 or self.top_activations < 1:
             raise InputError(f"`geometry_rows` must be at least 2 and `top_activations` at least 1; got "
                              f"{self.geometry_rows} and {self.top_activations}", param="geometry_rows")
+        check_bootstrap(self.bootstrap, self.confidence)
         if self.chunk_rows < 1:
             raise InputError(f"`chunk_rows` must be at least 1; got {self.chunk_rows}", param="chunk_rows")
         if self.count_by not in COUNT_UNITS:

@@ -24,6 +24,7 @@ import numpy as np
 from lmgeom.errors import InputError
 from lmgeom.metrics.contextuality import mev_state_bytes, sample_indexes
 import lmgeom.runs.engine.released  # noqa: F401  (registers the released code's statistics, which plans name)
+from lmgeom.runs.engine.bootstrap import BootstrapDesign, bootstrap_design, bootstrap_statistics
 from lmgeom.runs.engine.options import AnalysisOptions
 from lmgeom.runs.engine.statistics import ROWS, Statistic, statistic
 from lmgeom.runs.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
@@ -140,6 +141,11 @@ class PlanRows:
         word_index = self.words.word_index
         return np.where(word_index >= 0, local[np.maximum(word_index, 0)], -1)
 
+    @cached_property
+    def bootstrap(self) -> BootstrapDesign:
+        """The bootstrap's resampling units and seeded draws (`lmgeom.runs.engine.bootstrap`)."""
+        return bootstrap_design(self)
+
     def group_mask(self, group: int) -> np.ndarray:
         """The store rows of the words of `group` (one array per group, so feeds share its slices)."""
         if group not in self._group_masks:
@@ -199,7 +205,7 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
                   inputs: Mapping[int, Any] | None = None) -> tuple[AnalysisPlan, PlanRows]:
     """The plan of `options` on `store` (over store `rows`, default all: a shard's) and its per-row
     arrays (with `inputs`: each layer's values of an earlier analysis, for second-stage statistics)."""
-    statistics = tuple(statistic(name) for name in options.statistics)
+    statistics = tuple(statistic(name) for name in options.statistics + bootstrap_statistics(options))
     if not statistics:
         raise InputError("give at least one statistic to compute", param="statistics")
     names = {stat.name for stat in statistics}
