@@ -6,9 +6,8 @@
 Sources: the paper's released per-layer statistics and Table 1 (../shared/reference/ethayarajh2019:
 layer_statistics.csv, table1_static_embeddings.csv) and lmgeom's results under
 docs/reproduction/results/ethayarajh-*/ (contextuality.json of `lmgeom analyze`,
-static/<layer>.benchmarks.json of `lmgeom static-embeddings`, and for the runs of `lmgeom run`
-isotropy.json and calibration.json); docs/reproduction/results/COMMANDS.md lists the commands of
-each run.
+static/<layer>.benchmarks.json of `lmgeom static-embeddings`); docs/reproduction/results/COMMANDS.md
+lists the commands of each run.
 
     python benchmarks/reproduce_ethayarajh2019.py first-word STORE --layers 0,1,12,30
         prints, per layer of a store, how much the first word of each sentence moves the baselines:
@@ -34,10 +33,8 @@ from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown
 DOC = "docs/reproduction/ethayarajh2019.md"
 PAPER_MODELS = ("ELMo", "BERT", "GPT-2")
 # lmgeom's runs shown beside the paper's models: (results folder, label)
-RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-smollm2-lee", "SmolLM2, lee"),
-        ("ethayarajh-minilm-sts", "MiniLM, STS sample"), ("ethayarajh-elmo-brown-lee", "elmo-brown, lee"))
-# the runs of `lmgeom run` (their folders also keep isotropy.json and calibration.json)
-FULL_RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-smollm2-lee", "SmolLM2, lee"))
+RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-minilm-sts", "MiniLM, STS sample"),
+        ("ethayarajh-elmo-brown-lee", "elmo-brown, lee"))
 # Table 1's benchmarks (the paper's names) -> lmgeom's
 BENCHMARKS = {"SimLex999": "simlex999", "MEN": "men", "WS353": "wordsim353", "RW": "rw", "Google": "google_analogies",
               "MSR": "msr_analogies", "SemEval2012(2)": "semeval2012_2", "BLESS": "bless", "AP": "ap"}
@@ -157,48 +154,6 @@ def table1() -> str:
     return markdown(["vectors", "protocol", *BENCHMARKS], rows, align="ll" + "r" * len(BENCHMARKS))
 
 
-# isotropy.json / calibration.json measure -> (label, digits)
-ISOTROPY_MEASURES = {
-    "average_cosine": ("average cosine", 3),
-    "average_cosine_without_rogue": ("average cosine without the 3 rogue dimensions", 3),
-    "average_cosine_standardized": ("average cosine after standardisation", 3),
-    "rogue_top_share": ("top rogue dimension's share of the average cosine", 3),
-    "isoscore": ("IsoScore", 3),
-    "log_partition_isotropy": ("log I(W)", 2),
-    "log_partition_isotropy_centered": ("log I(W), centred", 2),
-    "effective_rank": ("effective rank", 1),
-    "top1_variance_share": ("top principal component's variance share", 3),
-}
-
-
-def isotropy_table() -> str:
-    """Per measure, each `lmgeom run`'s values by layer (isotropy.json)."""
-    frames = {run: pd.DataFrame(load_json(RESULTS / run / "isotropy.json")["records"]) for run, _ in FULL_RUNS}
-    layers = range(max(int(frame["layer"].max()) for frame in frames.values()) + 1)
-    rows = []
-    for measure, (name, digits) in ISOTROPY_MEASURES.items():
-        for run, label in FULL_RUNS:
-            values = frames[run][frames[run].measure == measure].set_index("layer")["value"]
-            rows.append([name, label, *[number(values.get(layer), digits) if layer in values.index else "" for layer in layers]])
-    return markdown(["measure", "run", *[str(layer) for layer in layers]], rows, align="ll" + "r" * len(layers))
-
-
-def calibration_table() -> str:
-    """Each `lmgeom run`'s calibrated layers: the isotropy of the word vectors before (`none`) and
-    after each calibrator (calibration.json)."""
-    rows = []
-    for run, label in FULL_RUNS:
-        document = load_json(RESULTS / run / "calibration.json")
-        records = pd.DataFrame(document["records"]).set_index(["layer", "method", "measure"])
-        for layer in document["settings"]["layers"]:
-            first = document["settings"]["methods"][0]
-            rows.append([label, layer, "none", *[number(records.loc[(layer, first, m), "before"], d) for m, (_, d) in ISOTROPY_MEASURES.items()]])
-            for method in document["settings"]["methods"]:
-                rows.append(["", "", method, *[number(records.loc[(layer, method, m), "after"], d) for m, (_, d) in ISOTROPY_MEASURES.items()]])
-    return markdown(["run", "layer", "method", *[name for name, _ in ISOTROPY_MEASURES.values()]], rows,
-                    align="lrl" + "r" * len(ISOTROPY_MEASURES))
-
-
 def static_words(run: str) -> int:
     return int(_static_records(run)["n_vectors"].iloc[0])
 
@@ -207,8 +162,6 @@ def build() -> Documents:
     blocks = {f"measure-{name}": measure_table(name) for name in MEASURES}
     blocks["runs"] = run_summary()
     blocks["table1"] = table1()
-    blocks["isotropy"] = isotropy_table()
-    blocks["calibration"] = calibration_table()
     for run, _ in RUNS:
         blocks[f"findings-{run.removeprefix('ethayarajh-')}"] = findings(run)
     return {DOC: blocks}

@@ -25,11 +25,11 @@ from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown
 DOC = "docs/metrics.md"
 FIGURES = ROOT / "docs" / "reproduction" / "figures"
 # layer x layer within one model: (results folder, model label, layers shown in the table (None: all))
-WITHIN = (("similarity-minilm-lee", "MiniLM", None), ("similarity-smollm2-lee", "SmolLM2", (0, 1, 2, 5, 10, 15, 20, 25, 29, 30)))
+WITHIN: tuple[tuple[str, str, tuple[int, ...] | None], ...] = (("similarity-minilm-lee", "MiniLM", None),)
 # model x model over the same words: (results folder, label of store a, label of store b)
-ACROSS = (("similarity-minilm-smollm2-lee", "MiniLM", "SmolLM2"),)
+ACROSS: tuple[tuple[str, str, str], ...] = ()
 # intrinsic-dimension profiles: (results folder, model label)
-PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee", "SmolLM2"),
+PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee-limit500", "SmolLM2"),
             ("geometry-elmo-brown-lee-limit500", "elmo-brown"))
 # the layer experiments the probe test reads (mean over 3 seeds)
 PROBE_RUNS = ("layers-minilm-cola", "layers-minilm-mrpc", "layers-minilm-pos-full", "layers-smollm2-cola",
@@ -99,7 +99,7 @@ def probe_tables() -> str:
              "—" if case["minimum_after_peak"] is None else case["minimum_after_peak"], case["n_layers"]]
             for case in twonn["cases"]]
     table = markdown(["model", "task", "best probing layer", "ID peak (Cheng et al. 2025)",
-                      "minimum after the peak (Valeriani et al. 2023)", "layers"], rows)
+                      "minimum after the peak (Valeriani et al. 2023)", "layers"], rows, align="llrrrr")
     lines = [f"- {method}, {rule}: {outcome['hits']} of {outcome['cases']} hits, {outcome['expected_hits']:.2f} expected "
              f"by chance, p = {outcome['p_value']:.2g}"
              for method, test in (("TwoNN", twonn), ("MLE", mle)) for rule, outcome in test["tests"].items()]
