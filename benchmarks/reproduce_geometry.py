@@ -24,13 +24,13 @@ from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown
 
 DOC = "docs/metrics.md"
 FIGURES = ROOT / "docs" / "reproduction" / "figures"
-# layer x layer within one model: (results folder, model label, layers shown in the table (None: all))
-WITHIN: tuple[tuple[str, str, tuple[int, ...] | None], ...] = (("similarity-minilm-lee", "MiniLM", None),)
+# layer x layer within one model: (results folder, model label)
+WITHIN = (("similarity-minilm-lee", "MiniLM"), ("similarity-elmo-brown-lee", "elmo-brown"))
 # model x model over the same words: (results folder, label of store a, label of store b)
-ACROSS: tuple[tuple[str, str, str], ...] = ()
+ACROSS = (("similarity-minilm-elmo-brown-lee", "MiniLM", "elmo-brown"),)
 # intrinsic-dimension profiles: (results folder, model label)
 PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee-limit500", "SmolLM2"),
-            ("geometry-elmo-brown-lee-limit500", "elmo-brown"))
+            ("geometry-elmo-brown-lee", "elmo-brown"))
 # the layer experiments the probe test reads (mean over 3 seeds)
 PROBE_RUNS = ("layers-minilm-cola", "layers-minilm-mrpc", "layers-minilm-pos-full", "layers-smollm2-cola",
               "layers-smollm2-mrpc", "layers-smollm2-pos", "layers-elmo-cola", "layers-elmo-mrpc")
@@ -44,14 +44,12 @@ def _matrix(document: dict[str, Any], measure: str) -> np.ndarray:
     return np.asarray(document["matrices"][measure], dtype=float)
 
 
-def within_table(run: str, shown: tuple[int, ...] | None) -> str:
-    """Linear CKA of one model's layers against each other (`shown` layers only, if given)."""
+def within_table(run: str) -> str:
+    """Linear CKA of one model's layers against each other."""
     document = similarity(run)
-    layers = document["layers_a"]
-    keep = [i for i, layer in enumerate(layers) if shown is None or layer in shown]
-    cka = _matrix(document, "cka")
-    rows = [[layers[i], *[f"{cka[i, j]:.2f}" for j in keep]] for i in keep]
-    return markdown(["layer", *[str(layers[j]) for j in keep]], rows)
+    layers, cka = document["layers_a"], _matrix(document, "cka")
+    rows = [[layer, *[f"{value:.2f}" for value in cka[i]]] for i, layer in enumerate(layers)]
+    return markdown(["layer", *[str(layer) for layer in layers]], rows)
 
 
 def across_table(run: str, label_a: str, label_b: str) -> str:
@@ -107,7 +105,7 @@ def probe_tables() -> str:
 
 
 def build() -> Documents:
-    blocks = {run: within_table(run, shown) for run, _, shown in WITHIN}
+    blocks = {run: within_table(run) for run, _ in WITHIN}
     for run, label_a, label_b in ACROSS:
         blocks[run] = across_table(run, label_a, label_b)
         blocks[f"{run}-rows"] = matching_counts(run, label_a, label_b)
@@ -125,7 +123,7 @@ def write_figures() -> list[Path]:
 
     FIGURES.mkdir(parents=True, exist_ok=True)
     written = []
-    for run, title, labels in ([(run, f"{label}, layer × layer", (label, label)) for run, label, _ in WITHIN]
+    for run, title, labels in ([(run, f"{label}, layer × layer", (label, label)) for run, label in WITHIN]
                                + [(run, f"{a} × {b}", (a, b)) for run, a, b in ACROSS]):
         document = similarity(run)
         cka = _matrix(document, "cka")
