@@ -35,9 +35,6 @@ PAPER_MODELS = ("ELMo", "BERT", "GPT-2")
 # lmgeom's runs shown beside the paper's models: (results folder, label)
 RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-smollm2-lee", "SmolLM2, lee"),
         ("ethayarajh-minilm-sts", "MiniLM, STS sample"), ("ethayarajh-elmo-brown-lee", "elmo-brown, lee"))
-# the runs whose static vectors' benchmark scores (static/<layer>.benchmarks.json) are committed: Table 1
-STATIC_RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee"), ("ethayarajh-minilm-sts", "MiniLM, STS sample"),
-               ("ethayarajh-elmo-brown-lee", "elmo-brown, lee"))
 # Table 1's benchmarks (the paper's names) -> lmgeom's
 BENCHMARKS = {"SimLex999": "simlex999", "MEN": "men", "WS353": "wordsim353", "RW": "rw", "Google": "google_analogies",
               "MSR": "msr_analogies", "SemEval2012(2)": "semeval2012_2", "BLESS": "bless", "AP": "ap"}
@@ -146,7 +143,7 @@ def table1() -> str:
         rows.append([label, "paper (Table 1)",
                      *[f"**{cells.loc[b, 'value']:.3f}**" if cells.loc[b, "bold_in_table"] else f"{cells.loc[b, 'value']:.3f}"
                        for b in BENCHMARKS]])
-    for run, label in STATIC_RUNS:
+    for run, label in RUNS:
         records = _static_records(run).set_index(["layer", "benchmark"])
         for layer in sorted({layer for layer, _ in records.index}):
             at = records.loc[layer]
