@@ -27,7 +27,7 @@ FIGURES = ROOT / "docs" / "reproduction" / "figures"
 # layer x layer within one model: (results folder, model label)
 WITHIN = (("similarity-minilm-lee", "MiniLM"), ("similarity-elmo-brown-lee", "elmo-brown"))
 # model x model over the same words: (results folder, label of store a, label of store b)
-ACROSS = (("similarity-minilm-elmo-brown-lee", "MiniLM", "elmo-brown"),)
+ACROSS = (("similarity-minilm-smollm2-lee", "MiniLM", "SmolLM2"), ("similarity-minilm-elmo-brown-lee", "MiniLM", "elmo-brown"))
 # intrinsic-dimension profiles: (results folder, model label)
 PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee-limit500", "SmolLM2"),
             ("geometry-elmo-brown-lee", "elmo-brown"))
