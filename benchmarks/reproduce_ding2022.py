@@ -4,9 +4,10 @@ experiment) and docs/reproduction/calibration.md (STS and isotropy calibration) 
     python benchmarks/reproduce_ding2022.py           writes the marked blocks into the docs
     python benchmarks/reproduce_ding2022.py --check   exits 1 if a doc differs from the files
 
-Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json)
-the fine-tuning pre-check (docs/reproduction/results/ding-precheck-minilm/precheck.json)
-and `lmgeom sts` results (docs/reproduction/results/sts-<model>/sts.json, for the models STS_RUNS
+Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json),
+the fine-tuning pre-check (docs/reproduction/results/ding-precheck-minilm/precheck.json),
+`lmgeom sts` results (docs/reproduction/results/sts-<model>/sts.json, for the models STS_RUNS
+lists) and the isotropy.json and calibration.json of `lmgeom run` on Lee (the folders LEE_RUNS
 lists); docs/reproduction/results/COMMANDS.md
 lists the command of each run.
 """
@@ -29,6 +30,8 @@ CALIBRATION_RUNS = ("calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-min
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {}
+# `lmgeom run` on Lee: (results folder holding its isotropy.json and calibration.json, label)
+LEE_RUNS = (("ethayarajh-minilm-lee", "MiniLM"), ("ethayarajh-smollm2-lee", "SmolLM2"))
 
 
 def calibration_table(run: str) -> str:
@@ -74,6 +77,51 @@ def sts_full_table(model: str) -> str:
     return markdown(header, rows)
 
 
+# ---- isotropy and calibration of the word vectors of `lmgeom run` (calibration.md) ------------
+# isotropy.json / calibration.json measure -> (label, short label, digits)
+ISOTROPY_MEASURES = {
+    "average_cosine": ("average cosine", "avg cos", 3),
+    "average_cosine_without_rogue": ("average cosine without the 3 rogue dimensions", "without rogue", 3),
+    "average_cosine_standardized": ("average cosine after standardisation", "standardised", 3),
+    "rogue_top_share": ("top rogue dimension's share of the average cosine", "top rogue share", 3),
+    "isoscore": ("IsoScore", "IsoScore", 3),
+    "log_partition_isotropy": ("log I(W)", "log I(W)", 2),
+    "log_partition_isotropy_centered": ("log I(W), centred", "log I(W) centred", 2),
+    "effective_rank": ("effective rank", "eff. rank", 1),
+    "top1_variance_share": ("top principal component's variance share", "top-PC share", 3),
+}
+
+
+def isotropy_table() -> str:
+    """Per measure, each Lee run's values by layer (isotropy.json)."""
+    frames = {run: pd.DataFrame(load_json(RESULTS / run / "isotropy.json")["records"]) for run, _ in LEE_RUNS}
+    layers = range(max(int(frame["layer"].max()) for frame in frames.values()) + 1)
+    rows = []
+    for measure, (name, _, digits) in ISOTROPY_MEASURES.items():
+        for run, label in LEE_RUNS:
+            values = frames[run][frames[run].measure == measure].set_index("layer")["value"]
+            rows.append([name, label, *[number(values.get(layer), digits) if layer in values.index else "" for layer in layers]])
+    return markdown(["measure", "run", *[str(layer) for layer in layers]], rows, align="ll" + "r" * len(layers))
+
+
+def lee_calibration_table() -> str:
+    """Each Lee run's calibrated layers: the isotropy of the word vectors before (`none`) and after
+    each calibrator (calibration.json)."""
+    rows = []
+    for run, label in LEE_RUNS:
+        document = load_json(RESULTS / run / "calibration.json")
+        records = pd.DataFrame(document["records"]).set_index(["layer", "method", "measure"])
+        for layer in document["settings"]["layers"]:
+            first = document["settings"]["methods"][0]
+            rows.append([label, layer, "none", *[number(records.loc[(layer, first, m), "before"], d)
+                                                 for m, (_, _, d) in ISOTROPY_MEASURES.items()]])
+            for method in document["settings"]["methods"]:
+                rows.append(["", "", method, *[number(records.loc[(layer, method, m), "after"], d)
+                                               for m, (_, _, d) in ISOTROPY_MEASURES.items()]])
+    return markdown(["run", "layer", "method", *[short for _, short, _ in ISOTROPY_MEASURES.values()]], rows,
+                    align="lrl" + "r" * len(ISOTROPY_MEASURES))
+
+
 def precheck_table(run: str) -> str:
     """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
     from lmgeom.runs.experiments.finetuning import precheck_status_table
@@ -84,12 +132,11 @@ def precheck_table(run: str) -> str:
 def build() -> Documents:
     documents: Documents = {DING: {run: calibration_table(run) for run in CALIBRATION_RUNS}}
     documents[DING]["ding-precheck-minilm"] = precheck_table("ding-precheck-minilm")
-    blocks = {}
+    blocks = {"isotropy-lee": isotropy_table(), "calibration-lee": lee_calibration_table()}
     for model in STS_RUNS:
         blocks[f"sts-{model}-delta"] = sts_delta_table(model)
         blocks[f"sts-{model}-full"] = sts_full_table(model)
-    if blocks:
-        documents[CALIBRATION] = blocks
+    documents[CALIBRATION] = blocks
     return documents
 
 

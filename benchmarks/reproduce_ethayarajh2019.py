@@ -35,9 +35,9 @@ from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown
 
 DOC = "docs/reproduction/ethayarajh2019.md"
 PAPER_MODELS = ("ELMo", "BERT", "GPT-2")
-LAYERS = range(13)
 # lmgeom's runs shown beside the paper's models: (results folder, label, unit)
-RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee", "word"), ("ethayarajh-minilm-sts", "MiniLM, STS sample", "word"),
+RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee", "word"), ("ethayarajh-smollm2-lee", "SmolLM2, lee", "word"),
+        ("ethayarajh-minilm-sts", "MiniLM, STS sample", "word"),
         ("ethayarajh-minilm-sts-protocol", "MiniLM, STS scored sample, paper's protocol", "WordPiece piece"),
         ("ethayarajh-elmo-brown-lee", "elmo-brown, lee", "word"))
 # Table 1's benchmarks (the paper's names) -> lmgeom's
@@ -114,9 +114,16 @@ def is_protocol_run(run: str) -> bool:
     return load_json(RESULTS / run / "contextuality.json")["settings"].get("protocol") is not None
 
 
+def layer_columns() -> range:
+    """Layers 0 to the deepest of the paper's models and lmgeom's runs."""
+    deepest = max(max(load_json(RESULTS / run / "contextuality.json")["settings"]["layers"]) for run, _, _ in RUNS)
+    return range(max(deepest, 12) + 1)
+
+
 def measure_table(name: str) -> str:
     paper_metric, default = MEASURES[name]
-    header = ["model", "source", *[str(layer) for layer in LAYERS]]
+    layers = layer_columns()
+    header = ["model", "source", *[str(layer) for layer in layers]]
     rows = []
     if paper_metric:
         stats = released()
@@ -124,15 +131,15 @@ def measure_table(name: str) -> str:
             values = stats[(stats.model == model) & (stats.metric == paper_metric)].set_index("layer")["value"]
             last = int(stats[stats.model == model]["layer"].max())
             rows.append([model, "released (kawine/contextual)",
-                         *[number(values.get(layer)) if layer <= last else "" for layer in LAYERS]])
+                         *[number(values.get(layer)) if layer <= last else "" for layer in layers]])
     for run, label, _ in RUNS:
         records = contextuality(run)
         ours = PROTOCOL_MEASURES.get(name, default) if is_protocol_run(run) else default
         for variant, metric, field in ours:
             values = records[records.metric == metric].set_index("layer")[field]
             source = "lmgeom" + (f", {variant}" if variant else "")
-            rows.append([label, source, *[number(values.get(layer)) if layer in values.index else "" for layer in LAYERS]])
-    return markdown(header, rows, align="ll" + "r" * len(LAYERS))
+            rows.append([label, source, *[number(values.get(layer)) if layer in values.index else "" for layer in layers]])
+    return markdown(header, rows, align="ll" + "r" * len(layers))
 
 
 def run_summary() -> str:

@@ -266,7 +266,7 @@ def test_run_has_a_geometry_step_that_resumes(tmp_path: Path) -> None:
 
     options: dict[str, Any] = dict(limit=30, device="cpu", min_contexts=2, num_workers=1)
     first = run("tiny-bert", "lee", out=tmp_path / "run", **options)
-    assert first.steps_run.index("geometry") == first.steps_run.index("static_embeddings") + 1
+    assert first.steps_run.index("static_embeddings") < first.steps_run.index("geometry") < first.steps_run.index("report")
     steps = json.loads((tmp_path / "run" / "run.json").read_text())["steps"]
     assert steps["geometry"]["outputs"] == ["geometry.json", "geometry.csv"] and steps["geometry"]["device"] == "cpu"
     document = json.loads((tmp_path / "run" / "geometry.json").read_text())

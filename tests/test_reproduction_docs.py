@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-SCRIPTS = ("reproduce_peters2018", "reproduce_ethayarajh2019", "reproduce_ding2022")
+SCRIPTS = ("reproduce_peters2018", "reproduce_ethayarajh2019", "reproduce_ding2022", "reproduce_geometry")
 
 
 def _load(name: str) -> ModuleType:

@@ -1,0 +1,153 @@
+"""The geometry tables of docs/metrics.md (similarity between layers and models, the intrinsic-
+dimension profile over depth, and whether it picks the best probing layer) from committed files.
+
+    python benchmarks/reproduce_geometry.py           writes the marked blocks into the doc and
+                                                      the CKA heatmaps into docs/reproduction/figures/
+    python benchmarks/reproduce_geometry.py --check   exits 1 if the doc differs from the files
+
+Sources: `lmgeom similarity` results (docs/reproduction/results/similarity-*/similarity.json),
+`lmgeom geometry` results (docs/reproduction/results/geometry-*/geometry.json) and the layer
+experiments' results (docs/reproduction/results/layers-*/results.json);
+docs/reproduction/results/COMMANDS.md lists the command of each run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown, number  # noqa: E402
+
+DOC = "docs/metrics.md"
+FIGURES = ROOT / "docs" / "reproduction" / "figures"
+# layer x layer within one model: (results folder, model label)
+WITHIN = (("similarity-minilm-lee", "MiniLM"), ("similarity-elmo-brown-lee", "elmo-brown"))
+# model x model over the same words: (results folder, label of store a, label of store b)
+ACROSS = (("similarity-minilm-smollm2-lee", "MiniLM", "SmolLM2"), ("similarity-minilm-elmo-brown-lee", "MiniLM", "elmo-brown"))
+# intrinsic-dimension profiles: (results folder, model label)
+PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee-limit500", "SmolLM2"),
+            ("geometry-elmo-brown-lee", "elmo-brown"))
+# the layer experiments the probe test reads (mean over 3 seeds)
+PROBE_RUNS = ("layers-minilm-cola", "layers-minilm-mrpc", "layers-minilm-pos-full", "layers-smollm2-cola",
+              "layers-smollm2-mrpc", "layers-smollm2-pos", "layers-elmo-cola", "layers-elmo-mrpc")
+
+
+def similarity(run: str) -> dict[str, Any]:
+    return load_json(RESULTS / run / "similarity.json")
+
+
+def _matrix(document: dict[str, Any], measure: str) -> np.ndarray:
+    return np.asarray(document["matrices"][measure], dtype=float)
+
+
+def within_table(run: str) -> str:
+    """Linear CKA of one model's layers against each other."""
+    document = similarity(run)
+    layers, cka = document["layers_a"], _matrix(document, "cka")
+    rows = [[layer, *[f"{value:.2f}" for value in cka[i]]] for i, layer in enumerate(layers)]
+    return markdown(["layer", *[str(layer) for layer in layers]], rows)
+
+
+def across_table(run: str, label_a: str, label_b: str) -> str:
+    """Linear CKA (and the debiased one) of every layer of store b (rows) against every layer of store a."""
+    document = similarity(run)
+    cka, debiased = _matrix(document, "cka"), _matrix(document, "cka_debiased")
+    header = [f"{label_b} layer", *[f"{label_a} {layer}" for layer in document["layers_a"]]]
+    rows = [[layer_b, *[f"{cka[i, j]:.2f} ({debiased[i, j]:.2f})" for i in range(len(document["layers_a"]))]]
+            for j, layer_b in enumerate(document["layers_b"])]
+    return markdown(header, rows)
+
+
+def matching_counts(run: str, label_a: str, label_b: str) -> str:
+    """How the word matching of a model x model run went: matched rows and the rows each side dropped."""
+    document = similarity(run)
+    counts = document["counts"]
+    rows = [[label, f"{counts[side + '_rows']:,}", f"{counts[side + '_rows_analysed']:,}",
+             f"{counts[side + '_rows_unmatched']:,}"] for side, label in (("a", label_a), ("b", label_b))]
+    table = markdown(["store", "stored rows", "selected rows (words)", "selected rows without a match (dropped)"], rows)
+    return (f"{table}\n\nMatched word occurrences: {counts['rows_matched']:,}; RSA, mutual k-NN and the nulls on a "
+            f"seeded subsample of {counts['sample']:,} of them.")
+
+
+def profile_table(run: str) -> str:
+    """Per layer: duplicates removed, TwoNN with its bootstrap interval, MLE and GRIDE at n2 = 64."""
+    rows = []
+    for layer in load_json(RESULTS / run / "geometry.json")["layers"]:
+        estimates = {(e["method"], e["n2"]): e for e in layer["intrinsic_dimension"]}
+        twonn = estimates[("twonn", 2)]
+        rows.append([layer["layer"], f"{layer['n_duplicates']:,}",
+                     f"{twonn['dimension']:.1f} [{twonn['low']:.1f}, {twonn['high']:.1f}]",
+                     f"{estimates[('mle', 20)]['dimension']:.1f}" if ("mle", 20) in estimates else "—",
+                     f"{estimates[('gride', 64)]['dimension']:.1f}" if ("gride", 64) in estimates else "—"])
+    return markdown(["layer", "duplicates", "TwoNN [95 % CI]", "MLE", "GRIDE n2 = 64"], rows)
+
+
+def probe_tables() -> str:
+    """`lmgeom geometry-probes` on the committed profiles and layer experiments, with TwoNN and MLE."""
+    from lmgeom.runs.geometry import probe_layer_test
+
+    geometry = [RESULTS / run / "geometry.json" for run, _ in PROFILES]
+    experiments = [RESULTS / run / "results.json" for run in PROBE_RUNS]
+    twonn, mle = (probe_layer_test(geometry, experiments, method=method) for method in ("twonn", "mle"))
+    rows = [[case["model"], case["task"], case["best_layer"], case["peak_layer"],
+             "—" if case["minimum_after_peak"] is None else case["minimum_after_peak"], case["n_layers"]]
+            for case in twonn["cases"]]
+    table = markdown(["model", "task", "best probing layer", "ID peak (Cheng et al. 2025)",
+                      "minimum after the peak (Valeriani et al. 2023)", "layers"], rows, align="llrrrr")
+    lines = [f"- {method}, {rule}: {outcome['hits']} of {outcome['cases']} hits, {outcome['expected_hits']:.2f} expected "
+             f"by chance, p = {outcome['p_value']:.2g}"
+             for method, test in (("TwoNN", twonn), ("MLE", mle)) for rule, outcome in test["tests"].items()]
+    return table + "\n\n" + "\n".join(lines)
+
+
+def build() -> Documents:
+    blocks = {run: within_table(run) for run, _ in WITHIN}
+    for run, label_a, label_b in ACROSS:
+        blocks[run] = across_table(run, label_a, label_b)
+        blocks[f"{run}-rows"] = matching_counts(run, label_a, label_b)
+    blocks.update({f"id-{run}": profile_table(run) for run, _ in PROFILES})
+    blocks["id-probes"] = probe_tables()
+    return {DOC: blocks}
+
+
+def write_figures() -> list[Path]:
+    """A linear-CKA heatmap per committed similarity run (docs/reproduction/figures/cka-<run>.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    written = []
+    for run, title, labels in ([(run, f"{label}, layer × layer", (label, label)) for run, label in WITHIN]
+                               + [(run, f"{a} × {b}", (a, b)) for run, a, b in ACROSS]):
+        document = similarity(run)
+        cka = _matrix(document, "cka")
+        figure, axes = plt.subplots(figsize=(5.2, 4.4) if len(document["layers_b"]) > 10 else (4.2, 3.6))
+        image = axes.imshow(cka.T, origin="lower", vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        step_a = 1 if len(document["layers_a"]) <= 10 else 5
+        step_b = 1 if len(document["layers_b"]) <= 10 else 5
+        axes.set_xticks(range(0, len(document["layers_a"]), step_a), [str(v) for v in document["layers_a"][::step_a]])
+        axes.set_yticks(range(0, len(document["layers_b"]), step_b), [str(v) for v in document["layers_b"][::step_b]])
+        axes.set_xlabel(f"{labels[0]} layer")
+        axes.set_ylabel(f"{labels[1]} layer")
+        axes.set_title(f"linear CKA, Lee: {title}", fontsize=10)
+        figure.colorbar(image, ax=axes)
+        figure.tight_layout()
+        path = FIGURES / f"cka-{run.removeprefix('similarity-')}.png"
+        figure.savefig(path, dpi=100, metadata={"Software": None})
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    status = main(build)
+    if status == 0 and "--check" not in sys.argv[1:]:
+        for path in write_figures():
+            print(f"{path.relative_to(ROOT)} written")
+    raise SystemExit(status)
