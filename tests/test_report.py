@@ -460,7 +460,7 @@ def assert_layout_fits(page: Any, *, width: int, layer_charts: bool) -> None:
             assert caption["scroll"] <= caption["client"] + 1 and caption["box"]["r"] <= width, name
         if layer_charts:
             for trace in chart["traces"]:
-                if "lines" in trace["mode"]:
+                if "lines" in (trace["mode"] or ""):  # heatmaps have no mode
                     joined = [(a, b) for a, b, ya, yb in zip(trace["x"], trace["x"][1:], trace["y"], trace["y"][1:])
                               if ya is not None and yb is not None]
                     assert all(b - a == 1 for a, b in joined), (name, trace["x"], trace["y"])

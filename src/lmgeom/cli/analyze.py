@@ -111,6 +111,7 @@ def print_released(result: ContextualityResult) -> None:
     for layer in sorted(result.layers["layer"].unique()):
         table.add_row(str(layer), *(number(records.at[(layer, metric), field], 3) if (layer, metric) in records.index else "—"
                                     for metric, field, _ in RELEASED_COLUMNS))
+    console.print(table)
 
 
 # the key columns whose intervals the terminal shows: (summary column, header)
@@ -143,7 +144,7 @@ def register(app: typer.Typer) -> None:
     def analyze_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract` (a folder or an fsspec URL)"),
         min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help=MIN_CONTEXTS_HELP),
-        count_by: Optional[str] = typer.Option(None, metavar="sentences|occurrences", help=COUNT_BY_HELP),
+        count_by: Optional[str] = typer.Option(None, metavar="<unit>", help=COUNT_BY_HELP),
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help=PROTOCOL_HELP),
         include_punct: bool = typer.Option(False, "--include-punct", help="also analyse punctuation (the paper left it out)"),
         exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word (decoders without BOS put outliers there)"),
@@ -191,7 +192,7 @@ def register(app: typer.Typer) -> None:
             "also load gensim .kv files given to --static-vectors: a .kv is a Python pickle, and loading one can "
             "run arbitrary code, so pass this only for files you made yourself (word2vec format needs no trust)")),
         min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help="export words occurring at least this many times, counted by --count-by (default 1: every word)"),
-        count_by: Optional[str] = typer.Option(None, metavar="sentences|occurrences", help=COUNT_BY_HELP),
+        count_by: Optional[str] = typer.Option(None, metavar="<unit>", help=COUNT_BY_HELP),
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help="ethayarajh2019: the words of the released code (at least 5 occurrences, no punctuation)"),
         include_punct: Optional[bool] = typer.Option(None, "--include-punct/--exclude-punct", help="also export punctuation (default: not)"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "

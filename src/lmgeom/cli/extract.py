@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences (--seed; default: all)"),
         device: str = typer.Option("auto", help="where every step computes: auto, cpu, cuda, cuda:N"),
         min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help=MIN_CONTEXTS_HELP),
-        count_by: Optional[str] = typer.Option(None, metavar="sentences|occurrences", help=COUNT_BY_HELP),
+        count_by: Optional[str] = typer.Option(None, metavar="<unit>", help=COUNT_BY_HELP),
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help=PROTOCOL_HELP),
         layers: str = typer.Option("default", help="layers to calibrate and distil: default (0, middle, last), all, or e.g. 0,3,6"),
         store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
