@@ -33,7 +33,9 @@ CHILD = textwrap.dedent(
     """
     import json, resource, sys, time
     from lmgeom.cli.main import app
-    model, limit, workers, tmp, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+    model, limit, workers, tmp = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    cut = sys.argv.index("--analyze")
+    extra, analyze_extra = sys.argv[5:cut], sys.argv[cut + 1:]
     def timed(args):
         cpu0 = time.process_time(); wall0 = time.perf_counter()
         children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -47,19 +49,19 @@ CHILD = textwrap.dedent(
     corpus = ["--corpus", "lee"] + (["--limit", limit] if limit != "0" else [])
     out["extract"] = timed(["extract", model, *corpus, "--out", tmp + "/store", "--device", "cpu", *extra])
     out["analyze"] = timed(["analyze", tmp + "/store", "--device", "cpu", "--num-workers", workers,
-                            "--out", tmp + "/analysis"])
+                            "--out", tmp + "/analysis", *analyze_extra])
     print("RESULT " + json.dumps(out))
     """
 )
 
 
-def one_round(src: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, tuple[float, float]]:
-    """One fresh process of one version: its extract (with the flags `extra`) and analyze seconds
-    (wall, CPU)."""
+def one_round(src: Path, args: argparse.Namespace, extra: list[str], analyze_extra: list[str]) -> dict[str, tuple[float, float]]:
+    """One fresh process of one version: its extract (with the flags `extra`) and analyze (with
+    `analyze_extra`) seconds (wall, CPU)."""
     env = dict(os.environ, PYTHONPATH=str(src))
     with tempfile.TemporaryDirectory(prefix="lmgeom-speed-") as tmp:
         done = subprocess.run(
-            [sys.executable, "-c", CHILD, args.model, str(args.limit), str(args.workers), tmp, *extra],
+            [sys.executable, "-c", CHILD, args.model, str(args.limit), str(args.workers), tmp, *extra, "--analyze", *analyze_extra],
             env=env, capture_output=True, text=True, check=False,
         )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -78,6 +80,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="also run the working tree's extraction with these flags (repeatable), "
                              "e.g. 'window1024=--sort-window 1024'")
+    parser.add_argument("--after-analyze", default="", metavar="FLAGS",
+                        help="flags of the working tree's analysis only (e.g. '--bootstrap 0': the work the older version does)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw seconds here")
     args = parser.parse_args()
 
@@ -85,14 +89,16 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", tree, args.before],
                        check=True, capture_output=True)
         try:
-            versions: dict[str, tuple[Path, list[str]]] = {"before": (Path(tree) / "src", []), "after": (ROOT / "src", [])}
+            after = args.after_analyze.split()
+            versions: dict[str, tuple[Path, list[str], list[str]]] = {
+                "before": (Path(tree) / "src", [], []), "after": (ROOT / "src", [], after)}
             for variant in args.variant:
                 name, _, flags = variant.partition("=")
-                versions[name] = (ROOT / "src", flags.split())
+                versions[name] = (ROOT / "src", flags.split(), after)
             runs: dict[str, list[dict[str, tuple[float, float]]]] = {name: [] for name in versions}
             for round_ in range(args.repeat):
-                for name, (src, extra) in versions.items():
-                    runs[name].append(one_round(src, args, extra))
+                for name, (src, extra, analyze_extra) in versions.items():
+                    runs[name].append(one_round(src, args, extra, analyze_extra))
                     shown = {step: f"{v[0]:.1f}" for step, v in runs[name][-1].items()}
                     print(f"round {round_ + 1} {name}: {shown}", flush=True)
         finally:
