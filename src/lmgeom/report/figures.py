@@ -385,13 +385,18 @@ def draw_figure(chart: Chart) -> Any:
 def save_figure(chart: Chart, folder: rundir.Where) -> list[rundir.Target]:
     """`figures/<name>.png` (150 dpi) and `figures/<name>.svg` of a chart in `folder` (a run directory
     or a comparison's folder, local or an fsspec URL), each written whole."""
-    fig = draw_figure(chart)
+    return write_figure(draw_figure(chart), chart.name, folder)
+
+
+def write_figure(fig: Any, name: str, folder: rundir.Where) -> list[rundir.Target]:
+    """`figures/<name>.png` (150 dpi) and `.svg` of the matplotlib figure `fig` in `folder`, each
+    written whole; the figure is closed."""
     try:
         written = []
         for ext in ("png", "svg"):
             buffer = io.BytesIO()
             fig.savefig(buffer, format=ext, dpi=150)
-            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(chart.name)}.{ext}"), buffer.getvalue()))
+            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"), buffer.getvalue()))
         return written
     finally:
         plt.close(fig)

@@ -7,13 +7,12 @@ rows of one side shuffled on the seeded subsample, the value of unrelated rows."
 
 from __future__ import annotations
 
-import io
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from lmgeom.report.figures import plt, safe_name
+from lmgeom.report.figures import plt, safe_name, write_figure
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import number
 from lmgeom.runs import rundir
@@ -106,14 +105,10 @@ def _save_heatmap(name: str, title: str, matrix: np.ndarray, ys: list[str], xs: 
         axis.set_ylabel(y_title)
         axis.set_title(title, fontsize=9)
         fig.colorbar(image, ax=axis)
-        written = []
-        for ext in ("png", "svg"):
-            buffer = io.BytesIO()
-            fig.savefig(buffer, format=ext, dpi=150)
-            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"), buffer.getvalue()))
-        return written
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    return write_figure(fig, name, folder)
 
 
 def summary_table(document: Mapping[str, Any]) -> str:
