@@ -370,7 +370,7 @@ def test_the_minilm_lee_store_reanalysed_reproduces_every_number(tmp_path: Path)
     location = os.environ.get("LMGEOM_EXPECT_STORE")
     if not location:
         pytest.skip("set LMGEOM_EXPECT_STORE to the MiniLM x Lee store of tests/data/minilm_lee_run")
-    from lmgeom.runs.calibration import calibrate_store
+    from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
     from lmgeom.runs.isotropy import measure_isotropy
     from lmgeom.runs.static import benchmark_static_embeddings, default_word_benchmarks, static_embeddings
 
@@ -395,8 +395,9 @@ def test_the_minilm_lee_store_reanalysed_reproduces_every_number(tmp_path: Path)
 
     expected = _expected("calibration.json")
     fits = expected["fits"]
-    calibrated = calibrate_store(store, methods=sorted({fit["method"] for fit in fits}, key=[f["method"] for f in fits].index),
-                                 layers=sorted({fit["layer"] for fit in fits}), seed=fits[0]["seed"], save=False)
+    calibrated = calibrate_store(store, CalibrationOptions(
+        methods=tuple(sorted({fit["method"] for fit in fits}, key=[f["method"] for f in fits].index)),
+        layers=tuple(sorted({fit["layer"] for fit in fits})), seed=fits[0]["seed"]), save=False)
     compare("calibration.json", _json_of({"records": calibrated.records}), {"records": expected["records"]})
 
     benchmarks, _ = default_word_benchmarks()
