@@ -242,7 +242,7 @@ def test_the_run_step_writes_similarity_and_resumes(runs):
     from lmgeom.runs.selection import SELECTION_COLUMNS, select_rows
 
     bert = runs["folder"] / "bert"
-    assert runs["resumed"].steps_run == ["similarity", "report"]
+    assert runs["resumed"].steps_run == ["similarity", "geometry", "report"]
     assert runs["again"].steps_run == ["report"] and "similarity" in runs["again"].steps_skipped
     step = json.loads((bert / "run.json").read_text())["steps"]["similarity"]
     assert step["device"] == "cpu" and step["outputs"] == ["similarity.json", "similarity.csv"]

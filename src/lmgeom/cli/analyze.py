@@ -20,7 +20,6 @@ from lmgeom.cli.common import (
     interval_cell,
     user_errors,
 )
-from lmgeom.report.labels import MEV_ADJ_COLUMN
 
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
@@ -114,13 +113,13 @@ def print_released(result: ContextualityResult) -> None:
     console.print(table)
 
 
-# the key columns whose intervals the terminal shows: (summary column, header)
-INTERVAL_COLUMNS = [("anisotropy_exact", "baseline exact"), ("self_similarity_adjusted", "SelfSim adj"),
-                    ("intra_sentence_similarity_adjusted", "IntraSim adj"), (MEV_ADJ_COLUMN, "MEV svd_ratio adj")]
-
-
 def print_intervals(result: ContextualityResult) -> None:
     """The key columns with their bootstrap intervals (nothing when the analysis had no bootstrap)."""
+    from lmgeom.report.labels import MEV_ADJ_COLUMN
+
+    # the key columns whose intervals the terminal shows: (summary column, header)
+    interval_columns = [("anisotropy_exact", "baseline exact"), ("self_similarity_adjusted", "SelfSim adj"),
+                        ("intra_sentence_similarity_adjusted", "IntraSim adj"), (MEV_ADJ_COLUMN, "MEV svd_ratio adj")]
     intervals = result.intervals()
     if intervals.empty or not result.bootstrap:
         return
@@ -130,7 +129,7 @@ def print_intervals(result: ContextualityResult) -> None:
     table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}, seed {design['seed']} "
                         "(cosines: sentences resampled; MEV: words)")
     table.add_column("layer", justify="right")
-    columns = [(column, header) for column, header in INTERVAL_COLUMNS if column in summary]
+    columns = [(column, header) for column, header in interval_columns if column in summary]
     for _, header in columns:
         table.add_column(header, justify="right")
     for layer, row in summary.iterrows():

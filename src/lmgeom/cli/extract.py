@@ -20,7 +20,6 @@ from lmgeom.cli.common import (
     split_list,
     user_errors,
 )
-from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
 if TYPE_CHECKING:
     from lmgeom.store import RepresentationStore
@@ -148,7 +147,7 @@ def register(app: typer.Typer) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
         report.html; finished steps are skipped when re-run."""
-        from lmgeom.report.labels import number
+        from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, number
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:

@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import RichProgress, console, user_errors
-from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
 
 def register(app: typer.Typer) -> None:
@@ -35,6 +34,8 @@ def register(app: typer.Typer) -> None:
                                      explorer_neighbours=neighbours, progress=progress)
             run = load_run(run_dir)
             if run.layers is not None:
+                from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
+
                 table = Table(title=f"{run.label} (layer 0 = embedding output)")
                 for header in ("layer", "baseline", "SelfSim", "SelfSim adj", "IntraSim", "MEV adj"):
                     table.add_column(header, justify="right")
