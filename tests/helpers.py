@@ -143,3 +143,17 @@ def pin_spectrum_route(monkeypatch: Any, name: str) -> str:
     monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
     monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
     return name
+
+
+class StopAt:
+    """A progress reporter that interrupts the run when a stage starts."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
+        if stage == self.stage:
+            raise KeyboardInterrupt
+
+    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
+        pass

@@ -34,7 +34,7 @@ from lmgeom.metrics import (
 from lmgeom.runs import AnalysisOptions, AnalysisState, Feed, analyze_shard, analyze_store, finish_analysis, select_rows, select_words, tally
 from lmgeom.store import write_store_from_arrays
 
-from helpers import TINY_RUN
+from helpers import TINY_RUN, StopAt
 
 DATA = Path(__file__).parent / "data"
 SRC = Path(__file__).resolve().parents[1] / "src" / "lmgeom"
@@ -372,20 +372,6 @@ def test_minilm_on_lee_agrees_with_the_code_before_the_restructure(tmp_path):
     assert_same_numbers(layer_summary(store, contextuality), expected["summary"], atol=1e-5)
     counts = {key: value for key, value in contextuality.counts.items() if key != "mean_norm_by_layer"}
     assert_same_numbers(counts, {key: value for key, value in expected["counts"].items() if key != "mean_norm_by_layer"}, atol=0)
-
-
-class StopAt:
-    """A progress reporter that interrupts the run when a stage starts."""
-
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-
-    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
-        if stage == self.stage:
-            raise KeyboardInterrupt
-
-    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-        pass
 
 
 def test_an_interrupted_run_resumes_without_redoing_finished_steps(tiny_run, tmp_path):

@@ -17,6 +17,8 @@ import scipy.stats
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.store import RepresentationStore, write_store_from_arrays
 
+from helpers import StopAt
+
 SENTENCES = [["the", "cat", "sat", ",", "on", "mats"], ["a", "dog", "ran", "."], ["birds", "fly", "high", "up", "there"]] * 5
 
 
@@ -206,20 +208,6 @@ def test_ray_gives_the_local_numbers(stores):
 # the run step, the report section and the comparison (tiny models on a few Lee sentences)
 
 RUN_OPTIONS = dict(limit=16, device="cpu", min_contexts=2, num_workers=1, layers="0")
-
-
-class StopAt:
-    """A progress reporter that interrupts the run when a stage starts."""
-
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-
-    def start(self, stage: str, total: int, *, unit: str = "items") -> None:
-        if stage == self.stage:
-            raise KeyboardInterrupt
-
-    def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
