@@ -6,10 +6,12 @@ never each other (tests/test_layout_rules.py checks it). Fixtures live in tests/
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from lmgeom.corpus import CorpusStream
 from lmgeom.corpus.corpus import Sentence
@@ -157,3 +159,15 @@ class StopAt:
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
         pass
+
+
+def local_ray(module: str) -> Iterator[Any]:
+    """A fixture body: a local 2-CPU Ray cluster for the tests of `module` (its functions travel to
+    the workers by value: Ray's workers cannot import a test module by name), shut down after them."""
+    ray = pytest.importorskip("ray")
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[module])
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -43,7 +42,7 @@ from lmgeom.runs.engine import executors as executors_module
 from lmgeom.runs.engine.statistics import LayerValues, layer_record, per_word
 from lmgeom.store import RepresentationStore, write_store_from_arrays
 
-from helpers import synthetic_store
+from helpers import local_ray, synthetic_store
 
 DATA = Path(__file__).parent / "data"
 COUNTS = {f"often{i}": 150 for i in range(3)} | {f"rare{i}": 4 + i % 7 for i in range(60)}
@@ -231,14 +230,7 @@ def test_a_statistic_registered_once_is_in_the_local_results(grouped_store: Repr
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
-    # the test statistic's functions travel by value: Ray's workers cannot import this module by name
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
+    yield from local_ray(__name__)
 
 
 @pytest.mark.ray

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,6 +25,8 @@ from lmgeom.runs.engine import AnalysisOptions, LocalExecutor, ProcessExecutor
 from lmgeom.runs.engine import executors as executors_module
 from lmgeom.runs.geometry import layernorm_outliers, measure_geometry
 from lmgeom.store import RepresentationStore, write_store_from_arrays
+
+from helpers import local_ray
 
 N_SENTENCES, LENGTH, DIM = 40, 8, 12
 OPTIONS = AnalysisOptions(geometry_rows=200, top_activations=4, min_contexts=5, seed=3)
@@ -142,13 +143,7 @@ def test_processes_give_the_local_numbers_bit_for_bit(store: RepresentationStore
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
+    yield from local_ray(__name__)
 
 
 @pytest.mark.ray

@@ -4,7 +4,6 @@ Ray engine are bit-identical to the local engine's; windows never cross a shard.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterator
 
 import numpy as np
@@ -18,6 +17,8 @@ from lmgeom.runs import extract
 from lmgeom.runs.distributed import default_shard_sentences, extract_sharded, resolve_shards
 from lmgeom.runs.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
 from lmgeom.store import RepresentationStore
+
+from helpers import local_ray
 
 CHUNK = 8
 SHARD = 24  # 48 sentences: shards [0, 24), [24, 48) of three chunks each
@@ -39,13 +40,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
+    yield from local_ray(__name__)
 
 
 def same_bytes(a: RepresentationStore, b: RepresentationStore) -> None:
