@@ -31,7 +31,7 @@ CALIBRATION_RUNS = ("calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-min
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {}
 # `lmgeom run` on Lee: (results folder holding its isotropy.json and calibration.json, label)
-LEE_RUNS = (("ethayarajh-minilm-lee", "MiniLM"), ("ethayarajh-smollm2-lee", "SmolLM2"))
+LEE_RUNS = (("ethayarajh-minilm-lee", "MiniLM"), ("ethayarajh-smollm2-lee", "SmolLM2"), ("ethayarajh-gemma3-lee", "Gemma 3 270M"))
 
 
 def calibration_table(run: str) -> str:

@@ -37,6 +37,7 @@ DOC = "docs/reproduction/ethayarajh2019.md"
 PAPER_MODELS = ("ELMo", "BERT", "GPT-2")
 # lmgeom's runs shown beside the paper's models: (results folder, label, unit)
 RUNS = (("ethayarajh-minilm-lee", "MiniLM, lee", "word"), ("ethayarajh-smollm2-lee", "SmolLM2, lee", "word"),
+        ("ethayarajh-gemma3-lee", "Gemma 3 270M, lee", "word"),
         ("ethayarajh-minilm-sts", "MiniLM, STS sample", "word"),
         ("ethayarajh-minilm-sts-protocol", "MiniLM, STS scored sample, paper's protocol", "WordPiece piece"),
         ("ethayarajh-elmo-brown-lee", "elmo-brown, lee", "word"))

@@ -395,7 +395,7 @@ def test_the_minilm_lee_store_reanalysed_reproduces_every_number(tmp_path: Path)
     benchmarks, _ = default_word_benchmarks()
     for path in sorted((DATA / "minilm_lee_run" / "static").glob("*.benchmarks.json")):
         expected = json.loads(path.read_text())
-        embeddings = static_embeddings(store, layer=expected["layer"])
+        embeddings = static_embeddings(store, layer=expected["layer"], **expected["settings"])
         scores = benchmark_static_embeddings(embeddings, benchmarks=benchmarks)
         assert len(embeddings.words) == expected["n_words"]
         compare(f"static/{path.name}", _json_of({"records": scores.to_dict("records")}), {"records": expected["records"]})

@@ -114,8 +114,8 @@ def test_the_cli_compares_a_trusted_kv(tmp_path: Path) -> None:
     vectors.save(str(tmp_path / "mine.kv"))
     app = typer.Typer()
     register(app)
-    outcome = CliRunner().invoke(app, ["static-embeddings", str(store), "--layer", "1", "--static-vectors",
-                                       str(tmp_path / "mine.kv"), "--trust-pickle"], env={"COLUMNS": "200"})
+    outcome = CliRunner().invoke(app, ["static-embeddings", str(store), "--layer", "1", "--min-contexts", "1",
+                                       "--static-vectors", str(tmp_path / "mine.kv"), "--trust-pickle"], env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert "static: mine.kv" in outcome.output
 

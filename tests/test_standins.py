@@ -103,7 +103,7 @@ def test_scores_equal_a_hand_computation(corpus_file: Path, tmp_path: Path) -> N
 
 
 def test_default_settings_per_corpus() -> None:
-    assert (default_settings("lee").min_count, default_settings("lee").epochs) == (1, 20)
+    assert (default_settings("lee").min_count, default_settings("lee").epochs) == (5, 20)
     assert (default_settings("brown:/x").min_count, default_settings("brown").epochs) == (5, 5)
     assert default_settings("lee", min_count=3, epochs=None).min_count == 3
     with pytest.raises(InputError, match="`dim`"):

@@ -115,7 +115,7 @@ def store(tmp_path):
 
 def test_static_embeddings_are_top_singular_vectors_aligned_with_the_mean(store):
     store, hidden, words = store
-    embeddings = static_embeddings(store, layer=2)
+    embeddings = static_embeddings(store, layer=2, min_contexts=1)
     assert "." not in embeddings.words and {"The", "the"} <= set(embeddings.words)  # cased, punctuation out
     assert list(embeddings.counts) == sorted(embeddings.counts, reverse=True)
     X2 = hidden[2].astype(np.float32).astype(np.float64)
@@ -134,7 +134,7 @@ def test_static_embeddings_are_top_singular_vectors_aligned_with_the_mean(store)
 
 def test_benchmark_table_covers_every_vector_set(store, tmp_path):
     store, _, _ = store
-    embeddings = static_embeddings(store, layer=1)
+    embeddings = static_embeddings(store, layer=1, min_contexts=1)
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("cat dog 8\ncar bus 7\ncat car 2\ndog bus 1\nmat unicorn 3\n")
     embeddings.save(tmp_path)  # the run directory: STATIC/1.kv and 1.txt under it
@@ -155,7 +155,7 @@ def test_cli_static_embeddings(store, tmp_path):
     app = typer.Typer()
     register(app)
     out = tmp_path / "vectors.txt"
-    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--out", str(out),
+    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--min-contexts", "1", "--out", str(out),
                                        "--benchmark", str(pairs), "--data-dir", str(tmp_path)], env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert out.exists() and (store.path / "static" / "2.kv").exists()

@@ -289,7 +289,7 @@ def test_cli_scores_every_benchmark_found_in_both_protocols(shared_data, tmp_pat
     rng = np.random.default_rng(1)
     n = sum(map(len, sentences))
     store = write_store_from_arrays(tmp_path / "store", [rng.normal(size=(n, 5)) for _ in range(2)], sentences)
-    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "1"], env={"COLUMNS": "80"})
+    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "1", "--min-contexts", "1"], env={"COLUMNS": "80"})
     assert outcome.exit_code == 0, outcome.output
     assert max(len(line) for line in outcome.output.splitlines()) <= 80
     assert "all (OOV mean)" in outcome.output and "skipped battig" in outcome.output

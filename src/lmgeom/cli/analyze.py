@@ -190,7 +190,7 @@ def register(app: typer.Typer) -> None:
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(
             "also load gensim .kv files given to --static-vectors: a .kv is a Python pickle, and loading one can "
             "run arbitrary code, so pass this only for files you made yourself (word2vec format needs no trust)")),
-        min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help="export words occurring at least this many times, counted by --count-by (default 1: every word)"),
+        min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help="export words occurring at least this many times, counted by --count-by (default 5, as analyze and run)"),
         count_by: Optional[str] = typer.Option(None, metavar="<unit>", help=COUNT_BY_HELP),
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help="ethayarajh2019: the words of the released code (at least 5 occurrences, no punctuation)"),
         include_punct: Optional[bool] = typer.Option(None, "--include-punct/--exclude-punct", help="also export punctuation (default: not)"),

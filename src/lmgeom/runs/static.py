@@ -98,8 +98,8 @@ def first_pc_vectors(store: RepresentationStore, layer: int, options: AnalysisOp
     return LayerVectors(words, order, values["first_pc"][order], values["first_pc_mean"][order])
 
 
-# static vectors are of every word in at least one sentence unless asked otherwise
-STATIC_OPTIONS = AnalysisOptions(min_contexts=1)
+# static vectors are of the words the analysis keeps (`DEFAULT_MIN_CONTEXTS`, counted by `DEFAULT_COUNT_BY`)
+STATIC_OPTIONS = AnalysisOptions()
 # the options that say which words have vectors (recorded in the benchmark files)
 WORD_SELECTION = ("min_contexts", "count_by", "include_punct", "include_special", "exclude_first_word", "protocol")
 
@@ -112,8 +112,8 @@ def static_embeddings(
     **keywords: Any,
 ) -> StaticEmbeddings:
     """First-PC, mean and layer-0-mean vectors at `layer` for the words `options` (or its fields as
-    `keywords`) analyses: by default every word in at least one sentence (`min_contexts` 1; rows
-    chosen by the row selection of `lmgeom.runs.selection`); no layer-0 means from a store without
+    `keywords`) analyses: by default the words the analysis keeps (`min_contexts`
+    `DEFAULT_MIN_CONTEXTS` sentences; rows chosen by the row selection of `lmgeom.runs.selection`); no layer-0 means from a store without
     layer 0."""
     store = RepresentationStore.of(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
@@ -247,7 +247,7 @@ def export_static_embeddings(
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
     A benchmark missing from `data_dir` is skipped, its reason kept in the JSON. A `.kv` among
     `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`).
-    Words: those of at least `min_contexts` (default 1: every word) distinct sentences or occurrences
+    Words: those of at least `min_contexts` (default `DEFAULT_MIN_CONTEXTS`, as the analysis) distinct sentences or occurrences
     (`count_by`), punctuation only with `include_punct`; `protocol` sets them as that protocol does
     (`lmgeom.runs.engine.options.PROTOCOLS`: ethayarajh2019, words of at least 5 occurrences), and a
     given option it sets otherwise is refused."""
