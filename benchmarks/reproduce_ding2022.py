@@ -29,7 +29,7 @@ CALIBRATION_RUNS = ("calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-min
                     "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
-STS_RUNS: dict[str, str] = {}
+STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}
 # `lmgeom run` on Lee: (results folder holding its isotropy.json and calibration.json, label)
 LEE_RUNS = (("ethayarajh-minilm-lee", "MiniLM"), ("ethayarajh-smollm2-lee", "SmolLM2"), ("ethayarajh-gemma3-lee", "Gemma 3 270M"))
 
