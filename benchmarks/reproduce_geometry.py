@@ -25,12 +25,23 @@ from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown
 DOC = "docs/metrics.md"
 FIGURES = ROOT / "docs" / "reproduction" / "figures"
 # layer x layer within one model: (results folder, model label)
-WITHIN = (("similarity-minilm-lee", "MiniLM"), ("similarity-elmo-brown-lee", "elmo-brown"))
+WITHIN = (("similarity-minilm-lee", "MiniLM"), ("similarity-elmo-brown-lee", "elmo-brown"),
+          ("similarity-smollm2-lee", "SmolLM2"), ("similarity-gemma3-lee", "Gemma 3"))
+# the deep models' tables show every k-th layer (and the last); their heatmaps show all
+TABLE_STEP = {"similarity-smollm2-lee": 5, "similarity-gemma3-lee": 3}
 # model x model over the same words: (results folder, label of store a, label of store b)
-ACROSS = (("similarity-minilm-smollm2-lee", "MiniLM", "SmolLM2"), ("similarity-minilm-elmo-brown-lee", "MiniLM", "elmo-brown"))
+ACROSS = (("similarity-minilm-smollm2-lee", "MiniLM", "SmolLM2"), ("similarity-minilm-elmo-brown-lee", "MiniLM", "elmo-brown"),
+          ("similarity-elmo-brown-smollm2-lee", "elmo-brown", "SmolLM2"), ("similarity-elmo-brown-gemma3-lee", "elmo-brown", "Gemma 3"),
+          ("similarity-minilm-gemma3-lee", "MiniLM", "Gemma 3"))
+# pairs of `lmgeom compare` shown only in the model x model matrix and as heatmaps (too wide for a table)
+PAIRS_ONLY = (("similarity-gemma3-smollm2-lee", "Gemma 3", "SmolLM2"),)
+# the model x model matrix: every pair above, by model label
+MODELS = ("MiniLM", "SmolLM2", "Gemma 3", "elmo-brown")
+# MiniLM x SmolLM2 with and without each sentence's first word (`--exclude-first-word`): (with, without)
+FIRST_WORD = ("similarity-minilm-smollm2-lee", "similarity-minilm-smollm2-lee-no-first-word")
 # intrinsic-dimension profiles: (results folder, model label)
-PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee-limit500", "SmolLM2"),
-            ("geometry-elmo-brown-lee", "elmo-brown"))
+PROFILES = (("geometry-minilm-lee", "MiniLM"), ("geometry-smollm2-lee", "SmolLM2"),
+            ("geometry-gemma3-lee", "Gemma 3"), ("geometry-elmo-brown-lee", "elmo-brown"))
 # the layer experiments the probe test reads (mean over 3 seeds)
 PROBE_RUNS = ("layers-minilm-cola", "layers-minilm-mrpc", "layers-minilm-pos-full", "layers-smollm2-cola",
               "layers-smollm2-mrpc", "layers-smollm2-pos", "layers-elmo-cola", "layers-elmo-mrpc")
@@ -45,11 +56,30 @@ def _matrix(document: dict[str, Any], measure: str) -> np.ndarray:
 
 
 def within_table(run: str) -> str:
-    """Linear CKA of one model's layers against each other."""
+    """Linear CKA of one model's layers against each other (every `TABLE_STEP`-th layer and the last)."""
     document = similarity(run)
     layers, cka = document["layers_a"], _matrix(document, "cka")
-    rows = [[layer, *[f"{value:.2f}" for value in cka[i]]] for i, layer in enumerate(layers)]
-    return markdown(["layer", *[str(layer) for layer in layers]], rows)
+    step = TABLE_STEP.get(run, 1)
+    shown = sorted({*range(0, len(layers), step), len(layers) - 1})
+    rows = [[layers[i], *[f"{cka[i, j]:.2f}" for j in shown]] for i in shown]
+    return markdown(["layer", *[str(layers[j]) for j in shown]], rows)
+
+
+def model_matrix() -> str:
+    """Model x model over the same Lee words: the debiased CKA of the two last layers, and the pair of
+    layers with the highest debiased CKA."""
+    pairs = {}
+    for run, label_a, label_b in (*ACROSS, *PAIRS_ONLY):
+        document = similarity(run)
+        debiased = _matrix(document, "cka_debiased")
+        best = np.unravel_index(int(np.argmax(debiased)), debiased.shape)
+        cell = (f"{debiased[-1, -1]:.2f}; best {debiased[best]:.2f} "
+                f"({document['layers_a'][best[0]]}, {document['layers_b'][best[1]]})")
+        pairs[label_a, label_b] = cell
+        pairs[label_b, label_a] = (f"{debiased[-1, -1]:.2f}; best {debiased[best]:.2f} "
+                                   f"({document['layers_b'][best[1]]}, {document['layers_a'][best[0]]})")
+    rows = [[a, *["—" if a == b else pairs.get((a, b), "not run") for b in MODELS]] for a in MODELS]
+    return markdown(["model (row layer first)", *MODELS], rows, align="l" * (len(MODELS) + 1))
 
 
 def across_table(run: str, label_a: str, label_b: str) -> str:
@@ -71,6 +101,29 @@ def matching_counts(run: str, label_a: str, label_b: str) -> str:
     table = markdown(["store", "stored rows", "selected rows (words)", "selected rows without a match (dropped)"], rows)
     return (f"{table}\n\nMatched word occurrences: {counts['rows_matched']:,}; RSA, mutual k-NN and the nulls on a "
             f"seeded subsample of {counts['sample']:,} of them.")
+
+
+def first_word_effect(layer_a: int = 3, layer_b: int = 20) -> str:
+    """How SmolLM2's sentence-initial words (its massive activations) move linear CKA against MiniLM."""
+    with_first, without = (similarity(run) for run in FIRST_WORD)
+    for document in (with_first, without):
+        if document["settings"].get("exclude_first_word") != (document is without):
+            raise SystemExit(f"{FIRST_WORD}: the second run must be the one with --exclude-first-word")
+
+    def cka(document: dict[str, Any]) -> float:
+        matrix = _matrix(document, "cka")
+        return float(matrix[document["layers_a"].index(layer_a), document["layers_b"].index(layer_b)])
+
+    def upper(document: dict[str, Any]) -> float:  # SmolLM2's layers 12-29 against every MiniLM layer
+        matrix = _matrix(document, "cka")
+        columns = [j for j, layer in enumerate(document["layers_b"]) if 12 <= layer <= 29]
+        return float(matrix[:, columns].max())
+
+    rows = without["counts"]["rows_matched"], with_first["counts"]["rows_matched"]
+    return (f"MiniLM's layer {layer_a} against SmolLM2's layer {layer_b} over the words of all of Lee gives linear CKA "
+            f"{cka(with_first):.2f} with the first words ({rows[1]:,} matched rows) and {cka(without):.2f} with "
+            f"`--exclude-first-word` ({rows[0]:,}); the highest CKA of SmolLM2's layers 12–29 against any MiniLM "
+            f"layer is {upper(with_first):.2f} and {upper(without):.2f}.")
 
 
 def profile_table(run: str) -> str:
@@ -109,6 +162,8 @@ def build() -> Documents:
     for run, label_a, label_b in ACROSS:
         blocks[run] = across_table(run, label_a, label_b)
         blocks[f"{run}-rows"] = matching_counts(run, label_a, label_b)
+    blocks["first-word-cka"] = first_word_effect()
+    blocks["model-matrix"] = model_matrix()
     blocks.update({f"id-{run}": profile_table(run) for run, _ in PROFILES})
     blocks["id-probes"] = probe_tables()
     return {DOC: blocks}
@@ -124,7 +179,7 @@ def write_figures() -> list[Path]:
     FIGURES.mkdir(parents=True, exist_ok=True)
     written = []
     for run, title, labels in ([(run, f"{label}, layer × layer", (label, label)) for run, label in WITHIN]
-                               + [(run, f"{a} × {b}", (a, b)) for run, a, b in ACROSS]):
+                               + [(run, f"{a} × {b}", (a, b)) for run, a, b in (*ACROSS, *PAIRS_ONLY)]):
         document = similarity(run)
         cka = _matrix(document, "cka")
         figure, axes = plt.subplots(figsize=(5.2, 4.4) if len(document["layers_b"]) > 10 else (4.2, 3.6))
