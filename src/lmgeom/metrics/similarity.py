@@ -183,6 +183,8 @@ def cross_statistics(moments: CrossMoments) -> CrossStatistics:
     nuclear = float(np.trace(centred)) if not moments.paired else float(np.linalg.svd(centred, compute_uv=False).sum())
     trace_x = moments.sum_sq_x - float(sum_x @ sum_x) / n
     trace_y = moments.sum_sq_y - float(sum_y @ sum_y) / n
+    if not moments.paired:  # ||X_c||_F^2 is that trace too: one sum, so a layer's distance to itself is exactly 0
+        trace_x = trace_y = nuclear
     debiased = float("nan")
     if n >= 4:
         trace_kl = float(np.sum(cross * cross)) - moments.sum_sq_xy
