@@ -73,11 +73,10 @@ def model_matrix() -> str:
         document = similarity(run)
         debiased = _matrix(document, "cka_debiased")
         best = np.unravel_index(int(np.argmax(debiased)), debiased.shape)
-        cell = (f"{debiased[-1, -1]:.2f}; best {debiased[best]:.2f} "
-                f"({document['layers_a'][best[0]]}, {document['layers_b'][best[1]]})")
-        pairs[label_a, label_b] = cell
-        pairs[label_b, label_a] = (f"{debiased[-1, -1]:.2f}; best {debiased[best]:.2f} "
-                                   f"({document['layers_b'][best[1]]}, {document['layers_a'][best[0]]})")
+        layer_a, layer_b = document["layers_a"][best[0]], document["layers_b"][best[1]]
+        summary = f"{debiased[-1, -1]:.2f}; best {debiased[best]:.2f}"
+        pairs[label_a, label_b] = f"{summary} ({layer_a}, {layer_b})"
+        pairs[label_b, label_a] = f"{summary} ({layer_b}, {layer_a})"
     rows = [[a, *["—" if a == b else pairs.get((a, b), "not run") for b in MODELS]] for a in MODELS]
     return markdown(["model (row layer first)", *MODELS], rows, align="l" * (len(MODELS) + 1))
 

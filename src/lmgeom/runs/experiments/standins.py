@@ -34,7 +34,7 @@ METHODS = ("word2vec", "fasttext")
 LABELS = {"word2vec": "word2vec SG", "fasttext": "fastText SG"}
 # the corpus-dependent defaults: Lee (about 60,000 words) needs more passes; words of at least 5
 # occurrences everywhere (the model's static vectors keep words of at least 5 sentences)
-SMALL_CORPUS_DEFAULTS = {"lee": {"min_count": 5, "epochs": 20}}
+SMALL_CORPUS_DEFAULTS = {"lee": {"epochs": 20}}
 USUAL_DEFAULTS = {"min_count": 5, "epochs": 5}
 
 
