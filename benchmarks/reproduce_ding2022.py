@@ -25,7 +25,7 @@ from reproduce_common import RESULTS, Documents, load_json, main, markdown, numb
 
 DING = "docs/reproduction/ding2022.md"
 CALIBRATION = "docs/reproduction/calibration.md"
-CALIBRATION_RUNS = ("calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
+CALIBRATION_RUNS = ("calib-smollm2-cola", "calib-minilm-mrpc", "calib-tiny-bert-cola", "calib-minilm-cola", "calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
                     "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
