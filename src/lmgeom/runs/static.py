@@ -98,15 +98,13 @@ def first_pc_vectors(store: RepresentationStore, layer: int, options: AnalysisOp
     return LayerVectors(words, order, values["first_pc"][order], values["first_pc_mean"][order])
 
 
-# static vectors are of the words the analysis keeps (`DEFAULT_MIN_CONTEXTS`, counted by `DEFAULT_COUNT_BY`)
-STATIC_OPTIONS = AnalysisOptions()
 # the options that say which words have vectors (recorded in the benchmark files)
 WORD_SELECTION = ("min_contexts", "count_by", "include_punct", "include_special", "exclude_first_word", "protocol")
 
 
 def static_embeddings(
     store: RepresentationStore | str | os.PathLike[str],
-    options: AnalysisOptions = STATIC_OPTIONS,
+    options: AnalysisOptions = AnalysisOptions(),
     *,
     layer: int,
     **keywords: Any,
@@ -261,7 +259,7 @@ def export_static_embeddings(
     progress.start(f"distil layer {layer}", 1, unit="layers")
     chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct)
     chosen.pop("statistics", None)  # the distillation computes its own
-    embeddings = static_embeddings(store, STATIC_OPTIONS.replace(**chosen, device=device), layer=layer)
+    embeddings = static_embeddings(store, AnalysisOptions(**chosen, device=device), layer=layer)
     progress.advance(f"distil layer {layer}")
     saved = embeddings.save(store.url, text_path=text_path)
     found, skipped = default_word_benchmarks(data_dir)
