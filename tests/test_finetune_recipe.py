@@ -241,7 +241,8 @@ def test_chosen_setting_refuses_unfinished_or_uninformative_prechecks(tmp_path):
         (tmp_path / "precheck.json").write_text(json.dumps({"tasks": {"cola": {"chosen": chosen}}}))
 
     write({"learning_rate": 5e-5, "epochs": 3, "complete": True, "informative": True})
-    assert chosen_setting(tmp_path, "CoLA") == {"learning_rate": 5e-5, "epochs": 3}
+    assert chosen_setting(tmp_path, "CoLA") == {"learning_rate": 5e-5, "epochs": 3, "max_train": None,
+                                                "validation_fraction": 0.1}
     write({"learning_rate": 5e-5, "epochs": 3, "complete": False, "informative": True})
     with pytest.raises(ValueError, match="has not run every setting"):
         chosen_setting(tmp_path, "cola")
@@ -373,3 +374,46 @@ def test_the_calibration_command_takes_the_prechecked_setting(shared_data, tmp_p
     assert cell["n_steps"] == 2 and cell["seconds"] > 0 and cell["degenerate_reasons"] == []
     assert {r["split"] for r in document["records"]} == {"dev", "dev_out_of_domain", "validation"}
     assert all("lr 0.0007" in r["head_regularisation"] for r in document["records"])
+    # the pre-check's training subsample is the grid's: taken when --max-train is left out, refused when it differs
+    (precheck / "precheck.json").write_text(json.dumps({"tasks": {"cola": {"sizes": {
+        "max_train": 40, "validation_fraction": 0.1}, "chosen": {
+        "learning_rate": 7e-4, "epochs": 1, "complete": True, "informative": True}}}}))
+    refused = CliRunner().invoke(app, [
+        "experiment", "calibration", "--model", "tiny-bert", "--task", "cola", "--data", str(shared_data / "GLUE" / "CoLA"),
+        "--regime", "finetune", "--methods", "none", "--seeds", "1", "--max-train", "30", "--max-steps", "2",
+        "--device", "cpu", "--precheck", str(precheck), "--out", str(tmp_path / "other")])
+    assert refused.exit_code == 2 and "--max-train 30 differs from the 40" in refused.output
+    taken = CliRunner().invoke(app, [
+        "experiment", "calibration", "--model", "tiny-bert", "--task", "cola", "--data", str(shared_data / "GLUE" / "CoLA"),
+        "--regime", "finetune", "--methods", "none", "--seeds", "1", "--max-eval", "10", "--max-steps", "2",
+        "--max-length", "32", "--workers", "1", "--device", "cpu", "--precheck", str(precheck), "--out", str(out)])
+    assert taken.exit_code == 0, taken.output
+    document = json.loads((out / "results.json").read_text())
+    (cell,) = document["cells"]
+    assert cell["config"]["max_train"] == 40 and {r["n_train"] for r in document["records"]} == {36}
+
+
+def test_the_precheck_chooses_per_task_rates_and_flags_an_edge(shared_data, tmp_path):
+    import json
+
+    from lmgeom.runs.experiments.finetuning import run_precheck
+
+    options = {"max_steps": 2, "max_length": 32, "batch_size": 8, "device": "cpu"}
+    kwargs = dict(tasks=["cola"], learning_rates=[1e-5], task_learning_rates={"cola": [1e-3, 3e-3]}, epochs={"cola": [1]},
+                  max_train={"cola": 60}, options=options, workers=1)
+    summary = run_precheck("tiny-bert", shared_data / "GLUE", out=tmp_path, **kwargs)
+    entry = summary["tasks"]["cola"]
+    assert summary["learning_rates"] == {"cola": [1e-3, 3e-3]} and entry["n_settings"] == 2
+    assert sorted(s["learning_rate"] for s in entry["settings"]) == [1e-3, 3e-3]
+    assert entry["sizes"] == {"max_train": 60, "validation_fraction": 0.1} and entry["n_train"] == 54
+    chosen = entry["chosen"]
+    best = max(entry["settings"], key=lambda s: (s["scores"]["validation"]["matthews"], -s["learning_rate"]))
+    assert (chosen["learning_rate"], chosen["complete"]) == (best["learning_rate"], True)
+    assert chosen["at_edge"] is True  # two rates: either choice is an edge
+    assert "at the edge of the learning-rate range" in (tmp_path / "precheck.md").read_text()
+    assert json.loads((tmp_path / "precheck.json").read_text()) == json.loads(json.dumps(summary))
+    # resumed: nothing runs again, the same summary comes back
+    cells = sorted((tmp_path / "cells").iterdir())
+    stamps = [c.stat().st_mtime_ns for c in cells]
+    assert run_precheck("tiny-bert", shared_data / "GLUE", out=tmp_path, **kwargs) == summary
+    assert [c.stat().st_mtime_ns for c in sorted((tmp_path / "cells").iterdir())] == stamps

@@ -91,7 +91,7 @@ def calibration_command(
     max_length: int = typer.Option(128, "--max-length", min=2, help="fine-tuning regime: tokens per input (truncated)"),
     recalibrate_every: int = typer.Option(100, "--recalibrate-every", min=1, help="fine-tuning regime: steps between re-fits of a calibrator"),
     refit_after_last: bool = typer.Option(True, "--refit-after-last/--no-refit-after-last", help="fine-tuning regime: re-fit the calibrator once more after the last step"),
-    validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="fine-tuning regime: share of the training data held out as the `validation` split"),
+    validation_fraction: Optional[float] = typer.Option(None, "--validation-fraction", help="fine-tuning regime: share of the training data held out as the `validation` split (0.1, or the pre-check's)"),
     workers: int = typer.Option(2, "--workers", min=1, help="fine-tuning regime: single-thread worker processes, one cell each"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="fine-tuning regime: stop every run after N steps (smoke tests)"),
     precheck: Optional[Path] = typer.Option(None, "--precheck", help="fine-tuning regime: take the learning rate and epochs chosen for the task in this pre-check folder's precheck.json"),
@@ -109,12 +109,22 @@ def calibration_command(
         if precheck is not None:
             from lmgeom.runs.experiments.finetuning import chosen_setting
 
-            options.update(chosen_setting(precheck, task))
+            chosen = chosen_setting(precheck, task)
+            for name, given in (("max_train", max_train), ("validation_fraction", validation_fraction)):
+                if given is not None and chosen[name] is not None and given != chosen[name]:
+                    flag = "--" + name.replace("_", "-")
+                    raise InputError(f"{flag} {given} differs from the {chosen[name]} that --precheck {precheck} chose "
+                                     f"its settings on; leave {flag} out to take the pre-check's", param=flag)
+            max_train = chosen.pop("max_train") if max_train is None else max_train
+            validation_fraction = chosen.pop("validation_fraction")
+            chosen.pop("max_train", None)
+            options.update(chosen)
         experiment = ExperimentOptions(seeds=parse_seed_option(seeds), pooling=pooling, max_train=max_train, max_eval=max_eval,
                                        device=device)
         result = run_calibration(model, task, data, out=out, options=experiment, methods=split_list(methods),
                                  regime=regime, features=features, heads=split_list(heads), progress=progress,
-                                 finetune_options=options, validation_fraction=validation_fraction, workers=workers)
+                                 finetune_options=options, workers=workers,
+                                 validation_fraction=0.1 if validation_fraction is None else validation_fraction)
     print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})",
                     result.trivial_baselines)
     for note in result.notes:
@@ -131,16 +141,28 @@ def parse_floats(text: str, option: str) -> list[float]:
         raise InputError(f"{option} takes a comma list of numbers (e.g. 3e-5,5e-5,1e-4), got {text!r}") from None
 
 
+def parse_task_values(text: str, option: str, convert: Any, example: str) -> dict[str, list[Any]]:
+    """`mrpc=3/5,rte=3/5`: values to try per task."""
+    result: dict[str, list[Any]] = {}
+    for item in split_list(text):
+        name, sep, values = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError(item)
+            result[name.strip().lower()] = [convert(v) for v in values.split("/")]
+        except ValueError:
+            raise InputError(f"{option} takes task=V/V pairs (e.g. {example}), got {item!r}", param=option) from None
+    return result
+
+
 def parse_task_epochs(text: str) -> dict[str, list[int]]:
     """`mrpc=3/5,rte=3/5`: epochs to try per task."""
-    result: dict[str, list[int]] = {}
-    for item in split_list(text):
-        name, _, values = item.partition("=")
-        try:
-            result[name.strip().lower()] = [int(v) for v in values.split("/")]
-        except ValueError:
-            raise InputError(f"--epochs takes task=N/M pairs (e.g. cola=3,mrpc=3/5), got {item!r}") from None
-    return result
+    return parse_task_values(text, "--epochs", int, "cola=3,mrpc=3/5")
+
+
+def parse_task_rates(text: str) -> dict[str, list[float]]:
+    """`cola=3e-5/1e-4/2e-4`: learning rates to try per task."""
+    return parse_task_values(text, "--task-learning-rates", float, "cola=5e-5/1e-4/2e-4")
 
 
 @experiment_app.command("finetune-precheck")
@@ -150,6 +172,8 @@ def finetune_precheck_command(
     out: Path = typer.Option(..., "--out", "-o", help="pre-check folder: precheck.json, precheck.md, finished cells"),
     tasks: str = typer.Option("cola,rte,mrpc,sst2", "--tasks", "--task", help="comma list, run in this order"),
     learning_rates: str = typer.Option("3e-5,5e-5,1e-4", "--learning-rates", help="comma list of AdamW learning rates"),
+    task_learning_rates: str = typer.Option("cola=3e-5/5e-5/1e-4/2e-4", "--task-learning-rates",
+                                            help="per task, replacing --learning-rates: task=R/R/...,..."),
     epochs: str = typer.Option("cola=3,sst2=3,mrpc=3/5,rte=3/5", "--epochs", help="epochs to try per task: task=N/M,..."),
     validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="share of the training data held out to choose on"),
     workers: int = typer.Option(2, "--workers", min=1, help="single-thread worker processes, one cell each"),
@@ -170,6 +194,7 @@ def finetune_precheck_command(
     with user_errors(), RichProgress() as progress:
         summary = run_precheck(model, data, out=out, tasks=split_list(tasks),
                                learning_rates=parse_floats(learning_rates, "--learning-rates"),
+                               task_learning_rates=parse_task_rates(task_learning_rates),
                                epochs={**PRECHECK_EPOCHS, **parse_task_epochs(epochs)},
                                validation_fraction=validation_fraction, options=options, workers=workers,
                                progress=progress)

@@ -42,8 +42,10 @@ WORKERS = 2
 DEGENERATE_ISOSCORE = 0.01
 LOG_IW_LIMIT = 100.0
 STD_FLOOR = 1e-6
-# The pre-check's grid (per task: learning rates x epochs), `none` only, seed 0.
+# The pre-check's grid (per task: learning rates x epochs), `none` only, seed 0. CoLA chose 1e-4, the
+# edge of the common range, so its range goes one step further (a setting chosen at an edge is flagged).
 PRECHECK_LEARNING_RATES = (3e-5, 5e-5, 1e-4)
+PRECHECK_TASK_LEARNING_RATES = {"cola": (3e-5, 5e-5, 1e-4, 2e-4)}
 PRECHECK_EPOCHS = {"cola": (3,), "sst2": (3,), "mrpc": (3, 5), "rte": (3, 5)}
 PRECHECK_TASKS = ("cola", "rte", "mrpc", "sst2")  # the order the cells run in
 GLUE_FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE"}
@@ -280,16 +282,21 @@ def _indexed(item: tuple[int, FinetuneJob]) -> tuple[int, Cell]:
 
 def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.PathLike[str],
                  tasks: Sequence[str] = PRECHECK_TASKS, learning_rates: Sequence[float] = PRECHECK_LEARNING_RATES,
+                 task_learning_rates: dict[str, Sequence[float]] | None = None,
                  epochs: dict[str, Sequence[int]] | None = None, validation_fraction: float = VALIDATION_FRACTION,
                  max_train: dict[str, int | None] | None = None, options: dict[str, Any] | None = None,
                  workers: int = WORKERS, progress: Progress | None = None) -> dict[str, Any]:
     """`none` fine-tuned (seed 0) for every (learning rate, epochs) of each task, in the order of
     `tasks`; `data` is the GLUE folder. The setting with the best validation score (the task's first
     metric) is chosen per task; its evaluation scores are tested against the trivial baselines.
+    `task_learning_rates` replaces `learning_rates` for the tasks it names (default
+    PRECHECK_TASK_LEARNING_RATES); a choice at the largest or smallest rate is flagged `at_edge`.
     Writes OUT/cells/ (resumable), OUT/precheck.json and OUT/precheck.md after every finished cell;
     returns precheck.json's content."""
     out = Path(out)
     epochs = {**PRECHECK_EPOCHS, **(epochs or {})}
+    rates = {name: tuple(float(r) for r in {**PRECHECK_TASK_LEARNING_RATES, **(task_learning_rates or {})}.get(
+        name, learning_rates)) for name in tasks}
     max_train = {**MAX_TRAIN, **(max_train or {})}
     options = dict(options or {})
     for key in ("learning_rate", "epochs", "seed"):
@@ -307,7 +314,7 @@ def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.Path
             raise InputError("the pre-check chooses on a validation split; give `validation_fraction` > 0",
                              param="validation_fraction")
         for n_epochs in epochs[name]:
-            for rate in learning_rates:
+            for rate in rates[name]:
                 setting = {**options, "learning_rate": float(rate), "epochs": int(n_epochs)}
                 config = {"experiment": "finetune-precheck", "task": name, "model": model, "method": "none",
                           **split.sizes, "options": setting}
@@ -321,7 +328,8 @@ def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.Path
     def write(cell: Cell | None = None) -> dict[str, Any]:
         if cell is not None:
             finished.append(cell)
-        summary = precheck_summary(finished, splits, jobs, model=model, options=options, learning_rates=learning_rates,
+        summary = precheck_summary(finished, splits, jobs, model=model, options=options,
+                                   learning_rates={t: list(rates[t]) for t in tasks},
                                    epochs={t: list(epochs[t]) for t in tasks})
         atomic_write_text(out / "precheck.json", json.dumps(summary, indent=2))
         atomic_write_text(out / "precheck.md", precheck_markdown(summary))
@@ -337,7 +345,7 @@ def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.Path
 
 
 def precheck_summary(cells: Iterable[Cell], splits: dict[str, FinetuneSplit], jobs: Sequence[FinetuneJob], *,
-                     model: str, options: dict[str, Any], learning_rates: Sequence[float],
+                     model: str, options: dict[str, Any], learning_rates: dict[str, list[float]],
                      epochs: dict[str, list[int]]) -> dict[str, Any]:
     """Per task: every finished setting's scores, the trivial baselines, the chosen setting (best
     validation score of the task's first metric; complete when every setting has run) and its tests
@@ -346,7 +354,7 @@ def precheck_summary(cells: Iterable[Cell], splits: dict[str, FinetuneSplit], jo
     for cell in cells:
         by_task.setdefault(cell.config["task"], []).append(cell)
     summary: dict[str, Any] = {"model": model, "method": "none", "seed": 0, "options": options,
-                               "learning_rates": list(learning_rates), "epochs": epochs, "tasks": {}}
+                               "learning_rates": dict(learning_rates), "epochs": epochs, "tasks": {}}
     for name, split in splits.items():
         task = split.task
         primary = task.metrics[0]
@@ -365,7 +373,7 @@ def precheck_summary(cells: Iterable[Cell], splits: dict[str, FinetuneSplit], jo
         train_rows = np.arange(len(task.splits[task.train_split].inputs))
         baselines = trivial_baselines(task, train_rows, eval_rows)
         entry: dict[str, Any] = {
-            "data": split.note, "n_train": int(len(train_rows)), "primary_metric": primary,
+            "data": split.note, "n_train": int(len(train_rows)), "primary_metric": primary, "sizes": split.sizes,
             "eval_examples": {s: int(len(r)) for s, r in eval_rows.items()},
             "n_settings": sum(1 for j in jobs if j.config["task"] == name), "settings": settings,
             "trivial_baselines": [{"baseline": b.name, "split": s, "metric": m, "value": v}
@@ -393,6 +401,8 @@ def precheck_summary(cells: Iterable[Cell], splits: dict[str, FinetuneSplit], jo
             entry["chosen"] = {"learning_rate": best["learning_rate"], "epochs": best["epochs"],
                                "validation": best["scores"][VALIDATION_SPLIT][primary],
                                "complete": len(settings) == entry["n_settings"], "tests": tests,
+                               "at_edge": len(learning_rates[name]) > 1 and best["learning_rate"] in (
+                                   max(learning_rates[name]), min(learning_rates[name])),
                                "informative": bool(tests) and all(t["beats"] for t in tests)}
         summary["tasks"][name] = entry
     return summary
@@ -401,7 +411,7 @@ def precheck_summary(cells: Iterable[Cell], splits: dict[str, FinetuneSplit], jo
 def precheck_markdown(summary: dict[str, Any]) -> str:
     """precheck.md: per task, every finished setting and the chosen one with its baseline tests."""
     lines = [f"# Fine-tuning pre-check: {summary['model']}, `none`, seed 0", "",
-             f"Learning rates {summary['learning_rates']}; epochs per task {summary['epochs']}; other options "
+             f"Learning rates per task {summary['learning_rates']}; epochs per task {summary['epochs']}; other options "
              f"{summary['options'] or 'the defaults'}. Chosen per task: the best validation score of its first metric.", ""]
     for name, entry in summary["tasks"].items():
         primary = entry["primary_metric"]
@@ -421,6 +431,8 @@ def precheck_markdown(summary: dict[str, Any]) -> str:
         chosen = entry.get("chosen")
         if chosen:
             state = "all settings finished" if chosen["complete"] else f"{len(entry['settings'])} of {entry['n_settings']} settings finished"
+            if chosen.get("at_edge"):
+                state += "; at the edge of the learning-rate range"
             lines += ["", f"Chosen: lr {chosen['learning_rate']:g}, {chosen['epochs']} epochs (validation {primary} "
                           f"{chosen['validation']:.4f}; {state}); {'informative' if chosen['informative'] else 'UNINFORMATIVE'}:"]
             lines += [f"- {t['split']} {t['metric']} {t['value']:.4f} vs {t['baseline']} {t['baseline_value']:.4f}: "
@@ -433,8 +445,9 @@ def precheck_markdown(summary: dict[str, Any]) -> str:
 
 
 def chosen_setting(folder: str | os.PathLike[str], task: str) -> dict[str, Any]:
-    """The learning rate and epochs the pre-check in `folder` chose for `task`, refusing a choice
-    made before every setting had run or one whose `none` does not beat the trivial baselines."""
+    """The learning rate and epochs the pre-check in `folder` chose for `task`, with the training
+    subsample it chose them on (`max_train`, `validation_fraction`), refusing a choice made before
+    every setting had run or one whose `none` does not beat the trivial baselines."""
     path = Path(folder) / "precheck.json"
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
@@ -442,7 +455,8 @@ def chosen_setting(folder: str | os.PathLike[str], task: str) -> dict[str, Any]:
         raise InputError(f"--precheck {folder}: cannot read {path} ({error}); run `lmgeom experiment finetune-precheck` "
                          "first", param="precheck") from None
     key = task.lower().replace("-", "")
-    chosen = summary.get("tasks", {}).get(key, {}).get("chosen")
+    entry = summary.get("tasks", {}).get(key, {})
+    chosen = entry.get("chosen")
     if not chosen:
         raise InputError(f"--precheck {folder}: no setting chosen for {task} yet; let the pre-check finish it",
                          param="precheck")
@@ -452,7 +466,9 @@ def chosen_setting(folder: str | os.PathLike[str], task: str) -> dict[str, Any]:
     if not chosen["informative"]:
         raise InputError(f"--precheck {folder}: `none` does not beat the trivial baseline on {task} with the chosen "
                          "setting, so a comparison of methods there is uninformative", param="precheck")
-    return {"learning_rate": float(chosen["learning_rate"]), "epochs": int(chosen["epochs"])}
+    sizes = entry.get("sizes", {})
+    return {"learning_rate": float(chosen["learning_rate"]), "epochs": int(chosen["epochs"]),
+            "max_train": sizes.get("max_train"), "validation_fraction": sizes.get("validation_fraction", VALIDATION_FRACTION)}
 
 
 def precheck_status_table(summary: dict[str, Any]) -> str:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The fine-tuning grid of docs/reproduction/ding2022.md, resumable cell by cell: the pre-check of
+# `none` (learning rate x epochs per task), then each informative task's grid (methods x 3 seeds),
+# with the core methods of every task first and all-but-the-top and conceptor negation after them.
+# Every finished cell is written under docs/reproduction/results/ at once (commit them as they come).
+#   bash scripts/ding_grid.sh > ding-grid.log 2>&1 &
+# Two single-thread workers at normal priority; leave them the cores (no suite or benchmark beside).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+GLUE=${LMGEOM_DATA:-../shared/data}/GLUE
+R=docs/reproduction/results
+PRE=$R/ding-precheck-minilm
+CORE=none,whitening,cie,flow,isobn,istar
+ALL=$CORE,abtt,conceptor
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+declare -A FOLDER=([cola]=CoLA [sst2]=SST-2 [mrpc]=MRPC [rte]=RTE)
+
+echo "== pre-check $(date -u +%FT%TZ)"
+lmgeom experiment finetune-precheck --model minilm --data "$GLUE" --tasks sst2,cola,mrpc,rte --out "$PRE" --device cpu
+
+for methods in "$CORE" "$ALL"; do
+  for task in cola sst2 mrpc rte; do
+    echo "== $task: $methods $(date -u +%FT%TZ)"
+    # --precheck refuses a task whose pre-check is unfinished or uninformative; the loop goes on.
+    lmgeom experiment calibration --model minilm --task "$task" --data "$GLUE/${FOLDER[$task]}" --regime finetune \
+      --methods "$methods" --seeds 3 --precheck "$PRE" --device cpu --out "$R/ding-grid-minilm-$task" \
+      || echo "== $task not run (exit $?)"
+  done
+done
+echo "== done $(date -u +%FT%TZ)"
