@@ -5,10 +5,12 @@
 # Every finished cell is written under docs/reproduction/results/ at once (commit them as they come).
 #   bash scripts/ding_grid.sh > ding-grid.log 2>&1 &
 # Two single-thread workers at normal priority; leave them the cores (no suite or benchmark beside).
+# DING_RESULTS=DIR writes the results elsewhere (e.g. a checkout being edited while this code runs
+# from a fixed one: PYTHONPATH=FIXED/src DING_RESULTS=EDITED/docs/reproduction/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-GLUE=${LMGEOM_DATA:-../shared/data}/GLUE
-R=docs/reproduction/results
+GLUE=$(realpath "${LMGEOM_DATA:-../shared/data}")/GLUE
+R=${DING_RESULTS:-docs/reproduction/results}
 PRE=$R/ding-precheck-minilm
 CORE=none,whitening,cie,flow,isobn,istar
 ALL=$CORE,abtt,conceptor
