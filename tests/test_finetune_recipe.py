@@ -18,6 +18,7 @@ from lmgeom.runs.experiments.finetuning import (
     FinetuneJob,
     degenerate_reasons,
     finetune_task,
+    reassessed,
     run_jobs,
 )
 from lmgeom.runs.experiments.thesis import thesis_pairs, thesis_test
@@ -107,6 +108,30 @@ def test_degenerate_flag_on_planted_collapses():
     broken = healthy.copy()
     broken[5, 2] = np.nan
     assert degenerate_reasons(broken, {"isoscore": 0.5, "log_iw": -1.0}) == ["non-finite values"]
+
+
+def test_isotropy_thresholds_judge_a_layer_only():
+    rng = np.random.default_rng(0)
+    # a fine-tuned classifier's pooled vectors: two tight clusters along one direction, as anisotropic
+    # as the task rewards; a failure for a calibrating layer, the task's own shape for `none`/`istar`
+    direction = rng.normal(size=(1, 16))
+    clustered = np.where(rng.random((400, 1)) < 0.5, -1.0, 1.0) * direction + 1e-3 * rng.normal(size=(400, 16))
+    measures = geometry(clustered)
+    assert measures["isoscore"] < 0.01
+    assert any(r.startswith("IsoScore") for r in degenerate_reasons(clustered, measures, layer=True))
+    assert degenerate_reasons(clustered, measures, layer=False) == []
+    dead = clustered.copy()
+    dead[:, 0] = 1.0
+    assert any("std ~ 0" in r for r in degenerate_reasons(dead, geometry(dead), layer=False))
+    # a cell saved by the rule that judged every method: reassessed by its method on reading
+    saved = Cell({"method": "none"}, 0, records=[{"split": "dev", "metric": "f1", "value": 0.8, "degenerate": True}],
+                 extra={"degenerate_reasons": ["IsoScore 0.002 < 0.01", "|log I(W)| = 120 > 100"]})
+    fresh = reassessed(saved, "none")
+    assert fresh.records[0]["degenerate"] is False and fresh.extra["degenerate_reasons"] == []
+    assert fresh.extra["degenerate_reasons_saved"] == saved.extra["degenerate_reasons"]
+    assert reassessed(saved, "whitening") is saved
+    training = Cell({"method": "istar"}, 0, records=[{"degenerate": True}], extra={"degenerate_reasons": ["non-finite values"]})
+    assert reassessed(training, "istar").records[0]["degenerate"] is True
 
 
 def test_difference_of_means_and_holm_without_duplicates():

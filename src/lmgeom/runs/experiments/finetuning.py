@@ -8,7 +8,10 @@
   cell saved at once, so an interrupted run resumes cell by cell.
 - Each cell records the isotropy (IsoScore, log I(W), local IsoScore) of the head's input before
   and after the method's layer on the evaluation split and a `degenerate` flag
-  (`degenerate_reasons`): a collapsed layer is a failure of the method, never a task result.
+  (`degenerate_reasons`): a collapsed layer is a failure of the method, never a task result. The
+  isotropy thresholds judge a method's layer only: a fine-tuned model without one (`none`,
+  `istar`) may make its pooled vector as anisotropic as the task rewards, and I-STAR's negative
+  weight asks for exactly that; such a cell is degenerate only on non-finite values or dead dimensions.
 - `run_precheck`: `none` alone over learning rates and epochs per task, chosen on the validation split.
 """
 
@@ -42,10 +45,12 @@ WORKERS = 2
 DEGENERATE_ISOSCORE = 0.01
 LOG_IW_LIMIT = 100.0
 STD_FLOOR = 1e-6
-# The pre-check's grid (per task: learning rates x epochs), `none` only, seed 0. CoLA chose 1e-4, the
-# edge of the common range, so its range goes one step further (a setting chosen at an edge is flagged).
+ISOSCORE_REASON, LOG_IW_REASON = "IsoScore", "|log I(W)|"  # how a threshold reason starts
+# The pre-check's grid (per task: learning rates x epochs), `none` only, seed 0. CoLA, SST-2 and MRPC
+# chose 1e-4, the edge of the common range, so theirs goes one step further (a setting chosen at an
+# edge is flagged).
 PRECHECK_LEARNING_RATES = (3e-5, 5e-5, 1e-4)
-PRECHECK_TASK_LEARNING_RATES = {"cola": (3e-5, 5e-5, 1e-4, 2e-4)}
+PRECHECK_TASK_LEARNING_RATES = {task: (3e-5, 5e-5, 1e-4, 2e-4) for task in ("cola", "sst2", "mrpc")}
 PRECHECK_EPOCHS = {"cola": (3,), "sst2": (3,), "mrpc": (3, 5), "rte": (3, 5)}
 PRECHECK_TASKS = ("cola", "rte", "mrpc", "sst2")  # the order the cells run in
 GLUE_FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE"}
@@ -94,24 +99,46 @@ def finetune_task(task: SentenceTask, *, max_train: int | None, validation_fract
 # ---- degenerate layers ------------------------------------------------------------------------
 
 
-def degenerate_reasons(vectors: np.ndarray, measures: dict[str, float]) -> list[str]:
-    """Why the vectors a layer put out have collapsed (empty when they have not): non-finite values,
-    IsoScore below DEGENERATE_ISOSCORE, |log I(W)| above LOG_IW_LIMIT, or a dimension whose std is
-    below STD_FLOOR times the mean per-dimension std (all of them zero included)."""
+def has_layer(method: str) -> bool:
+    """Whether a fine-tuning method puts a layer between the pooled vector and the head."""
+    from lmgeom.finetune.train import CALIBRATION_METHODS  # torch: only where a cell is judged
+
+    return method in (*CALIBRATION_METHODS, "isobn")
+
+
+def degenerate_reasons(vectors: np.ndarray, measures: dict[str, float], *, layer: bool = True) -> list[str]:
+    """Why the vectors the head reads have collapsed (empty when they have not): non-finite values
+    or a dimension whose std is below STD_FLOOR times the mean per-dimension std (all of them zero
+    included); for a method's layer (`layer`) also IsoScore below DEGENERATE_ISOSCORE or |log I(W)|
+    above LOG_IW_LIMIT."""
     X = np.asarray(vectors, dtype=np.float64)
     if not np.isfinite(X).all():
         return ["non-finite values"]
     reasons = []
     iso, log_iw = measures.get("isoscore", float("nan")), measures.get("log_iw", float("nan"))
-    if not np.isfinite(iso) or iso < DEGENERATE_ISOSCORE:
-        reasons.append(f"IsoScore {iso:.3g} < {DEGENERATE_ISOSCORE}")
-    if not np.isfinite(log_iw) or abs(log_iw) > LOG_IW_LIMIT:
-        reasons.append(f"|log I(W)| = {abs(log_iw):.3g} > {LOG_IW_LIMIT:g}")
+    if layer and (not np.isfinite(iso) or iso < DEGENERATE_ISOSCORE):
+        reasons.append(f"{ISOSCORE_REASON} {iso:.3g} < {DEGENERATE_ISOSCORE}")
+    if layer and (not np.isfinite(log_iw) or abs(log_iw) > LOG_IW_LIMIT):
+        reasons.append(f"{LOG_IW_REASON} = {abs(log_iw):.3g} > {LOG_IW_LIMIT:g}")
     std = X.std(axis=0)
     if float(std.min()) <= STD_FLOOR * float(std.mean()):
         reasons.append(f"{int(np.sum(std <= STD_FLOOR * std.mean()))} dimensions with std ~ 0 "
                        f"(<= {STD_FLOOR:g} x the mean std {float(std.mean()):.3g})")
     return reasons
+
+
+def reassessed(cell: Cell, method: str) -> Cell:
+    """A saved cell judged by the rule above: the isotropy-threshold reasons of a method without a
+    layer (saved by a run that applied them to every method) no longer count; the saved reasons stay
+    in `degenerate_reasons_saved` when they differ."""
+    saved = list(cell.extra.get("degenerate_reasons", []))
+    kept = saved if has_layer(method) else [
+        r for r in saved if not r.startswith((f"{ISOSCORE_REASON} ", LOG_IW_REASON))]
+    if kept == saved:
+        return cell
+    extra = {**cell.extra, "degenerate_reasons": kept, "degenerate_reasons_saved": saved}
+    records = [{**r, "degenerate": bool(kept)} if "degenerate" in r else r for r in cell.records]
+    return replace(cell, records=records, extra=extra)
 
 
 def stale_layer_reasons(checks: Sequence[dict[str, Any]]) -> list[str]:
@@ -202,7 +229,8 @@ def run_job(job: FinetuneJob) -> Cell:
     measured = {**prefixed(geometry(vectors["before"][split]), "pretrained"), **prefixed(geometry(layer_in), "before")}
     after = geometry(layer_out)
     measured.update(prefixed(after, "after"))
-    reasons = degenerate_reasons(layer_out, after) + stale_layer_reasons(result.layer_checks)
+    reasons = (degenerate_reasons(layer_out, after, layer="calibrated" in vectors)
+               + stale_layer_reasons(result.layer_checks))
     per_step = sum(result.seconds_per_epoch) / max(1, result.n_steps)
     cell = Cell(job.config, job.seed, extra={
         "method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch, "seconds": seconds,
@@ -252,7 +280,7 @@ def run_jobs(jobs: Sequence[FinetuneJob], store: CellStore, *, workers: int = WO
         if done is None:
             todo.append(index)
         else:
-            cells[index] = done
+            cells[index] = reassessed(done, job.method)
     progress.advance(stage, len(cells), note="resumed")
 
     def finished(index: int, cell: Cell) -> None:
@@ -338,7 +366,7 @@ def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.Path
     for job in jobs:  # resumed cells count from the start
         done = store.load(job.config, job.seed)
         if done is not None:
-            finished.append(done)
+            finished.append(reassessed(done, job.method))
     write()
     run_jobs(jobs, store, workers=workers, progress=progress, stage="pre-check cells", on_cell=write)
     return write()
