@@ -363,7 +363,8 @@ def test_the_minilm_lee_store_reanalysed_reproduces_every_number(tmp_path: Path)
     if not location:
         pytest.skip("set LMGEOM_EXPECT_STORE to the MiniLM x Lee store of tests/data/minilm_lee_run")
     from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
-    from lmgeom.runs.isotropy import measure_isotropy
+    from lmgeom.runs.engine import AnalysisOptions
+    from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
     from lmgeom.runs.static import benchmark_static_embeddings, default_word_benchmarks, static_embeddings
 
     store = RepresentationStore.open(location)
@@ -382,7 +383,7 @@ def test_the_minilm_lee_store_reanalysed_reproduces_every_number(tmp_path: Path)
     assert analysed.statements == expected["statements"]
 
     expected = _expected("isotropy.json")
-    isotropy = measure_isotropy(store, seed=expected["settings"]["seed"], write=False)
+    isotropy = measure_isotropy(store, IsotropyOptions(AnalysisOptions(seed=expected["settings"]["seed"])), write=False)
     compare("isotropy.json", _json_of({"records": isotropy.records}), {"records": expected["records"]})
 
     expected = _expected("calibration.json")

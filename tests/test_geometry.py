@@ -35,7 +35,8 @@ from lmgeom.metrics.intrinsic import (
 from lmgeom.metrics.isotropy import covariance_eigenvalues, effective_rank, participation_ratio
 from lmgeom.metrics.outliers import MagnitudeAccumulator, magnitude_outliers
 from lmgeom.metrics.spectrum import numerical_rank, renyi_entropy, stable_rank
-from lmgeom.runs.geometry import measure_geometry, probe_layer_test
+from lmgeom.runs.engine import AnalysisOptions
+from lmgeom.runs.geometry import GeometryOptions, measure_geometry, probe_layer_test
 from lmgeom.store import write_store_from_arrays
 
 
@@ -249,7 +250,7 @@ def _planted_store(tmp_path):
 
 def test_geometry_locates_the_planted_massive_activation_on_a_special_row(tmp_path):
     store = _planted_store(tmp_path)
-    result = measure_geometry(store, geometry_rows=300, n_boot=0, top_activations=3, data_dir=tmp_path / "no-data")
+    result = measure_geometry(store, GeometryOptions(AnalysisOptions(geometry_rows=300, top_activations=3), n_boot=0, data_dir=tmp_path / "no-data"))
     layer = result.layers[1]
     top = layer["top_activations"][0]
     assert (top["row"], top["dimension"], top["value"]) == (27, 7, 2000.0)
@@ -266,7 +267,7 @@ def test_geometry_locates_the_planted_massive_activation_on_a_special_row(tmp_pa
 
 def test_self_and_intra_similarity_without_outliers_and_standardised_equal_brute_force(tmp_path):
     store = _planted_store(tmp_path)
-    result = measure_geometry(store, geometry_rows=300, n_boot=0, top_activations=1, min_contexts=5, data_dir=tmp_path / "no-data", write=False)
+    result = measure_geometry(store, GeometryOptions(AnalysisOptions(geometry_rows=300, top_activations=1, min_contexts=5), n_boot=0, data_dir=tmp_path / "no-data"), write=False)
     tokens = store.tokens
     words = ~tokens["is_special"].to_numpy()
     X = store.layer(1)[:].astype(np.float64)[words]
@@ -289,7 +290,7 @@ def test_alignment_on_stsb_pairs_found_in_the_corpus(tmp_path):
     rng = np.random.default_rng(12)
     layer = rng.normal(size=(12, 6)).astype(np.float32)
     store = write_store_from_arrays(tmp_path / "store", [layer], sentences)
-    result = measure_geometry(store, geometry_rows=12, n_boot=0, top_activations=1, data_dir=tmp_path / "data", write=False)
+    result = measure_geometry(store, GeometryOptions(AnalysisOptions(geometry_rows=12, top_activations=1), n_boot=0, data_dir=tmp_path / "data"), write=False)
     means = layer.astype(np.float64).reshape(4, 3, 6).mean(axis=1)
     assert result.settings["alignment"]["n_pairs"] == 2
     assert result.layers[0]["alignment"] == pytest.approx(alignment(means[[0, 2]], means[[1, 3]]), rel=1e-12)

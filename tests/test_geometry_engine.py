@@ -23,7 +23,7 @@ from lmgeom.metrics.isotropy import rogue_dimensions
 from lmgeom.metrics.outliers import TransformedAccumulator, standardizing, weight_outliers
 from lmgeom.runs.engine import AnalysisOptions, LocalExecutor, ProcessExecutor
 from lmgeom.runs.engine import executors as executors_module
-from lmgeom.runs.geometry import layernorm_outliers, measure_geometry
+from lmgeom.runs.geometry import GeometryOptions, layernorm_outliers, measure_geometry
 from lmgeom.store import RepresentationStore, write_store_from_arrays
 
 from helpers import local_ray
@@ -74,7 +74,7 @@ def _reference(store: RepresentationStore, layer: int, options: AnalysisOptions)
 
 
 def test_geometry_on_the_engine_equals_an_independent_numpy_computation(store: RepresentationStore, tmp_path: Path) -> None:
-    result = measure_geometry(store, OPTIONS, n_boot=10, data_dir=tmp_path / "no-data", write=False)
+    result = measure_geometry(store, GeometryOptions(OPTIONS, n_boot=10, data_dir=tmp_path / "no-data"), write=False)
     tokens = store.tokens
     for record in result.layers:
         expected = _reference(store, record["layer"], OPTIONS)
@@ -123,8 +123,8 @@ def _assert_same(a: Any, b: Any, path: str = "", rtol: float = 0.0) -> None:
 
 def test_merged_row_ranges_give_the_numbers_of_one_task(store: RepresentationStore, tmp_path: Path) -> None:
     """Three row ranges a layer: every geometry accumulator's state merges into the one-pass numbers."""
-    one = measure_geometry(store, OPTIONS, n_boot=5, data_dir=tmp_path, write=False)
-    parts = measure_geometry(store, OPTIONS.replace(row_parts=3), n_boot=5, data_dir=tmp_path, write=False,
+    one = measure_geometry(store, GeometryOptions(OPTIONS, n_boot=5, data_dir=tmp_path), write=False)
+    parts = measure_geometry(store, GeometryOptions(OPTIONS.replace(row_parts=3), n_boot=5, data_dir=tmp_path), write=False,
                              executor=LocalExecutor())
     assert sum(task["rows"] for task in parts.settings["plan"]["tasks"]) == 3 * len(store.layers)
     _assert_same(parts.layers, one.layers, rtol=1e-12)
@@ -135,8 +135,8 @@ def test_processes_give_the_local_numbers_bit_for_bit(store: RepresentationStore
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executors_module, "POOL_MIN_LAYER_VALUES", 0)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    local = measure_geometry(store, OPTIONS, n_boot=5, data_dir=tmp_path, write=False)
-    parallel = measure_geometry(store, OPTIONS, n_boot=5, data_dir=tmp_path, write=False, executor=ProcessExecutor(2))
+    local = measure_geometry(store, GeometryOptions(OPTIONS, n_boot=5, data_dir=tmp_path), write=False)
+    parallel = measure_geometry(store, GeometryOptions(OPTIONS, n_boot=5, data_dir=tmp_path), write=False, executor=ProcessExecutor(2))
     assert parallel.settings["plan"]["executor"] == "processes"
     _assert_same(parallel.layers, local.layers)
 
@@ -148,8 +148,8 @@ def ray_cluster() -> Iterator[Any]:
 
 @pytest.mark.ray
 def test_ray_gives_the_local_numbers(store: RepresentationStore, tmp_path: Path, ray_cluster: Any) -> None:
-    local = measure_geometry(store, OPTIONS, n_boot=5, data_dir=tmp_path, write=False)
-    on_ray = measure_geometry(store, OPTIONS.replace(engine="ray", num_workers=2, row_parts=2), n_boot=5, data_dir=tmp_path,
+    local = measure_geometry(store, GeometryOptions(OPTIONS, n_boot=5, data_dir=tmp_path), write=False)
+    on_ray = measure_geometry(store, GeometryOptions(OPTIONS.replace(engine="ray", num_workers=2, row_parts=2), n_boot=5, data_dir=tmp_path),
                               write=False)
     assert on_ray.settings["plan"]["executor"] == "ray"
     _assert_same(on_ray.layers, local.layers, rtol=1e-12)
@@ -208,7 +208,7 @@ def test_layernorm_outliers_find_the_scaled_weight_of_a_saved_model(scaled_model
 def test_layernorm_outliers_say_why_they_are_not_computed(tmp_path: Path, store: RepresentationStore) -> None:
     absent = layernorm_outliers(str(tmp_path / "no-such-model"))
     assert not absent["computed"] and absent["note"].startswith("not computed: the model")
-    without = measure_geometry(store, OPTIONS, n_boot=0, data_dir=tmp_path, write=False)
+    without = measure_geometry(store, GeometryOptions(OPTIONS, n_boot=0, data_dir=tmp_path), write=False)
     assert not without.layernorm_weights["computed"] and "not computed" in without.layernorm_weights["note"]
 
 
@@ -234,7 +234,7 @@ def test_the_report_shows_the_geometry_section(tmp_path: Path) -> None:
     build_report(store.path)
     page = (store.path / "report.html").read_text()
     assert "no geometry.json in this run" in page
-    measure_geometry(store, OPTIONS, n_boot=10, data_dir=tmp_path)
+    measure_geometry(store, GeometryOptions(OPTIONS, n_boot=10, data_dir=tmp_path))
     page = Path(build_report(store.path)).read_text()
     section = page[page.index('<section id="geometry">'):]
     section = section[: section.index("</section>")]
@@ -243,7 +243,7 @@ def test_the_report_shows_the_geometry_section(tmp_path: Path) -> None:
     assert (store.path / "figures" / "intrinsic_dimension.png").stat().st_size > 1000
     figure = json.loads(page[page.index("const LMGEOM_FIGURES = ") + 23: page.index(";\nfor (const")])["chart-intrinsic_dimension"]
     twonn = next(trace for trace in figure["data"] if trace["name"] == "TwoNN")
-    high, low = (next(trace for trace in figure["data"] if trace["name"] == "TwoNN interval" and trace["fill"] == fill)
+    high), low = (next(trace for trace in figure["data"] if trace["name"] == "TwoNN interval" and trace["fill"] == fill)
                  for fill in ("none", "tonexty"))  # the band: its upper bound, then the lower one filled up to it
     assert all(lo <= y <= hi for lo, y, hi in zip(low["y"], twonn["y"], high["y"]) if None not in (lo, y, hi))
     assert any(lo is not None and lo < hi for lo, hi in zip(low["y"], high["y"]))

@@ -29,7 +29,8 @@ from lmgeom.encoders.registry import load_encoder
 from lmgeom.runs import extract
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
-from lmgeom.runs.isotropy import measure_isotropy
+from lmgeom.runs.engine import AnalysisOptions
+from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
 from lmgeom.runs.static import static_embeddings
 from lmgeom.store import RepresentationStore, StoreExistsError, StoreLockedError, StoreWriter, write_store_from_arrays
 from lmgeom.store import lock as store_lock
@@ -324,7 +325,7 @@ def test_a_store_rewritten_under_a_reader_is_detected_by_every_step_that_reads_l
     with pytest.raises(ValueError, match=expected):
         analyze_store(opened, min_contexts=2)
     with pytest.raises(ValueError, match=expected):
-        measure_isotropy(opened, write=False, isotropy_clusters=2)
+        measure_isotropy(opened, IsotropyOptions(AnalysisOptions(isotropy_clusters=2)), write=False)
     with pytest.raises(ValueError, match=expected):
         calibrate_store(opened, CalibrationOptions(methods=("whitening",), layers=(1,)), save=False)
     with pytest.raises(ValueError, match=expected):

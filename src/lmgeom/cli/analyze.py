@@ -200,14 +200,13 @@ def register(app: typer.Typer) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks,
         covered items only and all items (out-of-vocabulary words as the mean vector)."""
         from lmgeom.runs import export_static_embeddings
+        from lmgeom.runs.static import StaticOptions
 
         with user_errors(), RichProgress() as progress:
-            exported = export_static_embeddings(
-                store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
-                trust_pickle=trust_pickle, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
-                protocol=protocol, data_dir=data_dir,
-                progress=progress,
-            )
+            options = StaticOptions.of(min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
+                                       protocol=protocol, data_dir=data_dir)
+            exported = export_static_embeddings(store_path, options, layer=layer, text_path=out, benchmarks=benchmark,
+                                                static_vectors=static_vectors, trust_pickle=trust_pickle, progress=progress)
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
                                                  f"{len(exported.embeddings.words):,} words")
         for name, reason in exported.skipped.items():

@@ -147,16 +147,17 @@ def register(app: typer.Typer) -> None:
         """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
         uniformity and alignment of every layer, written to geometry.json and geometry.csv."""
         from lmgeom.runs.engine import AnalysisOptions
-        from lmgeom.runs.geometry import measure_geometry
+        from lmgeom.runs.geometry import GeometryOptions, measure_geometry
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
             store = RepresentationStore.open(store_path)
-            options = AnalysisOptions(geometry_rows=points, top_activations=top_k, min_contexts=min_contexts,
-                                      include_punct=include_punct, include_special=include_special,
-                                      exclude_first_word=exclude_first_word, seed=seed, device=device)
-            result = measure_geometry(store, options, n_boot=boot, max_sentences=max_sentences, data_dir=data_dir, out=out,
-                                      model_weights=model_weights, progress=progress)
+            analysis = AnalysisOptions(geometry_rows=points, top_activations=top_k, min_contexts=min_contexts,
+                                       include_punct=include_punct, include_special=include_special,
+                                       exclude_first_word=exclude_first_word, seed=seed, device=device)
+            options = GeometryOptions(analysis, n_boot=boot, max_sentences=max_sentences,
+                                      data_dir=None if data_dir is None else str(data_dir), model_weights=model_weights or None)
+            result = measure_geometry(store, options, out=out, progress=progress)
         print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)
                                 if folder is not None])
         console.print("wrote " + ", ".join(str(p) for p in result.paths))

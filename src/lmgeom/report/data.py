@@ -117,6 +117,8 @@ def read_static(run_dir: rundir.Where) -> pd.DataFrame | None:
     for path in rundir.STATIC_BENCHMARKS.find(run_dir):
         document = read_json(path, rundir.STATIC_BENCHMARKS.kind)
         assert document is not None
+        rundir.check_result(run_dir, path, rundir.STATIC_BENCHMARKS, document,
+                            settings=rundir.run_settings(run_dir, rundir.STATIC_BENCHMARKS))
         frames.append(_frame(document.get("records", [])))
     if not frames:
         return None
@@ -218,8 +220,8 @@ def summarise_experiments(records: pd.DataFrame, tests: pd.DataFrame | None = No
 def _read_records(run_dir: rundir.Where, spec: rundir.ResultFile, notes: dict[str, str], *, section: str,
                   part: str = "records") -> tuple[dict[str, Any] | None, pd.DataFrame | None]:
     """(document, its `part` as a frame) of an optional result file; a missing one is noted with the
-    command that writes it."""
-    document = read_json(spec.at(run_dir), spec.kind)
+    command that writes it; one that is not the run's is refused (`rundir.read_result`)."""
+    document = rundir.read_result(run_dir, spec)
     if document is None:
         notes[section] = f"no {spec.name} in {run_dir}; run `{PRODUCERS[section]}`"
         return None, None
@@ -234,9 +236,12 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
     rundir.require_run(run_dir)
     notes: dict[str, str] = {}
 
-    _, summary = _read_records(run_dir, rundir.SUMMARY, notes, section="summary", part="layers")
+    summary_doc, summary = _read_records(run_dir, rundir.SUMMARY, notes, section="summary", part="layers")
 
     contextuality, layers = _read_records(run_dir, rundir.CONTEXTUALITY, notes, section="contextuality")
+    if summary_doc is not None and contextuality is not None:  # the summary is made from that analysis
+        rundir.check_result(run_dir, rundir.SUMMARY.at(run_dir), rundir.SUMMARY, summary_doc,
+                            settings=contextuality[rundir.PROVENANCE]["settings"])
 
     words = rundir.read_words(run_dir)
     if words is None:

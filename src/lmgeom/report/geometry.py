@@ -22,7 +22,7 @@ MASSIVE_ROWS_SHOWN = 3  # top activations per layer in the table
 
 def read_geometry(run_dir: rundir.Where) -> dict[str, Any] | None:
     """geometry.json of a run, or None when the run has none."""
-    return rundir.read_json(rundir.GEOMETRY.at(run_dir), rundir.GEOMETRY.kind)
+    return rundir.read_result(run_dir, rundir.GEOMETRY)
 
 
 def _estimate(layer: Mapping[str, Any], method: str, n2: int | None = None) -> Mapping[str, Any] | None:

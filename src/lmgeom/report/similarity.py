@@ -25,7 +25,7 @@ LAYER_NOTE = "layer 0 = embedding output"
 
 def read_similarity(directory: rundir.Where) -> dict[str, Any] | None:
     """A folder's similarity.json, or None when it has none."""
-    return rundir.read_json(rundir.SIMILARITY.at(directory), rundir.SIMILARITY.kind)
+    return rundir.read_result(directory, rundir.SIMILARITY)
 
 
 def _matrix(document: Mapping[str, Any], measure: str, kind: str = "matrices") -> np.ndarray | None:

@@ -16,7 +16,7 @@ from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, isotropy_report
 from lmgeom.runs.extraction import open_or_extract
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.rundir import (CALIBRATION, CALIBRATION_CSV, CALIBRATOR, CALIBRATORS, ResultFileError, Target, Where,
-                                read_json, write_json, write_records_csv, write_with)
+                                expected_store, provenance_problem, read_json, records_csv, write_result_set, write_with)
 from lmgeom.runs.selection import RowSelection, select_rows
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
 from lmgeom.runs.tally import DEFAULT_CHUNK_ROWS
@@ -259,20 +259,27 @@ def calibrate_store(
     paths: list[Target] = []
     if save:
         merged = merge_calibration(previous, fits, records)
-        paths = [
-            write_json(CALIBRATION.at(store.url), "calibration", {**merged, "device": device}, store_meta=store.meta),
-            write_records_csv(CALIBRATION_CSV.at(store.url), merged["records"]),
-            CALIBRATORS.at(store.url),
-        ]
+        # the document's settings are the last calibration's; `fits` records the options of each (layer, method)
+        paths = [*write_result_set(CALIBRATION.at(store.url), CALIBRATION.kind, {**merged, "device": device},
+                                   store_meta=store.meta, settings=options.to_settings(),
+                                   companions=[(CALIBRATION_CSV.at(store.url), records_csv(merged["records"]))]),
+                 CALIBRATORS.at(store.url)]
     return CalibrationResult(store, records, fits, paths, device)
 
 
 
 def _previous_calibration(store: RepresentationStore) -> dict[str, Any] | None:
-    """The store's calibration.json to merge into; one that does not read holds nothing to keep, and
-    is replaced (with a warning naming it)."""
+    """The store's calibration.json to merge into; one that does not read, or is not this store's
+    (another store generation, a mixed set), holds nothing to keep, and is replaced (with a warning
+    naming it)."""
     try:
-        return read_calibration(store.url)
+        document = read_calibration(store.url)
+        if document is not None:
+            path = CALIBRATION.at(store.url)
+            problem = provenance_problem(path, document, store=expected_store(store.url))
+            if problem is not None:
+                raise ResultFileError(f"{path} {problem}")
+        return document
     except ResultFileError as error:
         warnings.warn(f"{error}; it is replaced by this calibration's records", stacklevel=3)
         return None

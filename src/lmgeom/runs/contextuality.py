@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -18,7 +18,7 @@ from lmgeom.runs import rundir
 from lmgeom.runs.engine import Analysis
 from lmgeom.runs.engine.bootstrap import add_intervals, adjacent_layer_tests, layer_replicates
 from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, findings
-from lmgeom.runs.rundir import LAYER_NOTE, write_json, write_records_csv
+from lmgeom.runs.rundir import LAYER_NOTE, records_csv, write_result_set
 from lmgeom.store import RepresentationStore
 
 ADJUSTED_DEFINITION = "raw minus baseline, per layer"
@@ -51,6 +51,8 @@ class ContextualityResult:
     # the bootstrap's design and adjacent-layer tests (`lmgeom.runs.engine.bootstrap`); empty without one
     bootstrap: dict[str, Any] = field(default_factory=dict)
     written: dict[str, rundir.Target] = field(default_factory=dict)
+    # what the analysis computed (`AnalysisOptions.analysis_settings()`): the files' provenance
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -98,10 +100,14 @@ class ContextualityResult:
         }
 
     @classmethod
-    def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None) -> ContextualityResult:
-        """The result written by `write` for `store` (default: next to the store)."""
+    def read(cls, store: RepresentationStore, directory: str | os.PathLike[str] | None = None, *,
+             options: Mapping[str, Any] | None = None) -> ContextualityResult:
+        """The result written by `write` for `store` (default: next to the store), refused when it is
+        not the store's, not one set with its tables, or (given `options`, an analysis's
+        `analysis_settings()`) computed with other options (`rundir.read_result`)."""
         target = directory if directory is not None else store.url
-        document, words = rundir.read_json(rundir.CONTEXTUALITY.at(target), "contextuality"), rundir.read_words(target)
+        document = rundir.read_result(target, rundir.CONTEXTUALITY, settings=options)
+        words = rundir.read_words(target)
         if document is None or words is None:
             raise FileNotFoundError(f"no {rundir.CONTEXTUALITY.name} and {rundir.CONTEXTUALITY_WORDS.name} in {target}; "
                                     f"run `{rundir.CONTEXTUALITY.producer}`")
@@ -121,6 +127,7 @@ class ContextualityResult:
             definitions=document["definitions"],
             plan=document.get("plan", {}),
             bootstrap=document.get("bootstrap", {}),
+            options=document[rundir.PROVENANCE]["settings"],
         )
 
     def write(self, directory: str | os.PathLike[str] | None = None) -> dict[str, rundir.Target]:
@@ -131,11 +138,12 @@ class ContextualityResult:
             target = self.store_path
         else:
             raise InputError("give a directory to write to (this result has no store path)")
-        self.written = {
-            "json": write_json(rundir.CONTEXTUALITY.at(target), "contextuality", self.to_json(), store_meta=self.store_meta),
-            "layers_csv": write_records_csv(rundir.CONTEXTUALITY_LAYERS.at(target), self.records),
-            "words_csv": write_records_csv(rundir.CONTEXTUALITY_WORDS.at(target), self.words.to_dict("records")),
-        }
+        layers_csv, words_csv = rundir.CONTEXTUALITY_LAYERS.at(target), rundir.CONTEXTUALITY_WORDS.at(target)
+        document, *companions = write_result_set(
+            rundir.CONTEXTUALITY.at(target), rundir.CONTEXTUALITY.kind, self.to_json(), store_meta=self.store_meta,
+            settings=self.options, companions=[(layers_csv, records_csv(self.records)),
+                                               (words_csv, records_csv(self.words.to_dict("records")))])
+        self.written = {"json": document, "layers_csv": companions[0], "words_csv": companions[1]}
         return self.written
 
 
@@ -181,6 +189,7 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
         definitions={**definitions, "adjusted": ADJUSTED_DEFINITION},
         plan=analysis.to_json(),
         bootstrap=bootstrap,
+        options=plan.options.analysis_settings(),
     )
     if {"baseline", "self_similarity", "intra", "sample", "mev"} <= {stat.name for stat in plan.statistics}:
         result.findings, result.statements = findings(result.summary(), result.words, variants=plan.options.mev_variants)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -55,11 +55,36 @@ from lmgeom.metrics.outliers import (
 )
 from lmgeom.progress import Progress
 from lmgeom.runs.engine import AnalysisOptions, Executor, LayerValues, run_analysis
+from lmgeom.runs.engine.options import ROW_FIELDS, WORD_FIELDS, StepOptions
 from lmgeom.runs.engine.statistics import TRANSFORMED_VARIANTS
-from lmgeom.runs.rundir import GEOMETRY, GEOMETRY_CSV, Target, write_json, write_records_csv
+from lmgeom.runs.rundir import GEOMETRY, GEOMETRY_CSV, Target, records_csv, write_result_set
 from lmgeom.store import RepresentationStore
 
 MAX_SENTENCES = 10_000
+
+
+@dataclass(frozen=True)
+class GeometryOptions(StepOptions):
+    """The geometry step's options: the rows and words (`analysis`: its selection, word threshold,
+    seed, `geometry_rows` sampled rows for the intrinsic dimension, `top_activations` located; how it
+    runs), `n_boot` bootstrap resamples of the intrinsic dimension, `max_sentences` sentence vectors
+    for uniformity, `data_dir` the folder holding stsbenchmark/ for alignment (None: ../shared/data
+    or LMGEOM_DATA), and `model_weights` the model whose LayerNorm weights are screened (a name or
+    folder, True for the store's own model; None: not computed)."""
+
+    n_boot: int = N_BOOT
+    max_sentences: int = MAX_SENTENCES
+    data_dir: str | None = None
+    model_weights: str | bool | None = None
+    ANALYSIS_FIELDS: ClassVar[tuple[str, ...]] = (*ROW_FIELDS, *WORD_FIELDS, "seed", "geometry_rows", "top_activations")
+
+    def __post_init__(self) -> None:
+        if self.max_sentences < 2:
+            raise InputError(f"`max_sentences` must be at least 2, got {self.max_sentences}", param="max_sentences")
+        if self.n_boot < 0:
+            raise InputError(f"`n_boot` must be at least 0, got {self.n_boot}", param="n_boot")
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            object.__setattr__(self, "data_dir", str(self.data_dir))
 ALIGNMENT_MIN_GOLD = 4.0
 ROGUE_TOP_K = 3
 # the first analysis's statistics; the second's are the TRANSFORMED_VARIANTS of intra (and self-similarity)
@@ -204,30 +229,21 @@ def layernorm_outliers(model: Any, *, n_sigma: float = OUTLIER_SIGMAS) -> dict[s
 
 def measure_geometry(
     store: RepresentationStore,
-    options: AnalysisOptions | None = None,
+    options: GeometryOptions = GeometryOptions(),
     *,
-    n_boot: int = N_BOOT,
-    max_sentences: int = MAX_SENTENCES,
-    data_dir: str | Path | None = None,
-    model_weights: Any = None,
     out: str | Path | None = None,
     write: bool = True,
     executor: Executor | None = None,
     progress: Progress | None = None,
-    **keywords: Any,
 ) -> GeometryResult:
     """Every layer's intrinsic dimension, outlier panel, uniformity and alignment (module docstring),
-    with `options` (or its fields as `keywords`: the rows, `geometry_rows`, `top_activations`, `seed`,
-    `device`, `engine`, ...) on `executor` (default: the options'); with `model_weights` (a model
-    name, True for the store's own model, or a torch module) the LayerNorm-weight outliers too
+    with `options` (`GeometryOptions`; the rows and how it runs are `options.analysis`) on `executor`
+    (default: the options'); with `options.model_weights` the LayerNorm-weight outliers too
     (`layernorm_outliers`), else stated as not computed. Written to OUT/geometry.json and
-    geometry.csv (OUT defaults to the store's location)."""
-    options = (options or AnalysisOptions()).replace(**keywords)
-    if max_sentences < 2:
-        raise InputError(f"`max_sentences` must be at least 2, got {max_sentences}", param="max_sentences")
-    if n_boot < 0:
-        raise InputError(f"`n_boot` must be at least 0, got {n_boot}", param="n_boot")
-    first = run_analysis(store, options.replace(statistics=GEOMETRY_STATISTICS), executor=executor, progress=progress,
+    geometry.csv (OUT defaults to the store's location) with the options' settings."""
+    step, analysis_options = options, options.analysis
+    n_boot, max_sentences, data_dir, model_weights = step.n_boot, step.max_sentences, step.data_dir, step.model_weights
+    first = run_analysis(store, analysis_options.replace(statistics=GEOMETRY_STATISTICS), executor=executor, progress=progress,
                          label="geometry")
     rows = first.rows
     try:
@@ -238,14 +254,14 @@ def measure_geometry(
     pairs, alignment_note = positive_pairs(store, data_dir)
     device = first.plan.device
     records = {layer: _layer_record(store, tokens, layer, values, pairs, alignment_note, n_boot=n_boot,
-                                    max_sentences=max_sentences, seed=options.seed, device=device)
+                                    max_sentences=max_sentences, seed=analysis_options.seed, device=device)
                for layer, values in first.layers.items()}
     inputs = {layer: {"kept": np.setdiff1d(np.arange(store.dim), [d["dimension"] for d in record["outlier_dimensions"]]),
                       "mean": first.layers[layer]["magnitudes"].mean, "std": first.layers[layer]["magnitudes"].std}
               for layer, record in records.items()}
     second_statistics = tuple(f"{kind}_{variant}" for variant in TRANSFORMED_VARIANTS
                               for kind in (("intra", "self_similarity") if n_words is not None else ("intra",)))
-    second = run_analysis(store, options.replace(statistics=second_statistics), executor=executor, progress=progress,
+    second = run_analysis(store, analysis_options.replace(statistics=second_statistics), executor=executor, progress=progress,
                           label="geometry cosines", inputs=inputs)
     for layer, values in second.layers.items():
         for variant in TRANSFORMED_VARIANTS:
@@ -260,21 +276,21 @@ def measure_geometry(
     else:
         layernorm = layernorm_outliers(model_spec(store.meta.get("model_id")) if model_weights is True else model_weights)
     settings = {
-        "layers": list(first.plan.layers), "n_points": len(rows.sample(options.geometry_rows)), "seed": options.seed,
-        **rows.selection.options(), "min_contexts": options.min_contexts, "device": device,
+        "layers": list(first.plan.layers), "n_points": len(rows.sample(analysis_options.geometry_rows)), "seed": analysis_options.seed,
+        **rows.selection.options(), "min_contexts": analysis_options.min_contexts, "device": device,
         "intrinsic_dimension": {"twonn_discard_fraction": TWONN_DISCARD_FRACTION, "mle_k": MLE_NEIGHBOURS,
                                 "mle_combination": "MacKay-Ghahramani (inverse of the mean of the inverse estimates)",
                                 "gride_n2": [2**s for s in range(1, GRIDE_SCALES + 1)], "n_boot": n_boot,
                                 "interval": f"bootstrap percentile, {CONFIDENCE:.0%}", "knn": "exact, blocked, float64",
                                 "rows": "one seeded sample of the selected rows, the same at every layer; exact duplicates removed per layer"},
         "outliers": {"n_sigma": OUTLIER_SIGMAS, "over": "selected rows: mean |h| per dimension vs mean and std over dimensions",
-                     "top_k": options.top_activations,
+                     "top_k": analysis_options.top_activations,
                      "top_over": "every stored row (special tokens and first positions included)",
                      "special_rows": special_note or "stored and read",
                      "median": "median |h| over the sampled rows and all dimensions",
                      "massive": f"|h| > {MASSIVE_MIN_MAGNITUDE:g} and >= {MASSIVE_MIN_RATIO:g} x median (Sun et al. 2024)",
                      "rogue_top_k": ROGUE_TOP_K,
-                     "cosines": (f"self-similarity (words in >= {options.min_contexts} sentences) and intra-sentence similarity "
+                     "cosines": (f"self-similarity (words in >= {analysis_options.min_contexts} sentences) and intra-sentence similarity "
                                  "without the outlier dimensions and standardised (selected rows' mean and population std): "
                                  "a second read of each layer")},
         "uniformity": {"t": UNIFORMITY_T, "vectors": "sentence vectors (mean of the sentence's selected rows), normalised",
@@ -289,8 +305,9 @@ def measure_geometry(
         target = store.url if out is None else out
         document = {"settings": settings, "device": device, "counts": counts, "layers": result.layers,
                     "layernorm_weights": layernorm}
-        result.paths = [write_json(GEOMETRY.at(target), GEOMETRY.kind, document, store_meta=store.meta),
-                        write_records_csv(GEOMETRY_CSV.at(target), geometry_records(result.layers))]
+        result.paths = write_result_set(GEOMETRY.at(target), GEOMETRY.kind, document, store_meta=store.meta,
+                                        settings=step.to_settings(),
+                                        companions=[(GEOMETRY_CSV.at(target), records_csv(geometry_records(result.layers)))])
     return result
 
 

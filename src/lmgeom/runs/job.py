@@ -14,14 +14,14 @@ from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.runs.contextuality import ContextualityResult
 from lmgeom.runs.engine import AnalysisOptions
-from lmgeom.runs.engine.options import DEFAULT_COUNT_BY, protocol_options
+from lmgeom.runs.engine.options import protocol_options
 from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits
 from lmgeom.runs.extraction import extract_model
-from lmgeom.runs.geometry import measure_geometry
-from lmgeom.runs.isotropy import measure_isotropy
+from lmgeom.runs.geometry import GeometryOptions, measure_geometry
+from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
 from lmgeom.runs.reporting import render_report
 from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix, write_similarity
-from lmgeom.runs.static import export_static_embeddings
+from lmgeom.runs.static import StaticOptions, export_static_embeddings
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import Target, write_json
 from lmgeom.store import RepresentationStore, layout
@@ -43,8 +43,9 @@ def layer_summary(store: RepresentationStore, contextuality: ContextualityResult
         for layer in contextuality.settings["layers"]
     ]
     if write:
-        write_json(rundir.SUMMARY.at(store.url), "layer_summary", {"seed": contextuality.settings["seed"], "layers": records},
-                   store_meta=store.meta)
+        rundir.write_result_set(rundir.SUMMARY.at(store.url), rundir.SUMMARY.kind,
+                                {"seed": contextuality.settings["seed"], "layers": records}, store_meta=store.meta,
+                                settings=contextuality.options)
     return records
 
 
@@ -75,18 +76,20 @@ def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list
 
 
 class _Steps:
-    """The run's record of finished steps (RUN/run.json): a step whose settings are unchanged and
-    whose outputs are all there and read as what they should be (a JSON result of its kind and
-    schema, a CSV table) is skipped when the run is repeated or resumed; any other step is redone.
-    Each step also records the `device` it computed on, which is not among its settings (the
-    numbers agree on every device)."""
+    """The run's record of finished steps (RUN/run.json). A step is skipped when the run is repeated
+    or resumed only if run.json records it with these settings, and each of its outputs is there, reads
+    as what it should be (a JSON result of its kind and schema, a CSV table) and, for a result
+    document, records the same store generation, the settings expected of it and companions whose
+    hashes match (`rundir.provenance_problem`); any other step is redone. Each step also records the
+    `device` it computed on, which is not among its settings (the numbers agree on every device)."""
 
     def __init__(self, store: RepresentationStore, device: str, protocol: str | None = None) -> None:
         self.store = store
         self.device = device
         self.protocol = protocol
         self.path = rundir.RUN.at(store.url)
-        identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created")}
+        identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created",
+                                                          "generation")}
         self.identity = identity
         self.document: dict[str, Any] = {"steps": {}}
         try:
@@ -98,21 +101,43 @@ class _Steps:
         self.ran: list[str] = []
         self.skipped: list[str] = []
 
-    def done(self, name: str, settings: dict[str, Any], *, holds: Callable[[Any], bool] | None = None) -> bool:
-        """Whether step `name` finished with these settings; `holds` checks what the step recorded
-        it left in a file that other commands also write (`record`'s `holds`)."""
+    def _stale(self, relative: str, settings: dict[str, Any] | None) -> str | None:
+        problem = rundir.problem(self.store.url, relative)
+        spec = rundir.spec_of(relative)
+        if problem is None and spec is not None and spec.kind:
+            path = rundir.target(self.store.url, relative)
+            document = rundir.read_json(path, spec.kind)
+            assert document is not None
+            issue = rundir.provenance_issue(path, document, store=self.identity, settings=settings)
+            if issue is not None and issue[0] == rundir.FOREIGN:
+                raise rundir.ResultFileError(
+                    f"{path} {issue[1]}: it is not this run's result, and `run` will not replace it; move it out of "
+                    f"the run (or give another --out) and run again")
+            problem = None if issue is None else issue[1]
+        return problem
+
+    def done(self, name: str, settings: dict[str, Any], *, file_settings: dict[str, Any] | None = None,
+             holds: Callable[[Any], bool] | None = None) -> bool:
+        """Whether step `name` finished with these settings; `file_settings` is what each result
+        document of the step records as its settings (default `settings`); `holds` checks what the
+        step recorded it left in a file that other commands also write (`record`'s `holds`), whose
+        documents' settings are then not compared."""
         step = self.document["steps"].get(name)
+        expected = file_settings if file_settings is not None else None if holds is not None else settings
         finished = (step is not None and step["settings"] == json.loads(json.dumps(settings))
-                    and all(rundir.problem(self.store.url, path) is None for path in step["outputs"])
+                    and all(self._stale(path, expected) is None for path in step["outputs"])
                     and (holds is None or holds(step.get("holds"))))
         if finished:
             self.skipped.append(name)
         return finished
 
     def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Target], *,
-               holds: Any = None) -> None:
+               file_settings: dict[str, Any] | None = None, holds: Any = None) -> None:
+        """Step `name` finished with `settings`; `file_settings`: what its result documents record as
+        their settings, when that differs (what `report` expects of them: `rundir.run_settings`)."""
         step = {"settings": settings, "device": self.device, "seconds": round(time.perf_counter() - started, 3),
-                "outputs": [rundir.relative_to(self.store.url, path) for path in outputs]}
+                "outputs": [rundir.relative_to(self.store.url, path) for path in outputs],
+                **({"file_settings": file_settings} if file_settings is not None else {})}
         self.document["steps"][name] = {**step, **({"holds": holds} if holds is not None else {})}
         self.ran.append(name)
         write_json(self.path, "run", {"store": self.identity, "device": self.device, "protocol": self.protocol,
@@ -228,12 +253,22 @@ def run(
     per_layer = run_layers(store.layers, layers)
     paths: list[Target] = []
 
-    settings = {"min_contexts": analysis.min_contexts, "seed": seed, "bootstrap": bootstrap, "confidence": confidence}
-    if analysis.count_by != DEFAULT_COUNT_BY or protocol is not None:
-        settings.update(count_by=analysis.count_by, protocol=protocol)
+    # one options object per step, built once from the arguments and passed whole; each step's
+    # settings (its `to_settings()`) are what run.json and its result files record
+    isotropy = IsotropyOptions(analysis)
+    calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
+    static = StaticOptions(analysis)
+    similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers)  # layer x layer, every layer
+    geometry = GeometryOptions(analysis, model_weights=model)
+
+    settings = analysis.analysis_settings()
+    contextuality: ContextualityResult | None = None
     if steps.done("contextuality", settings):
-        contextuality = ContextualityResult.read(store)
-    else:
+        try:
+            contextuality = ContextualityResult.read(store, options=settings)
+        except (rundir.ResultFileError, FileNotFoundError):
+            steps.skipped.remove("contextuality")
+    if contextuality is None:
         started = time.perf_counter()
         contextuality = analyze_store(store, analysis, progress=progress, write_to=True)
         steps.record("contextuality", settings, started, list(contextuality.written.values()))
@@ -241,17 +276,14 @@ def run(
     paths += [spec.at(store.url) for spec in
               (rundir.SUMMARY, rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS)]
 
-    settings = {"seed": seed, **({"protocol": protocol} if protocol else {})}
+    settings = isotropy.to_settings()
     if not steps.done("isotropy", settings):
         started = time.perf_counter()
-        isotropy_options = AnalysisOptions(**protocol_options(protocol)) if protocol else None
-        steps.record("isotropy", settings, started,
-                     measure_isotropy(store, isotropy_options, seed=seed, device=analysis_device, progress=progress).paths)
+        steps.record("isotropy", settings, started, measure_isotropy(store, isotropy, progress=progress).paths)
     paths.append(rundir.ISOTROPY.at(store.url))
 
     # calibration.json also takes the fits of `lmgeom calibrate`: the step is done while the file
     # still holds the fits it made (merged, never replaced, by a later calibration of other layers)
-    calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
     settings = calibration.to_settings()
     if not steps.done("calibration", settings, holds=lambda fits: fits is not None and holds_fits(store.url, fits)):
         started = time.perf_counter()
@@ -259,26 +291,24 @@ def run(
         steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
     paths.append(rundir.CALIBRATION.at(store.url))
 
-    settings = {"layers": per_layer, **({"protocol": protocol} if protocol else {})}
-    if not steps.done("static_embeddings", settings):
+    settings = {**static.to_settings(), "layers": per_layer}
+    if not steps.done("static_embeddings", settings, file_settings=static.to_settings()):
         started = time.perf_counter()
         written = [path for layer in per_layer for path in
-                   export_static_embeddings(store, layer=layer, protocol=protocol, device=analysis_device,
-                                            progress=progress).paths.values()]
-        steps.record("static_embeddings", settings, started, written)
+                   export_static_embeddings(store, static, layer=layer, progress=progress).paths.values()]
+        steps.record("static_embeddings", settings, started, written, file_settings=static.to_settings())
     paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
 
-    similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers)  # layer x layer, every layer
     settings = similarity.to_settings()
     if not steps.done("similarity", settings):
         started = time.perf_counter()
         steps.record("similarity", settings, started,
                      write_similarity(similarity_matrix(store, None, similarity, progress=progress), store.url))
     paths.append(rundir.SIMILARITY.at(store.url))
-    settings = {"min_contexts": min_contexts, "seed": seed, "model_weights": model}
+    settings = geometry.to_settings()
     if not steps.done("geometry", settings):
         started = time.perf_counter()
-        steps.record("geometry", settings, started, measure_geometry(store, analysis, model_weights=model, progress=progress).paths)
+        steps.record("geometry", settings, started, measure_geometry(store, geometry, progress=progress).paths)
     paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered

@@ -122,6 +122,7 @@ class SimilarityResult:
     counts: dict[str, int]
     settings: dict[str, Any]
     paths: list[rundir.Target] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)  # `SimilarityOptions.to_settings()`: the files' provenance
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -280,10 +281,10 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
                 **({"knn_not_computed": f"mutual k-NN with k = {options.k} needs more than {options.k} sampled rows; "
                                         f"this corpus gives {min(options.sample, n)}"}
                    if "knn" in options.measures and not options.k < min(options.sample, n) else {})}
-    described = [{"url": s.url, "model_id": s.meta.get("model_id"), "corpus_fingerprint": s.meta.get("corpus_fingerprint")}
-                 for s in ([a] if within else stores)]
+    described = [{"url": s.url, "model_id": s.meta.get("model_id"), "corpus_fingerprint": s.meta.get("corpus_fingerprint"),
+                  "generation": s.meta.get("generation")} for s in ([a] if within else stores)]
     return SimilarityResult(described, layers_a, layers_b, values, null, {**matched.counts, "sample": min(options.sample, n)},
-                            settings)
+                            settings, options=options.to_settings())
 
 
 def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list[Job], options: SimilarityOptions,
@@ -367,12 +368,13 @@ def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str]
 def write_similarity(result: SimilarityResult, out: rundir.Where) -> list[rundir.Target]:
     """similarity.json (settings, counts, stores, records, matrices) and similarity.csv (the records)
     in `out` (a folder or an fsspec URL); the document's provenance is the first store's."""
-    store_meta = {key: result.stores[0][key] for key in ("model_id", "corpus_fingerprint")}
+    store_meta = {key: result.stores[0].get(key) for key in ("model_id", "corpus_fingerprint", "generation")}
     payload = {"settings": result.settings, "counts": result.counts, "stores": result.stores, "records": result.records,
                "layers_a": result.layers_a, "layers_b": result.layers_b,
                "matrices": {measure: table for measure, table in result.values.items()},
                "null": {measure: table for measure, table in result.null.items()}}
-    paths = [rundir.write_json(rundir.SIMILARITY.at(out), rundir.SIMILARITY.kind, payload, store_meta=store_meta),
-             rundir.write_records_csv(rundir.SIMILARITY_CSV.at(out), result.records)]
+    paths = rundir.write_result_set(rundir.SIMILARITY.at(out), rundir.SIMILARITY.kind, payload, store_meta=store_meta,
+                                    settings=result.options,
+                                    companions=[(rundir.SIMILARITY_CSV.at(out), rundir.records_csv(result.records))])
     result.paths = paths
     return paths

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,11 +28,11 @@ from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate
                                        read_word_benchmarks)
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors, static_vectors_format
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
-from lmgeom.runs.engine.options import protocol_options
+from lmgeom.runs.engine.options import ROW_FIELDS, WORD_FIELDS, StepOptions, protocol_options
 from lmgeom.runs.engine.plan import resolved_device
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
-from lmgeom.runs.rundir import write_json, write_records_csv
+from lmgeom.runs.rundir import records_csv, write_result_set
 from lmgeom.store import RepresentationStore
 
 STATIC_KINDS = ("first_pc", "mean", "layer0_mean")
@@ -100,6 +100,25 @@ def first_pc_vectors(store: RepresentationStore, layer: int, options: AnalysisOp
 
 # the options that say which words have vectors (recorded in the benchmark files)
 WORD_SELECTION = ("min_contexts", "count_by", "include_punct", "include_special", "exclude_first_word", "protocol")
+
+
+@dataclass(frozen=True)
+class StaticOptions(StepOptions):
+    """The static-embeddings step's options: the words that get vectors (`analysis`' word threshold
+    and rows; by default those the contextuality analysis keeps) and `data_dir`, the folder whose
+    word benchmarks are scored (None: ../shared/data or LMGEOM_DATA)."""
+
+    data_dir: str | None = None
+    ANALYSIS_FIELDS: ClassVar[tuple[str, ...]] = (*ROW_FIELDS, *WORD_FIELDS)
+
+    @classmethod
+    def of(cls, *, min_contexts: int | None = None, count_by: str | None = None, include_punct: bool | None = None,
+           protocol: str | None = None, data_dir: str | os.PathLike[str] | None = None, device: str = "cpu") -> StaticOptions:
+        """The options from the flags of `lmgeom static-embeddings`: `protocol` sets the words as that
+        protocol does (`PROTOCOLS`), and a given option it sets otherwise is refused."""
+        chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct)
+        chosen.pop("statistics", None)  # the distillation computes its own
+        return cls(AnalysisOptions(**chosen, device=device), data_dir=None if data_dir is None else str(data_dir))
 
 
 def static_embeddings(
@@ -193,8 +212,9 @@ def benchmark_static_embeddings(
 
 
 def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: rundir.Where, *,
-                     skipped: Mapping[str, str] | None = None) -> dict[str, rundir.Target]:
-    """STATIC/`<layer>.benchmarks.json` (with why any benchmark was `skipped`) and `.csv` in the run `run`."""
+                     skipped: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None) -> dict[str, rundir.Target]:
+    """STATIC/`<layer>.benchmarks.json` (with why any benchmark was `skipped`; `settings`: the step's,
+    `StaticOptions.to_settings()`, recorded as its provenance) and `.csv` in the run `run`."""
     payload = {
         "layer": embeddings.layer,
         "n_words": len(embeddings.words),
@@ -209,11 +229,11 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: ru
         "device": embeddings.device,
         "records": scores.to_dict("records"),
     }
-    return {
-        "json": write_json(rundir.STATIC_BENCHMARKS.at(run, layer=embeddings.layer), rundir.STATIC_BENCHMARKS.kind,
-                           payload, store_meta=embeddings.store_meta),
-        "csv": write_records_csv(rundir.STATIC_BENCHMARKS_CSV.at(run, layer=embeddings.layer), scores.to_dict("records")),
-    }
+    table = rundir.STATIC_BENCHMARKS_CSV.at(run, layer=embeddings.layer)
+    document, csv = write_result_set(rundir.STATIC_BENCHMARKS.at(run, layer=embeddings.layer), rundir.STATIC_BENCHMARKS.kind,
+                                     payload, store_meta=embeddings.store_meta, settings=settings,
+                                     companions=[(table, records_csv(scores.to_dict("records")))])
+    return {"json": document, "csv": csv}
 
 
 @dataclass
@@ -226,29 +246,23 @@ class StaticEmbeddingRun:
 
 def export_static_embeddings(
     store: RepresentationStore | str | os.PathLike[str],
+    options: StaticOptions = StaticOptions(),
     *,
     layer: int,
     text_path: str | os.PathLike[str] | None = None,
     benchmarks: Sequence[str | os.PathLike[str]] = (),
     static_vectors: Sequence[str | os.PathLike[str]] = (),
     trust_pickle: bool = False,
-    min_contexts: int | None = None,
-    count_by: str | None = None,
-    include_punct: bool | None = None,
-    protocol: str | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
-    device: str = "cpu",
     progress: Progress | None = None,
 ) -> StaticEmbeddingRun:
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
-    or `text_path`), and score them on `default_word_benchmarks(data_dir)` plus `benchmarks` next to
+    or `text_path`), and score them on `default_word_benchmarks(options.data_dir)` plus `benchmarks` next to
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
-    A benchmark missing from `data_dir` is skipped, its reason kept in the JSON. A `.kv` among
+    A benchmark missing from the data folder is skipped, its reason kept in the JSON. A `.kv` among
     `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`).
-    Words: those of at least `min_contexts` (default `DEFAULT_MIN_CONTEXTS`, as the analysis) distinct sentences or occurrences
-    (`count_by`), punctuation only with `include_punct`; `protocol` sets them as that protocol does
-    (`lmgeom.runs.engine.options.PROTOCOLS`: ethayarajh2019, words of at least 5 occurrences), and a
-    given option it sets otherwise is refused."""
+    Words: those `options` keep (`StaticOptions`: by default the analysis's, words of at least
+    `DEFAULT_MIN_CONTEXTS` distinct sentences, no punctuation; `StaticOptions.of` builds them from
+    the command's flags and a protocol)."""
     store = RepresentationStore.of(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
@@ -257,15 +271,13 @@ def export_static_embeddings(
         static_vectors_format(path, trust_pickle=trust_pickle)
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
-    chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct)
-    chosen.pop("statistics", None)  # the distillation computes its own
-    embeddings = static_embeddings(store, AnalysisOptions(**chosen, device=device), layer=layer)
+    embeddings = static_embeddings(store, options.analysis, layer=layer)
     progress.advance(f"distil layer {layer}")
     saved = embeddings.save(store.url, text_path=text_path)
-    found, skipped = default_word_benchmarks(data_dir)
+    found, skipped = default_word_benchmarks(options.data_dir)
     given = {Path(path).stem: path for path in benchmarks}
     skipped = {name: reason for name, reason in skipped.items() if name not in given}
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
                                          trust_pickle=trust_pickle, progress=progress)
-    return StaticEmbeddingRun(embeddings, scores, {**saved, **write_benchmarks(scores, embeddings, store.url, skipped=skipped)},
-                              skipped)
+    written = write_benchmarks(scores, embeddings, store.url, skipped=skipped, settings=options.to_settings())
+    return StaticEmbeddingRun(embeddings, scores, {**saved, **written}, skipped)

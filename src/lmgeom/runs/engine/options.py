@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from lmgeom.errors import InputError
 from lmgeom.metrics.bootstrap import check_options as check_bootstrap
@@ -146,6 +146,33 @@ class AnalysisOptions:
     def analysis_settings(self) -> dict[str, Any]:
         """`to_settings` without the options of how it runs: what two shards must share to merge."""
         return {key: value for key, value in self.to_settings().items() if key not in EXECUTION_FIELDS}
+
+
+ROW_FIELDS = ("include_special", "include_punct", "exclude_first_word", "protocol")
+"""The analysis options that say which rows a step reads (`lmgeom.runs.selection`) and the protocol that set them."""
+WORD_FIELDS = ("min_contexts", "count_by")
+"""The analysis options that say which words a step keeps."""
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """The options of one step of `lmgeom run` over a store, passed whole: `analysis`, how the step
+    reads the store (the rows and words, the seed, the device and executor; `AnalysisOptions`), and
+    the step's own fields (a subclass's). `to_settings()` is what changes the step's numbers: the
+    analysis fields of `ANALYSIS_FIELDS` and the step's own, never how it runs; result files record it
+    (`lmgeom.runs.rundir.write_result_set`) and `run` compares it to skip a finished step."""
+
+    analysis: AnalysisOptions = AnalysisOptions()
+    ANALYSIS_FIELDS: ClassVar[tuple[str, ...]] = ROW_FIELDS
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)
+
+    def to_settings(self) -> dict[str, Any]:
+        analysis = self.analysis.to_settings()
+        own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "analysis"}
+        own = {name: list(value) if isinstance(value, tuple) else value for name, value in own.items()}
+        return {**{name: analysis[name] for name in self.ANALYSIS_FIELDS}, **own}
 
 
 # Protocols: named sets of options that reproduce a paper's released code. `ethayarajh2019`: the

@@ -1,0 +1,129 @@
+"""Every result bound to the store and the settings that made it, on real tiny runs: a stale result is
+recomputed by `run` and refused by `report`; a result of another store is refused by `report`,
+`compare` and `run`, and never written into another store's run; a set cut short (a kill between its
+files) is refused by `report` and recomputed by `run`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import TINY_RUN
+from lmgeom.cli.main import app
+from lmgeom.runs import rundir, run
+from lmgeom.runs.rundir import PROVENANCE
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    outcome = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return outcome.exit_code, " ".join(outcome.output.split())
+
+
+@pytest.fixture
+def copy(tiny_cli_run: tuple[Path, str], tmp_path: Path) -> Path:
+    """A copy of the session's tiny-bert run (60 Lee sentences, min_contexts 3, layers 0 and 3)."""
+    return Path(shutil.copytree(tiny_cli_run[0], tmp_path / "run"))
+
+
+def provenance_of(path: Path) -> dict:
+    return json.loads(path.read_text())[PROVENANCE]
+
+
+def test_every_result_records_the_store_settings_and_companions(copy: Path):
+    generation = json.loads((copy / "meta.json").read_text())["generation"]
+    steps = json.loads((copy / "run.json").read_text())["steps"]
+    for name, step in (("contextuality.json", "contextuality"), ("summary.json", "contextuality"),
+                       ("isotropy.json", "isotropy"), ("geometry.json", "geometry"), ("similarity.json", "similarity"),
+                       ("static/3.benchmarks.json", "static_embeddings")):
+        block = provenance_of(copy / name)
+        assert block["store_generation"] == generation, name
+        assert block["settings"] == steps[step].get("file_settings", steps[step]["settings"]), name
+    block = provenance_of(copy / "contextuality.json")
+    assert block["settings"]["min_contexts"] == TINY_RUN["min_contexts"]
+    assert set(block["companions"]) == {"contextuality_layers.csv", "contextuality_words.csv"}
+    for name, recorded in block["companions"].items():
+        assert recorded == rundir.digest((copy / name).read_bytes())
+    # the static step's settings are the analysis', min_contexts included (not only its layers)
+    assert provenance_of(copy / "static/0.benchmarks.json")["settings"]["min_contexts"] == TINY_RUN["min_contexts"]
+    assert provenance_of(copy / "geometry.json")["settings"]["count_by"] == "sentences"
+
+
+def test_a_stale_analysis_is_refused_by_report_and_recomputed_by_run(copy: Path, tmp_path: Path):
+    code, output = invoke("analyze", str(copy), "--min-contexts", "2", "--num-workers", "1")
+    assert code == 0, output
+    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
+    assert code == 2 and "contextuality.json" in output or "summary.json" in output, output
+    assert "min_contexts 2 (expected 3)" in output and "other settings" in output, output
+    assert not (tmp_path / "r.html").exists()
+    result = run("tiny-bert", "lee", out=copy, **TINY_RUN)
+    assert "contextuality" in result.steps_run
+    assert provenance_of(copy / "contextuality.json")["settings"]["min_contexts"] == 3
+    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
+    assert code == 0, output
+
+
+def test_run_with_other_settings_redoes_every_step_they_change(copy: Path):
+    words_before = len(json.loads((copy / "static/3.benchmarks.json").read_text())["records"])
+    result = run("tiny-bert", "lee", out=copy, **{**TINY_RUN, "min_contexts": 2})
+    # min_contexts changes the analysis, the static vectors (the words distilled) and the geometry
+    assert {"contextuality", "static_embeddings", "geometry"} <= set(result.steps_run)
+    assert "similarity" in result.steps_skipped  # layer x layer similarity reads every row: unchanged
+    for name in ("contextuality.json", "static/3.benchmarks.json", "geometry.json"):
+        assert provenance_of(copy / name)["settings"]["min_contexts"] == 2, name
+    static = json.loads((copy / "static/3.benchmarks.json").read_text())
+    assert static["records"] and words_before
+    # and again: nothing left to do
+    again = run("tiny-bert", "lee", out=copy, **{**TINY_RUN, "min_contexts": 2})
+    assert again.steps_run == ["report"] or set(again.steps_run) <= {"report", "explorer"}
+    assert "contextuality" in again.steps_skipped and "static_embeddings" in again.steps_skipped
+
+
+def test_a_foreign_result_is_refused_by_report_compare_and_run(copy: Path, tmp_path: Path):
+    other = tmp_path / "other"
+    code, output = invoke("extract", "tiny-bert", "--corpus", "lee", "--limit", "30", "--out", str(other))
+    assert code == 0, output
+    # analyze writes nothing into a folder of another store
+    code, output = invoke("analyze", str(other), "--out", str(copy), "--min-contexts", "3", "--num-workers", "1")
+    assert code == 2 and "another store" in output and "--out" in output, output
+    # a result file copied from the other store's analysis
+    code, output = invoke("analyze", str(other), "--min-contexts", "3", "--num-workers", "1")
+    assert code == 0, output
+    for name in ("contextuality.json", "contextuality_layers.csv", "contextuality_words.csv"):
+        shutil.copy(other / name, copy / name)
+    for command in (["report", str(copy), "--out", str(tmp_path / "r.html")], ["compare", str(copy), str(copy)]):
+        code, output = invoke(*command)
+        assert code == 2 and "contextuality.json" in output and "another store" in output, (command, output)
+    with pytest.raises(rundir.ResultFileError, match="contextuality.json.*another store.*will not replace"):
+        run("tiny-bert", "lee", out=copy, **TINY_RUN)
+    assert json.loads((copy / "contextuality.json").read_text()) == json.loads((other / "contextuality.json").read_text())
+
+
+def test_a_set_cut_short_is_refused_by_report_and_recomputed_by_run(copy: Path, tmp_path: Path):
+    # what a kill between a step's files leaves: the companion new, the document old
+    words = copy / "contextuality_words.csv"
+    words.write_text(words.read_text() + words.read_text().splitlines()[-1] + "\n")
+    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
+    assert code == 2 and "contextuality_words.csv are not one set" in output, output
+    result = run("tiny-bert", "lee", out=copy, **TINY_RUN)
+    assert "contextuality" in result.steps_run
+    assert rundir.digest(words.read_bytes()) == provenance_of(copy / "contextuality.json")["companions"]["contextuality_words.csv"]
+
+
+def test_a_result_without_provenance_is_stale(copy: Path, tmp_path: Path):
+    document = json.loads((copy / "isotropy.json").read_text())
+    del document[PROVENANCE]
+    (copy / "isotropy.json").write_text(json.dumps(document))
+    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
+    assert code == 2 and "isotropy.json records no provenance" in output, output
+    assert "isotropy" in run("tiny-bert", "lee", out=copy, **TINY_RUN).steps_run
+
+
+def test_static_embeddings_without_benchmarks_never_replaces_the_runs_record(copy: Path):
+    before = (copy / "static/3.benchmarks.json").read_bytes()
+    code, output = invoke("static-embeddings", str(copy), "--layer", "3", "--data-dir", str(copy / "nonexistent"))
+    assert code == 2, output
+    assert (copy / "static/3.benchmarks.json").read_bytes() == before
