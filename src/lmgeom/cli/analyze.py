@@ -196,6 +196,8 @@ def register(app: typer.Typer) -> None:
         include_punct: Optional[bool] = typer.Option(None, "--include-punct/--exclude-punct", help="also export punctuation (default: not)"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
                                                       "(default ../shared/data or LMGEOM_DATA)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write, "
+                                                               "or the layer's benchmark scores with fewer"),
     ) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks,
         covered items only and all items (out-of-vocabulary words as the mean vector)."""
@@ -205,8 +207,7 @@ def register(app: typer.Typer) -> None:
             exported = export_static_embeddings(
                 store_path, layer=layer, text_path=out, benchmarks=benchmark, static_vectors=static_vectors,
                 trust_pickle=trust_pickle, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
-                protocol=protocol, data_dir=data_dir,
-                progress=progress,
+                protocol=protocol, data_dir=data_dir, overwrite=overwrite, progress=progress,
             )
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
                                                  f"{len(exported.embeddings.words):,} words")

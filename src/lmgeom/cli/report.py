@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, help="HTML file to write (default RUN/report.html)"),
         explorer_words: int = typer.Option(2000, min=1, help="words in the word explorer (the most frequent analysed ones)"),
         neighbours: int = typer.Option(10, min=1, help="nearest neighbours per word and layer in the word explorer"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write"),
     ) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
         from lmgeom.report import load_run
@@ -31,7 +32,7 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             with RichProgress() as progress:
                 path = render_report(run_dir, include=include, out=out, explorer_words=explorer_words,
-                                     explorer_neighbours=neighbours, progress=progress)
+                                     explorer_neighbours=neighbours, overwrite=overwrite, progress=progress)
             run = load_run(run_dir)
             if run.layers is not None:
                 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE

@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, min=0, help="seed for --limit-pairs and the calibrators"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the summary table as markdown"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out, its CSV or --markdown file that lmgeom did not write"),
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
         from lmgeom.runs.sts import combination, run_sts
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
                 result = run_sts(
                     model, data, layers=[*split_list(layers), *combinations], methods=methods, fit_on=split_list(fit_on),
                     split=split, limit_pairs=limit_pairs, include_special=special, seed=seed, device=device, out=out,
-                    markdown=markdown, progress=progress,
+                    markdown=markdown, overwrite=overwrite, progress=progress,
                 )
         datasets = ", ".join(d["name"] for d in result.settings["datasets"])
         console.print(

@@ -36,6 +36,9 @@ SENTENCES = "sentences.parquet"
 VOCAB = "vocab.parquet"
 CHECKSUMS = "checksums.json"
 SHARDS = "shards"
+STORE_NAMES = frozenset({META, PROGRESS, LOCK, PARTS, LAYERS, TOKENS, SENTENCES, VOCAB, CHECKSUMS, SHARDS})
+"""The names a store's writer puts at the top of its folder (the lock's temporary files aside:
+`lmgeom.store.lock.is_lock_file`)."""
 STORAGE_DTYPES = ("float32", "float16")
 COMPRESSORS = ("zstd",)
 """Codecs a store's layers may be compressed with (`--compress`); by default they are stored raw."""

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -282,7 +282,7 @@ def _indexed(item: tuple[int, FinetuneJob]) -> tuple[int, Cell]:
 
 def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.PathLike[str],
                  tasks: Sequence[str] = PRECHECK_TASKS, learning_rates: Sequence[float] = PRECHECK_LEARNING_RATES,
-                 task_learning_rates: dict[str, Sequence[float]] | None = None,
+                 task_learning_rates: Mapping[str, Sequence[float]] | None = None,
                  epochs: dict[str, Sequence[int]] | None = None, validation_fraction: float = VALIDATION_FRACTION,
                  max_train: dict[str, int | None] | None = None, options: dict[str, Any] | None = None,
                  workers: int = WORKERS, progress: Progress | None = None) -> dict[str, Any]:
