@@ -18,6 +18,7 @@ from lmgeom.cli.common import (
     above,
     console,
     interval_cell,
+    shown,
     user_errors,
 )
 
@@ -89,7 +90,7 @@ def print_contextuality(result: ContextualityResult) -> None:
         print_released(result)
     console.print("[bold]Findings[/]")
     for statement in result.statements:
-        console.print(f"  • {statement}")
+        console.print(f"  • {shown(statement)}")
 
 
 RELEASED_COLUMNS = (("anisotropy_released", "raw", "baseline"), ("self_similarity_released", "adjusted", "SelfSim*"),
@@ -178,7 +179,7 @@ def register(app: typer.Typer) -> None:
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
         print_contextuality(result)
-        console.print("wrote " + ", ".join(written))
+        console.print("wrote " + ", ".join(map(shown, written)))
 
     @app.command("static-embeddings")
     def static_embeddings_command(
@@ -212,5 +213,5 @@ def register(app: typer.Typer) -> None:
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
                                                  f"{len(exported.embeddings.words):,} words")
         for name, reason in exported.skipped.items():
-            console.print(f"skipped {name}: {reason}")
-        console.print("wrote " + ", ".join(str(p) for p in exported.paths.values()))
+            console.print(f"skipped {shown(name)}: {shown(reason)}")
+        console.print("wrote " + ", ".join(shown(p) for p in exported.paths.values()))

@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from types import TracebackType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 import typer
@@ -32,8 +32,26 @@ from rich.progress import (
 )
 
 from lmgeom.errors import InputError, MissingDependency
+from lmgeom.progress import visible
 
-console = Console()
+
+class VisibleConsole(Console):
+    """A console whose printed text shows control characters visibly (`lmgeom.progress.visible`): a
+    file name or corpus word holding a terminal escape sequence (`\\x1b[2J`, an OSC title `\\x1b]0;...\\x07`)
+    reaches the terminal as text, in messages, findings, table cells and titles alike (each a string
+    rich renders through `render_str`); line ends and tabs are the text's own."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(visible(text, keep="\n\t"), **options)
+
+
+console = VisibleConsole()
+
+
+def shown(text: object) -> str:
+    """Text from a user's data (a word, a file name, a note about them) as console markup that shows it
+    as written: control characters visible, `[...]` never taken for a style."""
+    return escape(visible(text))
 
 MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted by --count-by (default 5)"
 COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
@@ -92,14 +110,14 @@ class RichProgress:
             self._lines.start(stage, total, unit=unit)
         elif stage in self._tasks:
             self._bars.reset(self._tasks[stage], total=total, note="")
-        else:
-            self._tasks[stage] = self._bars.add_task(f"{stage} ({unit})", total=total, note="")
+        else:  # the description is markup ("[bold]{task.description}"); a stage may name a user's file
+            self._tasks[stage] = self._bars.add_task(shown(f"{stage} ({unit})"), total=total, note="")
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
         if self._lines is not None:
             self._lines.advance(stage, n, note=note)
         else:
-            self._bars.update(self._tasks[stage], advance=n, note=note)
+            self._bars.update(self._tasks[stage], advance=n, note=visible(note))
 
 
 class _NoteColumn(ProgressColumn):
@@ -122,7 +140,7 @@ class LineProgress:
     def start(self, stage: str, total: int, *, unit: str = "items") -> None:
         now = self._clock()
         self._stages[stage] = _LineStage(total=total, unit=unit, started=now, printed=now)
-        console.print(f"{escape(stage)}: started, {total:,} {escape(unit)}", soft_wrap=True, highlight=False)
+        console.print(f"{shown(stage)}: started, {total:,} {shown(unit)}", soft_wrap=True, highlight=False)
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
         state = self._stages[stage]
@@ -139,7 +157,7 @@ class LineProgress:
         parts.append(f"{_clock_time(elapsed)} elapsed")
         if not finished and state.done > 0 and state.total > state.done:
             parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
-        line = f"{stage}: " + ", ".join(parts)
+        line, note = visible(f"{stage}: " + ", ".join(parts)), visible(note)
         if note and len(line) + 2 + len(note) <= console.width:
             line, note = f"{line}; {note}", ""
         console.print(escape(line), soft_wrap=True, highlight=False)

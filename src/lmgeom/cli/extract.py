@@ -17,6 +17,7 @@ from lmgeom.cli.common import (
     RichProgress,
     console,
     interval_cell,
+    shown,
     split_list,
     user_errors,
 )
@@ -45,7 +46,7 @@ def last_layer_clause(meta: dict[str, Any]) -> str:
 def print_store(store: RepresentationStore) -> None:
     meta = store.meta
     console.print(
-        f"[bold]{store.url}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
+        f"[bold]{shown(store.url)}[/]: {shown(meta['model_id'])} on {shown(meta['corpus_name'])} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
         f"{stored_layers_phrase(store)} × {store.dim} (layer 0 = embedding output{last_layer_clause(meta)}), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
@@ -164,7 +165,7 @@ def register(app: typer.Typer) -> None:
         design = result.contextuality.bootstrap
         below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,})"
                  if intervals is not None and design else "")
-        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']} (layer 0 = embedding output; adj = minus baseline{below})")
+        table = Table(title=f"{shown(meta['model_id'])} on {shown(meta['corpus_name'])} (layer 0 = embedding output; adj = minus baseline{below})")
 
         def cell(layer: int, column: str) -> str:
             value = summary.loc[layer, column]
@@ -182,9 +183,9 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:
-            console.print(f"  • {statement}")
+            console.print(f"  • {shown(statement)}")
         if result.steps_skipped:
             console.print(f"skipped (already done with these settings): {', '.join(result.steps_skipped)}")
-        console.print(f"{MEV_ADJ_NOTE}; every step computed on {result.device}; every table is in {result.store.url}:")
+        console.print(f"{MEV_ADJ_NOTE}; every step computed on {result.device}; every table is in {shown(result.store.url)}:")
         for path in result.paths:
-            console.print(f"  {path}")
+            console.print(f"  {shown(path)}")

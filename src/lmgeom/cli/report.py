@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, console, shown, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
             if run.layers is not None:
                 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
-                table = Table(title=f"{run.label} (layer 0 = embedding output)")
+                table = Table(title=f"{shown(run.label)} (layer 0 = embedding output)")
                 for header in ("layer", "baseline", "SelfSim", "SelfSim adj", "IntraSim", "MEV adj"):
                     table.add_column(header, justify="right")
                 for layer in run.layer_numbers:
@@ -49,9 +49,9 @@ def register(app: typer.Typer) -> None:
                 console.print(table)
                 console.print(MEV_ADJ_NOTE)
             for section, note in run.notes.items():
-                console.print(f"[dim]{section}: {note}[/]")
-            console.print(f"wrote {path}")
-            console.print(f"figures in {FIGURES.at(run.path)}")
+                console.print(f"[dim]{shown(section)}: {shown(note)}[/]")
+            console.print(f"wrote {shown(path)}")
+            console.print(f"figures in {shown(FIGURES.at(run.path))}")
 
     @app.command("compare")
     def compare_command(
