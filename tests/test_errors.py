@@ -166,7 +166,7 @@ def test_garbage_static_vectors_are_named(exported_store: Path, tmp_path: Path) 
     assert f"static vectors file {garbage_kv} cannot be read as a gensim KeyedVectors .kv file" in line
     text = tmp_path / "vectors.txt"
     text.write_text("3 4\nthe 0.1 0.2\ncat nonsense here and more\n")
-    line = one_error(*invoke("static-embeddings", exported_store, "--layer", "1", "--out", tmp_path / "1.txt",
+    line = one_error(*invoke("static-embeddings", exported_store, "--layer", "1", "--out", tmp_path / "2.txt",
                              "--static-vectors", text, "--data-dir", tmp_path))
     assert f"static vectors file {text} cannot be read as word2vec or GloVe text vectors" in line
 

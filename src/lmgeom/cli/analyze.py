@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import (
+    url_form,
     BOOTSTRAP_HELP,
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
@@ -151,7 +152,7 @@ def register(app: typer.Typer) -> None:
         include_special: bool = typer.Option(False, "--include-special", help="also analyse special tokens (CLS/SEP/BOS) the store kept"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the sampled baselines"),
         samples: Optional[int] = typer.Option(None, min=2, metavar="<int>", help="occurrences sampled for the anisotropy and MEV baselines (default 1000)"),
-        out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
         engine: str = typer.Option("auto", help="local (one task after another here), processes (worker processes), "
@@ -185,7 +186,7 @@ def register(app: typer.Typer) -> None:
     def static_embeddings_command(
         store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
         layer: int = typer.Option(..., min=0, help="layer to distil (0 = embedding output)"),
-        out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
         benchmark: List[Path] = typer.Option([], help="extra benchmark: word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the SemEval2012-2 folder (repeatable)"),
         static_vectors: List[Path] = typer.Option([], help="static vectors to compare (word2vec .bin, word2vec/GloVe text; repeatable)"),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(

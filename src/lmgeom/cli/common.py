@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from types import TracebackType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import click
 import typer
@@ -31,7 +31,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lmgeom.errors import InputError, MissingDependency
+from lmgeom.errors import InputError, MissingDependency, Unavailable
 from lmgeom.progress import visible
 
 
@@ -46,6 +46,7 @@ class VisibleConsole(Console):
 
 
 console = VisibleConsole()
+T = TypeVar("T")
 
 
 def shown(text: object) -> str:
@@ -216,9 +217,25 @@ def cli_text(text: str, params: tuple[str, ...]) -> str:
 
 
 def is_user_error(error: BaseException) -> bool:
-    """Whether `error` is the user's to mend (bad input, a missing file or package, a full disk), not a bug."""
-    return (isinstance(error, (InputError, MissingDependency, *_PATH_ERRORS))
-            or isinstance(error, OSError) and error.errno in _USER_OS_ERRNOS)
+    """Whether `error` is the user's to mend (bad input, a missing file or package, a full disk, an object
+    store that does not answer), not a bug."""
+    from lmgeom.store.url import is_transient
+
+    return (isinstance(error, (InputError, MissingDependency, Unavailable, *_PATH_ERRORS))
+            or isinstance(error, OSError) and error.errno in _USER_OS_ERRNOS or is_transient(error))
+
+
+def user_message(error: BaseException) -> str:
+    """The one line `user_errors` prints for a user's error: an `InputError` with the CLI's option names;
+    a transient object-store error that escaped the retries of `Location` (one raised inside zarr's own
+    I/O) with how to resume."""
+    from lmgeom.store.url import RESUME, is_transient
+
+    if isinstance(error, InputError):
+        return cli_message(error)
+    if not isinstance(error, Unavailable) and is_transient(error):
+        return f"the object store or network endpoint did not answer ({type(error).__name__}: {' '.join(str(error).split())}); {RESUME}"
+    return str(error)
 
 
 @contextlib.contextmanager
@@ -234,8 +251,8 @@ def user_errors() -> Iterator[None]:
             traceback.print_exc(file=sys.stderr)
             console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}", soft_wrap=True)
             raise typer.Exit(code=1) from None
-        message = cli_message(error) if isinstance(error, InputError) else str(error)
-        console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # one line, for logs and grep
+        line = " ".join(part.strip() for part in user_message(error).splitlines() if part.strip())
+        console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)  # one line, for logs and grep
         raise typer.Exit(code=2) from None
 
 
@@ -259,6 +276,19 @@ def above(low: float) -> Callable[[float | None], float | None]:
         return value
 
     return check
+
+
+def url_form(value: T) -> T:
+    """The callback of every `--out`: a path that means an fsspec URL but lacks its `//` (`s3:/bucket/x`)
+    is refused naming the URL meant (`lmgeom.store.url.require_url_form`), before anything runs."""
+    from lmgeom.store.url import require_url_form
+
+    if value is not None:
+        try:
+            require_url_form(value)  # type: ignore[arg-type]
+        except InputError as error:
+            raise typer.BadParameter(str(error)) from None
+    return value
 
 
 def split_list(text: str) -> list[str]:

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import (
+    url_form,
     BOOTSTRAP_HELP,
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
@@ -72,7 +73,7 @@ def register(app: typer.Typer) -> None:
     def extract_command(
         model: str = typer.Argument(..., help=MODEL_HELP),
         corpus: str = typer.Option("lee", "--corpus", "-c", help=CORPUS_HELP),
-        out: str = typer.Option(..., "--out", "-o", help="run directory or fsspec URL (s3://bucket/run) to write the store into"),
+        out: str = typer.Option(..., "--out", "-o", callback=url_form, help="run directory or fsspec URL (s3://bucket/run) to write the store into"),
         field: str = typer.Option("text", help="JSONL field holding the sentence"),
         pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
@@ -128,7 +129,7 @@ def register(app: typer.Typer) -> None:
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: Optional[str] = typer.Option(None, help="corpus spec, as for `lmgeom extract --corpus` (default lee; sts-scored with --protocol ethayarajh2019)"),
-        out: Optional[str] = typer.Option(None, help="run folder or fsspec URL: s3://, gs://, file:// (default runs/<model>-<corpus>, with -limitN for --limit N)"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="run folder or fsspec URL: s3://, gs://, file:// (default runs/<model>-<corpus>, with -limitN for --limit N)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
         sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences (--seed; default: all)"),
         device: str = typer.Option("auto", help="where every step computes: auto, cpu, cuda, cuda:N"),

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, shown, user_errors
+from lmgeom.cli.common import RichProgress, console, shown, user_errors, url_form
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     def report_command(
         run_dir: Path = typer.Argument(..., metavar="RUN", help="a run directory written by `lmgeom run`"),
         include: List[Path] = typer.Option([], help="another folder of experiment results.json files (repeatable)"),
-        out: Optional[Path] = typer.Option(None, help="HTML file to write (default RUN/report.html)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="HTML file to write (default RUN/report.html)"),
         explorer_words: int = typer.Option(2000, min=1, help="words in the word explorer (the most frequent analysed ones)"),
         neighbours: int = typer.Option(10, min=1, help="nearest neighbours per word and layer in the word explorer"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write"),
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare_command(
         run_dirs: List[Path] = typer.Argument(..., metavar="RUN...", help="analysed run directories"),
-        out: Path = typer.Option(..., help="folder for compare.html, compare.csv and figures/"),
+        out: Path = typer.Option(..., callback=url_form, help="folder for compare.html, compare.csv and figures/"),
     ) -> None:
         """Several runs side by side: one chart per metric, by layer and by relative depth (layer / last layer);
         for runs of one corpus, the model x model similarity (debiased CKA) of their stores."""

@@ -300,6 +300,7 @@ def export_static_embeddings(
     found, skipped = default_word_benchmarks(data_dir)
     given = {Path(path).stem: path for path in benchmarks}
     skipped = {name: reason for name, reason in skipped.items() if name not in given}
+    read_word_benchmarks(given)  # a given benchmark that does not read fails before the distillation
     if not overwrite:
         _keep_richer_scores(store.url, layer, benchmarks={*found, *given}, skipped=skipped,
                             vectors={_static_label(path) for path in static_vectors})

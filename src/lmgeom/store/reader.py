@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import zarr
 
-from lmgeom.errors import InputError, OutOfRange
+from lmgeom.errors import InputError, OutOfRange, Unavailable
 from lmgeom.store import layout
 from lmgeom.store.integrity import CorruptStore, open_checked_layer, table_problems
 from lmgeom.store.location import Location
@@ -139,22 +140,32 @@ class RepresentationStore:
     # ---- tables -----------------------------------------------------------------------------
     @cached_property
     def tokens(self) -> pd.DataFrame:
-        return self.location.read_parquet(layout.TOKENS)
+        return self._table(layout.TOKENS)
 
     def token_columns(self, *columns: str) -> pd.DataFrame:
         """Only these columns of the token table, read afresh and not kept (from `tokens` if that is
         already loaded): the whole table, its words as Python strings, takes many times their bytes."""
         if "tokens" in self.__dict__:
             return self.tokens.loc[:, list(columns)]
-        return self.location.read_parquet(layout.TOKENS, columns=columns)
+        return self._table(layout.TOKENS, columns=columns)
 
     @cached_property
     def sentences(self) -> pd.DataFrame:
-        return self.location.read_parquet(layout.SENTENCES)
+        return self._table(layout.SENTENCES)
 
     @cached_property
     def vocab(self) -> pd.DataFrame:
-        return self.location.read_parquet(layout.VOCAB)
+        return self._table(layout.VOCAB)
+
+    def _table(self, name: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """A table of the store; one that parquet cannot decode (a damaged page, a truncated file) is a
+        `CorruptStore` naming it."""
+        try:
+            return self.location.read_parquet(name, columns=columns)
+        except (pa.ArrowException, OSError) as error:
+            if isinstance(error, (FileNotFoundError, Unavailable)):
+                raise
+            raise CorruptStore(self.location, f"{name} cannot be read ({type(error).__name__}: {error})", self.meta) from None
 
     @cached_property
     def _rows_by_word_id(self) -> dict[int, np.ndarray]:
