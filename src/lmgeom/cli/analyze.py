@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import (
-    url_form,
     BOOTSTRAP_HELP,
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
@@ -18,8 +17,10 @@ from lmgeom.cli.common import (
     RichProgress,
     above,
     console,
+    cli_text,
     interval_cell,
     shown,
+    url_form,
     user_errors,
 )
 
@@ -128,7 +129,8 @@ def print_intervals(result: ContextualityResult) -> None:
     design = result.bootstrap
     summary = result.summary().set_index("layer")
     intervals = intervals.set_index("layer")
-    table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}, seed {design['seed']} "
+    rough = " — rough, fewer than 100 resamples" if design.get("rough") else ""
+    table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}{rough}, seed {design['seed']} "
                         "(cosines: sentences resampled; MEV: words)")
     table.add_column("layer", justify="right")
     columns = [(column, header) for column, header in interval_columns if column in summary]
@@ -138,6 +140,8 @@ def print_intervals(result: ContextualityResult) -> None:
         table.add_row(str(layer), *(interval_cell(row[c], intervals.loc[layer, f"{c}_lo"], intervals.loc[layer, f"{c}_hi"])
                                     for c, _ in columns))
     console.print(table)
+    if design.get("rough"):
+        console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,6 +10,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from types import TracebackType
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -58,7 +59,7 @@ MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted b
 COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
 PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
                  "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
-BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; see docs/metrics.md)"
+BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; below 100: rough, flagged; see docs/metrics.md)"
 CONFIDENCE_HELP = "level of the percentile bootstrap intervals, between 0 and 1"
 
 
@@ -238,12 +239,23 @@ def user_message(error: BaseException) -> str:
     return str(error)
 
 
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+    """A warning as one `warning:` line, naming the options of the parameters it names in backticks
+    (a warning class's `params`), instead of Python's two lines of file and source."""
+    params = tuple(getattr(category, "params", ()))
+    console.print(f"[yellow]warning:[/] {escape(cli_text(str(message), params))}", soft_wrap=True, highlight=False)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Show a user's error (`is_user_error`) as one `error:` line, with the CLI's option names, and exit 2;
-    anything else is a bug: its traceback, one line asking for a report, and exit 1."""
+    anything else is a bug: its traceback, one line asking for a report, and exit 1. Warnings meanwhile
+    are one `warning:` line each (`show_warning`)."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            yield
     except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
         raise  # the CLI's own exits and usage errors
     except Exception as error:

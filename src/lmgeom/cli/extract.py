@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from lmgeom.cli.common import (
-    url_form,
     BOOTSTRAP_HELP,
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
@@ -17,9 +16,11 @@ from lmgeom.cli.common import (
     PROTOCOL_HELP,
     RichProgress,
     console,
+    cli_text,
     interval_cell,
     shown,
     split_list,
+    url_form,
     user_errors,
 )
 
@@ -164,7 +165,8 @@ def register(app: typer.Typer) -> None:
         intervals = result.contextuality.intervals()
         intervals = intervals.set_index("layer") if not intervals.empty else None
         design = result.contextuality.bootstrap
-        below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,})"
+        below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,}"
+                 f"{', rough: fewer than 100 resamples' if design.get('rough') else ''})"
                  if intervals is not None and design else "")
         table = Table(title=f"{shown(meta['model_id'])} on {shown(meta['corpus_name'])} (layer 0 = embedding output; adj = minus baseline{below})")
 
@@ -182,6 +184,8 @@ def register(app: typer.Typer) -> None:
                           cell(layer, "self_similarity_adjusted"), cell(layer, "intra_sentence_similarity_adjusted"),
                           cell(layer, MEV_ADJ_COLUMN))
         console.print(table)
+        if design and design.get("rough"):
+            console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:
             console.print(f"  • {shown(statement)}")
