@@ -148,12 +148,18 @@ def test_benchmark_table_covers_every_vector_set(store, tmp_path):
     assert scores["score"].iloc[1] == pytest.approx(expected.statistic, abs=1e-6)
 
 
-def test_cli_static_embeddings(store, tmp_path):
-    store, _, _ = store
+@pytest.fixture
+def cli(store, tmp_path):
+    """The store, a word-pairs benchmark beside it and the CLI with `static-embeddings`."""
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("cat\tdog\t8\ncar\tbus\t7\ncat\tcar\t2\n")
     app = typer.Typer()
     register(app)
+    return store[0], pairs, app
+
+
+def test_cli_static_embeddings(cli, tmp_path):
+    store, pairs, app = cli
     out = tmp_path / "vectors.txt"
     outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--min-contexts", "1", "--out", str(out),
                                        "--benchmark", str(pairs), "--data-dir", str(tmp_path)], env={"COLUMNS": "200"})
@@ -167,12 +173,8 @@ def test_cli_static_embeddings(store, tmp_path):
     assert missing.exit_code == 2 and "does not exist" in missing.output
 
 
-def test_cli_static_embeddings_never_replaces_richer_scores_or_a_users_file(store, tmp_path):
-    store, _, _ = store
-    pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("cat\tdog\t8\ncar\tbus\t7\ncat\tcar\t2\n")
-    app = typer.Typer()
-    register(app)
+def test_cli_static_embeddings_never_replaces_richer_scores_or_a_users_file(cli, tmp_path):
+    store, pairs, app = cli
 
     def invoke(*extra: str) -> tuple[int, str]:
         outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--min-contexts", "1", *extra])
