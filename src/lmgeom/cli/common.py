@@ -47,6 +47,8 @@ class VisibleConsole(Console):
 
 
 console = VisibleConsole()
+warnings_console = VisibleConsole(stderr=True)
+"""Where `show_warning` writes: standard error, wrapped to the terminal's width."""
 T = TypeVar("T")
 
 
@@ -241,17 +243,17 @@ def user_message(error: BaseException) -> str:
 
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
                  line: str | None = None) -> None:
-    """A warning as one `warning:` line, naming the options of the parameters it names in backticks
-    (a warning class's `params`), instead of Python's two lines of file and source."""
+    """A warning as a `warning:` paragraph on standard error, naming the options of the parameters it
+    names in backticks (a warning class's `params`), instead of Python's two lines of file and source."""
     params = tuple(getattr(category, "params", ()))
-    console.print(f"[yellow]warning:[/] {escape(cli_text(str(message), params))}", soft_wrap=True, highlight=False)
+    warnings_console.print(f"[yellow]warning:[/] {escape(cli_text(str(message), params))}", highlight=False)
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Show a user's error (`is_user_error`) as one `error:` line, with the CLI's option names, and exit 2;
     anything else is a bug: its traceback, one line asking for a report, and exit 1. Warnings meanwhile
-    are one `warning:` line each (`show_warning`)."""
+    are a `warning:` paragraph each (`show_warning`)."""
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
