@@ -181,8 +181,8 @@ RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY
                 EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES)
 KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}
 # names at the top of a run that hold something other than STS results: the store's and the run's own
-RESERVED_NAMES = frozenset({layout.META, layout.PROGRESS, layout.PARTS, layout.LAYERS, layout.TOKENS,
-                            layout.SENTENCES, layout.VOCAB, *(spec.name.split("/")[0] for spec in RESULT_FILES)})
+RESERVED_NAMES = frozenset({layout.META, layout.META_DIGEST, layout.CHECKSUMS, layout.PROGRESS, layout.PARTS, layout.LAYERS,
+                            layout.TOKENS, layout.SENTENCES, layout.VOCAB, *(spec.name.split("/")[0] for spec in RESULT_FILES)})
 # what makes a folder a run: the store's meta.json or any result file the driver writes
 _RUN_MARKERS = (layout.META, RUN.name, SUMMARY.name, CONTEXTUALITY.name, ISOTROPY.name, CALIBRATION.name,
                 EXPLORER.name, STATIC.name, EXPERIMENTS.name)
