@@ -167,14 +167,30 @@ class Location:
 
     def read_json(self, *parts: str) -> dict[str, Any]:
         """A JSON document; an unreadable one is a corrupt store."""
+        return self.read_json_bytes(*parts)[1]
+
+    def read_json_bytes(self, *parts: str) -> tuple[bytes, dict[str, Any]]:
+        """A JSON file's bytes, read once, and its document (to check the bytes against a digest)."""
         try:
-            document = json.loads(self.read_bytes(*parts).decode("utf-8"))
-        except (OSError, ValueError) as error:
-            raise InputError(f"corrupt store: cannot read {self.child(*parts)} ({error}); "
-                             "re-run the extraction with `overwrite=True`", param="overwrite") from None
+            data = self.read_bytes(*parts)
+        except OSError as error:
+            raise self.unreadable(error, *parts) from None
+        return data, self.parse_json(data, *parts)
+
+    def parse_json(self, data: bytes, *parts: str) -> dict[str, Any]:
+        """The JSON document `data`, read from `parts`; an unreadable one is a corrupt store."""
+        try:
+            document = json.loads(data.decode("utf-8"))
+        except ValueError as error:
+            raise self.unreadable(error, *parts) from None
         if not isinstance(document, dict):
             raise InputError(f"corrupt store: {self.child(*parts)} holds no JSON object; re-run the extraction with `overwrite=True`", param="overwrite")
         return document
+
+    def unreadable(self, error: Exception, *parts: str) -> InputError:
+        """The error for the file at `parts` that cannot be read or parsed (`error`): a corrupt store."""
+        return InputError(f"corrupt store: cannot read {self.child(*parts)} ({error}); "
+                          "re-run the extraction with `overwrite=True`", param="overwrite")
 
     def write_parquet(self, table: pd.DataFrame, *parts: str) -> None:
         buffer = io.BytesIO()

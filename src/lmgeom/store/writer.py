@@ -25,7 +25,7 @@ from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.store import layout
-from lmgeom.store.integrity import checksum, chunk_files, digests, record
+from lmgeom.store.integrity import checksum, chunk_files, digests, layer_metadata_files, record, write_meta
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock, StoreLock, is_lock_file
 
@@ -254,8 +254,8 @@ class StoreWriter(HoldsLock):
         _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
         _write_parquet_atomic(vocab, self.path / layout.VOCAB)
         # chunk files written whole by this writer were checksummed as written; others (an earlier,
-        # interrupted run's, or written through Zarr) are read once here
-        location, chunks, unread = Location.of(self.path), {}, []
+        # interrupted run's, or written through Zarr) and the layers' zarr.json are read once here
+        location, chunks, unread = Location.of(self.path), {}, layer_metadata_files(self.layers)
         for layer, array, written in zip(self.layers, self.arrays, self._checksums):
             for index, (path, _) in enumerate(chunk_files(array, f"{layout.LAYERS}/{layer}")):
                 if index in written:
@@ -286,7 +286,7 @@ class StoreWriter(HoldsLock):
             "complete": self.complete,
             **counts,
         }
-        atomic_write_text(self.path / layout.META, json.dumps(meta, indent=2) + "\n")
+        write_meta(Location.of(self.path), meta)
 
 
 def stored_blocks(blocks: list[np.ndarray], layers: Sequence[int], n_layers: int) -> list[np.ndarray]:
