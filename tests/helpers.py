@@ -34,6 +34,36 @@ def synthetic_store(path: Any, *, dim: int, counts: dict[str, int], dtype: type 
     return write_store_from_arrays(path, [rows.astype(dtype) for rows in layers], sentences)
 
 
+def rewrite_meta(store: Any, meta: dict[str, Any]) -> None:
+    """Replace a local store's meta.json as its writer would have written it: with its digest
+    (meta.json.crc32c) rewritten to match, so only what the edit says is tested, not the digest."""
+    from lmgeom.store.integrity import write_meta
+    from lmgeom.store.location import Location
+
+    write_meta(Location.of(store), meta)
+
+
+def predate_metadata_digests(store: Any) -> dict[str, Any]:
+    """Make a local store as one written before meta.json and the layers' zarr.json were checksummed:
+    no meta.json.crc32c, no zarr.json in checksums.json, no `meta_digest` in meta.json's integrity
+    (checksums.json's digest made to match). Returns the meta.json written."""
+    import json
+    from pathlib import Path
+
+    from lmgeom.store.integrity import crc32c
+
+    path = Path(store)
+    checksums = {name: digest for name, digest in json.loads((path / "checksums.json").read_text()).items()
+                 if not name.endswith("zarr.json")}
+    (path / "checksums.json").write_text(json.dumps(checksums))
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["integrity"]["meta_digest"]
+    meta["integrity"]["checksums"] = crc32c((path / "checksums.json").read_bytes())
+    (path / "meta.json").write_text(json.dumps(meta))
+    (path / "meta.json.crc32c").unlink()
+    return meta
+
+
 def assert_same_store(a: RepresentationStore, b: RepresentationStore, *, atol: float) -> None:
     """The same tables exactly, the same layers, every layer's vectors within `atol`."""
     for table in ("tokens", "sentences", "vocab"):

@@ -239,3 +239,52 @@ def test_analyze_prints_the_intervals_within_80_columns_and_refuses_a_bad_level(
     assert f"{lo:.3f}–{hi:.3f}" in outcome.output
     refused = CliRunner().invoke(app, ["analyze", str(tmp_path / "store"), "--confidence", "1.5"])
     assert refused.exit_code == 2 and "confidence" in refused.output
+
+
+def test_every_replicate_of_the_identity_resample_is_its_estimate(tmp_path, monkeypatch):
+    """Each interval resamples the statistic its estimate is: drawn with every unit once, every replicate
+    (raw and adjusted, of every metric) equals the estimate."""
+    import lmgeom.runs.engine.bootstrap as engine_bootstrap
+
+    monkeypatch.setattr(engine_bootstrap, "draws", lambda n_units, n_resamples, seed, stream: np.ones((n_resamples, n_units), dtype=np.int32))
+    from lmgeom.metrics.bootstrap import RoughIntervalsWarning
+
+    with pytest.warns(RoughIntervalsWarning):
+        records = analyze_store(_store(tmp_path / "store"), min_contexts=2, bootstrap=3, engine="local").layers
+    for kind in ("raw", "adjusted"):
+        defined = records[f"{kind}_lo"].notna()
+        assert defined.sum() >= (len(records) if kind == "raw" else 1)
+        for end in ("lo", "hi"):
+            np.testing.assert_allclose(records.loc[defined, f"{kind}_{end}"], records.loc[defined, kind], rtol=0, atol=1e-12)
+
+
+def test_fewer_than_100_resamples_warn_once_and_are_flagged_rough(tmp_path):
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+    from lmgeom.metrics.bootstrap import RoughIntervalsWarning
+
+    store = _store(tmp_path / "store")
+    with pytest.warns(RoughIntervalsWarning, match="`bootstrap=1` resamples, fewer than 100: both ends are the one") as caught:
+        rough = analyze_store(store, min_contexts=2, bootstrap=1, engine="local", write_to=tmp_path / "a")
+    assert len([w for w in caught if issubclass(w.category, RoughIntervalsWarning)]) == 1
+    document = json.loads((tmp_path / "a" / "contextuality.json").read_text())
+    assert document["settings"]["bootstrap_rough"] is True and "rough intervals" in document["bootstrap"]["rough"]
+    assert rough.bootstrap["rough"] == document["bootstrap"]["rough"]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RoughIntervalsWarning)  # none at 100 resamples
+        enough = analyze_store(store, min_contexts=2, bootstrap=100, engine="local", write_to=tmp_path / "b")
+    assert "rough" not in enough.bootstrap
+    assert json.loads((tmp_path / "b" / "contextuality.json").read_text())["settings"]["bootstrap_rough"] is False
+
+    outcome = CliRunner().invoke(app, ["analyze", str(tmp_path / "store"), "--min-contexts", "2", "--bootstrap", "5",
+                                       "--engine", "local", "--out", str(tmp_path / "c")], env={"COLUMNS": "200"})
+    assert outcome.exit_code == 0, outcome.output
+    flat = " ".join(outcome.stderr.split())
+    assert flat == ("warning: rough intervals: --bootstrap 5 resamples, fewer than 100: each end is one of only 5 "
+                    "replicates, not a quantile of the bootstrap distribution; give --bootstrap 1000 or more for "
+                    "intervals to report")  # once
+    assert "B=5 — rough, fewer than 100 resamples" in outcome.stdout
+    assert any(line.startswith("note: rough intervals: --bootstrap 5") for line in outcome.stdout.splitlines())

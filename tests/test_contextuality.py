@@ -31,7 +31,7 @@ from lmgeom.metrics import (
 from lmgeom.metrics.base import load_states, save_states
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.runs import analyze_store
-from lmgeom.store import layout, write_store_from_arrays
+from lmgeom.store import RepresentationStore, layout, write_store_from_arrays
 from helpers import BANK_SENTENCES
 
 
@@ -370,8 +370,11 @@ def test_analyze_store_bad_input(tmp_path, small_store):
         analyze_store(store, min_contexts=1)
     array = zarr.open_array(str(layout.layer_path(store.path, 2)), mode="r+")
     array[9, 3] = np.inf
-    with pytest.raises(ValueError, match=r"non-finite values \(NaN or inf\) in layer 2 row 9 of .*chunk file may be damaged"):
+    with pytest.raises(ValueError, match=r"corrupt store .*layer 2: chunk file .* is damaged"):  # its checksum tells
         analyze_store(store, min_contexts=3)
+    unchecked = RepresentationStore(store.path, {key: value for key, value in store.meta.items() if key != "integrity"})
+    with pytest.raises(ValueError, match=r"non-finite values \(NaN or inf\) in layer 2 row 9 of .*chunk file may be damaged"):
+        analyze_store(unchecked, min_contexts=3)  # a store written without checksums: the values tell
 
 
 def test_special_tokens_are_never_analysed(tmp_path, rng):

@@ -166,7 +166,7 @@ def test_garbage_static_vectors_are_named(exported_store: Path, tmp_path: Path) 
     assert f"static vectors file {garbage_kv} cannot be read as a gensim KeyedVectors .kv file" in line
     text = tmp_path / "vectors.txt"
     text.write_text("3 4\nthe 0.1 0.2\ncat nonsense here and more\n")
-    line = one_error(*invoke("static-embeddings", exported_store, "--layer", "1", "--out", tmp_path / "1.txt",
+    line = one_error(*invoke("static-embeddings", exported_store, "--layer", "1", "--out", tmp_path / "2.txt",
                              "--static-vectors", text, "--data-dir", tmp_path))
     assert f"static vectors file {text} cannot be read as word2vec or GloVe text vectors" in line
 
@@ -215,7 +215,10 @@ def test_random_bytes_in_a_float32_chunk_blame_the_chunk_not_float16(tmp_path: P
     from lmgeom.store import RepresentationStore
     from lmgeom.runs.tally import layer_chunks
 
-    opened = RepresentationStore(store, json.loads((store / layout.META).read_text()))
+    meta = json.loads((store / layout.META).read_text())
+    with pytest.raises(InputError, match=r"layer 1: chunk file .* is damaged or was edited"):  # its checksum tells first
+        list(layer_chunks(RepresentationStore(store, meta), 1))
+    opened = RepresentationStore(store, {key: value for key, value in meta.items() if key != "integrity"})  # none recorded
     with pytest.raises(InputError) as raised:
         list(layer_chunks(opened, 1))
     message = str(raised.value)

@@ -17,6 +17,8 @@ from lmgeom.runs import extract, extract_model
 from lmgeom.runs.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
 from lmgeom.store import RepresentationStore
 
+from helpers import rewrite_meta
+
 
 @pytest.fixture(scope="module")
 def corpus():
@@ -151,7 +153,7 @@ def test_a_store_written_before_sort_windows_resumes_chunk_by_chunk(tmp_path, ti
     meta = json.loads((out / "meta.json").read_text())
     for record in (meta, meta["settings"]):
         del record["sort_window"]
-    (out / "meta.json").write_text(json.dumps(meta))
+    rewrite_meta(out, meta)
     again = extract(tiny_bert, corpus, out)  # its chunks and (one-chunk) windows: the same run
     assert again.meta["created"] == store.meta["created"]
     assert RepresentationStore.open(out).meta.get("sort_window") is None

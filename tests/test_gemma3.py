@@ -18,6 +18,8 @@ from lmgeom.encoders.base import EncodedSentence
 from lmgeom.runs import extract
 from lmgeom.store import RepresentationStore, StoreExistsError, StoreWriter
 
+from helpers import rewrite_meta
+
 SENTENCES = [
     "The bank of the river flooded.",
     "I don't think Poor's 500 rose at 4:00pm; O'Brien's e-mail said so.",
@@ -126,7 +128,7 @@ def test_a_store_written_before_last_layer_was_recorded_still_reopens(tmp_path):
     meta = json.loads(meta_path.read_text())
     for document in (meta, meta["settings"]):
         del document["last_layer"]
-    meta_path.write_text(json.dumps(meta))
+    rewrite_meta(tmp_path / "old", meta)
     again = extract(encoder, corpus, tmp_path / "old")
     np.testing.assert_array_equal(np.asarray(again.layer(3)[:]), np.asarray(store.layer(3)[:]))
     with pytest.raises(StoreExistsError, match="last_layer"):

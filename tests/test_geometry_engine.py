@@ -271,3 +271,60 @@ def test_run_has_a_geometry_step_that_resumes(tmp_path: Path) -> None:
     again = run("tiny-bert", "lee", out=tmp_path / "run", **options)
     assert again.steps_run == ["geometry", "report"]
     assert json.loads((tmp_path / "run" / "geometry.json").read_text())["layers"] == document["layers"]
+
+
+# ---- the same bits in every process ----------------------------------------------------------------
+
+def test_the_per_layer_geometry_is_computed_with_every_pool_at_one_thread(store: RepresentationStore, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The intrinsic dimension's k-NN products add in one order however many threads the process has:
+    torch and every BLAS/OpenMP pool are at one thread while it runs, and as they were after."""
+    import torch
+    from threadpoolctl import threadpool_info
+
+    import lmgeom.runs.geometry as geometry
+
+    seen: list[tuple[int, set[int]]] = []
+    real = geometry.intrinsic_dimension
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append((torch.get_num_threads(), {pool["num_threads"] for pool in threadpool_info()}))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(geometry, "intrinsic_dimension", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        measure_geometry(store, GeometryOptions(OPTIONS, n_boot=20, data_dir=tmp_path), out=tmp_path / "g")
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) == 2 and all(threads == 1 and pools <= {1} for threads, pools in seen), seen
+
+
+@pytest.mark.processes
+def test_geometry_is_bit_identical_in_fresh_processes_of_other_thread_settings(tmp_path: Path) -> None:
+    """`lmgeom geometry` in two fresh interpreters, one with every pool at one thread and one with four
+    (more than the cores: the products are split), writes the same geometry.json."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(5)
+    sentences = [[f"w{int(i)}" for i in rng.integers(0, 60, size=10)] for _ in range(120)]
+    n = sum(len(s) for s in sentences)
+    mixing = rng.normal(size=(96, 96))
+    layers = [(rng.normal(size=(n, 96)) @ mixing + layer).astype(np.float32) for layer in range(2)]
+    write_store_from_arrays(tmp_path / "store", layers, sentences)
+    src = Path(__file__).resolve().parents[1] / "src"
+    documents = []
+    for threads in ("1", "4"):
+        env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+               "OPENBLAS_NUM_THREADS": threads}
+        out = tmp_path / f"threads-{threads}"
+        subprocess.run([sys.executable, "-c", "from lmgeom.cli.main import app; app(prog_name='lmgeom')", "geometry",
+                        str(tmp_path / "store"), "--out", str(out), "--min-contexts", "2"],
+                       env=env, check=True, capture_output=True, text=True)
+        document = json.loads((out / "geometry.json").read_text())
+        documents.append(document)
+    assert documents[0]["layers"] == documents[1]["layers"]  # every number, compared as written (repr of each float)
+    assert (tmp_path / "threads-1" / "geometry.csv").read_bytes() == (tmp_path / "threads-4" / "geometry.csv").read_bytes()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
+import re
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -100,3 +103,66 @@ def test_help_defaults_match_the_library() -> None:
 
     assert calibrate.EVAL_ROWS_DEFAULT == f"{REPORT_MAX_ROWS:,}"
     assert tuple(METHODS) == METHOD_NAMES
+
+
+# ---- text from a user's data on a terminal -----------------------------------------------------
+
+ESCAPES = {"\x1b[2J": "\\x1b[2J", "\x1b]0;pwned\x07": "\\x1b]0;pwned\\x07", "\x9b31m": "\\x9b31m",
+           "\u202eevil": "\\u202eevil", "a\tb\nc": "a\\tb\\nc"}
+"""Text holding control characters (clear screen, an OSC window title, an 8-bit CSI, a bidi override,
+a tab and a line end), and how it is shown."""
+
+
+def test_control_characters_are_shown_as_escapes_and_other_text_is_kept() -> None:
+    from lmgeom.progress import visible
+
+    for raw, shown in ESCAPES.items():
+        assert visible(raw) == shown
+    assert visible("a\nb", keep="\n") == "a\nb"
+    assert visible("bank — naïve 東京 [x]") == "bank — naïve 東京 [x]"
+
+
+def test_console_and_progress_show_a_users_control_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.table import Table
+
+    for terminal in (False, True):
+        out = io.StringIO()
+        console = common.VisibleConsole(file=out, width=200, force_terminal=terminal, color_system=None)
+        monkeypatch.setattr(common, "console", console)
+        with common.RichProgress() as progress:
+            for raw in ESCAPES:
+                progress.start(f"extract {raw}.txt", 2, unit="sentences")
+                progress.advance(f"extract {raw}.txt", 2, note=f"word {raw}")
+        table = Table(title="\x1b[2J title")
+        table.add_column("word")
+        table.add_row("cell \x1b]0;pwned\x07")
+        console.print(table)
+        console.print(f"  • {common.shown('least self-similar: [/], bank' + chr(27) + '[31m')}")
+        text = out.getvalue()
+        if terminal:  # rich's own cursor codes (hide, show, erase line) are all the ESCs left
+            text = re.sub(r"\x1b\[(\?25[lh]|2K|1A|[0-9;]*m)", "", text)
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\u202e" not in text
+        for shown in ESCAPES.values():
+            assert f"extract {shown}.txt" in text and f"word {shown}" in text
+        assert "\\x1b[2J title" in text and "cell \\x1b]0;pwned\\x07" in text
+        assert "least self-similar: [/], bank\\x1b[31m" in text
+
+
+def test_cli_prints_a_corpus_files_name_and_words_with_control_characters_visibly(tmp_path: Path) -> None:
+    """tiny-gpt2 (byte-level pieces keep every character) on a JSONL corpus named and worded with escapes."""
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    corpus = tmp_path / "w\x1b[2J.jsonl"
+    sentences = [["the", "bank\x1b]0;pwned\x07", "of", "the", "river", "flows", "x\x1b[31mred"],
+                 ["a", "bank\x1b]0;pwned\x07", "gave", "x\x1b[31mred", "loans", "today"]]
+    corpus.write_text("".join(json.dumps({"text": words}) + "\n" for _ in range(6) for words in sentences))
+    store = tmp_path / "store"
+    extract = CliRunner().invoke(app, ["extract", "tiny-gpt2", "--corpus", str(corpus), "--out", str(store)])
+    assert extract.exit_code == 0, extract.output
+    assert "\x1b" not in extract.output and "w\\x1b[2J" in extract.output  # the progress and the store's header
+    analyze = CliRunner().invoke(app, ["analyze", str(store), "--min-contexts", "2"], env={"COLUMNS": "300"})
+    assert analyze.exit_code == 0, analyze.output
+    assert "\x1b" not in analyze.output and "\x07" not in analyze.output
+    assert "bank\\x1b]0;pwned\\x07" in analyze.output and "x\\x1b[31mred" in analyze.output  # in the findings

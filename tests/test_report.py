@@ -37,19 +37,19 @@ VOCABULARY = ["the", "king", "queen", "man", "woman", "dog", "cat", "car", "bus"
 N_NEIGHBOURS = 4
 
 
-def synthetic_run(directory: Path, *, n_layers: int, seed: int, analyse: bool = True) -> Path:
+def synthetic_run(directory: Path, *, n_layers: int, seed: int, analyse: bool = True, vocabulary: list[str] = VOCABULARY) -> Path:
     """A store whose words drift from a fixed centre towards their context as layers deepen, analysed."""
     rng = np.random.default_rng(seed)
     dim = 8
-    sentences = [[VOCABULARY[i] for i in rng.choice(len(VOCABULARY), size=rng.integers(4, 8), p=_zipf())]
+    sentences = [[vocabulary[i] for i in rng.choice(len(vocabulary), size=rng.integers(4, 8), p=_zipf())]
                  for _ in range(70)]
-    centres = rng.normal(size=(len(VOCABULARY), dim))
+    centres = rng.normal(size=(len(vocabulary), dim))
     offset = rng.normal(size=dim)
     hidden = []
     context = [rng.normal(size=dim) for _ in sentences]
     for layer in range(n_layers):
         mix = layer / max(n_layers - 1, 1)
-        rows = [centres[VOCABULARY.index(w)] * (1 - 0.6 * mix) + context[s] * mix + 0.3 * rng.normal(size=dim) + offset
+        rows = [centres[vocabulary.index(w)] * (1 - 0.6 * mix) + context[s] * mix + 0.3 * rng.normal(size=dim) + offset
                 for s, sentence in enumerate(sentences) for w in sentence]
         hidden.append(np.array(rows))
     store = write_store_from_arrays(directory, hidden, sentences, model_id=f"synthetic-{n_layers}")
@@ -350,6 +350,65 @@ def test_report_and_compare_commands_print_readable_80_column_output(shallow_run
     assert result.exit_code == 2 and "not a directory" in result.output
 
 
+def test_report_out_never_replaces_a_file_lmgeom_did_not_write(shallow_run: Path, tmp_path: Path) -> None:
+    thesis = tmp_path / "thesis.tex"
+    thesis.write_text("\\chapter{mine}")
+    refused = CliRunner().invoke(cli_app(), ["report", str(shallow_run), "--out", str(thesis)])
+    output = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and output.startswith(f"error: --out {thesis} exists and lmgeom did not write it")
+    assert "--overwrite" in output and thesis.read_text() == "\\chapter{mine}"
+    replaced = CliRunner().invoke(cli_app(), ["report", str(shallow_run), "--out", str(thesis), "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert thesis.read_text().startswith("<!DOCTYPE html>")
+    # a page lmgeom wrote carries its mark: rendered again without asking
+    again = CliRunner().invoke(cli_app(), ["report", str(shallow_run), "--out", str(thesis)])
+    assert again.exit_code == 0, again.output
+
+
+# ---- what a corpus word can hold --------------------------------------------------------------------
+
+MARKUP_WORDS = ["http://x.com/a<!--<script>b", "</script><script>alert(1)</script>", "a&b>c", "line\u2028end"]
+"""Corpus words that end a <script> element early, or turn the rest of the page into script text, when
+written into one raw (HTML's script data escaped states begin at `<!--` and `<script`)."""
+
+
+@pytest.fixture(scope="module")
+def markup_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose most frequent words are `MARKUP_WORDS`, analysed, its report rendered."""
+    vocabulary = [VOCABULARY[0], *MARKUP_WORDS, *VOCABULARY[len(MARKUP_WORDS) + 1:]]
+    run = synthetic_run(tmp_path_factory.mktemp("markup") / "run", n_layers=3, seed=3, vocabulary=vocabulary)
+    render_report(run, explorer_neighbours=N_NEIGHBOURS)
+    return run
+
+
+def data_scripts(page: str) -> dict[str, str]:
+    """The text of the page's data scripts (the word explorer's JSON, the figures' script), each read
+    as a browser's tokenizer reads a script element: up to the first `</script`."""
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script", page, re.S | re.I)
+    explorer = [text for attributes, text in scripts if 'id="explorer-data"' in attributes]
+    figures = [text for _, text in scripts if text.startswith("const LMGEOM_FIGURES = ")]
+    assert len(explorer) == 1 and len(figures) == 1
+    return {"explorer": explorer[0], "figures": figures[0]}
+
+
+def test_corpus_words_of_markup_leave_the_report_whole(markup_run: Path) -> None:
+    page = (markup_run / "report.html").read_text(encoding="utf-8")
+    scripts = data_scripts(page)
+    for text in scripts.values():
+        # no escaped state can begin, and nothing can close the element early
+        assert "<!--" not in text and "<script" not in text.lower() and "</" not in text and "\u2028" not in text
+    parsed = json.loads(scripts["explorer"])
+    cached = json.loads((markup_run / EXPLORER.name).read_text(encoding="utf-8"))["data"]
+    assert parsed["words"] == cached["words"] and set(MARKUP_WORDS) <= set(parsed["words"])
+    assert parsed["metrics"] == cached["metrics"]
+    assert page_figures(page)  # the figures' JSON parses too
+    # every section the page lists is there, and the page ends as written
+    nav = page.split("<nav>", 1)[1].split("</nav>", 1)[0]
+    sections = re.findall(r'<section id="([^"]+)">', page)
+    assert "explorer" in sections and sections == re.findall(r'<a href="#([^"]+)">', nav)
+    assert page.rstrip().endswith("</body></html>")
+
+
 # ---- in a browser --------------------------------------------------------------------------------------
 
 def _browser() -> str:
@@ -528,6 +587,27 @@ def test_a_tiny_model_runs_report_renders_in_headless_chromium(chromium: Any, ti
     if artifacts:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(artifacts) / shot.name)
+    assert errors == [], errors
+    page.close()
+
+
+@pytest.mark.browser
+def test_corpus_words_of_markup_leave_the_report_whole_in_headless_chromium(chromium: Any, markup_run: Path) -> None:
+    """Every section and chart of the page is drawn, and the explorer shows a word of markup as text."""
+    report = markup_run / "report.html"
+    source = report.read_text(encoding="utf-8")
+    page = chromium.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(report.as_uri())
+    n_figures = len(page_figures(source))
+    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
+    assert page.evaluate("document.querySelectorAll('section').length") == source.count("<section id=")
+    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == n_figures
+    for word in MARKUP_WORDS[:3]:
+        page.fill("#explorer-word", word)
+        page.wait_for_selector("#explorer-word-title")
+        assert page.locator("#explorer-word-title").inner_text() == word
     assert errors == [], errors
     page.close()
 

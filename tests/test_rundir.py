@@ -216,6 +216,48 @@ def test_sts_into_a_run_directory_merges_by_layer_method_and_fit(a_run: Path, tm
     with pytest.raises(ValueError, match="calibration.json is a file of the run"):
         run_sts("tiny-bert", data, layers=[0], device="cpu", out=a_run / "calibration.json")
     (tmp_path / "mine.json").write_text('{"kind": "mine"}')
-    with pytest.raises(ValueError, match="not STS results"):
+    with pytest.raises(ValueError, match="mine.json exists and lmgeom did not write it.*`overwrite=True`"):
         run_sts("tiny-bert", data, layers=[0], device="cpu", out=tmp_path / "mine.json")
     assert json.loads((tmp_path / "mine.json").read_text()) == {"kind": "mine"}
+    # another lmgeom result is never replaced; a user's table beside new results or markdown file only with `overwrite`
+    with pytest.raises(ValueError, match="holds results of kind 'contextuality', not STS results"):
+        run_sts("tiny-bert", data, layers=[0], device="cpu", out=shutil.copy(a_run / "contextuality.json", tmp_path / "c.json"), overwrite=True)
+    (tmp_path / "new.csv").write_text("mine")
+    (tmp_path / "table.md").write_text("mine")
+    with pytest.raises(ValueError, match="new.csv exists and lmgeom did not write it"):
+        run_sts("tiny-bert", data, layers=[0], device="cpu", out=tmp_path / "new.json")
+    with pytest.raises(ValueError, match="`markdown` .*table.md exists and lmgeom did not write it"):
+        run_sts("tiny-bert", data, layers=[0], device="cpu", markdown=tmp_path / "table.md")
+    assert (tmp_path / "new.csv").read_text() == (tmp_path / "table.md").read_text() == "mine"
+    run_sts("tiny-bert", data, layers=[0], device="cpu", out=tmp_path / "mine.json", markdown=tmp_path / "table.md", overwrite=True)
+    assert json.loads((tmp_path / "mine.json").read_text())["kind"] == "sts"
+    run_sts("tiny-bert", data, layers=[0], device="cpu", markdown=tmp_path / "table.md")  # lmgeom's own table now
+    assert rundir.written_by_lmgeom(tmp_path / "table.md")
+
+
+def test_what_lmgeom_wrote_is_told_by_kind_mark_or_place_and_nothing_else_is_overwritten(tiny_run: Any, tmp_path: Path):
+    run_dir = tiny_run.store.path
+    assert rundir.written_by_lmgeom(rundir.CONTEXTUALITY.at(run_dir))  # a result document: its kind
+    assert rundir.written_by_lmgeom(rundir.REPORT.at(run_dir))  # a page: its generator mark
+    assert rundir.written_by_lmgeom(rundir.STATIC_TEXT.at(run_dir, layer=3))  # word2vec text in its place in a run
+    copies = {name: shutil.copy(source, tmp_path / name) for name, source in (
+        ("c.json", rundir.CONTEXTUALITY.at(run_dir)), ("r.html", rundir.REPORT.at(run_dir)),
+        ("v.txt", rundir.STATIC_TEXT.at(run_dir, layer=3)))}
+    assert rundir.written_by_lmgeom(copies["c.json"]) and rundir.written_by_lmgeom(copies["r.html"])
+    assert not rundir.written_by_lmgeom(copies["v.txt"])  # the same text elsewhere bears no mark
+    for text in ('{"kind": "mine"}', '{"records": [], "kind": "sts"}', "<html>thesis</html>", "\\section{x}"):
+        (tmp_path / "mine").write_text(text)
+        assert not rundir.written_by_lmgeom(tmp_path / "mine")
+        with pytest.raises(rundir.InputError, match="exists and lmgeom did not write it") as raised:
+            rundir.claim_file(tmp_path / "mine", overwrite=False)
+        assert raised.value.params == ("out", "overwrite")
+        rundir.claim_file(tmp_path / "mine", overwrite=True)
+    with pytest.raises(rundir.InputError, match="is a folder"):
+        rundir.claim_file(tmp_path, overwrite=True)
+    rundir.claim_file(tmp_path / "absent.txt", overwrite=False)
+    # on an object store alike
+    url = "memory://lmgeom-tests/claim"
+    rundir.write_text(f"{url}/meta.json", "{}")
+    rundir.write_text(f"{url}/report.html", "<html>mine</html>")
+    rundir.write_text(f"{url}/notes.html", "<html>mine</html>")
+    assert rundir.written_by_lmgeom(f"{url}/report.html") and not rundir.written_by_lmgeom(f"{url}/notes.html")

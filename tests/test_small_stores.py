@@ -15,7 +15,7 @@ from lmgeom.corpus import lee
 from lmgeom.encoders import load_encoder
 from lmgeom.runs import extract
 from lmgeom.store import RepresentationStore, layout
-from lmgeom.store.integrity import verify_store
+from lmgeom.store.integrity import CorruptStore, verify_store
 
 
 class Interrupt(Exception):
@@ -103,6 +103,8 @@ def test_compressed_store_reads_back_bit_identical_and_verifies(tmp_path, encode
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     assert not verify_store(tmp_path / "zstd").ok
+    with pytest.raises(CorruptStore, match="layer 1: chunk file .* is damaged"):  # checked before it is decompressed
+        RepresentationStore.open(tmp_path / "zstd").layer(1)[:]
 
 
 def test_unknown_compressor_is_refused_before_anything_is_written(tmp_path, encoder):

@@ -148,12 +148,18 @@ def test_benchmark_table_covers_every_vector_set(store, tmp_path):
     assert scores["score"].iloc[1] == pytest.approx(expected.statistic, abs=1e-6)
 
 
-def test_cli_static_embeddings(store, tmp_path):
-    store, _, _ = store
+@pytest.fixture
+def cli(store, tmp_path):
+    """The store, a word-pairs benchmark beside it and the CLI with `static-embeddings`."""
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("cat\tdog\t8\ncar\tbus\t7\ncat\tcar\t2\n")
     app = typer.Typer()
     register(app)
+    return store[0], pairs, app
+
+
+def test_cli_static_embeddings(cli, tmp_path):
+    store, pairs, app = cli
     out = tmp_path / "vectors.txt"
     outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--min-contexts", "1", "--out", str(out),
                                        "--benchmark", str(pairs), "--data-dir", str(tmp_path)], env={"COLUMNS": "200"})
@@ -165,3 +171,35 @@ def test_cli_static_embeddings(store, tmp_path):
     assert KeyedVectors.load(str(store.path / "static" / "2.kv")).index_to_key == load_static_vectors(out).index_to_key
     missing = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--benchmark", "nope.txt"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_cli_static_embeddings_never_replaces_richer_scores_or_a_users_file(cli, tmp_path):
+    store, pairs, app = cli
+
+    def invoke(*extra: str) -> tuple[int, str]:
+        outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "2", "--min-contexts", "1", *extra])
+        return outcome.exit_code, " ".join(outcome.output.split())
+
+    richer = ["--benchmark", str(pairs), "--data-dir", str(tmp_path)]
+    assert invoke(*richer)[0] == 0
+    record = store.path / "static" / "2.benchmarks.json"
+    before = record.read_bytes()
+    # fewer benchmarks (one not given again; a data folder that is not there): refused, nothing written
+    code, output = invoke("--data-dir", str(tmp_path))
+    assert code == 2 and output.startswith("error:") and f"{record} holds scores on the benchmark(s) pairs" in output
+    assert "--data-dir" in output and "--benchmark" in output and "--overwrite" in output
+    code, output = invoke("--benchmark", str(pairs), "--data-dir", str(tmp_path / "nonexistent"))
+    assert code == 2 and "--data-dir" in output and "nonexistent is not a folder" in output
+    assert record.read_bytes() == before
+    # a file of the user's at --out: refused unless --overwrite; the run's own text file is rewritten
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    code, output = invoke(*richer, "--out", str(notes))
+    assert code == 2 and f"--out {notes} exists and lmgeom did not write it" in output and "--overwrite" in output
+    assert notes.read_text() == "mine"
+    assert invoke(*richer, "--out", str(notes), "--overwrite")[0] == 0
+    assert load_static_vectors(notes).index_to_key == KeyedVectors.load(str(store.path / "static" / "2.kv")).index_to_key
+    assert invoke(*richer)[0] == 0
+    # --overwrite replaces the scores with fewer
+    assert invoke("--data-dir", str(tmp_path), "--overwrite")[0] == 0
+    assert {r["benchmark"] for r in json.loads(record.read_text())["records"]} == {"simlex999", "wordsim353", "google_analogies"}

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
 import numpy as np
 import pandas as pd
 import pytest
@@ -148,3 +149,86 @@ def test_ray_options_without_the_ray_engine_are_refused(tmp_path):
     assert outcome.exit_code == 2 and "apply to --engine ray" in " ".join(outcome.output.split())
     outcome = CliRunner().invoke(app, ["analyze", str(tmp_path / "x"), "--engine", "spark"])
     assert outcome.exit_code == 2
+
+
+# ---- an object store that stops answering ----------------------------------------------------------
+
+def endpoint_error() -> Exception:
+    """What s3fs raises when its endpoint does not answer: botocore's EndpointConnectionError (an error of
+    that name where botocore is not installed: `is_transient` goes by the name)."""
+    try:
+        from botocore.exceptions import EndpointConnectionError
+    except ImportError:
+        return type("EndpointConnectionError", (Exception,), {})('Could not connect to the endpoint URL: "http://127.0.0.1:9/"')
+    return EndpointConnectionError(endpoint_url="http://127.0.0.1:9/")
+
+
+class FlakyFileSystem(MemoryFileSystem):
+    """An in-memory object store whose endpoint fails the next `failures` calls that touch it (then answers)."""
+
+    protocol = "flaky"
+    failures = 0
+    calls = 0
+
+    def _touch_endpoint(self) -> None:
+        FlakyFileSystem.calls += 1
+        if FlakyFileSystem.failures > 0:
+            FlakyFileSystem.failures -= 1
+            raise endpoint_error()
+
+    def cat_file(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._touch_endpoint()
+        return super().cat_file(path, *args, **kwargs)
+
+    def pipe_file(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._touch_endpoint()
+        return super().pipe_file(path, *args, **kwargs)
+
+    def exists(self, path, **kwargs):  # type: ignore[no-untyped-def]
+        self._touch_endpoint()
+        return super().exists(path, **kwargs)
+
+
+@pytest.fixture
+def flaky(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The flaky:// protocol, retries without waiting: the waits asked for."""
+    from lmgeom.store import location
+
+    fsspec.register_implementation("flaky", FlakyFileSystem, clobber=True)
+    FlakyFileSystem.failures = FlakyFileSystem.calls = 0
+    waits: list[float] = []
+    monkeypatch.setattr(location.time, "sleep", waits.append)
+    return waits
+
+
+def test_an_object_store_that_fails_a_few_times_is_retried_with_backoff(flaky: list[float]) -> None:
+    from lmgeom.store import location as location_module
+
+    where = Location.of(f"flaky://bucket/{uuid.uuid4().hex}")
+    FlakyFileSystem.failures = 2
+    where.write_json({"a": 1}, "meta.json")
+    assert flaky == list(location_module.RETRY_DELAYS[:2])  # waited twice, each longer
+    FlakyFileSystem.failures = 3
+    assert where.read_json("meta.json") == {"a": 1}
+    assert flaky[2:] == list(location_module.RETRY_DELAYS[:3])
+
+
+def test_an_object_store_that_stays_down_is_one_line_saying_how_to_resume(flaky: list[float], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+    from lmgeom.errors import Unavailable
+    from lmgeom.store import location as location_module
+
+    url = f"flaky://bucket/{uuid.uuid4().hex}"
+    Location.of(url).write_json({"a": 1}, "meta.json")
+    FlakyFileSystem.failures, FlakyFileSystem.calls = 10**6, 0
+    with pytest.raises(Unavailable, match="run the same command again to resume") as raised:
+        Location.of(url).read_json("meta.json")
+    tries = len(location_module.RETRY_DELAYS) + 1
+    assert FlakyFileSystem.calls == tries and f"in {tries} tries" in str(raised.value) and url in str(raised.value)
+    assert "EndpointConnectionError" in str(raised.value)
+    result = CliRunner().invoke(app, ["analyze", url])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and output.startswith("error:") and "Traceback" not in result.output
+    assert "did not answer" in output and "run the same command again to resume" in output

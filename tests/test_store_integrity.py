@@ -1,7 +1,8 @@
 """Nothing read silently wrong from a store: a missing or truncated chunk file and a table from another
-store are refused on open, naming the file; `verify` finds a flipped byte by the checksums recorded
-when the store was finished; every path the metadata names stays inside the store. Local, memory://
-and sharded stores."""
+store are refused on open, naming the file; a flipped byte is refused as it is read, and `verify` finds
+it, by the checksums recorded when the store was finished; every path the metadata names stays inside
+the store. Local, memory:// and sharded stores. (Damage to the metadata and on every reader's path:
+tests/test_store_read_checks.py.)"""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from lmgeom.runs import extract
 from lmgeom.runs.distributed import extract_sharded
 from lmgeom.store import CorruptStore, RepresentationStore, StoreWriter, verify_store, write_store_from_arrays
 from lmgeom.store.location import Location
+
+from helpers import rewrite_meta
 
 ROWS = 4  # rows per chunk of the synthetic store: 23 rows -> 6 chunk files a layer, the last one padded
 WORDS = [["the", "cat", "sat", "on", "mats"], ["a", "dog", "ran"], ["birds", "sing", "loud", "songs", "at", "dawn"],
@@ -73,18 +76,23 @@ def test_an_intact_store_reads_bit_identically_and_verifies(store):
         assert np.asarray(opened.layer(layer)[:]).tobytes() == expected.tobytes()
     assert len(list((store / "layers" / "0" / "c").iterdir())) == 6  # ceil(23 / 4) chunk files a layer
     checksums = json.loads((store / "checksums.json").read_text())
-    assert sorted(checksums) == sorted(f"layers/{layer}/c/{index}/0" for layer in range(3) for index in range(6))
+    assert sorted(checksums) == sorted([*(f"layers/{layer}/c/{index}/0" for layer in range(3) for index in range(6)),
+                                        *(f"layers/{layer}/zarr.json" for layer in range(3))])
     # each recorded checksum is the CRC32C of the file's bytes; a full chunk file is 4 rows x 3 x 4 bytes
     for name, digest in checksums.items():
         data = (store / name).read_bytes()
-        assert crc32c(data) == digest and len(data) == ROWS * 3 * 4
+        assert crc32c(data) == digest and (name.endswith("zarr.json") or len(data) == ROWS * 3 * 4)
     tables = opened.meta["integrity"]["tables"]
     assert tables["vocab.parquet"] == {"size": (store / "vocab.parquet").stat().st_size,
                                        "digest": crc32c((store / "vocab.parquet").read_bytes())}
+    # meta.json's own digest lies beside it, named by its integrity entry
+    assert opened.meta["integrity"]["meta_digest"] == "meta.json.crc32c"
+    assert (store / "meta.json.crc32c").read_text() == crc32c((store / "meta.json").read_bytes()) + "\n"
     result = verify_store(store)
-    assert result.ok and result.checksums and result.checked == 3 * 6 + 3 and result.problems == []
+    assert result.ok and result.checksums and result.metadata and result.problems == []
+    assert result.checked == 3 * 6 + 3 + 3 + 1  # chunk files, zarr.json, tables, meta.json
     code, output = cli("verify", str(store))
-    assert code == 0 and "all 21 files" in output
+    assert code == 0 and "all 25 files" in output and "no recorded CRC32C" not in output
 
 
 def test_checksums_of_a_resumed_extraction_are_those_of_its_files(tmp_path, monkeypatch):
@@ -109,7 +117,7 @@ def test_checksums_of_a_resumed_extraction_are_those_of_its_files(tmp_path, monk
     for layer, expected in enumerate(arrays):
         assert np.asarray(store.layer(layer)[:]).tobytes() == expected.tobytes()
     checksums = json.loads((tmp_path / "s" / "checksums.json").read_text())
-    assert len(checksums) == 2 * 6
+    assert len(checksums) == 2 * 6 + 2
     assert all(crc32c((tmp_path / "s" / name).read_bytes()) == value for name, value in checksums.items())
     assert verify_store(tmp_path / "s").ok
 
@@ -142,13 +150,19 @@ def test_a_truncated_chunk_file_is_refused_naming_it(store):
     assert code == 2 and output.count("error:") == 1 and flat(str(path)) in flat(output)
 
 
-def test_verify_finds_a_flipped_byte_and_names_every_damaged_file(store):
+def test_a_flipped_byte_is_refused_as_read_and_verify_names_every_damaged_file(store):
     path = chunk(store, 0, 3)
     data = bytearray(path.read_bytes())
     data[7] ^= 0x01
     path.write_bytes(bytes(data))
-    # the size is right, so an open reads it (a digest on every read would cost a full pass): verify finds it
-    assert not np.array_equal(np.asarray(RepresentationStore.open(store).layer(0)[:]), hidden()[0])
+    # the size is right, so the open passes; the read checks the chunk's CRC32C: only that chunk is refused
+    opened = RepresentationStore.open(store)
+    assert np.asarray(opened.layer(0)[:12]).tobytes() == hidden()[0][:12].tobytes()
+    with pytest.raises(CorruptStore, match=r"layer 0: chunk file .* is damaged or was edited: its crc32c") as error:
+        opened.layer(0)[10:14]
+    assert str(path) in str(error.value) and error.value.path == "layers/0/c/3/0"
+    with pytest.raises(CorruptStore, match="damaged"):
+        opened.rows(0, np.array([1, 13]))
     result = verify_store(store)
     assert len(result.problems) == 1 and str(path) in result.problems[0] and "damaged" in result.problems[0]
     chunk(store, 2, 0).unlink()
@@ -176,7 +190,7 @@ def test_a_vocabulary_from_another_store_is_refused(store, tmp_path, monkeypatch
         RepresentationStore.open(store)
     meta = json.loads((store / "meta.json").read_text())
     del meta["integrity"]
-    (store / "meta.json").write_text(json.dumps(meta))
+    rewrite_meta(store, meta)
     with pytest.raises(CorruptStore, match=r"vocab.parquet holds 17 rows, but meta.json records n_vocab = 23"):
         RepresentationStore.open(store)
     code, output = cli("analyze", str(store), "--min-contexts", "1")
@@ -190,7 +204,9 @@ def test_a_store_written_without_checksums_opens_and_verify_says_so(store):
     del meta["integrity"]
     (store / "meta.json").write_text(json.dumps(meta))
     (store / "checksums.json").unlink()
-    assert np.asarray(RepresentationStore.open(store).layer(2)[:]).tobytes() == hidden()[2].tobytes()
+    (store / "meta.json.crc32c").unlink()
+    with pytest.warns(UserWarning, match="records no checksums at all"):
+        assert np.asarray(RepresentationStore.open(store).layer(2)[:]).tobytes() == hidden()[2].tobytes()
     result = verify_store(store)
     assert result.ok and not result.checksums and result.checked == 0
     code, output = cli("verify", str(store))
@@ -211,9 +227,11 @@ def test_damaged_checksums_are_reported_not_trusted(store):
     (store / "checksums.json").write_text(json.dumps(checksums))
     meta = json.loads((store / "meta.json").read_text())
     meta["integrity"]["checksums"] = crc32c((store / "checksums.json").read_bytes())
-    (store / "meta.json").write_text(json.dumps(meta))
+    rewrite_meta(store, meta)
+    result = verify_store(store)
+    assert len(result.problems) == 1 and "checksummed file '../outside' does not lie inside the store" in result.problems[0]
     with pytest.raises(CorruptStore, match=r"checksummed file '\.\./outside' does not lie inside the store"):
-        verify_store(store)
+        RepresentationStore.open(store).layer(0)
 
 
 # ---- sharded stores: memory:// and a local folder -----------------------------------------------------
@@ -274,7 +292,8 @@ def test_a_local_sharded_store_is_checked_and_its_parts_stay_inside(encoder, cor
         np.testing.assert_allclose(np.asarray(store.layer(layer)[:]), np.asarray(reference.layer(layer)[:]), rtol=0, atol=1e-6)
     checksums = json.loads((path / "checksums.json").read_text())
     assert all(name.startswith("shards/") for name in checksums)
-    assert len(checksums) == sum(-(-int(entry["n_rows"]) // 64) for entry in store.meta["shards"]) * store.meta["n_layers"]
+    n_chunks = sum(-(-int(entry["n_rows"]) // 64) for entry in store.meta["shards"])
+    assert len(checksums) == (n_chunks + len(store.meta["shards"])) * store.meta["n_layers"]  # and each part's zarr.json
     target = path / "shards" / store.meta["shards"][0]["part"] / "layers" / "0" / "c" / "0" / "0"
     target.unlink()
     with pytest.raises(CorruptStore, match="layer 0: chunk file .* is missing") as error:
@@ -287,7 +306,7 @@ def test_a_local_sharded_store_is_checked_and_its_parts_stay_inside(encoder, cor
     shutil.copytree(path / "shards" / meta["shards"][1]["part"], tmp_path / "elsewhere")
     for part in ("../../elsewhere", str(tmp_path / "elsewhere"), (tmp_path / "elsewhere").as_uri(), "a/../../x"):
         meta["shards"][0]["part"] = part
-        meta_path.write_text(json.dumps(meta))
+        rewrite_meta(path, meta)
         with pytest.raises(CorruptStore, match="shard part .* does not lie inside the store"):
             RepresentationStore.open(path)
         code, output = cli("analyze", str(path), "--min-contexts", "1")

@@ -162,6 +162,56 @@ def test_overwrite_removes_a_store_whole_complete_or_interrupted(tmp_path):
     assert write_store_from_arrays(path, layers(2), SENTENCES).meta["complete"]
 
 
+def test_overwrite_of_a_store_beside_a_users_files_refuses_naming_them_and_removes_nothing(tmp_path):
+    path = tmp_path / "store"
+    first = write_store_from_arrays(path, layers(0), SENTENCES)
+    (path / "NOTES.md").write_text("mine")
+    (path / "mydata").mkdir()  # an empty folder of the user's
+    (path / "figures").mkdir()
+    (path / "figures" / "chart.png").write_bytes(b"png")  # what lmgeom writes next to a store
+    (path / "sts.json").write_text(json.dumps({"kind": "sts"}))  # STS results, and their table
+    (path / "sts.csv").write_text("a\n1\n")
+    before = contents(path)
+    with pytest.raises(StoreExistsError) as raised:
+        write_store_from_arrays(path, layers(1), SENTENCES, overwrite=True)
+    assert "NOTES.md, mydata;" in str(raised.value) and "nothing was removed" in str(raised.value)
+    assert "figures" not in str(raised.value) and "sts" not in str(raised.value)
+    assert contents(path) == before and (path / "mydata").is_dir() and not (path / LOCK).exists()
+    assert RepresentationStore.open(path).meta["generation"] == first.meta["generation"]
+
+    # a hand-made or copied meta.json, as lmgeom writes one, protects nothing else either
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    (copied / META).write_bytes((path / META).read_bytes())
+    (copied / "NOTES.md").write_text("mine")
+    with pytest.raises(StoreExistsError, match="NOTES.md"):
+        write_store_from_arrays(copied, layers(0), SENTENCES)
+    assert sorted(os.listdir(copied)) == ["NOTES.md", META]
+
+    # once the user's files are gone, the store goes with what lmgeom wrote next to it
+    (path / "NOTES.md").unlink()
+    (path / "mydata").rmdir()
+    second = write_store_from_arrays(path, layers(1), SENTENCES)
+    assert second.meta["generation"] != first.meta["generation"]
+    assert not (path / "figures").exists() and not (path / "sts.json").exists() and not (path / "sts.csv").exists()
+
+
+def test_cli_overwrite_of_an_extracted_store_beside_a_users_files_exits_2_and_keeps_them(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The bank of the river.\nThe bank raised rates.\n")
+    folder = tmp_path / "st"
+    command = ["extract", "tiny-bert", "--corpus", str(corpus), "--out", str(folder), "--overwrite"]
+    assert runner.invoke(app, command).exit_code == 0
+    (folder / "NOTES.md").write_text("mine")
+    (folder / "mydata").mkdir()
+    before = contents(folder)
+    result = runner.invoke(app, command)
+    output = flat(result.output)
+    assert result.exit_code == 2 and output.startswith("error:"), result.output
+    assert "NOTES.md, mydata" in output and "nothing was removed" in output and "Traceback" not in result.output
+    assert contents(folder) == before and (folder / "mydata").is_dir()
+
+
 def test_overwrite_of_a_sharded_store_on_a_url_removes_it_whole():
     url = f"memory://lmgeom-tests/{uuid.uuid4().hex}"
     location = Location.of(url)

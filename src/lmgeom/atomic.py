@@ -27,6 +27,11 @@ def owner_tag() -> str:
     return f"{os.getpid()}@{_HOST}"
 
 
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of `atomic_write`'s temporary files (`.<name>.<pid>@<host>.tmp`)."""
+    return bool(_TEMPORARY.match(name))
+
+
 def process_alive(pid: int) -> bool:
     """Whether process `pid` of this host is running (a zombie is not). Where that cannot be asked
     safely (Windows: `os.kill` ends the process), every process counts as running."""

@@ -7,7 +7,8 @@ and says how to fix it; `params` lists those names, so a front end can name its 
 (`lmgeom.cli.common.user_errors` writes `--min-contexts`, `--device cpu`, `--overwrite`).
 `MissingInput` and `OutOfRange` are `InputError`s that are also a `FileNotFoundError` or an `IndexError` (a folder a parameter names that
 does not exist or lacks its files; a layer or row outside the store); `MissingDependency` is an optional package a feature needs and the
-environment lacks.
+environment lacks; `Unavailable` is an object store that did not answer after retries (the message says
+how to resume).
 
 Any other exception out of lmgeom is a bug (or a third-party library's), not the user's mistake."""
 
@@ -56,3 +57,9 @@ class MissingInput(InputError, FileNotFoundError):
 
 class OutOfRange(InputError, IndexError):
     """An index a parameter gives (a layer, a sentence, a row range) outside what exists."""
+
+
+class Unavailable(Exception):
+    """An object store (or other endpoint) that did not answer, after bounded retries; the message names
+    it and says that the same command, run again, resumes. Not an `OSError`, so that no handler of a
+    missing or unreadable file takes it for one (a store's meta.json that "does not read")."""

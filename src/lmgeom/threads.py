@@ -12,10 +12,11 @@ that sets a pool's threads (`OMP_NUM_THREADS` for OpenMP and torch, `OPENBLAS_NU
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from threadpoolctl import threadpool_limits
 
@@ -90,3 +91,20 @@ def share_cores(workers: int) -> ThreadShare:
         if "torch" in sys.modules:  # not imported for it: a worker that never needs torch saves 1-2 s
             sys.modules["torch"].set_num_threads(openmp)
     return ThreadShare(cores=cores, workers=workers, openmp=openmp, blas=blas)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op pool and every BLAS and OpenMP pool (`threadpool_limits`) at one thread, restored
+    after: a computation whose sums must not depend on how many threads split them (MKL's and
+    OpenBLAS's products add in an order that follows the threads and, for MKL, the memory alignment a
+    process happens to get), so that it gives the same bits in every process, however its pools are set."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(before)

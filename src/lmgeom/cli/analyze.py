@@ -17,7 +17,10 @@ from lmgeom.cli.common import (
     RichProgress,
     above,
     console,
+    cli_text,
     interval_cell,
+    shown,
+    url_form,
     user_errors,
 )
 
@@ -89,7 +92,7 @@ def print_contextuality(result: ContextualityResult) -> None:
         print_released(result)
     console.print("[bold]Findings[/]")
     for statement in result.statements:
-        console.print(f"  • {statement}")
+        console.print(f"  • {shown(statement)}")
 
 
 RELEASED_COLUMNS = (("anisotropy_released", "raw", "baseline"), ("self_similarity_released", "adjusted", "SelfSim*"),
@@ -126,7 +129,8 @@ def print_intervals(result: ContextualityResult) -> None:
     design = result.bootstrap
     summary = result.summary().set_index("layer")
     intervals = intervals.set_index("layer")
-    table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}, seed {design['seed']} "
+    rough = " — rough, fewer than 100 resamples" if design.get("rough") else ""
+    table = Table(title=f"{design['level']:.0%} intervals: percentile bootstrap, B={design['B']:,}{rough}, seed {design['seed']} "
                         "(cosines: sentences resampled; MEV: words)")
     table.add_column("layer", justify="right")
     columns = [(column, header) for column, header in interval_columns if column in summary]
@@ -136,6 +140,8 @@ def print_intervals(result: ContextualityResult) -> None:
         table.add_row(str(layer), *(interval_cell(row[c], intervals.loc[layer, f"{c}_lo"], intervals.loc[layer, f"{c}_hi"])
                                     for c, _ in columns))
     console.print(table)
+    if design.get("rough"):
+        console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -150,7 +156,7 @@ def register(app: typer.Typer) -> None:
         include_special: bool = typer.Option(False, "--include-special", help="also analyse special tokens (CLS/SEP/BOS) the store kept"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the sampled baselines"),
         samples: Optional[int] = typer.Option(None, min=2, metavar="<int>", help="occurrences sampled for the anisotropy and MEV baselines (default 1000)"),
-        out: Optional[str] = typer.Option(None, help="folder or fsspec URL for the result files (default: the store)"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
         engine: str = typer.Option("auto", help="local (one task after another here), processes (worker processes), "
@@ -178,13 +184,13 @@ def register(app: typer.Typer) -> None:
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
         print_contextuality(result)
-        console.print("wrote " + ", ".join(written))
+        console.print("wrote " + ", ".join(map(shown, written)))
 
     @app.command("static-embeddings")
     def static_embeddings_command(
         store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
         layer: int = typer.Option(..., min=0, help="layer to distil (0 = embedding output)"),
-        out: Optional[Path] = typer.Option(None, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
         benchmark: List[Path] = typer.Option([], help="extra benchmark: word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the SemEval2012-2 folder (repeatable)"),
         static_vectors: List[Path] = typer.Option([], help="static vectors to compare (word2vec .bin, word2vec/GloVe text; repeatable)"),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(
@@ -196,6 +202,8 @@ def register(app: typer.Typer) -> None:
         include_punct: Optional[bool] = typer.Option(None, "--include-punct/--exclude-punct", help="also export punctuation (default: not)"),
         data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
                                                       "(default ../shared/data or LMGEOM_DATA)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write, "
+                                                               "or the layer's benchmark scores with fewer"),
     ) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks,
         covered items only and all items (out-of-vocabulary words as the mean vector)."""
@@ -206,9 +214,10 @@ def register(app: typer.Typer) -> None:
             options = StaticOptions.of(min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
                                        protocol=protocol, data_dir=data_dir)
             exported = export_static_embeddings(store_path, options, layer=layer, text_path=out, benchmarks=benchmark,
-                                                static_vectors=static_vectors, trust_pickle=trust_pickle, progress=progress)
+                                                static_vectors=static_vectors, trust_pickle=trust_pickle, overwrite=overwrite,
+                                                progress=progress)
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
                                                  f"{len(exported.embeddings.words):,} words")
         for name, reason in exported.skipped.items():
-            console.print(f"skipped {name}: {reason}")
-        console.print("wrote " + ", ".join(str(p) for p in exported.paths.values()))
+            console.print(f"skipped {shown(name)}: {shown(reason)}")
+        console.print("wrote " + ", ".join(shown(p) for p in exported.paths.values()))

@@ -10,8 +10,9 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from types import TracebackType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import click
 import typer
@@ -31,15 +32,36 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lmgeom.errors import InputError, MissingDependency
+from lmgeom.errors import InputError, MissingDependency, Unavailable
+from lmgeom.progress import visible
 
-console = Console()
+
+class VisibleConsole(Console):
+    """A console whose printed text shows control characters visibly (`lmgeom.progress.visible`): a
+    file name or corpus word holding a terminal escape sequence (`\\x1b[2J`, an OSC title `\\x1b]0;...\\x07`)
+    reaches the terminal as text, in messages, findings, table cells and titles alike (each a string
+    rich renders through `render_str`); line ends and tabs are the text's own."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(visible(text, keep="\n\t"), **options)
+
+
+console = VisibleConsole()
+warnings_console = VisibleConsole(stderr=True)
+"""Where `show_warning` writes: standard error, wrapped to the terminal's width."""
+T = TypeVar("T")
+
+
+def shown(text: object) -> str:
+    """Text from a user's data (a word, a file name, a note about them) as console markup that shows it
+    as written: control characters visible, `[...]` never taken for a style."""
+    return escape(visible(text))
 
 MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted by --count-by (default 5)"
 COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
 PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
                  "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
-BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; see docs/metrics.md)"
+BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; below 100: rough, flagged; see docs/metrics.md)"
 CONFIDENCE_HELP = "level of the percentile bootstrap intervals, between 0 and 1"
 
 
@@ -92,14 +114,14 @@ class RichProgress:
             self._lines.start(stage, total, unit=unit)
         elif stage in self._tasks:
             self._bars.reset(self._tasks[stage], total=total, note="")
-        else:
-            self._tasks[stage] = self._bars.add_task(f"{stage} ({unit})", total=total, note="")
+        else:  # the description is markup ("[bold]{task.description}"); a stage may name a user's file
+            self._tasks[stage] = self._bars.add_task(shown(f"{stage} ({unit})"), total=total, note="")
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
         if self._lines is not None:
             self._lines.advance(stage, n, note=note)
         else:
-            self._bars.update(self._tasks[stage], advance=n, note=note)
+            self._bars.update(self._tasks[stage], advance=n, note=visible(note))
 
 
 class _NoteColumn(ProgressColumn):
@@ -122,7 +144,7 @@ class LineProgress:
     def start(self, stage: str, total: int, *, unit: str = "items") -> None:
         now = self._clock()
         self._stages[stage] = _LineStage(total=total, unit=unit, started=now, printed=now)
-        console.print(f"{escape(stage)}: started, {total:,} {escape(unit)}", soft_wrap=True, highlight=False)
+        console.print(f"{shown(stage)}: started, {total:,} {shown(unit)}", soft_wrap=True, highlight=False)
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
         state = self._stages[stage]
@@ -139,7 +161,7 @@ class LineProgress:
         parts.append(f"{_clock_time(elapsed)} elapsed")
         if not finished and state.done > 0 and state.total > state.done:
             parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
-        line = f"{stage}: " + ", ".join(parts)
+        line, note = visible(f"{stage}: " + ", ".join(parts)), visible(note)
         if note and len(line) + 2 + len(note) <= console.width:
             line, note = f"{line}; {note}", ""
         console.print(escape(line), soft_wrap=True, highlight=False)
@@ -164,7 +186,7 @@ def _clock_time(seconds: float) -> str:
 
 _NEGATED_FLAGS = {"include_punct": "--exclude-punct"}
 """Parameters whose False is a flag of its own rather than `--no-NAME`."""
-_FLAGS = {"include_punct": "--include-punct", "explorer_neighbours": "--neighbours"}
+_FLAGS = {"include_punct": "--include-punct", "explorer_neighbours": "--neighbours", "text_path": "--out", "benchmarks": "--benchmark"}
 """Parameters whose option is not `--` + the name with dashes (`min_contexts` -> `--min-contexts`)."""
 _PARAMETER = re.compile(r"`(\w+)(?:=([^`]*))?`")
 _USER_OS_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM})
@@ -198,17 +220,44 @@ def cli_text(text: str, params: tuple[str, ...]) -> str:
 
 
 def is_user_error(error: BaseException) -> bool:
-    """Whether `error` is the user's to mend (bad input, a missing file or package, a full disk), not a bug."""
-    return (isinstance(error, (InputError, MissingDependency, *_PATH_ERRORS))
-            or isinstance(error, OSError) and error.errno in _USER_OS_ERRNOS)
+    """Whether `error` is the user's to mend (bad input, a missing file or package, a full disk, an object
+    store that does not answer), not a bug."""
+    from lmgeom.store.url import is_transient
+
+    return (isinstance(error, (InputError, MissingDependency, Unavailable, *_PATH_ERRORS))
+            or isinstance(error, OSError) and error.errno in _USER_OS_ERRNOS or is_transient(error))
+
+
+def user_message(error: BaseException) -> str:
+    """The one line `user_errors` prints for a user's error: an `InputError` with the CLI's option names;
+    a transient object-store error that escaped the retries of `Location` (one raised inside zarr's own
+    I/O) with how to resume."""
+    from lmgeom.store.url import RESUME, is_transient
+
+    if isinstance(error, InputError):
+        return cli_message(error)
+    if not isinstance(error, Unavailable) and is_transient(error):
+        return f"the object store or network endpoint did not answer ({type(error).__name__}: {' '.join(str(error).split())}); {RESUME}"
+    return str(error)
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+    """A warning as a `warning:` paragraph on standard error, naming the options of the parameters it
+    names in backticks (a warning class's `params`), instead of Python's two lines of file and source."""
+    params = tuple(getattr(category, "params", ()))
+    warnings_console.print(f"[yellow]warning:[/] {escape(cli_text(str(message), params))}", highlight=False)
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Show a user's error (`is_user_error`) as one `error:` line, with the CLI's option names, and exit 2;
-    anything else is a bug: its traceback, one line asking for a report, and exit 1."""
+    anything else is a bug: its traceback, one line asking for a report, and exit 1. Warnings meanwhile
+    are a `warning:` paragraph each (`show_warning`)."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            yield
     except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
         raise  # the CLI's own exits and usage errors
     except Exception as error:
@@ -216,8 +265,8 @@ def user_errors() -> Iterator[None]:
             traceback.print_exc(file=sys.stderr)
             console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}", soft_wrap=True)
             raise typer.Exit(code=1) from None
-        message = cli_message(error) if isinstance(error, InputError) else str(error)
-        console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # one line, for logs and grep
+        line = " ".join(part.strip() for part in user_message(error).splitlines() if part.strip())
+        console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)  # one line, for logs and grep
         raise typer.Exit(code=2) from None
 
 
@@ -241,6 +290,19 @@ def above(low: float) -> Callable[[float | None], float | None]:
         return value
 
     return check
+
+
+def url_form(value: T) -> T:
+    """The callback of every `--out`: a path that means an fsspec URL but lacks its `//` (`s3:/bucket/x`)
+    is refused naming the URL meant (`lmgeom.store.url.require_url_form`), before anything runs."""
+    from lmgeom.store.url import require_url_form
+
+    if value is not None:
+        try:
+            require_url_form(value)  # type: ignore[arg-type]
+        except InputError as error:
+            raise typer.BadParameter(str(error)) from None
+    return value
 
 
 def split_list(text: str) -> list[str]:

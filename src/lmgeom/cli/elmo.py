@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from lmgeom.cli.common import RichProgress, above, below, console, user_errors
+from lmgeom.cli.common import RichProgress, above, below, console, user_errors, url_form
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
     @elmo_app.command("train")
     def train_command(
-        out: Path = typer.Option(..., "--out", "-o", help="folder for checkpoint.pt, options.json, weights.hdf5, training.json"),
+        out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="folder for checkpoint.pt, options.json, weights.hdf5, training.json"),
         corpus: str = typer.Option("brown", "--corpus", "-c", help="brown[:DIR] (fixed file split) or any corpus spec (every tenth sentence held out)"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         epochs: int = typer.Option(2, min=1, help="passes over the training sentences"),

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, above, console, split_list, user_errors
+from lmgeom.cli.common import RichProgress, above, console, split_list, user_errors, url_form
 from lmgeom.errors import InputError
 
 experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022), layers and WSD (Peters et al. 2018), static baselines (Ethayarajh 2019).",
@@ -75,7 +75,7 @@ def calibration_command(
     model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),
     task: str = typer.Option(..., "--task", help="cola, sst2, mrpc, rte, stsb, pos or brown"),
     data: Path = typer.Option(..., "--data", help="the task's folder, e.g. ../shared/data/GLUE/CoLA"),
-    out: Path = typer.Option(..., "--out", "-o", help="experiment folder: results.json, results.md, figures, feature cache, finished cells"),
+    out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder: results.json, results.md, figures, feature cache, finished cells"),
     methods: str = typer.Option("none,abtt,cie,whitening,flow", "--methods", "--method", help="comma list: none and calibrators; isobn/istar run only in fine-tuning"),
     seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
     regime: str = typer.Option("frozen", "--regime", help="frozen, finetune or both"),
@@ -169,7 +169,7 @@ def parse_task_rates(text: str) -> dict[str, list[float]]:
 def finetune_precheck_command(
     model: str = typer.Option("minilm", "--model", help="a transformers model name or folder"),
     data: Path = typer.Option(..., "--data", help="the GLUE folder (with CoLA/, SST-2/, MRPC/, RTE/), e.g. ../shared/data/GLUE"),
-    out: Path = typer.Option(..., "--out", "-o", help="pre-check folder: precheck.json, precheck.md, finished cells"),
+    out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="pre-check folder: precheck.json, precheck.md, finished cells"),
     tasks: str = typer.Option("cola,rte,mrpc,sst2", "--tasks", "--task", help="comma list, run in this order"),
     learning_rates: str = typer.Option("3e-5,5e-5,1e-4", "--learning-rates", help="comma list of AdamW learning rates"),
     task_learning_rates: str = typer.Option("cola=3e-5/5e-5/1e-4/2e-4", "--task-learning-rates",
@@ -209,7 +209,7 @@ def finetune_precheck_command(
 @experiment_app.command("thesis")
 def thesis_command(
     results: list[Path] = typer.Argument(..., help="calibration experiments' results.json files (frozen and fine-tuning)"),
-    out: Path = typer.Option(..., "--out", "-o", help="folder for thesis.json and thesis.png"),
+    out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="folder for thesis.json and thesis.png"),
 ) -> None:
     """Ding et al.'s local-isotropy thesis: Spearman of Δ task score against Δ global and Δ local isotropy, per regime."""
     import json
@@ -241,7 +241,7 @@ def layers_command(
     model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),
     task: str = typer.Option(..., "--task", help="pos, brown, cola, sst2, mrpc, rte or stsb"),
     data: Path = typer.Option(..., "--data", help="the task's folder, e.g. ../shared/data/UD_English-EWT"),
-    out: Path = typer.Option(..., "--out", "-o", help="experiment folder"),
+    out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder"),
     features: str = typer.Option("layer:all,top,mix,static", "--features", help="comma list: layer:all, layer:N, top, mix, static"),
     seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
     pooling: str = typer.Option("mean", "--pooling", help="sentence vector for sentence tasks: mean of pieces, or last piece"),
@@ -271,7 +271,7 @@ def layers_command(
 def wsd_command(
     model: str = typer.Option(..., "--model", help="a named model (elmo-brown, minilm, ...) or a folder"),
     data: Path = typer.Option(..., "--data", help="the WSD evaluation framework, e.g. ../shared/data/WSD_Evaluation_Framework"),
-    out: Path = typer.Option(..., "--out", "-o", help="experiment folder: results.json, predictions.csv, feature cache"),
+    out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder: results.json, predictions.csv, feature cache"),
     layers: str = typer.Option("all", "--layers", help="all, or a comma list of layers (0 = the input layer)"),
     wordnet: Optional[Path] = typer.Option(None, "--wordnet", help="WordNet 3.0's database folder (default $WNSEARCHDIR, then Debian's wordnet-base)"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
@@ -301,7 +301,7 @@ def wsd_command(
 @experiment_app.command("static-baselines")
 def static_baselines_command(
     corpus: str = typer.Option(..., "--corpus", help="lee, brown or brown:DIR, or any corpus spec `lmgeom extract` takes"),
-    out: Path = typer.Option(..., "--out", "-o", help="experiment folder: results.json, results.md, vectors/<method>.bin"),
+    out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder: results.json, results.md, vectors/<method>.bin"),
     methods: str = typer.Option("word2vec,fasttext", "--methods", "--method", help="comma list: word2vec, fasttext (both skip-gram)"),
     dim: int = typer.Option(300, "--dim", min=1, help="vector dimensions"),
     window: int = typer.Option(5, "--window", min=1, help="context window (words each side)"),

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.calibrate import METHOD_NAMES
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, console, user_errors, url_form
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help="minilm, or a sentence-transformers model folder (with modules.json)"),
         method: str = typer.Option(..., "--method", "-m", help=f"the calibrator: {', '.join(METHOD_NAMES)}"),
         fit_on: str = typer.Option("lee", "--fit-on", help="corpus whose pooled sentence vectors the calibrator is fitted on: lee, brown[:DIR], sts[:DIR], a text file (one sentence per line), a .jsonl file, hf:NAME:SPLIT:COLUMN"),
-        out: Path = typer.Option(..., "--out", "-o", help="folder for the exported sentence-transformers model"),
+        out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="folder for the exported sentence-transformers model"),
         limit: Optional[int] = typer.Option(None, help="fit on the first N sentences of the corpus (N ≥ 1; default: all)"),
         sample: Optional[int] = typer.Option(None, help="fit on a seeded uniform sample of N sentences (N ≥ 1; default: all)"),
         field: str = typer.Option("text", help="the text field of a .jsonl corpus"),

@@ -16,8 +16,11 @@ from lmgeom.cli.common import (
     PROTOCOL_HELP,
     RichProgress,
     console,
+    cli_text,
     interval_cell,
+    shown,
     split_list,
+    url_form,
     user_errors,
 )
 
@@ -45,7 +48,7 @@ def last_layer_clause(meta: dict[str, Any]) -> str:
 def print_store(store: RepresentationStore) -> None:
     meta = store.meta
     console.print(
-        f"[bold]{store.url}[/]: {meta['model_id']} on {meta['corpus_name']} — {meta['n_sentences']:,} sentences, "
+        f"[bold]{shown(store.url)}[/]: {shown(meta['model_id'])} on {shown(meta['corpus_name'])} — {meta['n_sentences']:,} sentences, "
         f"{meta['n_tokens']:,} stored tokens ({meta['n_words']:,} words, special tokens {meta['special_tokens']}), "
         f"{stored_layers_phrase(store)} × {store.dim} (layer 0 = embedding output{last_layer_clause(meta)}), {meta['dtype']}; "
         + (f"{meta['n_windows']:,} windows, {meta['n_long_sentences']} sentences longer than {meta['max_length']} pieces, "
@@ -71,7 +74,7 @@ def register(app: typer.Typer) -> None:
     def extract_command(
         model: str = typer.Argument(..., help=MODEL_HELP),
         corpus: str = typer.Option("lee", "--corpus", "-c", help=CORPUS_HELP),
-        out: str = typer.Option(..., "--out", "-o", help="run directory or fsspec URL (s3://bucket/run) to write the store into"),
+        out: str = typer.Option(..., "--out", "-o", callback=url_form, help="run directory or fsspec URL (s3://bucket/run) to write the store into"),
         field: str = typer.Option("text", help="JSONL field holding the sentence"),
         pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
@@ -127,7 +130,7 @@ def register(app: typer.Typer) -> None:
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: Optional[str] = typer.Option(None, help="corpus spec, as for `lmgeom extract --corpus` (default lee; sts-scored with --protocol ethayarajh2019)"),
-        out: Optional[str] = typer.Option(None, help="run folder or fsspec URL: s3://, gs://, file:// (default runs/<model>-<corpus>, with -limitN for --limit N)"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="run folder or fsspec URL: s3://, gs://, file:// (default runs/<model>-<corpus>, with -limitN for --limit N)"),
         limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
         sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences (--seed; default: all)"),
         device: str = typer.Option("auto", help="where every step computes: auto, cpu, cuda, cuda:N"),
@@ -162,9 +165,10 @@ def register(app: typer.Typer) -> None:
         intervals = result.contextuality.intervals()
         intervals = intervals.set_index("layer") if not intervals.empty else None
         design = result.contextuality.bootstrap
-        below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,})"
+        below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,}"
+                 f"{', rough: fewer than 100 resamples' if design.get('rough') else ''})"
                  if intervals is not None and design else "")
-        table = Table(title=f"{meta['model_id']} on {meta['corpus_name']} (layer 0 = embedding output; adj = minus baseline{below})")
+        table = Table(title=f"{shown(meta['model_id'])} on {shown(meta['corpus_name'])} (layer 0 = embedding output; adj = minus baseline{below})")
 
         def cell(layer: int, column: str) -> str:
             value = summary.loc[layer, column]
@@ -180,11 +184,13 @@ def register(app: typer.Typer) -> None:
                           cell(layer, "self_similarity_adjusted"), cell(layer, "intra_sentence_similarity_adjusted"),
                           cell(layer, MEV_ADJ_COLUMN))
         console.print(table)
+        if design and design.get("rough"):
+            console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:
-            console.print(f"  • {statement}")
+            console.print(f"  • {shown(statement)}")
         if result.steps_skipped:
             console.print(f"skipped (already done with these settings): {', '.join(result.steps_skipped)}")
-        console.print(f"{MEV_ADJ_NOTE}; every step computed on {result.device}; every table is in {result.store.url}:")
+        console.print(f"{MEV_ADJ_NOTE}; every step computed on {result.device}; every table is in {shown(result.store.url)}:")
         for path in result.paths:
-            console.print(f"  {path}")
+            console.print(f"  {shown(path)}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, console, user_errors, url_form
 
 if TYPE_CHECKING:
     from lmgeom.runs.geometry import GeometryResult
@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
     @app.command("geometry")
     def geometry_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
-        out: Optional[Path] = typer.Option(None, help="folder for geometry.json (default: the store's folder)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="folder for geometry.json (default: the store's folder)"),
         points: int = typer.Option(5000, min=2, metavar="<int>", help="rows sampled (seeded, the same at every layer) for the intrinsic dimension"),
         boot: int = typer.Option(200, min=0, metavar="<int>", help="bootstrap resamples for the intervals (0: none)"),
         top_k: int = typer.Option(10, min=1, metavar="<int>", help="largest |h| per layer to locate"),

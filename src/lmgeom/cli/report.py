@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, user_errors
+from lmgeom.cli.common import RichProgress, console, shown, user_errors, url_form
 
 
 def register(app: typer.Typer) -> None:
@@ -16,9 +16,10 @@ def register(app: typer.Typer) -> None:
     def report_command(
         run_dir: Path = typer.Argument(..., metavar="RUN", help="a run directory written by `lmgeom run`"),
         include: List[Path] = typer.Option([], help="another folder of experiment results.json files (repeatable)"),
-        out: Optional[Path] = typer.Option(None, help="HTML file to write (default RUN/report.html)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="HTML file to write (default RUN/report.html)"),
         explorer_words: int = typer.Option(2000, min=1, help="words in the word explorer (the most frequent analysed ones)"),
         neighbours: int = typer.Option(10, min=1, help="nearest neighbours per word and layer in the word explorer"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write"),
     ) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
         from lmgeom.report import load_run
@@ -31,12 +32,12 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             with RichProgress() as progress:
                 path = render_report(run_dir, include=include, out=out, explorer_words=explorer_words,
-                                     explorer_neighbours=neighbours, progress=progress)
+                                     explorer_neighbours=neighbours, overwrite=overwrite, progress=progress)
             run = load_run(run_dir)
             if run.layers is not None:
                 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
-                table = Table(title=f"{run.label} (layer 0 = embedding output)")
+                table = Table(title=f"{shown(run.label)} (layer 0 = embedding output)")
                 for header in ("layer", "baseline", "SelfSim", "SelfSim adj", "IntraSim", "MEV adj"):
                     table.add_column(header, justify="right")
                 for layer in run.layer_numbers:
@@ -48,14 +49,14 @@ def register(app: typer.Typer) -> None:
                 console.print(table)
                 console.print(MEV_ADJ_NOTE)
             for section, note in run.notes.items():
-                console.print(f"[dim]{section}: {note}[/]")
-            console.print(f"wrote {path}")
-            console.print(f"figures in {FIGURES.at(run.path)}")
+                console.print(f"[dim]{shown(section)}: {shown(note)}[/]")
+            console.print(f"wrote {shown(path)}")
+            console.print(f"figures in {shown(FIGURES.at(run.path))}")
 
     @app.command("compare")
     def compare_command(
         run_dirs: List[Path] = typer.Argument(..., metavar="RUN...", help="analysed run directories"),
-        out: Path = typer.Option(..., help="folder for compare.html, compare.csv and figures/"),
+        out: Path = typer.Option(..., callback=url_form, help="folder for compare.html, compare.csv and figures/"),
     ) -> None:
         """Several runs side by side: one chart per metric, by layer and by relative depth (layer / last layer);
         for runs of one corpus, the model x model similarity (debiased CKA) of their stores."""

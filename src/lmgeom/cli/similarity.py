@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import RichProgress, console, split_list, user_errors, url_form
 
 MEASURE_NAMES = "cka,cka_debiased,procrustes,rsa,knn"
 TABLE_WIDTH = 80
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         include_punct: bool = typer.Option(False, help="also compare punctuation tokens"),
         include_special: bool = typer.Option(False, help="also compare special tokens (one store only: they are no corpus words)"),
         exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word"),
-        out: Optional[str] = typer.Option(None, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores]"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores]"),
         device: str = typer.Option("cpu", help="where CKA and Procrustes accumulate: cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu"),
         engine: str = typer.Option("auto", help="local, processes, ray, or auto (processes with more than one worker)"),
         num_workers: int = typer.Option(1, min=1, metavar="<int>", help="tasks at once (groups of layer pairs)"),

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.calibrate import METHOD_NAMES
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import RichProgress, console, split_list, user_errors, url_form
 from lmgeom.errors import InputError
 
 
@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     def sts_command(
         model: str = typer.Argument(..., help="a named model (minilm, smollm2, tiny-bert, ...), a Hugging Face id, or a local folder"),
         data: Path = typer.Option(..., "--data", help="folder holding any of stsbenchmark/, STS_raw/ (or STS/), SICK/; all found are evaluated"),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="results JSON (tidy records; a .csv of the records is written next to it)"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", callback=url_form, help="results JSON (tidy records; a .csv of the records is written next to it)"),
         layers: str = typer.Option("all,first-last-avg", help="comma list of layer numbers, 'all' and 'first-last-avg' (layers 1 and L); layer 0 = embedding output"),
         combine: list[str] = typer.Option([], "--combine", help="also evaluate the average of these layers, e.g. 0,6 (repeatable)"),
         method: str = typer.Option("none", "--methods", "--method", help=f"comma list of none, {', '.join(METHOD_NAMES)}, or 'all' (every one); 'none' is always included"),
@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, min=0, help="seed for --limit-pairs and the calibrators"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the summary table as markdown"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out, its CSV or --markdown file that lmgeom did not write"),
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
         from lmgeom.runs.sts import combination, run_sts
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
                 result = run_sts(
                     model, data, layers=[*split_list(layers), *combinations], methods=methods, fit_on=split_list(fit_on),
                     split=split, limit_pairs=limit_pairs, include_special=special, seed=seed, device=device, out=out,
-                    markdown=markdown, progress=progress,
+                    markdown=markdown, overwrite=overwrite, progress=progress,
                 )
         datasets = ", ".join(d["name"] for d in result.settings["datasets"])
         console.print(

@@ -13,8 +13,9 @@ def register(app: typer.Typer) -> None:
     def verify_command(
         store: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`: a folder or an fsspec URL"),
     ) -> None:
-        """Recompute the CRC32C of every chunk file and table of a store and compare them with those recorded
-        when it was finished; name each damaged or missing file. Exit 0 when all match, 2 otherwise."""
+        """Recompute the CRC32C of every chunk file, table and metadata file (meta.json, each layer's zarr.json)
+        of a store and compare them with those recorded when it was finished; check meta.json against the
+        layer arrays; name each damaged or missing file. Exit 0 when all match, 2 otherwise."""
         from lmgeom.store import verify_store
 
         with user_errors():
@@ -29,3 +30,7 @@ def register(app: typer.Typer) -> None:
                           "and sizes were checked (all present at their size); re-extract it with --overwrite to record them")
             return
         console.print(f"all {result.checked:,} files of {escape(result.store)} match their recorded CRC32C")
+        if not result.metadata:
+            console.print("meta.json and the layers' zarr.json have no recorded CRC32C (the store was written before "
+                          "they were recorded), so they were checked against the rest of the store only; re-extract it "
+                          "with --overwrite to record them")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -133,19 +135,68 @@ _WORDPIECE = {"minilm": True, "tiny-bert": True, "smollm2": False, "gemma3": Fal
               "elmo-brown": False}
 
 
+def require_model_name(name_or_path: str) -> str:
+    """`name_or_path` once it names something: an empty or blank `model` (which as a path would be the
+    current folder) is refused."""
+    if not str(name_or_path).strip():
+        raise InputError(f"`model` is empty ({name_or_path!r}); give one of {sorted(NAMED_MODELS)}, a Hugging Face id "
+                         "or a local model folder", param="model")
+    return name_or_path
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+"""The files a transformers tokenizer is read from (one is enough): without any, transformers builds a
+tokenizer of special tokens alone (every word its unknown token) or fails deep inside."""
+
+
+def _require_tokenizer_files(source: Path | str) -> None:
+    """A local model folder must hold its tokenizer's vocabulary (`TOKENIZER_FILES`)."""
+    if isinstance(source, Path) and source.is_dir() and not any((source / name).exists() for name in TOKENIZER_FILES):
+        raise MissingInput(f"model folder {source} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
+                           "tokenizer beside the weights (`tokenizer.save_pretrained(folder)`) or give a folder or Hub id "
+                           "that has one", param="model")
+
+
+def load_tokenizer(source: Path | str, **kwargs: Any) -> Any:
+    """The transformers tokenizer of `source` (a local folder or a Hub id); one that cannot be read, or
+    that holds no vocabulary beyond its special tokens, is a `MissingInput` naming `source`."""
+    from transformers import AutoTokenizer
+
+    if "gguf_file" not in kwargs:  # a GGUF file holds its tokenizer
+        _require_tokenizer_files(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, RuntimeError, TypeError, KeyError, AttributeError) as error:
+        raise MissingInput(f"could not load the tokenizer of model {source!s}: {_first_line(error)}; give a folder holding "
+                           f"a tokenizer ({', '.join(TOKENIZER_FILES)}), a Hub id, or one of the offline models "
+                           f"{sorted(NAMED_MODELS)}", param="model") from None
+    if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
+        raise MissingInput(f"the tokenizer of model {source!s} has no vocabulary beyond its special tokens "
+                           f"({len(tokenizer)} tokens): every word would be its unknown token; give a folder holding the "
+                           f"model's tokenizer files ({', '.join(TOKENIZER_FILES)})", param="model")
+    return tokenizer
+
+
+def _global_named(error: BaseException) -> str:
+    """" (GLOBAL x.y)": what torch's refusal names, when it names one."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return f" (it names {found[1]})" if found else ""
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def uses_wordpiece(name_or_path: str) -> bool:
     """Whether the model reads WordPiece pieces (a BERT-style tokenizer): Ethayarajh (2019)'s released
     code analyses such a model's pieces, not its words. An ELMo model reads words: False."""
+    require_model_name(name_or_path)
     if name_or_path in _WORDPIECE:
         return _WORDPIECE[name_or_path]
     if is_elmo_model(name_or_path):
         return False
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as error:
-        raise MissingInput(f"could not load the tokenizer of {name_or_path}: {error}") from None
+    tokenizer = load_tokenizer(Path(name_or_path) if Path(name_or_path).is_dir() else name_or_path)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return backend is not None and type(backend.model).__name__ == "WordPiece"
 
@@ -160,6 +211,7 @@ def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **key
     ELMo reads the corpus words themselves, so piece pooling, special tokens and windows do not apply.
     `before_final_norm` stores a decoder's last layer before its final norm (`HFEncoder`).
     """
+    require_model_name(name_or_path)
     options = EncoderOptions.of(options, **keywords)
     resolved_device = resolve_device(options.device)
     compute_dtype = model_compute_dtype(name_or_path, resolved_device, options.compute_dtype)
@@ -214,7 +266,7 @@ def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **key
 def _load_transformers(
     source: Path | str, *, gguf_file: str | None, revision: str | None, dtype: torch.dtype
 ) -> tuple[torch.nn.Module, Any]:
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     kwargs = {"revision": revision} if revision else {}
     if gguf_file:
@@ -222,14 +274,24 @@ def _load_transformers(
         if missing:
             raise MissingDependency(f"transformers loads GGUF weights only with {' and '.join(missing)} installed: pip install {' '.join(missing)}")
         kwargs["gguf_file"] = gguf_file
+    tokenizer = load_tokenizer(source, **kwargs)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs)
     except OSError as error:
         raise MissingInput(
             f"could not load model {source!s}: {error}. Give a local folder with config and weights, a Hub id "
             f"(needs network or a local cache), or one of the offline models {sorted(NAMED_MODELS)}"
         ) from None
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) met something besides tensors
+        raise InputError(
+            f"model {source!s}: its PyTorch weights file (pytorch_model.bin) holds Python objects besides tensors, which "
+            f"torch's safe loading refuses{_global_named(error)}: loading them could run arbitrary code, so lmgeom "
+            "does not. Where you trust the file, convert it to model.safetensors (load it with "
+            "torch.load(weights_only=False), then save_pretrained(folder)), or give a model with safetensors weights",
+            param="model") from None
+    except (ValueError, RuntimeError, EOFError) as error:  # a weights file that is not one, or not this config's
+        raise InputError(f"could not load the weights of model {source!s}: {_first_line(error)}; give a folder whose "
+                         "config and weights belong together (model.safetensors or pytorch_model.bin)", param="model") from None
     if getattr(model.config, "is_encoder_decoder", False):
         raise InputError(f"{source}: encoder-decoder models are not supported; give an encoder or a decoder model")
     return model, tokenizer

@@ -416,16 +416,21 @@ def read_word_benchmark(name: str, path: str | os.PathLike[str]) -> WordBenchmar
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"benchmark {name}: {path} does not exist")
-    task = benchmark_task(path)
-    data: Any
-    if task == "relational_similarity":
-        data = read_semeval_2012_2(path)
-    elif task == "categorisation":
-        data = read_categories(path)
-    elif task == "analogy":
-        data = read_msr_analogies(path) if path.suffix.lower() == ".csv" else read_google_analogies(path)
-    else:
-        data = read_word_pairs(path)
+    try:
+        task = benchmark_task(path)
+        data: Any
+        if task == "relational_similarity":
+            data = read_semeval_2012_2(path)
+        elif task == "categorisation":
+            data = read_categories(path)
+        elif task == "analogy":
+            data = read_msr_analogies(path) if path.suffix.lower() == ".csv" else read_google_analogies(path)
+        else:
+            data = read_word_pairs(path)
+    except UnicodeDecodeError as error:
+        raise InputError(f"benchmark {name}: {path} is not a text file (byte {error.start} does not decode as UTF-8); "
+                         "give word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the "
+                         "SemEval2012-2 folder", param="benchmarks") from None
     return WordBenchmark(name, task, path, data)
 
 

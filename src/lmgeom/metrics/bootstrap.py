@@ -208,6 +208,28 @@ def paired_test(replicates: np.ndarray, previous: np.ndarray, difference: float,
     return {"difference": difference, "lo": lo, "hi": hi, "p_value": float(min(1.0, 2 * min(below, above)))}
 
 
+ROUGH_BELOW = 100
+"""Resamples below which the percentile intervals are rough: each end is one of a few replicates, not a
+quantile of the bootstrap distribution (with B = 1 both ends are the one replicate, a resample's value,
+which need not lie anywhere near the estimate)."""
+
+
+class RoughIntervalsWarning(UserWarning):
+    """Fewer than `ROUGH_BELOW` bootstrap resamples: the intervals are rough (`rough_note`)."""
+
+    params = ("bootstrap",)
+
+
+def rough_note(n_resamples: int) -> str | None:
+    """Why intervals from `n_resamples` resamples are rough (None when they are not, or there are none)."""
+    if not 0 < n_resamples < ROUGH_BELOW:
+        return None
+    ends = ("both ends are the one resample's value, which need not contain the estimate" if n_resamples == 1 else
+            f"each end is one of only {n_resamples} replicates, not a quantile of the bootstrap distribution")
+    return (f"rough intervals: `bootstrap={n_resamples}` resamples, fewer than {ROUGH_BELOW}: {ends}; give `bootstrap` "
+            "1000 or more for intervals to report")
+
+
 def check_options(n_resamples: int, level: float) -> None:
     if n_resamples < 0:
         raise InputError(f"`bootstrap` must be 0 (no intervals) or a number of resamples; got {n_resamples}", param="bootstrap")

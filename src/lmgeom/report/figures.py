@@ -105,7 +105,8 @@ def interval_note(run: RunData) -> str:
     design = (run.contextuality or {}).get("bootstrap")
     if not design:
         return ""
-    return (f"bands: {design['level']:.0%} percentile bootstrap intervals (B = {design['B']:,}, seed {design['seed']}; "
+    rough = ", rough: fewer than 100 resamples" if design.get("rough") else ""
+    return (f"bands: {design['level']:.0%} percentile bootstrap intervals (B = {design['B']:,}{rough}, seed {design['seed']}; "
             "cosines: sentences resampled, MEV: words, sampled baselines: their occurrences)")
 
 

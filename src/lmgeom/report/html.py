@@ -11,7 +11,7 @@ import pandas as pd
 from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
 from lmgeom.report.labels import label, number
-from lmgeom.runs.rundir import EXPLORER
+from lmgeom.runs.rundir import EXPLORER, generator_mark
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1240px;
@@ -56,9 +56,15 @@ def missing(message: str) -> str:
     return f'<p class="missing">{esc(message)}</p>'
 
 
+_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def script_json(value: Any) -> str:
-    """JSON safe inside a <script> element (no '</' can close it early)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON safe inside a <script> element, whatever its strings hold (a corpus word such as
+    `a<!--<script>b`): `<`, `>` and `&` as `\\u003c`, `\\u003e`, `\\u0026`, so no `</script`, `<!--` or
+    `<script` can end the element early or turn the rest of the page into script text (the line and
+    paragraph separators too, which older JavaScript reads as line ends); the same value when parsed."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).translate(_SCRIPT_ESCAPES)
 
 
 class Page:
@@ -97,7 +103,7 @@ class Page:
         )
         scripts = "".join(f"<script>{s}</script>" for s in [draw, *self.scripts])
         return (
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{generator_mark()}"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{esc(self.title)}</title>"
             f"<style>{STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
             f"<h1>{esc(self.title)}</h1><p class=\"note\">{esc(self.subtitle)}</p><nav>{nav}</nav>"
@@ -184,4 +190,4 @@ def explorer_section(data: dict[str, Any], caption: str) -> tuple[str, str]:
         f'<datalist id="explorer-words">{datalist}</datalist><div id="explorer-result"></div>'
         f'<script type="application/json" id="explorer-data">{script_json(payload)}</script>'
     )
-    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", json.dumps(columns)).replace("%CHART_COLUMNS%", json.dumps(list(CHART_COLUMNS)))
+    return body, EXPLORER_SCRIPT.replace("%COLUMNS%", script_json(columns)).replace("%CHART_COLUMNS%", script_json(list(CHART_COLUMNS)))

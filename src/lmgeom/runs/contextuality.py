@@ -8,6 +8,7 @@ adds its records, word columns and counts (`lmgeom.runs.engine.statistics.Statis
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -16,6 +17,7 @@ import pandas as pd
 from lmgeom.errors import InputError
 from lmgeom.runs import rundir
 from lmgeom.runs.engine import Analysis
+from lmgeom.metrics.bootstrap import RoughIntervalsWarning, rough_note
 from lmgeom.runs.engine.bootstrap import add_intervals, adjacent_layer_tests, layer_replicates
 from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, findings
 from lmgeom.runs.rundir import LAYER_NOTE, records_csv, write_result_set
@@ -175,7 +177,12 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
         replicates = {layer: layer_replicates(analysis.layers[layer], rows) for layer in plan.layers}
         add_intervals(records, replicates, plan.options.confidence)
         bootstrap = {**rows.bootstrap.to_json(), "adjacent_layers": adjacent_layer_tests(records, replicates, plan.options.confidence)}
-    settings = {**plan.options.to_settings(), "layers": list(plan.layers), "device": plan.device, **SETTINGS_NOTES}
+    rough = rough_note(plan.options.bootstrap) if bootstrap else None
+    if rough is not None:
+        warnings.warn(rough, RoughIntervalsWarning, stacklevel=2)
+        bootstrap["rough"] = rough
+    settings = {**plan.options.to_settings(), "layers": list(plan.layers), "device": plan.device, **SETTINGS_NOTES,
+                "bootstrap_rough": rough is not None}
     definitions = {metric: text for stat in plan.statistics for metric, text in stat.definitions.items()}
     result = ContextualityResult(
         layers=pd.DataFrame(records),

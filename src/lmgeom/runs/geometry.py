@@ -14,7 +14,11 @@ Two analyses on the engine (`lmgeom.runs.engine`; every executor), each one read
    at least `min_contexts` sentences) and intra-sentence similarity of the rows without the 3-sigma
    outlier dimensions and of the rows standardised per dimension (z-scores with the selected rows'
    mean and population std), beside the raw ones in contextuality.json.
-The sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on the analysis's device.
+The sample's intrinsic dimension (`lmgeom.metrics.intrinsic`) is computed on the analysis's device,
+with every thread pool at one thread (`lmgeom.threads.one_thread`): its k-NN products then add in one
+order in every process, so geometry.json is the same, bit for bit, in a fresh or resumed process
+whatever its thread settings (MKL's multithreaded products differed in the last bits between
+processes).
 LayerNorm-weight outliers need the model's weights, not the store (`layernorm_outliers`).
 Written to RUN/geometry.json and geometry.csv.
 """
@@ -59,6 +63,7 @@ from lmgeom.runs.engine.options import ROW_FIELDS, WORD_FIELDS, StepOptions
 from lmgeom.runs.engine.statistics import TRANSFORMED_VARIANTS
 from lmgeom.runs.rundir import GEOMETRY, GEOMETRY_CSV, Target, records_csv, write_result_set
 from lmgeom.store import RepresentationStore
+from lmgeom.threads import one_thread
 
 MAX_SENTENCES = 10_000
 
@@ -253,9 +258,10 @@ def measure_geometry(
     tokens = store.token_columns("sentence_id", "word_id", "is_punct", "is_special", "position", "word")
     pairs, alignment_note = positive_pairs(store, data_dir)
     device = first.plan.device
-    records = {layer: _layer_record(store, tokens, layer, values, pairs, alignment_note, n_boot=n_boot,
-                                    max_sentences=max_sentences, seed=analysis_options.seed, device=device)
-               for layer, values in first.layers.items()}
+    with one_thread():  # the same bits in every process: a resumed run's geometry.json is an uninterrupted one's
+        records = {layer: _layer_record(store, tokens, layer, values, pairs, alignment_note, n_boot=n_boot,
+                                        max_sentences=max_sentences, seed=analysis_options.seed, device=device)
+                   for layer, values in first.layers.items()}
     inputs = {layer: {"kept": np.setdiff1d(np.arange(store.dim), [d["dimension"] for d in record["outlier_dimensions"]]),
                       "mean": first.layers[layer]["magnitudes"].mean, "std": first.layers[layer]["magnitudes"].std}
               for layer, record in records.items()}

@@ -25,14 +25,18 @@ def render_report(
     out: str | os.PathLike[str] | None = None,
     explorer_words: int = DEFAULT_TOP_WORDS,
     explorer_neighbours: int = DEFAULT_NEIGHBOURS,
+    overwrite: bool = False,
     progress: Progress | None = None,
 ) -> rundir.Target:
     """`lmgeom report`: compute (or reuse the cached) word explorer of RUN, then render RUN/report.html
     (or `out`) and RUN/figures/ from the run's result files (read once). No model is needed; the run
-    may be a local folder or an fsspec URL."""
+    may be a local folder or an fsspec URL. An existing `out` that lmgeom did not write
+    (`rundir.written_by_lmgeom`) is refused unless `overwrite`."""
     if explorer_words < 1 or explorer_neighbours < 1:
         raise InputError("`explorer_words` and `explorer_neighbours` must be at least 1",
                          param=("explorer_words", "explorer_neighbours"))
+    if out is not None:
+        rundir.claim_file(rundir.target(out), overwrite=overwrite)
     run = load_run(run_dir, include=include)
     if run.words is not None and not run.words.empty:
         explorer_data(run, top_n=explorer_words, k=explorer_neighbours, progress=progress)

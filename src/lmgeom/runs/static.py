@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from gensim.models import KeyedVectors
 
-from lmgeom.errors import InputError
+from lmgeom.errors import InputError, MissingInput
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, find_word_benchmarks,
                                        read_word_benchmarks)
@@ -199,7 +199,7 @@ def benchmark_static_embeddings(
         for kind in STATIC_KINDS if kind in embeddings.vectors
     }
     for path in static_vectors:
-        candidates[f"static: {Path(path).name}"] = partial(_restricted_vectors, path, embeddings.words, trust_pickle)
+        candidates[_static_label(path)] = partial(_restricted_vectors, path, embeddings.words, trust_pickle)
     progress = progress or NoProgress()
     progress.start("score vectors", len(candidates), unit="vector sets")
     records = []
@@ -209,6 +209,37 @@ def benchmark_static_embeddings(
             records.append({"vectors": label, "layer": embeddings.layer, "n_vectors": len(vectors), **record})
         progress.advance("score vectors", note=label)
     return pd.DataFrame(records)
+
+
+def _static_label(path: str | os.PathLike[str]) -> str:
+    """The `vectors` label of the scores of given static vectors."""
+    return f"static: {Path(path).name}"
+
+
+def _keep_richer_scores(run: str, layer: int, *, benchmarks: set[str], skipped: Mapping[str, str], vectors: set[str]) -> None:
+    """Refuse to replace the benchmarks record of `layer` in `run` with one scoring fewer `benchmarks`
+    or fewer given static `vectors` than it holds (a record that does not read is replaced)."""
+    path = rundir.STATIC_BENCHMARKS.at(run, layer=layer)
+    try:
+        document = rundir.read_json(path, rundir.STATIC_BENCHMARKS.kind)
+    except rundir.ResultFileError:
+        return
+    records = [record for record in (document or {}).get("records", []) if isinstance(record, Mapping)]
+    lost_benchmarks = sorted({str(record.get("benchmark")) for record in records} - benchmarks)
+    lost_vectors = sorted({str(record.get("vectors")) for record in records
+                           if str(record.get("vectors")).startswith(_static_label(""))} - vectors)
+    if not lost_benchmarks and not lost_vectors:
+        return
+    lost = []
+    if lost_benchmarks:
+        reasons = "; ".join(f"{name}: {skipped[name]}" for name in lost_benchmarks if name in skipped)
+        lost.append(f"the benchmark(s) {', '.join(lost_benchmarks)}{f' ({reasons})' if reasons else ''}")
+    if lost_vectors:
+        lost.append(f"the static vectors {', '.join(label.removeprefix(_static_label('')) for label in lost_vectors)}")
+    raise InputError(f"{path} holds scores on {' and '.join(lost)}, which this export would not score again; nothing "
+                     "was written. Give the `data_dir` (and `benchmarks`, `static_vectors`) the earlier export had, "
+                     "or pass `overwrite=True` to replace it with fewer scores",
+                     param=("data_dir", "benchmarks", "static_vectors", "overwrite"))
 
 
 def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: rundir.Where, *,
@@ -253,6 +284,7 @@ def export_static_embeddings(
     benchmarks: Sequence[str | os.PathLike[str]] = (),
     static_vectors: Sequence[str | os.PathLike[str]] = (),
     trust_pickle: bool = False,
+    overwrite: bool = False,
     progress: Progress | None = None,
 ) -> StaticEmbeddingRun:
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
@@ -262,21 +294,36 @@ def export_static_embeddings(
     `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`).
     Words: those `options` keep (`StaticOptions`: by default the analysis's, words of at least
     `DEFAULT_MIN_CONTEXTS` distinct sentences, no punctuation; `StaticOptions.of` builds them from
-    the command's flags and a protocol)."""
+    the command's flags and a protocol).
+
+    Before any work, and unless `overwrite`: an existing `text_path` lmgeom did not write
+    (`rundir.claim_file`) is refused, and so is a run whose benchmarks record of `layer` holds scores this
+    export would not write again (benchmarks the data folder lacks, static vectors not given): nothing is
+    replaced by less. A `data_dir` that is not a folder is refused."""
     store = RepresentationStore.of(store)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist")
+    data_dir = options.data_dir
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise MissingInput(f"`data_dir` {data_dir} is not a folder; give the folder holding the word benchmarks "
+                           f"(as {DEFAULT_DATA_DIR} does), or leave it out", param="data_dir")
     for path in static_vectors:  # before the distillation: a refused file fails at once
         static_vectors_format(path, trust_pickle=trust_pickle)
+    if text_path is not None:
+        rundir.claim_file(rundir.target(text_path), overwrite=overwrite, param="text_path")
+    found, skipped = default_word_benchmarks(data_dir)
+    given = {Path(path).stem: path for path in benchmarks}
+    skipped = {name: reason for name, reason in skipped.items() if name not in given}
+    read_word_benchmarks(given)  # a given benchmark that does not read fails before the distillation
+    if not overwrite:
+        _keep_richer_scores(store.url, layer, benchmarks={*found, *given}, skipped=skipped,
+                            vectors={_static_label(path) for path in static_vectors})
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
     embeddings = static_embeddings(store, options.analysis, layer=layer)
     progress.advance(f"distil layer {layer}")
     saved = embeddings.save(store.url, text_path=text_path)
-    found, skipped = default_word_benchmarks(options.data_dir)
-    given = {Path(path).stem: path for path in benchmarks}
-    skipped = {name: reason for name, reason in skipped.items() if name not in given}
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
                                          trust_pickle=trust_pickle, progress=progress)
     written = write_benchmarks(scores, embeddings, store.url, skipped=skipped, settings=options.to_settings())

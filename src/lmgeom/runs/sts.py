@@ -261,6 +261,7 @@ def run_sts(
     device: str = "auto",
     out: str | os.PathLike[str] | None = None,
     markdown: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
     progress: Progress | None = None,
 ) -> STSRun:
     """`lmgeom sts`: read every STS set found under `data`, load `model`, evaluate, and write the
@@ -268,11 +269,17 @@ def run_sts(
 
     An `out` that already holds STS results of the same model, datasets and options takes these
     records merged in by (layer, method, fit_on): a re-evaluated one replaces its records, the others
-    stay (so a run directory's STS file gathers several calls); a file of other results is refused."""
+    stay (so a run directory's STS file gathers several calls); a file of other results is refused, and
+    so is any other file lmgeom did not write at `out`, at the CSV beside it or at `markdown`
+    (`rundir.claim_file`) unless `overwrite`."""
     from lmgeom.encoders.hf import HFEncoder
     from lmgeom.encoders.registry import load_encoder
 
-    previous = _previous_results(out) if out is not None else None  # before the model loads
+    previous = _previous_results(out, overwrite=overwrite) if out is not None else None  # before the model loads
+    if out is not None and previous is None:
+        rundir.claim_file(rundir.sts_table(Path(out)), overwrite=overwrite)
+    if markdown is not None:
+        rundir.claim_file(Path(markdown), overwrite=overwrite, param="markdown")
     methods = resolve_methods(methods)
     # corpora load (and a bad spec fails) before the model does
     sources = resolve_fit_sources(list(fit_on)) if len(methods) > 1 else []
@@ -305,23 +312,29 @@ def run_sts(
         paths.append(write_json(out, rundir.STS.kind, merged, store_meta={"model_id": encoder.model_id}))
         paths.append(write_records_csv(rundir.sts_table(out), merged["records"]))
     if markdown is not None:
-        paths.append(write_text(Path(markdown), markdown_table(*summary_table(records))))
+        paths.append(write_text(Path(markdown), rundir.markdown_mark("lmgeom sts") + markdown_table(*summary_table(records))))
     return STSRun(records, settings, encoder.model_id, headline_grid(records), paths, best_calibration(records))
 
 
-def _previous_results(out: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The STS results already at `out` (None when there are none); a result file of a run, or a file
-    that is not STS results, is refused rather than overwritten."""
+def _previous_results(out: str | os.PathLike[str], *, overwrite: bool = False) -> dict[str, Any] | None:
+    """The STS results already at `out` (None when there are none); a result file of a run, or another
+    lmgeom result document, is refused rather than overwritten, and so is a file lmgeom did not write
+    unless `overwrite` (then None: it is replaced)."""
     out = Path(out)
     if out.name in rundir.RESERVED_NAMES and rundir.is_run(out.parent):
         raise InputError(f"`out` {out}: {out.name} is a file of the run in {out.parent}; give another name, "
                          f"such as {out.parent / rundir.STS.name}", param="out")
+    rundir.claim_file(out, overwrite=overwrite)
     try:
         document = rundir.read_json(out)
     except rundir.ResultFileError as error:
-        raise InputError(f"`out` {out} exists and is not STS results ({error}); give another `out` or delete it",
-                         param="out") from None
+        if overwrite:
+            return None
+        raise InputError(f"`out` {out} exists and is not STS results ({error}); give another `out`, or pass "
+                         "`overwrite=True` to replace it", param=("out", "overwrite")) from None
     if document is not None and document.get("kind") != rundir.STS.kind:
+        if document.get("kind") not in rundir.KINDS and overwrite:
+            return None
         raise InputError(f"`out` {out} holds results of kind {document.get('kind')!r}, not STS results; "
                          "give another `out`", param="out")
     return document

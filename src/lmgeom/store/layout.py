@@ -3,9 +3,13 @@
 ```
 RUN/
   meta.json            settings, counts, "complete", "generation"; written first, completed last (then also
-                       "integrity": the tables' sizes and CRC32C, checksums.json's CRC32C)
+                       "integrity": the tables' sizes and CRC32C, checksums.json's CRC32C, and
+                       "meta_digest": the name of the file holding meta.json's own CRC32C)
+  meta.json.crc32c     the CRC32C of the complete meta.json's bytes (8 hex digits): written just before
+                       the complete meta.json, so a complete meta.json always has it
   lock.json            the writer's lock while one writes: host, pid, start (`lmgeom.store.lock`)
-  checksums.json       CRC32C of every chunk file, by its path below RUN (written when complete)
+  checksums.json       CRC32C of every chunk file and of each layer's zarr.json (its array metadata: shape,
+                       data type, chunks, codecs), by its path below RUN (written when complete)
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
   layers/<l>/          one zarr array per stored layer (meta.json's "stored_layers"), in the model's numbering:
@@ -14,6 +18,10 @@ RUN/
   sentences.parquet    sentence_id, text, n_words, n_tokens, n_windows, first_row
   vocab.parquet        word_id, word, count, n_contexts, is_punct
 ```
+
+Every read checks what it reads against these digests (`lmgeom.store.integrity`): meta.json on open,
+each layer's zarr.json when its array is opened, each chunk file and table as it is read. A store
+written before meta.json.crc32c and the zarr.json digests were recorded opens with a warning.
 """
 
 from __future__ import annotations
@@ -35,7 +43,11 @@ TOKENS = "tokens.parquet"
 SENTENCES = "sentences.parquet"
 VOCAB = "vocab.parquet"
 CHECKSUMS = "checksums.json"
+META_DIGEST = "meta.json.crc32c"
 SHARDS = "shards"
+STORE_NAMES = frozenset({META, META_DIGEST, PROGRESS, LOCK, PARTS, LAYERS, TOKENS, SENTENCES, VOCAB, CHECKSUMS, SHARDS})
+"""The names a store's writer puts at the top of its folder (the lock's temporary files aside:
+`lmgeom.store.lock.is_lock_file`)."""
 STORAGE_DTYPES = ("float32", "float16")
 COMPRESSORS = ("zstd",)
 """Codecs a store's layers may be compressed with (`--compress`); by default they are stored raw."""

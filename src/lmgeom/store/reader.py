@@ -13,7 +13,8 @@ import zarr
 
 from lmgeom.errors import InputError, OutOfRange
 from lmgeom.store import layout
-from lmgeom.store.integrity import CorruptStore, open_checked_layer, table_problems
+from lmgeom.store.integrity import (CorruptStore, Manifest, layout_problems, load_manifest, open_checked_layer, read_meta,
+                                    read_table, rewritten, table_problems)
 from lmgeom.store.location import Location
 from lmgeom.store.lock import describe, live_holder
 from lmgeom.store.sharded import ShardedArray, open_sharded_layer
@@ -25,6 +26,9 @@ class RepresentationStore:
     Row i of every layer is token i of `tokens`. Layers keep the model's numbering (layer 0 is the
     embedding output, the last is `n_model_layers - 1`); `layers` are those stored. The store is a
     local folder or any fsspec URL (`url`); `path` is the local folder (object stores have none).
+    Everything read is checked against the checksums the store records (`lmgeom.store.integrity`):
+    meta.json on `open`, each layer's zarr.json when it is opened, each chunk file and table as it is
+    read; a mismatch is a `CorruptStore` naming the file.
     """
 
     def __init__(self, path: Path | Location, meta: dict[str, Any]) -> None:
@@ -51,7 +55,7 @@ class RepresentationStore:
         location = Location.of(path)
         if not location.exists(layout.META):
             raise FileNotFoundError(f"{location} is not an lmgeom store (no {layout.META}); create one with `lmgeom extract`")
-        meta = location.read_json(layout.META)
+        meta = read_meta(location)
         if not meta.get("complete"):
             if (writer := live_holder(location)) is not None:
                 raise InputError(f"{location} is being written ({describe(writer)}); open it once that extraction has finished")
@@ -65,9 +69,12 @@ class RepresentationStore:
         return store
 
     def _check(self) -> None:
-        """The tables against meta.json, and every layer's chunk files present at their size."""
-        for _, problem in table_problems(self.location, self.meta, self.location.files(recursive=False)):
-            raise CorruptStore(self.location, problem, self.meta)
+        """meta.json against the layer arrays, the tables against meta.json, and every layer's metadata
+        and chunk files (each present at its size)."""
+        for path, problem in layout_problems(self.location, self.meta):
+            raise CorruptStore(self.location, problem, self.meta, path=path)
+        for name, problem in table_problems(self.location, self.meta, self.location.files(recursive=False)):
+            raise CorruptStore(self.location, problem, self.meta, path=name)
         for layer in self.layers:
             shape = self.layer(layer).shape
             if shape != (self.n_tokens, self.dim):
@@ -99,8 +106,9 @@ class RepresentationStore:
 
     # ---- arrays -----------------------------------------------------------------------------
     def layer(self, layer: int) -> zarr.Array | ShardedArray:
-        """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches. Opening it checks that
-        each of its chunk files exists and has its size (Zarr would read a missing one as zeros)."""
+        """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches, each checked against its
+        recorded CRC32C as it is read. Opening it checks its zarr.json (digest, data type, width, codecs)
+        and that each of its chunk files exists and has its size (Zarr would read a missing one as zeros)."""
         if layer not in self.layers:
             if 0 <= layer < self.n_model_layers:
                 raise OutOfRange(f"layer {layer} is not stored: this store holds layers {describe_layers(self.layers, self.n_model_layers)} "
@@ -110,14 +118,19 @@ class RepresentationStore:
                              f"{describe_layers(self.layers, self.n_model_layers)} (0 = embeddings)", param="layer")
         if layer not in self._arrays:
             if "shards" in self.meta:  # written in shards: the parts the shard index names
-                self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer)
+                self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer, self._manifest)
             else:
-                self._arrays[layer] = open_checked_layer(self.location, self.meta, layer)[0]
+                self._arrays[layer] = open_checked_layer(self.location, self.meta, layer, self._manifest)[0]
         return self._arrays[layer]
 
     @cached_property
     def _arrays(self) -> dict[int, zarr.Array | ShardedArray]:
         return {}
+
+    @cached_property
+    def _manifest(self) -> Manifest:
+        """checksums.json (checked against meta.json), read once: what each layer's reads are checked against."""
+        return load_manifest(self.location, self.meta)
 
     def iter_chunks(self, layer: int, *, chunk_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
         """(start_row, rows) in bounded-memory blocks, in row order."""
@@ -139,22 +152,23 @@ class RepresentationStore:
     # ---- tables -----------------------------------------------------------------------------
     @cached_property
     def tokens(self) -> pd.DataFrame:
-        return self.location.read_parquet(layout.TOKENS)
+        return read_table(self.location, self.meta, layout.TOKENS)
 
     def token_columns(self, *columns: str) -> pd.DataFrame:
         """Only these columns of the token table, read afresh and not kept (from `tokens` if that is
-        already loaded): the whole table, its words as Python strings, takes many times their bytes."""
+        already loaded): the whole table, its words as Python strings, takes many times their bytes.
+        The file's bytes are read whole, to check them, and only these columns parsed."""
         if "tokens" in self.__dict__:
             return self.tokens.loc[:, list(columns)]
-        return self.location.read_parquet(layout.TOKENS, columns=columns)
+        return read_table(self.location, self.meta, layout.TOKENS, columns)
 
     @cached_property
     def sentences(self) -> pd.DataFrame:
-        return self.location.read_parquet(layout.SENTENCES)
+        return read_table(self.location, self.meta, layout.SENTENCES)
 
     @cached_property
     def vocab(self) -> pd.DataFrame:
-        return self.location.read_parquet(layout.VOCAB)
+        return read_table(self.location, self.meta, layout.VOCAB)
 
     @cached_property
     def _rows_by_word_id(self) -> dict[int, np.ndarray]:
@@ -175,14 +189,8 @@ class RepresentationStore:
         """Raise if the store is no longer the one opened: a writer created it anew since (another
         `generation` in meta.json, as `--overwrite` writes), or it is no longer complete. Whatever was
         read from it before may then mix two stores; call this once the reading is done."""
-        try:
-            now = self.location.read_json(layout.META) if self.location.exists(layout.META) else {"generation": "none (removed)"}
-        except ValueError:
-            now = {"generation": "none (unreadable)"}
-        before, after = self.meta.get("generation"), now.get("generation")
-        if after != before or not now.get("complete"):
-            change = f"generation {before} → {after}" if after != before else f"generation {before}, now incomplete"
-            raise InputError(f"{self.url} was rewritten while it was being read ({change}); re-run the command")
+        if (error := rewritten(self.location, self.meta)) is not None:
+            raise error
 
     def sentence_rows(self, sentence_id: int) -> np.ndarray:
         """Row indexes of one sentence's stored tokens."""

@@ -34,7 +34,8 @@ import zarr
 from lmgeom.errors import InputError, OutOfRange
 from lmgeom._version import __version__
 from lmgeom.store import layout
-from lmgeom.store.integrity import CorruptStore, chunk_files, digests, inside, open_checked_layer, record
+from lmgeom.store.integrity import (CorruptStore, Manifest, chunk_files, digests, inside, layer_metadata_files,
+                                    open_checked_layer, record, write_meta)
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock
 from lmgeom.store.writer import StoreExistsError, settings_mismatch, claim_out, index_words, stored_settings, require_storable
@@ -212,6 +213,8 @@ class ShardedStoreWriter(HoldsLock):
             layers = layout.stored_layers(self.settings)
             part_chunks = manifest.get("chunks") or part_digests(part, [part.open_array(layout.LAYERS, str(layer))
                                                                         for layer in layers], layers)
+            # a worker of an earlier version recorded its chunk files only
+            part_chunks = {**digests(part, set(layer_metadata_files(layers)) - set(part_chunks)), **part_chunks}
             chunks.update({f"{SHARDS}/{name}/{path}": digest for path, digest in part_chunks.items()})
         token_table = pd.concat(tokens, ignore_index=True)
         sentence_table = pd.concat(sentences, ignore_index=True)
@@ -221,10 +224,10 @@ class ShardedStoreWriter(HoldsLock):
         self.location.write_parquet(vocab, layout.VOCAB)
         integrity = record(self.location, chunks)
         self.complete = True
-        self.location.write_json(store_meta(
+        write_meta(self.location, store_meta(
             self.settings, created=self.created, generation=self.generation, complete=True, shards=index, **counts,
             integrity=integrity, **extra_meta,
-        ), layout.META)
+        ))
         named = {entry["part"] for entry in index} | {shard_manifest_name(shard) for shard in manifests}
         for stray in set(self.location.listdir(SHARDS)) - named:
             self.location.remove(SHARDS, stray)
@@ -232,9 +235,10 @@ class ShardedStoreWriter(HoldsLock):
 
 
 def part_digests(part: Location, arrays: Sequence[zarr.Array], layers: Sequence[int]) -> dict[str, str]:
-    """{path below the part: CRC32C} of every chunk file of a part's arrays of `layers`."""
-    return digests(part, [path for layer, array in zip(layers, arrays)
-                          for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")])
+    """{path below the part: CRC32C} of every chunk file and the zarr.json of a part's arrays of `layers`."""
+    return digests(part, [*(path for layer, array in zip(layers, arrays)
+                            for path, _ in chunk_files(array, f"{layout.LAYERS}/{layer}")),
+                          *layer_metadata_files(layers)])
 
 
 class ShardedArray:
@@ -283,11 +287,11 @@ class ShardedArray:
         return out
 
 
-def open_sharded_layer(location: Location, meta: dict[str, Any], layer: int) -> ShardedArray:
+def open_sharded_layer(location: Location, meta: dict[str, Any], layer: int, manifest: Manifest) -> ShardedArray:
     """Layer `layer` of a complete sharded store, over the parts its shard index names (each inside
-    the store, its chunk files present at their size, and its rows as many as the index says)."""
+    the store, checked as `open_checked_layer` checks it, and its rows as many as the index says)."""
     index = meta["shards"]
-    parts = open_checked_layer(location, meta, layer)
+    parts = open_checked_layer(location, meta, layer, manifest)
     for entry, part in zip(index, parts):
         if part.shape[0] != int(entry["n_rows"]):
             raise CorruptStore(location, f"layer {layer} of shard part {entry['part']} has {part.shape[0]:,} rows, the "

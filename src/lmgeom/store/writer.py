@@ -25,7 +25,7 @@ from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.store import layout
-from lmgeom.store.integrity import checksum, chunk_files, digests, record
+from lmgeom.store.integrity import checksum, chunk_files, digests, layer_metadata_files, record, write_meta
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock, StoreLock, is_lock_file
 
@@ -40,12 +40,13 @@ class StoreExistsError(InputError):
 def claim_out(location: Location, *, overwrite: bool) -> StoreLock:
     """The lock on a writer's `--out` (`lmgeom.store.lock`), once what is there may be written: a
     folder holding anything but an lmgeom store is refused, with or without `overwrite`, before anything
-    is written to it; with `overwrite`, a store there (complete or interrupted) is removed whole (with
-    what was written next to it, such as a run's results) under the lock."""
-    require_store_or_empty(location)
+    is written to it; with `overwrite`, a store there (complete or interrupted) is removed with what
+    lmgeom wrote next to it (a run's results) under the lock, and refused, removing nothing, while the
+    folder holds anything else (`lmgeom.runs.rundir.foreign_entries`)."""
+    _require_claimable(location, overwrite=overwrite)
     lock = StoreLock.acquire(location)
     try:
-        require_store_or_empty(location)  # again, now that no other writer can change it
+        _require_claimable(location, overwrite=overwrite)  # again, now that no other writer can change it
         if overwrite and location.exists(layout.META):
             _remove_store(location)
     except BaseException:
@@ -65,6 +66,22 @@ def require_store_or_empty(location: Location) -> None:
                            "was changed there. Choose another `out` (a new or empty folder)", param="out")
 
 
+def _require_claimable(location: Location, *, overwrite: bool) -> None:
+    """`require_store_or_empty`; and with `overwrite`, which would remove the store, nothing at
+    `location` but what lmgeom wrote."""
+    require_store_or_empty(location)
+    if not overwrite or not location.exists(layout.META):
+        return
+    from lmgeom.runs.rundir import foreign_entries  # the run's result files, written next to a store
+
+    foreign = foreign_entries(location)
+    if foreign:
+        shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+        raise StoreExistsError(f"{location} holds files lmgeom did not write next to its store: {shown}; `overwrite=True` "
+                               "removes only a store and a run's result files, so nothing was removed. Move them elsewhere "
+                               "(or choose another `out`) and run again", param=("overwrite", "out"))
+
+
 def _holds_lmgeom_meta(location: Location) -> bool:
     try:
         meta = json.loads(location.read_bytes(layout.META).decode("utf-8"))
@@ -79,8 +96,11 @@ def _remove_store(location: Location) -> None:
     from it) and removed last, so a removal cut short leaves a store that `--overwrite` removes."""
     location.write_json({"schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__,
                          "generation": uuid.uuid4().hex, "complete": False, "settings": {}}, layout.META)
+    from lmgeom.runs.rundir import foreign_entries
+
+    keep = set(foreign_entries(location))  # none, once `_require_claimable` passed: never a user's file
     for name in location.listdir():
-        if name != layout.META and not is_lock_file(name):
+        if name != layout.META and not is_lock_file(name) and name not in keep:
             location.remove(name)
     location.remove(layout.META)
 
@@ -234,8 +254,8 @@ class StoreWriter(HoldsLock):
         _write_parquet_atomic(sentences, self.path / layout.SENTENCES)
         _write_parquet_atomic(vocab, self.path / layout.VOCAB)
         # chunk files written whole by this writer were checksummed as written; others (an earlier,
-        # interrupted run's, or written through Zarr) are read once here
-        location, chunks, unread = Location.of(self.path), {}, []
+        # interrupted run's, or written through Zarr) and the layers' zarr.json are read once here
+        location, chunks, unread = Location.of(self.path), {}, layer_metadata_files(self.layers)
         for layer, array, written in zip(self.layers, self.arrays, self._checksums):
             for index, (path, _) in enumerate(chunk_files(array, f"{layout.LAYERS}/{layer}")):
                 if index in written:
@@ -266,7 +286,7 @@ class StoreWriter(HoldsLock):
             "complete": self.complete,
             **counts,
         }
-        atomic_write_text(self.path / layout.META, json.dumps(meta, indent=2) + "\n")
+        write_meta(Location.of(self.path), meta)
 
 
 def stored_blocks(blocks: list[np.ndarray], layers: Sequence[int], n_layers: int) -> list[np.ndarray]:

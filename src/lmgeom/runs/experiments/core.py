@@ -116,6 +116,10 @@ def parse_seeds(seeds: int | Sequence[int]) -> list[int]:
     chosen = [int(s) for s in seeds]
     if not chosen or len(set(chosen)) != len(chosen):
         raise InputError(f"`seeds` needs distinct seeds, got {chosen}", param="seeds")
+    outside = [seed for seed in chosen if not 0 <= seed < 2**32]
+    if outside:
+        raise InputError(f"`seeds` takes seeds from 0 to 2^32 - 1 (numpy's and torch's seeds); got {', '.join(map(str, outside))}",
+                         param="seeds")
     return chosen
 
 
