@@ -27,6 +27,8 @@ DING = "docs/reproduction/ding2022.md"
 CALIBRATION = "docs/reproduction/calibration.md"
 CALIBRATION_RUNS = ("calib-smollm2-cola", "calib-minilm-mrpc", "calib-tiny-bert-cola", "calib-minilm-cola", "calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
                     "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
+# the fine-tuning grid of scripts/ding_grid.sh, one folder per informative task (filled as cells finish)
+GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm-mrpc")
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}
@@ -122,6 +124,41 @@ def lee_calibration_table() -> str:
                     align="lrl" + "r" * len(ISOTROPY_MEASURES))
 
 
+# runs whose isotropy before and after each method's layer the isotropy check reads: the frozen runs
+# and the fine-tuning grid (its `before` is the fine-tuned pooled vector, the layer's input)
+ISOTROPY_CHECK_RUNS = tuple(run for run in CALIBRATION_RUNS if run not in ("calib-tiny-bert-cola", "calib-minilm-cola-ft")) + (
+    "ding-grid-minilm-cola",)
+
+
+def isotropy_check_table() -> str:
+    """Did each method do what it claims? Per run and method: IsoScore and local IsoScore of the
+    vectors the head reads, before and after the method's layer, means over the run's cells on its
+    first evaluation split (the records' `*_before` / `*_after`), and which of the two fell."""
+    rows = []
+    for run in ISOTROPY_CHECK_RUNS:
+        path = RESULTS / run / "results.json"
+        if not path.exists():
+            continue
+        records = pd.DataFrame(load_json(path)["records"])
+        records = records[records["method"] != "none"]
+        split = records["split"].iloc[0]
+        grouped = records[records["split"] == split].groupby("method", sort=False)
+        for method, group in grouped:
+            values = {c: float(group[c].mean()) for c in
+                      ("isoscore_before", "isoscore_after", "local_isoscore_before", "local_isoscore_after")}
+            fell = [name for name, key in (("IsoScore", "isoscore"), ("local IsoScore", "local_isoscore"))
+                    if values[f"{key}_after"] <= values[f"{key}_before"]]
+            degenerate = bool(group["degenerate"].fillna(False).astype(bool).any()) if "degenerate" in group else False
+            no_layer = bool((group["isoscore_before"] == group["isoscore_after"]).all())
+            check = ("no layer (a training penalty): not a calibration of the head's input" if no_layer
+                     else ("did not rise: " + ", ".join(fell)) if fell else "both rose")
+            rows.append([run, method, f"{values['isoscore_before']:.4f} → {values['isoscore_after']:.4f}",
+                         f"{values['local_isoscore_before']:.4f} → {values['local_isoscore_after']:.4f}", check,
+                         "yes" if degenerate else ""])
+    return markdown(["run", "method", "IsoScore before → after", "local IsoScore before → after", "check",
+                     "degenerate cell"], rows, align="llrrll")
+
+
 def precheck_table(run: str) -> str:
     """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
     from lmgeom.runs.experiments.finetuning import precheck_status_table
@@ -132,6 +169,10 @@ def precheck_table(run: str) -> str:
 def build() -> Documents:
     documents: Documents = {DING: {run: calibration_table(run) for run in CALIBRATION_RUNS}}
     documents[DING]["ding-precheck-minilm"] = precheck_table("ding-precheck-minilm")
+    documents[DING]["ding-isotropy-check"] = isotropy_check_table()
+    for grid in GRID_RUNS:
+        if (RESULTS / grid / "results.json").exists():
+            documents[DING][grid] = calibration_table(grid)
     blocks = {"isotropy-lee": isotropy_table(), "calibration-lee": lee_calibration_table()}
     for model in STS_RUNS:
         blocks[f"sts-{model}-delta"] = sts_delta_table(model)

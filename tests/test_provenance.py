@@ -82,7 +82,7 @@ def test_run_with_other_settings_redoes_every_step_they_change(copy: Path):
     assert "contextuality" in again.steps_skipped and "static_embeddings" in again.steps_skipped
 
 
-def test_a_foreign_result_is_refused_by_report_compare_and_run(copy: Path, tmp_path: Path):
+def test_a_foreign_result_is_refused_by_report_compare_and_run(copy: Path, tmp_path: Path, tiny_cli_run: tuple[Path, str]):
     other = tmp_path / "other"
     code, output = invoke("extract", "tiny-bert", "--corpus", "lee", "--limit", "30", "--out", str(other))
     assert code == 0, output
@@ -94,7 +94,7 @@ def test_a_foreign_result_is_refused_by_report_compare_and_run(copy: Path, tmp_p
     assert code == 0, output
     for name in ("contextuality.json", "contextuality_layers.csv", "contextuality_words.csv"):
         shutil.copy(other / name, copy / name)
-    for command in (["report", str(copy), "--out", str(tmp_path / "r.html")], ["compare", str(copy), str(copy)]):
+    for command in (["report", str(copy), "--out", str(tmp_path / "r.html")], ["compare", str(tiny_cli_run[0]), str(copy), "--out", str(tmp_path / "compared")]):
         code, output = invoke(*command)
         assert code == 2 and "contextuality.json" in output and "another store" in output, (command, output)
     with pytest.raises(rundir.ResultFileError, match="contextuality.json.*another store.*will not replace"):
