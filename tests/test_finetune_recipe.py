@@ -278,36 +278,6 @@ def test_chosen_setting_refuses_unfinished_or_uninformative_prechecks(tmp_path):
         chosen_setting(tmp_path, "rte")
 
 
-def test_thesis_command_writes_the_tests_and_the_plot(tmp_path):
-    import json
-
-    from typer.testing import CliRunner
-
-    from lmgeom.cli.main import app
-
-    rng = np.random.default_rng(2)
-    records = []
-    for seed in range(3):
-        records.append({"regime": "frozen", "task": "cola", "method": "none", "seed": seed, "split": "dev",
-                        "metric": "matthews", "value": 0.2, "isoscore_after": 0.1, "local_isoscore_after": 0.1})
-        for method in ("abtt", "cie"):
-            records.append({"regime": "frozen", "task": "cola", "method": method, "seed": seed, "split": "dev",
-                            "metric": "matthews", "value": float(rng.random()), "isoscore_after": float(rng.random()),
-                            "local_isoscore_after": float(rng.random())})
-    source = tmp_path / "results.json"
-    source.write_text(json.dumps({"records": records}))
-    result = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(tmp_path / "thesis")])
-    assert result.exit_code == 0, result.output
-    document = json.loads((tmp_path / "thesis" / "thesis.json").read_text())
-    frozen_local = next(t for t in document["tests"] if t["regime"] == "frozen" and t["measure"] == "local")
-    pairs = [p for p in document["pairs"]]
-    assert frozen_local["n_pairs"] == 6 == len(pairs)
-    expected = scipy_stats.spearmanr([p["delta_local"] for p in pairs], [p["delta_score"] for p in pairs]).statistic
-    assert frozen_local["rho"] == pytest.approx(expected)
-    assert (tmp_path / "thesis" / "thesis.png").stat().st_size > 1000
-    assert "finetune local: Spearman n/a over 0 pairs" in result.output
-
-
 def test_whitening_inside_fine_tuning_is_zca_so_refits_are_continuous():
     from lmgeom.finetune.train import _method_settings
 

@@ -210,30 +210,35 @@ def finetune_precheck_command(
 def thesis_command(
     results: list[Path] = typer.Argument(..., help="calibration experiments' results.json files (frozen and fine-tuning)"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="folder for thesis.json and thesis.png"),
+    keep_unverified: bool = typer.Option(False, "--keep-unverified",
+                                         help="also keep configurations whose results.json carries no trivial-baseline "
+                                              "verdict (listed as unverified); by default they are dropped"),
+    resamples: int = typer.Option(2000, "--resamples", min=100, help="cluster-bootstrap draws"),
+    permutations: int = typer.Option(10000, "--permutations", min=100,
+                                     help="permutations of the cluster permutation test (all of them when fewer)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the bootstrap and of the random permutations"),
 ) -> None:
-    """Ding et al.'s local-isotropy thesis: Spearman of Δ task score against Δ global and Δ local isotropy, per regime."""
-    import json
-
-    from lmgeom.runs.experiments.thesis import thesis_figure, thesis_pairs, thesis_test
+    """Ding et al.'s local-isotropy thesis, per regime, on informative configurations only: Spearman of
+    standardised Δ task score against standardised Δ global and Δ local isotropy (cluster bootstrap,
+    cluster permutation p), and of the standardised mean Δ score against none's local isotropy level."""
+    from lmgeom.runs.experiments.thesis import run_thesis
 
     with user_errors():
-        records = []
-        for path in results:
-            try:
-                records += json.loads(path.read_text(encoding="utf-8"))["records"]
-            except (OSError, ValueError, KeyError) as error:
-                raise InputError(f"{path}: not a readable results.json with records ({error})") from None
-        pairs = thesis_pairs(records)
-        tests = thesis_test(pairs)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "thesis.json").write_text(json.dumps({"sources": [str(p) for p in results], "tests": tests,
-                                                      "pairs": pairs.to_dict(orient="records")}, indent=1), encoding="utf-8")
-        if not pairs.empty:
-            thesis_figure(pairs, out / "thesis.png")
-    for test in tests:
-        rho = "n/a" if test["rho"] is None else f"{test['rho']:+.3f} [{test['low']:+.3f}, {test['high']:+.3f}], p={test['p_value']:.3g}"
-        console.print(f"{test['regime']} {test['measure']}: Spearman {rho} over {test['n_pairs']} pairs")
-    console.print(f"wrote {out / 'thesis.json'}" + (f" and {out / 'thesis.png'}" if not pairs.empty else ""))
+        document = run_thesis(results, out, keep_unverified=keep_unverified, n_resamples=resamples,
+                              n_permutations=permutations, seed=seed)
+    console.print(f"{document['n_pairs_formed']} pairs formed, {document['n_pairs_kept']} kept")
+    for drop in document["dropped"]:
+        where = f" ({drop['n_configurations']} configurations)" if "n_configurations" in drop else ""
+        console.print(f"dropped {drop['n_pairs']} pairs{where}: {drop['reason']}")
+    for test in document["tests"] + document["level_tests"]:
+        if test["rho"] is None:
+            rho = "n/a"
+        else:
+            rho = f"{test['rho']:+.3f} [{test['low']:+.3f}, {test['high']:+.3f}], p={test['p_value']:.3g}"
+        label = "level" if test in document["level_tests"] else test["measure"]
+        console.print(f"{test['regime']} {label}: Spearman {rho} over {test['n_pairs']} pairs, "
+                      f"{test.get('n_configurations', 0)} configurations, {test.get('n_clusters', 0)} clusters")
+    console.print(f"wrote {Path(out) / 'thesis.json'}" + (f" and {document['figure']}" if document["figure"] else ""))
 
 
 @experiment_app.command("layers")
