@@ -159,6 +159,33 @@ def isotropy_check_table() -> str:
                      "degenerate cell"], rows, align="llrrll")
 
 
+# `lmgeom experiment thesis` runs: (results folder, label)
+THESIS_RUNS = (("ding-thesis-frozen", "frozen runs"), ("ding-thesis-frozen/sensitivity-keep-unverified",
+                                                     "frozen runs, configurations without a verdict kept (sensitivity)"),
+               ("ding-thesis-finetune", "fine-tuning grid"))
+
+
+def thesis_table() -> str:
+    """Each thesis run's tests (thesis.json): Spearman's rho with its cluster-bootstrap interval and
+    permutation p, and what it rests on (pairs, configurations, clusters, pairs dropped)."""
+    rows = []
+    for run, label in THESIS_RUNS:
+        document = load_json(RESULTS / run / "thesis.json")
+        dropped = "; ".join(f"{d['n_pairs']} ({d['reason']})" for d in document.get("dropped", []))
+        for test in [*document["tests"], *document.get("level_tests", [])]:
+            if not test.get("n_pairs"):
+                continue
+            rho = ("no ρ: " + str(test.get("note", "")).split(" (")[0]) if test.get("rho") is None else (
+                f"{test['rho']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}], p = {test['p_value']:.2g}")
+            what = (f"standardised Δ score vs Δ {test['measure']} IsoScore" if test["measure"] in ("global", "local")
+                    else "standardised mean Δ score vs `none`'s local IsoScore (level)")
+            rows.append([label, test["regime"], what, rho, test["n_pairs"], test.get("n_configurations", ""),
+                         test.get("n_clusters", ""), dropped])
+            dropped = ""
+    return markdown(["run", "regime", "test", "ρ [95 % cluster interval], p", "pairs", "configurations", "clusters",
+                     "pairs dropped"], rows, align="llllrrrl")
+
+
 def precheck_table(run: str) -> str:
     """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
     from lmgeom.runs.experiments.finetuning import precheck_status_table
@@ -170,6 +197,7 @@ def build() -> Documents:
     documents: Documents = {DING: {run: calibration_table(run) for run in CALIBRATION_RUNS}}
     documents[DING]["ding-precheck-minilm"] = precheck_table("ding-precheck-minilm")
     documents[DING]["ding-isotropy-check"] = isotropy_check_table()
+    documents[DING]["ding-thesis"] = thesis_table()
     for grid in GRID_RUNS:
         if (RESULTS / grid / "results.json").exists():
             documents[DING][grid] = calibration_table(grid)

@@ -243,7 +243,7 @@ def test_the_report_shows_the_geometry_section(tmp_path: Path) -> None:
     assert (store.path / "figures" / "intrinsic_dimension.png").stat().st_size > 1000
     figure = json.loads(page[page.index("const LMGEOM_FIGURES = ") + 23: page.index(";\nfor (const")])["chart-intrinsic_dimension"]
     twonn = next(trace for trace in figure["data"] if trace["name"] == "TwoNN")
-    high), low = (next(trace for trace in figure["data"] if trace["name"] == "TwoNN interval" and trace["fill"] == fill)
+    high, low = (next(trace for trace in figure["data"] if trace["name"] == "TwoNN interval" and trace["fill"] == fill)
                  for fill in ("none", "tonexty"))  # the band: its upper bound, then the lower one filled up to it
     assert all(lo <= y <= hi for lo, y, hi in zip(low["y"], twonn["y"], high["y"]) if None not in (lo, y, hi))
     assert any(lo is not None and lo < hi for lo, hi in zip(low["y"], high["y"]))

@@ -15,6 +15,7 @@ from lmgeom.errors import InputError
 from lmgeom.runs import job
 from lmgeom.runs.calibration import CalibrationOptions
 from lmgeom.runs.engine import AnalysisOptions
+from lmgeom.runs.engine.options import StepOptions
 from lmgeom.runs.similarity import SimilarityOptions
 
 
@@ -57,7 +58,10 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
         original = getattr(job, step)
 
         def record(*args: Any, _original: Callable[..., Any] = original, _step: str = step, **kwargs: Any) -> Any:
-            options = next((arg for arg in args if isinstance(arg, (AnalysisOptions, CalibrationOptions, SimilarityOptions))), None)
+            options = next((arg for arg in args if isinstance(arg, (AnalysisOptions, CalibrationOptions, SimilarityOptions,
+                                                                      StepOptions))), None)
+            if isinstance(options, StepOptions):  # a step over the analysis's rows: its device is the analysis's
+                options = options.analysis
             given.setdefault(_step, []).append(options.device if options is not None else kwargs.get("device"))
             return _original(*args, **kwargs)
 

@@ -27,7 +27,7 @@ from lmgeom.report.figures import (
     undefined_note,
 )
 from lmgeom.report.labels import LABELS, label, labelled
-from lmgeom.runs.rundir import STATIC_BENCHMARKS, write_json
+from lmgeom.runs.rundir import STATIC_BENCHMARKS, write_result_set
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [0, 1, 2, 3]
@@ -206,7 +206,8 @@ def test_static_table_lists_each_layer_0_mean_row_once(tmp_path: Path) -> None:
                     "benchmark": benchmark, "score": score + (0 if kind == "layer0_mean" else layer), "covered": 3, "total": 4,
                     "path": f"/somewhere/{benchmark}"}
                    for kind in ("first_pc", "mean", "layer0_mean") for benchmark, score in (("simlex999", 0.1), ("men", 0.2))]
-        write_json(tmp_path / STATIC_BENCHMARKS.name.format(layer=layer), STATIC_BENCHMARKS.kind, {"records": records})
+        write_result_set(tmp_path / STATIC_BENCHMARKS.name.format(layer=layer), STATIC_BENCHMARKS.kind, {"records": records},
+                         store_meta=None, settings={})
     static = read_static(tmp_path)
     assert static is not None
     layer0 = static.loc[static["vectors"] == "layer0_mean (layer 0)"]

@@ -29,11 +29,12 @@ def _with_interval(estimate: dict[str, Any] | None) -> str:
 
 def _layer_columns(folders: Sequence[Path], kind: str, key: str, value: str, wanted: tuple[str, ...]) -> dict[int, dict[str, float]]:
     """`wanted` measures per layer (the records' `key`, their `value`) from the first result file of
-    `kind` (isotropy, contextuality) in `folders`."""
+    `kind` (isotropy, contextuality) in `folders`, checked as every reader checks one (another
+    store's, other settings than its run records, or a mixed set: an error naming it)."""
     from lmgeom.runs import rundir
 
     spec = rundir.KINDS[kind]
-    document = next((d for d in (rundir.read_json(spec.at(folder), kind) for folder in folders) if d is not None), None)
+    document = next((d for d in (rundir.read_result(folder, spec) for folder in folders) if d is not None), None)
     columns: dict[int, dict[str, float]] = {}
     for record in (document or {}).get("records", []):
         if record[key] in wanted:
