@@ -38,15 +38,25 @@ LEE_RUNS = (("ethayarajh-minilm-lee", "MiniLM"), ("ethayarajh-smollm2-lee", "Smo
 
 def calibration_table(run: str) -> str:
     """One row per (split, head, method, metric) summary: mean ± std over seeds, Δ against `none`
-    (pooled) and the paired test's p, raw and Holm-corrected across the methods."""
+    (pooled) and the paired test's p, raw and Holm-corrected across the methods; a degenerate method
+    is a failure, not a Δ; with the trivial-baseline comparison in the results, its verdict per row
+    (`core.trivial_verdict`)."""
+    from lmgeom.runs.experiments.core import trivial_verdict
+
+    summaries = results(run)["summaries"]
+    with_trivial = any("trivial" in s for s in summaries)
     rows = []
-    for s in results(run)["summaries"]:
-        baseline = s.get("difference") is None
+    for s in summaries:
+        baseline = s.get("difference") is None and not s.get("degenerate")
+        delta = ("degenerate (failure)" if s.get("degenerate") else
+                 "baseline" if baseline else number(s["difference"], 4, signed=True))
+        tested = not baseline and not s.get("degenerate")
         rows.append([s["split"], s["head"], s["method"], s["metric"], f"{s['mean']:.4f} ± {s['std']:.4f}", s["n_seeds"],
-                     "baseline" if baseline else number(s["difference"], 4, signed=True),
-                     "" if baseline else p_text(s.get("p_value")), "" if baseline else p_text(s.get("p_holm"), s.get("significant"))])
-    return markdown(["split", "head", "method", "metric", "mean ± std", "seeds", "Δ vs none", "p", "p (Holm)"], rows,
-                    align="lllllrrrr")
+                     delta, p_text(s.get("p_value")) if tested else "",
+                     p_text(s.get("p_holm"), s.get("significant")) if tested else "",
+                     *([trivial_verdict({k: v for k, v in s.items() if k != "degenerate"})] if with_trivial else [])])
+    return markdown(["split", "head", "method", "metric", "mean ± std", "seeds", "Δ vs none", "p", "p (Holm)",
+                     *(["vs trivial"] if with_trivial else [])], rows, align="lllllrrrr" + ("l" if with_trivial else ""))
 
 
 # ---- STS (calibration.md) ------------------------------------------------------------------------

@@ -166,4 +166,16 @@ def test_a_table_parquet_cannot_decode_is_named(tmp_path):
     assert pq.ParquetFile(tokens).metadata.num_rows == 36  # the footer still reads: only a page is damaged
     code, output = invoke("analyze", str(store.path), "--min-contexts", "2")
     flat = one_line_error(code, output)
+    # the read checks the table's bytes against the CRC32C meta.json records before parquet decodes them
+    assert f"corrupt store {store.path}: {tokens} is damaged or not this store's" in flat and "--overwrite" in flat
+    # a store that records no digest for the table: parquet's decoding fails, named as the same error
+    import json
+
+    from helpers import rewrite_meta
+
+    meta = json.loads((store.path / "meta.json").read_text())
+    del meta["integrity"]["tables"]["tokens.parquet"]["digest"]
+    rewrite_meta(store.path, meta)
+    code, output = invoke("analyze", str(store.path), "--min-contexts", "2")
+    flat = one_line_error(code, output)
     assert f"corrupt store {store.path}: tokens.parquet cannot be read" in flat and "--overwrite" in flat

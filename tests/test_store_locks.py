@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.corpus import load_corpus
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import extract
+from lmgeom.runs import extract, rundir
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
 from lmgeom.runs.engine import AnalysisOptions
@@ -138,7 +138,12 @@ def test_overwrite_removes_a_store_whole_complete_or_interrupted(tmp_path):
     path = tmp_path / "store"
     first = write_store_from_arrays(path, layers(0), SENTENCES)
     (path / "contextuality.json").write_text("{}")  # a result written next to the store
-    second = write_store_from_arrays(path, layers(1), SENTENCES)
+    # the store layer alone knows only the store's files: a run's result is not its to remove
+    with pytest.raises(StoreExistsError, match="contextuality.json"):
+        write_store_from_arrays(path, layers(1), SENTENCES)
+    assert (path / "contextuality.json").exists()
+    # the driver's rule (what lmgeom extract and run pass) counts a run's results as lmgeom's
+    second = write_store_from_arrays(path, layers(1), SENTENCES, foreign=rundir.foreign_entries)
     assert second.meta["generation"] != first.meta["generation"]
     assert not (path / "contextuality.json").exists() and not (path / LOCK).exists()
     np.testing.assert_array_equal(np.asarray(second.layer(2)[:]), layers(1)[2].astype(np.float32))
@@ -173,7 +178,7 @@ def test_overwrite_of_a_store_beside_a_users_files_refuses_naming_them_and_remov
     (path / "sts.csv").write_text("a\n1\n")
     before = contents(path)
     with pytest.raises(StoreExistsError) as raised:
-        write_store_from_arrays(path, layers(1), SENTENCES, overwrite=True)
+        write_store_from_arrays(path, layers(1), SENTENCES, overwrite=True, foreign=rundir.foreign_entries)
     assert "NOTES.md, mydata;" in str(raised.value) and "nothing was removed" in str(raised.value)
     assert "figures" not in str(raised.value) and "sts" not in str(raised.value)
     assert contents(path) == before and (path / "mydata").is_dir() and not (path / LOCK).exists()
@@ -191,7 +196,7 @@ def test_overwrite_of_a_store_beside_a_users_files_refuses_naming_them_and_remov
     # once the user's files are gone, the store goes with what lmgeom wrote next to it
     (path / "NOTES.md").unlink()
     (path / "mydata").rmdir()
-    second = write_store_from_arrays(path, layers(1), SENTENCES)
+    second = write_store_from_arrays(path, layers(1), SENTENCES, foreign=rundir.foreign_entries)
     assert second.meta["generation"] != first.meta["generation"]
     assert not (path / "figures").exists() and not (path / "sts.json").exists() and not (path / "sts.csv").exists()
 

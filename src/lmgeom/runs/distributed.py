@@ -32,6 +32,7 @@ from lmgeom.corpus.corpus import Corpus, CorpusStream, CorpusSummary, Fingerprin
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.options import EncoderOptions
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.runs import rundir
 from lmgeom.runs.extraction_options import ExtractionOptions
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.location import Location
@@ -217,7 +218,7 @@ def extract_sharded(
     options = resolve_shards(options, int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences,
                              num_workers=num_workers)
     settings = store_settings(encoder_settings, source, summary, options)
-    with ShardedStoreWriter(location, settings=settings, overwrite=overwrite) as writer:  # its lock is released however this ends
+    with ShardedStoreWriter(location, settings=settings, overwrite=overwrite, foreign=rundir.foreign_entries) as writer:  # its lock is released however this ends
         stage = f"extract {source.name}"
         progress.start(stage, summary.n_sentences, unit="sentences")
         if not writer.complete:

@@ -17,6 +17,7 @@ from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.store import RepresentationStore, StoreWriter, layout
 from lmgeom.store.location import Location, is_url
+from lmgeom.runs import rundir
 from lmgeom.runs.extraction_options import ExtractionOptions, split_options
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def extract(
         "pretokenized": corpus.pretokenized,
         **options.to_settings(),
     }
-    with StoreWriter(Path(out), settings=settings, overwrite=overwrite,
+    with StoreWriter(Path(out), settings=settings, overwrite=overwrite, foreign=rundir.foreign_entries,
                      expected_rows=layout.expected_rows(corpus.sentences)) as writer:  # its lock is released however this ends
         stage = f"extract {corpus.name}"
         progress.start(stage, len(corpus), unit="sentences")

@@ -11,7 +11,7 @@ from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import EncodedSentence
 from lmgeom.store.reader import RepresentationStore
-from lmgeom.store.writer import StoreWriter
+from lmgeom.store.writer import Foreign, StoreWriter, foreign_entries
 
 
 def write_store_from_arrays(
@@ -22,8 +22,11 @@ def write_store_from_arrays(
     model_id: str = "synthetic",
     is_special: Sequence[Sequence[bool]] | None = None,
     overwrite: bool = True,
+    foreign: Foreign = foreign_entries,
 ) -> RepresentationStore:
-    """A store from given per-layer arrays (rows in sentence order; layer 0 first)."""
+    """A store from given per-layer arrays (rows in sentence order; layer 0 first). `overwrite`
+    replaces a store there, refusing while the folder holds anything `foreign` names (by default
+    anything but the store's own files; `lmgeom.runs.rundir.foreign_entries` also allows a run's results)."""
     n_rows = sum(len(words) for words in words_per_sentence)
     hidden = [np.asarray(h) for h in hidden]
     if not hidden or any(h.shape != (n_rows, hidden[0].shape[1]) for h in hidden):
@@ -41,7 +44,7 @@ def write_store_from_arrays(
         special = np.asarray(is_special[index], dtype=bool) if is_special is not None else np.zeros(len(words), dtype=bool)
         encoded.append(EncodedSentence(stack, list(words), special, np.ones(len(words), dtype=np.int16), 1))
         row += len(words)
-    with StoreWriter(path, settings=settings, overwrite=overwrite, expected_rows=n_rows) as writer:
+    with StoreWriter(path, settings=settings, overwrite=overwrite, expected_rows=n_rows, foreign=foreign) as writer:
         writer.commit(encoded, [s.text for s in corpus.sentences])
         writer.finalize()
     return RepresentationStore.open(path)

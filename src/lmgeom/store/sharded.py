@@ -38,7 +38,8 @@ from lmgeom.store.integrity import (CorruptStore, Manifest, chunk_files, digests
                                     open_checked_layer, record, write_meta)
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock
-from lmgeom.store.writer import StoreExistsError, settings_mismatch, claim_out, index_words, stored_settings, require_storable
+from lmgeom.store.writer import (Foreign, StoreExistsError, claim_out, foreign_entries, index_words, require_storable,
+                                 settings_mismatch, stored_settings)
 
 if TYPE_CHECKING:
     from lmgeom.encoders.base import EncodedSentence
@@ -150,12 +151,13 @@ class ShardedStoreWriter(HoldsLock):
     `n_corpus_sentences`, which fix the shards); re-opening with other settings is refused unless `overwrite`.
     The driver holds the store's lock (`claim_out`) until `finalize` or `close`; shard workers write parts under it."""
 
-    def __init__(self, location: Location, *, settings: dict[str, Any], overwrite: bool = False) -> None:
+    def __init__(self, location: Location, *, settings: dict[str, Any], overwrite: bool = False,
+                 foreign: Foreign = foreign_entries) -> None:
         if settings.get("dtype") not in layout.STORAGE_DTYPES:
             raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
         self.location = location
         self.settings = {**settings, "stored_layers": layout.stored_layers(settings)}
-        self._hold(claim_out(location, overwrite=overwrite), self._open)
+        self._hold(claim_out(location, overwrite=overwrite, foreign=foreign), self._open)
 
     def _open(self) -> None:
         location = self.location

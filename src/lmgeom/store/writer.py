@@ -23,7 +23,7 @@ from zarr.storage import LocalStore
 from lmgeom.errors import InputError
 from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
-from lmgeom.atomic import atomic_write, atomic_write_text
+from lmgeom.atomic import atomic_write, atomic_write_text, is_temporary
 from lmgeom.store import layout
 from lmgeom.store.integrity import checksum, chunk_files, digests, layer_metadata_files, record, write_meta
 from lmgeom.store.location import Location
@@ -37,18 +37,31 @@ class StoreExistsError(InputError):
     """The output directory holds another run, or files that are not a store."""
 
 
-def claim_out(location: Location, *, overwrite: bool) -> StoreLock:
+Foreign = Callable[[Location], list[str]]
+"""What, at the top of a store's folder, lmgeom did not write: `foreign_entries` (the store's own
+names) or, from the driver, `lmgeom.runs.rundir.foreign_entries` (also a run's result files)."""
+
+
+def foreign_entries(location: Location) -> list[str]:
+    """The names at the top of `location` that are not the store's (`layout.STORE_NAMES`, the
+    writer's lock, an interrupted atomic write's temporary files), sorted."""
+    return sorted(name for name in location.listdir()
+                  if not (name in layout.STORE_NAMES or is_lock_file(name) or is_temporary(name)))
+
+
+def claim_out(location: Location, *, overwrite: bool, foreign: Foreign = foreign_entries) -> StoreLock:
     """The lock on a writer's `--out` (`lmgeom.store.lock`), once what is there may be written: a
     folder holding anything but an lmgeom store is refused, with or without `overwrite`, before anything
     is written to it; with `overwrite`, a store there (complete or interrupted) is removed with what
-    lmgeom wrote next to it (a run's results) under the lock, and refused, removing nothing, while the
-    folder holds anything else (`lmgeom.runs.rundir.foreign_entries`)."""
-    _require_claimable(location, overwrite=overwrite)
+    lmgeom wrote next to it under the lock, and refused, removing nothing, while the folder holds
+    anything `foreign` names (the driver passes `lmgeom.runs.rundir.foreign_entries`, which counts a
+    run's results as lmgeom's)."""
+    _require_claimable(location, overwrite=overwrite, foreign=foreign)
     lock = StoreLock.acquire(location)
     try:
-        _require_claimable(location, overwrite=overwrite)  # again, now that no other writer can change it
+        _require_claimable(location, overwrite=overwrite, foreign=foreign)  # again, now that no other writer can change it
         if overwrite and location.exists(layout.META):
-            _remove_store(location)
+            _remove_store(location, foreign)
     except BaseException:
         lock.release()
         raise
@@ -66,17 +79,15 @@ def require_store_or_empty(location: Location) -> None:
                            "was changed there. Choose another `out` (a new or empty folder)", param="out")
 
 
-def _require_claimable(location: Location, *, overwrite: bool) -> None:
+def _require_claimable(location: Location, *, overwrite: bool, foreign: Foreign) -> None:
     """`require_store_or_empty`; and with `overwrite`, which would remove the store, nothing at
     `location` but what lmgeom wrote."""
     require_store_or_empty(location)
     if not overwrite or not location.exists(layout.META):
         return
-    from lmgeom.runs.rundir import foreign_entries  # the run's result files, written next to a store
-
-    foreign = foreign_entries(location)
-    if foreign:
-        shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+    found = foreign(location)
+    if found:
+        shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
         raise StoreExistsError(f"{location} holds files lmgeom did not write next to its store: {shown}; `overwrite=True` "
                                "removes only a store and a run's result files, so nothing was removed. Move them elsewhere "
                                "(or choose another `out`) and run again", param=("overwrite", "out"))
@@ -90,15 +101,13 @@ def _holds_lmgeom_meta(location: Location) -> bool:
     return isinstance(meta, dict) and "lmgeom_version" in meta
 
 
-def _remove_store(location: Location) -> None:
+def _remove_store(location: Location, foreign: Foreign) -> None:
     """Remove the store at `location` whole, but for its lock. Its meta.json is first replaced by the
     meta of no run (readers find the store incomplete and of another generation; writers resume nothing
     from it) and removed last, so a removal cut short leaves a store that `--overwrite` removes."""
     location.write_json({"schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__,
                          "generation": uuid.uuid4().hex, "complete": False, "settings": {}}, layout.META)
-    from lmgeom.runs.rundir import foreign_entries
-
-    keep = set(foreign_entries(location))  # none, once `_require_claimable` passed: never a user's file
+    keep = set(foreign(location))  # none, once `_require_claimable` passed: never a user's file
     for name in location.listdir():
         if name != layout.META and not is_lock_file(name) and name not in keep:
             location.remove(name)
@@ -117,7 +126,7 @@ class StoreWriter(HoldsLock):
     """
 
     def __init__(self, path: str | Path, *, settings: dict[str, Any], overwrite: bool = False,
-                 expected_rows: int | None = None) -> None:
+                 expected_rows: int | None = None, foreign: Foreign = foreign_entries) -> None:
         self.path = Path(path)
         self.settings = dict(settings)
         self.expected_rows = expected_rows
@@ -128,7 +137,7 @@ class StoreWriter(HoldsLock):
         self.layers = layout.stored_layers(self.settings)
         self.settings["stored_layers"] = self.layers  # recorded always: every layer unless given
         self.dim = int(self.settings["dim"])
-        self._hold(claim_out(Location.of(self.path), overwrite=overwrite), self._open)
+        self._hold(claim_out(Location.of(self.path), overwrite=overwrite, foreign=foreign), self._open)
 
     def _open(self) -> None:
         meta_path = self.path / layout.META
