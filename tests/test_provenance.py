@@ -1,7 +1,7 @@
-"""Every result bound to the store and the settings that made it, on real tiny runs: a stale result is
-recomputed by `run` and refused by `report`; a result of another store is refused by `report`,
-`compare` and `run`, and never written into another store's run; a set cut short (a kill between its
-files) is refused by `report` and recomputed by `run`."""
+"""Every result bound to the store and the settings that made it, on real tiny runs: what each result
+records, the steps `run` redoes when its settings change (and only those), and a result without
+provenance treated as stale. The refusals of stale, foreign and cut-short results by `report`,
+`compare` and `run` are trust cases 1-7 of scripts/trust_cases.py (tests/test_trust_cases.py)."""
 
 from __future__ import annotations
 
@@ -52,20 +52,6 @@ def test_every_result_records_the_store_settings_and_companions(copy: Path):
     assert provenance_of(copy / "geometry.json")["settings"]["count_by"] == "sentences"
 
 
-def test_a_stale_analysis_is_refused_by_report_and_recomputed_by_run(copy: Path, tmp_path: Path):
-    code, output = invoke("analyze", str(copy), "--min-contexts", "2", "--num-workers", "1")
-    assert code == 0, output
-    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
-    assert code == 2 and "contextuality.json" in output or "summary.json" in output, output
-    assert "min_contexts 2 (expected 3)" in output and "other settings" in output, output
-    assert not (tmp_path / "r.html").exists()
-    result = run("tiny-bert", "lee", out=copy, **TINY_RUN)
-    assert "contextuality" in result.steps_run
-    assert provenance_of(copy / "contextuality.json")["settings"]["min_contexts"] == 3
-    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
-    assert code == 0, output
-
-
 def test_run_with_other_settings_redoes_every_step_they_change(copy: Path):
     words_before = len(json.loads((copy / "static/3.benchmarks.json").read_text())["records"])
     result = run("tiny-bert", "lee", out=copy, **{**TINY_RUN, "min_contexts": 2})
@@ -82,37 +68,6 @@ def test_run_with_other_settings_redoes_every_step_they_change(copy: Path):
     assert "contextuality" in again.steps_skipped and "static_embeddings" in again.steps_skipped
 
 
-def test_a_foreign_result_is_refused_by_report_compare_and_run(copy: Path, tmp_path: Path, tiny_cli_run: tuple[Path, str]):
-    other = tmp_path / "other"
-    code, output = invoke("extract", "tiny-bert", "--corpus", "lee", "--limit", "30", "--out", str(other))
-    assert code == 0, output
-    # analyze writes nothing into a folder of another store
-    code, output = invoke("analyze", str(other), "--out", str(copy), "--min-contexts", "3", "--num-workers", "1")
-    assert code == 2 and "another store" in output and "--out" in output, output
-    # a result file copied from the other store's analysis
-    code, output = invoke("analyze", str(other), "--min-contexts", "3", "--num-workers", "1")
-    assert code == 0, output
-    for name in ("contextuality.json", "contextuality_layers.csv", "contextuality_words.csv"):
-        shutil.copy(other / name, copy / name)
-    for command in (["report", str(copy), "--out", str(tmp_path / "r.html")], ["compare", str(tiny_cli_run[0]), str(copy), "--out", str(tmp_path / "compared")]):
-        code, output = invoke(*command)
-        assert code == 2 and "contextuality.json" in output and "another store" in output, (command, output)
-    with pytest.raises(rundir.ResultFileError, match="contextuality.json.*another store.*will not replace"):
-        run("tiny-bert", "lee", out=copy, **TINY_RUN)
-    assert json.loads((copy / "contextuality.json").read_text()) == json.loads((other / "contextuality.json").read_text())
-
-
-def test_a_set_cut_short_is_refused_by_report_and_recomputed_by_run(copy: Path, tmp_path: Path):
-    # what a kill between a step's files leaves: the companion new, the document old
-    words = copy / "contextuality_words.csv"
-    words.write_text(words.read_text() + words.read_text().splitlines()[-1] + "\n")
-    code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
-    assert code == 2 and "contextuality_words.csv are not one set" in output, output
-    result = run("tiny-bert", "lee", out=copy, **TINY_RUN)
-    assert "contextuality" in result.steps_run
-    assert rundir.digest(words.read_bytes()) == provenance_of(copy / "contextuality.json")["companions"]["contextuality_words.csv"]
-
-
 def test_a_result_without_provenance_is_stale(copy: Path, tmp_path: Path):
     document = json.loads((copy / "isotropy.json").read_text())
     del document[PROVENANCE]
@@ -120,10 +75,3 @@ def test_a_result_without_provenance_is_stale(copy: Path, tmp_path: Path):
     code, output = invoke("report", str(copy), "--out", str(tmp_path / "r.html"))
     assert code == 2 and "isotropy.json records no provenance" in output, output
     assert "isotropy" in run("tiny-bert", "lee", out=copy, **TINY_RUN).steps_run
-
-
-def test_static_embeddings_without_benchmarks_never_replaces_the_runs_record(copy: Path):
-    before = (copy / "static/3.benchmarks.json").read_bytes()
-    code, output = invoke("static-embeddings", str(copy), "--layer", "3", "--data-dir", str(copy / "nonexistent"))
-    assert code == 2, output
-    assert (copy / "static/3.benchmarks.json").read_bytes() == before
