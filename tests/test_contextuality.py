@@ -341,18 +341,21 @@ def test_analyze_store_findings_and_files(tmp_path, rng):
     store = write_store_from_arrays(tmp_path / "store", hidden, SENTENCES)
     result = analyze_store(store, min_contexts=2)
     findings = result.findings
-    assert findings["self_similarity_depth"]["raw"]["falls_with_depth"] is True
-    assert findings["self_similarity_depth"]["raw"]["spearman_rho"] < 0
+    raw = findings["self_similarity_depth"]["raw"]
+    assert raw["spearman_rho"] < 0 and raw["p_min"] == pytest.approx(1 / 24)  # 4 layers: one ordering of 4! reaches rho = -1
+    assert raw["verdict"] == ("yes" if raw["p_holm"] < 0.05 else "no")
     least = findings["least_self_similar"]
     assert least["layer"] == 4 and len(least["words"]) == min(10, result.counts["words_analysed"])
     stop_share = np.mean([w in {"the", "a", "of", "and", "from", "by", "on", "she", "was"} for w in least["words"]])
     assert least["stopword_share"] == pytest.approx(stop_share)
     baseline = result.summary().set_index("layer")["anisotropy_exact"]
-    assert findings["anisotropy"]["every_non_input_layer_anisotropic"] == bool((baseline.loc[1:] > 0.05).all())
+    lower = result.intervals().set_index("layer")["anisotropy_exact_lo"]
+    assert findings["anisotropy"]["verdict"] == ("yes" if (lower.loc[1:] > 0.05).all() else "no")
+    assert (baseline.loc[1:] >= lower.loc[1:]).all()
     paths = result.write(tmp_path / "out")
     document = json.loads(paths["json"].read_text())
     assert document["kind"] == "contextuality" and "layer 0 is the embedding output" in document["layer_note"]
-    assert document["findings"]["self_similarity_depth"]["raw"]["falls_with_depth"] is True
+    assert document["findings"]["self_similarity_depth"]["raw"]["verdict"] == raw["verdict"]
     layers_csv = pd.read_csv(paths["layers_csv"])
     assert {"layer", "layer_name", "metric", "raw", "baseline", "adjusted"} <= set(layers_csv.columns)
     assert len(layers_csv) == 5 * 7

@@ -325,7 +325,9 @@ def test_identical_sentences_analyse_with_the_spread_less_measures_undefined(ide
     assert words["mev_centred"].isna().all() and (words["self_similarity"] - 1).abs().max() < 1e-9
     centred = result.findings["static_embedding_variance"]["centred"]
     assert centred["max_adjusted_mev"] is None and centred["undefined_layers"] == [1, 2, 3]
-    assert any("(MEV centred) in every non-input layer: undefined" in s and "same vector" in s for s in result.statements)
+    assert centred["verdict"] == "not testable" and "undefined at every non-input layer" in centred["reason"]
+    assert any("(MEV centred) in every non-input layer: not testable, MEV centred is undefined" in s and "same vector" in s
+               for s in result.statements)
     assert result.findings["static_embedding_variance"]["uncentred"]["undefined_layers"] == []
     # null in JSON, empty in CSV, read back as NaN
     records = json.loads((tmp_path / "contextuality.json").read_text())["records"]

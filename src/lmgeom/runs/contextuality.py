@@ -199,7 +199,10 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
         options=plan.options.analysis_settings(),
     )
     if {"baseline", "self_similarity", "intra", "sample", "mev"} <= {stat.name for stat in plan.statistics}:
-        result.findings, result.statements = findings(result.summary(), result.words, variants=plan.options.mev_variants)
+        result.findings, result.statements = findings(
+            result.summary(), result.words, variants=plan.options.mev_variants, intervals=result.intervals(),
+            confidence=plan.options.confidence if bootstrap else None, resamples=plan.options.bootstrap if bootstrap else None,
+            seed=plan.options.seed)
     return result
 
 
