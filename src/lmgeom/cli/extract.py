@@ -146,6 +146,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a store of other settings in --out"),
         bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks and "
+                                                "stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
     ) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
@@ -158,7 +160,7 @@ def register(app: typer.Typer) -> None:
                          count_by=count_by, protocol=protocol, seed=seed,
                          layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
                          overwrite=overwrite, num_workers=num_workers, bootstrap=bootstrap, confidence=confidence,
-                         progress=progress)
+                         data_dir=data_dir, progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")
@@ -189,6 +191,8 @@ def register(app: typer.Typer) -> None:
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:
             console.print(f"  • {shown(statement)}")
+        for entry in result.skipped_inputs:  # one per kind of input not found
+            console.print(shown(entry["message"]), highlight=False)
         if result.steps_skipped:
             console.print(f"skipped (already done with these settings): {', '.join(result.steps_skipped)}")
         console.print(f"{MEV_ADJ_NOTE}; every step computed on {result.device}; every table is in {shown(result.store.url)}:")

@@ -18,10 +18,11 @@ from lmgeom.report.data import (
 from lmgeom.report.explorer import read_explorer
 from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
 from lmgeom.report.geometry import geometry_section
-from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, table
+from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, not_measured, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
 from lmgeom.report.similarity import similarity_section
 from lmgeom.runs import rundir
+from lmgeom.report.missing_data import skipped_inputs
 from lmgeom.runs.rundir import REPORT
 
 N_WORDS_SHOWN = 10
@@ -292,7 +293,8 @@ def build_report(
     else:
         columns = [c for c in ("layer", "vectors", "benchmark", "task", "metric", "score", "score_oov_mean", "covered", "total", "coverage")
                    if c in run.static]
-        page.section("static", "Static embeddings on word benchmarks",
+        unscored = not_measured(entry for entry in skipped_inputs(run.path) if entry.step == "static_embeddings")
+        page.section("static", "Static embeddings on word benchmarks", unscored +
                      "<p class=\"note\">First-principal-component, mean and layer-0-mean word vectors (the layer-0 means "
                      "once, under layer 0); Spearman for similarity, 3CosAdd accuracy for analogies, mean Spearman for "
                      "SemEval-2012 Task 2, purity for categorisation; benchmarks matched lowercase. Covered items: the "

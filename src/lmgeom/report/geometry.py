@@ -12,8 +12,9 @@ import pandas as pd
 
 from lmgeom.report.data import RunData
 from lmgeom.report.figures import LAYER_AXIS, Chart, Series, run_subtitle, save_figure
-from lmgeom.report.html import Page, esc, missing, table
+from lmgeom.report.html import Page, esc, missing, not_measured, table
 from lmgeom.runs import rundir
+from lmgeom.report.missing_data import missing_alignment
 
 # the GRIDE scales drawn (of the n2 = 2, 4, ..., 64 it computes): a short and a long range
 GRIDE_SHOWN = (8, 64)
@@ -113,8 +114,6 @@ def geometry_section(run: RunData, page: Page, out_path: rundir.Target) -> str:
              f"Outlier dimensions: mean |h| over the selected rows more than {outliers['n_sigma']:g} standard deviations above "
              f"the mean over dimensions; rogue: the {outliers['rogue_top_k']} dimensions contributing most to the cosine.",
              f"Top |h| over {outliers['top_over']}; {outliers.get('special_rows', '')}. Massive: {outliers['massive']}."]
-    if settings["alignment"]["note"]:
-        notes.append(f"Alignment: none ({settings['alignment']['note']}).")
     layernorm = document.get("layernorm_weights") or {}
     if layernorm.get("computed"):
         found = layernorm_table(layernorm)
@@ -124,7 +123,7 @@ def geometry_section(run: RunData, page: Page, out_path: rundir.Target) -> str:
                  + (table(found, digits=3, text_columns=("module",)) if len(found) else ""))
     else:
         norms = missing(f"LayerNorm-weight outliers {layernorm.get('note') or 'not computed'}")
-    return (f"<p class=\"note\">{esc(' '.join(notes))}</p>" + page.chart(chart, files=files)
+    return (not_measured(missing_alignment(document)) + f"<p class=\"note\">{esc(' '.join(notes))}</p>" + page.chart(chart, files=files)
             + "<h3>Outlier dimensions, anisotropy and uniformity by layer</h3>"
             + table(outlier_table(document), digits=3, text_columns=("layer", "3σ dimensions", "rogue dimensions"))
             + "<h3>Massive activations: the largest |h| of each layer</h3>"

@@ -11,6 +11,7 @@ import pandas as pd
 from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_figure
 from lmgeom.report.labels import label, number
+from lmgeom.report.missing_data import Skipped
 from lmgeom.runs.rundir import EXPLORER, generator_mark
 
 STYLE = """
@@ -54,6 +55,15 @@ def definition_list(items: Sequence[tuple[str, Any]]) -> str:
 
 def missing(message: str) -> str:
     return f'<p class="missing">{esc(message)}</p>'
+
+
+def not_measured(entries: Iterable[Skipped]) -> str:
+    """A "not measured" box per kind of input a run did not find (`lmgeom.report.missing_data`): what,
+    why, the paths looked for and how to measure it."""
+    return "".join(missing(f"Not measured: {entry.what}, {entry.reason}"
+                           + (f" (looked for {', '.join(entry.paths)})" if entry.paths else "")
+                           + (f". To measure: {entry.fix}, and run again." if entry.fix else "."))
+                   for entry in entries)
 
 
 _SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}

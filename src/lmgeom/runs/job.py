@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lmgeom.errors import InputError
+from lmgeom.errors import InputError, MissingInput
+from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.corpus import require_count
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.report.missing_data import skipped_inputs
 from lmgeom.runs.analysis import analyze_store
 from lmgeom.runs.contextuality import ContextualityResult
 from lmgeom.runs.engine import AnalysisOptions
@@ -81,7 +84,9 @@ class _Steps:
     as what it should be (a JSON result of its kind and schema, a CSV table) and, for a result
     document, records the same store generation, the settings expected of it and companions whose
     hashes match (`rundir.provenance_problem`); any other step is redone. Each step also records the
-    `device` it computed on, which is not among its settings (the numbers agree on every device)."""
+    `device` it computed on, which is not among its settings (the numbers agree on every device).
+    Once every result is written, `skipped_inputs` holds what the run did not find
+    (`lmgeom.report.missing_data`), recorded in run.json with the steps."""
 
     def __init__(self, store: RepresentationStore, device: str, protocol: str | None = None) -> None:
         self.store = store
@@ -100,6 +105,7 @@ class _Steps:
             self.document = previous
         self.ran: list[str] = []
         self.skipped: list[str] = []
+        self.skipped_inputs: list[dict[str, Any]] | None = None
 
     def _stale(self, relative: str, settings: dict[str, Any] | None) -> str | None:
         problem = rundir.problem(self.store.url, relative)
@@ -140,14 +146,16 @@ class _Steps:
                 **({"file_settings": file_settings} if file_settings is not None else {})}
         self.document["steps"][name] = {**step, **({"holds": holds} if holds is not None else {})}
         self.ran.append(name)
+        inputs = {} if self.skipped_inputs is None else {"skipped_inputs": self.skipped_inputs}
         write_json(self.path, "run", {"store": self.identity, "device": self.device, "protocol": self.protocol,
-                                      "steps": self.document["steps"]}, store_meta=self.store.meta)
+                                      "steps": self.document["steps"], **inputs}, store_meta=self.store.meta)
 
 
 @dataclass
 class RunResult:
     """What `run` did: the store, the analyses, the files written (local paths, or URLs for a run on
-    another filesystem), which steps ran or were skipped, and the device they computed on."""
+    another filesystem), which steps ran or were skipped, the device they computed on, and the inputs
+    it did not find (`skipped_inputs`: run.json's entries, each with the `message` `lmgeom run` prints)."""
 
     store: RepresentationStore
     contextuality: ContextualityResult
@@ -156,6 +164,7 @@ class RunResult:
     steps_run: list[str]
     steps_skipped: list[str]
     device: str = "cpu"
+    skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def protocol_extraction(protocol: str | None, model: str, corpus: str | None) -> tuple[str, str | None]:
@@ -205,6 +214,7 @@ def run(
     num_workers: int = 2,
     bootstrap: int = 1000,
     confidence: float = 0.95,
+    data_dir: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
@@ -228,8 +238,15 @@ def run(
     once (`protocol_extraction`: the corpus, default sts-scored, and the units; `protocol_options`:
     the word threshold and the released code's sampled statistics beside lmgeom's, the static
     vectors' words), recorded in run.json and every result file; a given option it sets otherwise is
-    refused, naming both."""
+    refused, naming both. `data_dir` is the folder holding the word benchmarks of the static
+    embeddings and stsbenchmark/ for geometry's alignment (None: ../shared/data or LMGEOM_DATA); a
+    given one that is not a folder is refused before any work. What the run did not find there is in
+    `RunResult.skipped_inputs` and run.json (`lmgeom.report.missing_data`)."""
     # checked before the extraction, which can take hours
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise MissingInput(f"`data_dir` {data_dir} is not a folder; give the folder holding the word benchmarks and "
+                           f"stsbenchmark/ (as {DEFAULT_DATA_DIR} does), or leave it out", param="data_dir")
+    data = None if data_dir is None else str(data_dir)
     analysis = AnalysisOptions(**protocol_options(protocol, min_contexts=min_contexts, count_by=count_by), seed=seed,
                                num_workers=num_workers, device=device,
                                bootstrap=bootstrap, confidence=confidence)
@@ -257,9 +274,12 @@ def run(
     # settings (its `to_settings()`) are what run.json and its result files record
     isotropy = IsotropyOptions(analysis)
     calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
-    static = StaticOptions(analysis)
+    static = StaticOptions(analysis, data_dir=data)
     similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers)  # layer x layer, every layer
-    geometry = GeometryOptions(analysis, model_weights=model)
+    geometry = GeometryOptions(analysis, data_dir=data, model_weights=model)
+    # the folder looked in, in run.json's settings of the steps that read it: data found there since
+    # (LMGEOM_DATA set, or another folder given) redoes them
+    looked_in = {"data_folder": str(Path(DEFAULT_DATA_DIR if data is None else data).resolve())}
 
     settings = analysis.analysis_settings()
     contextuality: ContextualityResult | None = None
@@ -291,7 +311,7 @@ def run(
         steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
     paths.append(rundir.CALIBRATION.at(store.url))
 
-    settings = {**static.to_settings(), "layers": per_layer}
+    settings = {**static.to_settings(), "layers": per_layer, **looked_in}
     if not steps.done("static_embeddings", settings, file_settings=static.to_settings()):
         started = time.perf_counter()
         written = [path for layer in per_layer for path in
@@ -305,15 +325,18 @@ def run(
         steps.record("similarity", settings, started,
                      write_similarity(similarity_matrix(store, None, similarity, progress=progress), store.url))
     paths.append(rundir.SIMILARITY.at(store.url))
-    settings = geometry.to_settings()
-    if not steps.done("geometry", settings):
+    settings = {**geometry.to_settings(), **looked_in}
+    if not steps.done("geometry", settings, file_settings=geometry.to_settings()):
         started = time.perf_counter()
-        steps.record("geometry", settings, started, measure_geometry(store, geometry, progress=progress).paths)
+        steps.record("geometry", settings, started, measure_geometry(store, geometry, progress=progress).paths,
+                     file_settings=geometry.to_settings())
     paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
+    # read from the result files: the same whether the steps ran now or were found done
+    steps.skipped_inputs = [entry.record() for entry in skipped_inputs(store.url)]
 
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()
     report = render_report(store.url, include=include, progress=progress)
     steps.record("report", {"include": [str(path) for path in include]}, started, [report])
     paths.append(report)
-    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved)
+    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved, steps.skipped_inputs)
