@@ -353,7 +353,8 @@ def stale_analysis(lab: Lab, checks: Checks) -> None:
 
 
 @case("2", STALE, "`run --min-contexts 2` on a run made with 3",
-      "contextuality, static_embeddings and geometry re-run; `static/<layer>.benchmarks.json` provenance min_contexts 2")
+      "contextuality, static_embeddings and geometry re-run, similarity (which reads every row) not; "
+      "`static/<layer>.benchmarks.json` provenance min_contexts 2")
 def stale_min_contexts(lab: Lab, checks: Checks) -> None:
     from lmgeom.runs import run
 
@@ -361,6 +362,8 @@ def stale_min_contexts(lab: Lab, checks: Checks) -> None:
     result = run(MODEL, CORPUS, out=path, **{**BASE_OPTIONS, "min_contexts": 2})
     missing = {"contextuality", "static_embeddings", "geometry"} - set(result.steps_run)
     checks.add(not missing, f"run re-ran {', '.join(result.steps_run)}" + (f", not {', '.join(sorted(missing))}" if missing else ""))
+    checks.add("similarity" in result.steps_skipped, "similarity skipped" if "similarity" in result.steps_skipped
+               else "similarity re-run")
     for name in ("static/0.benchmarks.json", "static/3.benchmarks.json", "contextuality.json", "geometry.json"):
         recorded = provenance(path / name)["settings"]["min_contexts"]
         checks.add(recorded == 2, f"{name} min_contexts {recorded}")
