@@ -9,7 +9,7 @@
 # from a fixed one: PYTHONPATH=FIXED/src DING_RESULTS=EDITED/docs/reproduction/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-GLUE=$(realpath "${LMGEOM_DATA:-../shared/data}")/GLUE
+GLUE=${LMGEOM_DATA:-../shared/data}/GLUE  # as given: results record it, and a machine's absolute path must not travel
 R=${DING_RESULTS:-docs/reproduction/results}
 PRE=$R/ding-precheck-minilm
 CORE=none,whitening,cie,flow,isobn,istar
