@@ -221,6 +221,10 @@ class Lab:
             self._other = path
         return self._other
 
+    def copy_other(self, case: str, name: str) -> Path:
+        """A copy of the other store, as `name` in the case's folder (emptied first: call it before `copy`)."""
+        return Path(shutil.copytree(self.other_store, self.folder(case) / name))
+
     def folder(self, case: str) -> Path:
         path = self.workdir / f"case-{case}"
         if path.exists():
@@ -401,8 +405,8 @@ def foreign_result(lab: Lab, checks: Checks) -> None:
     from lmgeom.runs import run
     from lmgeom.runs.rundir import ResultFileError
 
-    folder = lab.folder("5")
-    other = Path(shutil.copytree(lab.other_store, folder / "store-b"))
+    other = lab.copy_other("5", "store-b")
+    folder = other.parent
     checks.succeeded("analyze STORE_B", cli("analyze", other, "--min-contexts", "3", "--num-workers", "1", "--device", "cpu"))
     path = lab.copy("5", "RUN_A")
     for name in ("contextuality.json", "contextuality_layers.csv", "contextuality_words.csv"):
@@ -524,8 +528,7 @@ def verify_damaged(lab: Lab, checks: Checks) -> None:
       "(other settings: --limit 25)",
       "refused, exit 2 naming NOTES.md and mydata; both still there, the store untouched")
 def user_files_in_store(lab: Lab, checks: Checks) -> None:
-    folder = lab.folder("14")
-    store = Path(shutil.copytree(lab.other_store, folder / "st"))
+    store = lab.copy_other("14", "st")
     (store / "NOTES.md").write_text("mine\n")
     (store / "mydata").mkdir()
     meta = (store / "meta.json").read_bytes()
