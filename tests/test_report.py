@@ -625,3 +625,24 @@ def test_nan_values_become_gaps_not_errors(tmp_path: Path, full_run: Path) -> No
     figures = page_figures(render_report(run).read_text())
     centred = next(t for t in figures["chart-mev"]["data"] if t["name"].startswith("centred"))
     assert centred["y"][1] is None and not any(isinstance(v, float) and math.isnan(v) for v in centred["y"])
+
+
+def test_figure_bytes_depend_on_the_figure_alone():
+    """A regenerated figure of the same results is the same file (no date, fixed SVG ids)."""
+    import matplotlib.pyplot as plt
+
+    from lmgeom.runs import rundir
+
+    def render(fmt):
+        figure, axis = plt.subplots()
+        axis.plot([0, 1, 2], [1, 3, 2])
+        axis.set_title("t")
+        try:
+            return rundir.figure_bytes(figure, fmt, 80)
+        finally:
+            plt.close(figure)
+
+    for fmt in ("svg", "png"):
+        first, second = render(fmt), render(fmt)
+        assert first == second, fmt
+    assert b"<dc:date>" not in render("svg")

@@ -6,7 +6,6 @@ The matplotlib copies (PNG and SVG) use the Agg backend, so no display or browse
 from __future__ import annotations
 
 import html
-import io
 import math
 import re
 import textwrap
@@ -395,9 +394,8 @@ def write_figure(fig: Any, name: str, folder: rundir.Where) -> list[rundir.Targe
     try:
         written = []
         for ext in ("png", "svg"):
-            buffer = io.BytesIO()
-            fig.savefig(buffer, format=ext, dpi=150)
-            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"), buffer.getvalue()))
+            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"),
+                                              rundir.figure_bytes(fig, ext, 150)))
         return written
     finally:
         plt.close(fig)

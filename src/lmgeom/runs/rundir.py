@@ -543,6 +543,19 @@ def write_bytes(path: Target, data: bytes) -> Target:
     return path
 
 
+def figure_bytes(figure: Any, fmt: str, dpi: int) -> bytes:
+    """The matplotlib `figure` as `fmt` ("png" or "svg") bytes that depend on the figure alone: no
+    creation date, and the SVG's element ids from a fixed salt, so a regenerated figure of the same
+    results is the same file."""
+    import matplotlib
+
+    buffer = BytesIO()
+    metadata = {"Date": None} if fmt == "svg" else None
+    with matplotlib.rc_context({"svg.hashsalt": "lmgeom"}):
+        figure.savefig(buffer, format=fmt, dpi=dpi, metadata=metadata)
+    return buffer.getvalue()
+
+
 def write_json(path: Target, kind: str, payload: Mapping[str, Any], *,
                store_meta: Mapping[str, Any] | None = None, compact: bool = False) -> Target:
     """A result document of `kind` with its provenance, written atomically; `compact` drops the

@@ -4,7 +4,6 @@ cells, the summaries with their paired tests, and the files written to the exper
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import textwrap
@@ -529,9 +528,8 @@ def write_figures(summaries: list[dict[str, Any]], out: Path, *, varying: str, t
         axis.set_title(textwrap.fill(f"{title}: {split} (red: significant vs baseline, Holm)", int(width * 13)), fontsize=9)
         figure.tight_layout()
         for suffix in ("png", "svg"):
-            buffer = io.BytesIO()
-            figure.savefig(buffer, format=suffix, dpi=120)
-            paths.append(rundir.write_bytes(rundir.EXPERIMENT_FIGURE.at(out, name=f"{split}_{metric}.{suffix}"), buffer.getvalue()))
+            paths.append(rundir.write_bytes(rundir.EXPERIMENT_FIGURE.at(out, name=f"{split}_{metric}.{suffix}"),
+                                            rundir.figure_bytes(figure, suffix, 120)))
         plt.close(figure)
     return paths
 

@@ -43,6 +43,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from lmgeom.errors import InputError
+from lmgeom.runs import rundir
 
 MEASURES = {"global": "isoscore_after", "local": "local_isoscore_after"}
 LEVEL = "local_isoscore_before"  # of `none`: the raw-space local IsoScore of the head's input
@@ -485,7 +486,7 @@ def thesis_figure(pairs: pd.DataFrame, path: str | Path, *, tests: list[dict[str
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=120)
+    path.write_bytes(rundir.figure_bytes(figure, path.suffix.lstrip(".") or "png", 120))
     plt.close(figure)
     return path
 
