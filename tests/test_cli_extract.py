@@ -54,3 +54,21 @@ def test_run_command_summarises_every_layer(tiny_cli_run):
 def test_bad_input_exits_2_with_one_line(tmp_path):
     result = runner.invoke(app, ["extract", "./missing-model", "--corpus", "lee", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "model path ./missing-model does not exist" in flat(result.output)
+
+
+def test_run_command_shows_every_benchmark_with_its_coverage(tiny_cli_run):
+    """`lmgeom run` prints the first-PC vectors' covered-items score per benchmark and layer beside
+    covered/total; on 60 sentences every benchmark is covered by too few items, so no score is a number."""
+    out, output = tiny_cli_run
+    records = [r for layer in (0, 3) for r in json.loads((out / "static" / f"{layer}.benchmarks.json").read_text())["records"]
+               if r["vectors"].startswith("first_pc")]
+    assert records and not any(r["enough_items"] for r in records)
+    table = output[output.index("Static embeddings (first principal component)"):output.index("Findings")]
+    rows = [line for line in table.splitlines() if line.startswith("│") and line.split("│")[1].strip()]
+    assert len(rows) == len({r["benchmark"] for r in records})
+    for row in rows:
+        cells = [cell.strip() for cell in row.split("│")[1:-1]]
+        record = next(r for r in records if r["benchmark"].startswith(cells[0].rstrip("…")))
+        assert cells[2] == f"{record['covered']:,}/{record['total']:,}"
+        assert cells[3:] == ["too few", "too few"]
+    assert "too few: fewer covered items than 50,10%" in " ".join(table.split())

@@ -12,10 +12,12 @@ import pytest
 from gensim.models import KeyedVectors
 from typer.testing import CliRunner
 
+from lmgeom.errors import InputError
 from lmgeom.evaluate import evaluate_analogies, evaluate_word_pairs
 from lmgeom.evaluate.wordbench import (
     DATA_BENCHMARKS,
     AnalogyQuestions,
+    MinCoverage,
     Categories,
     Relation,
     WordLookup,
@@ -32,6 +34,7 @@ from lmgeom.evaluate.wordbench import (
     semeval_2012_2_score,
     similarity_score,
     standardize,
+    too_few_items_text,
 )
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, read_word_pairs
 
@@ -95,6 +98,41 @@ def test_similarity_spearman_by_hand_in_both_protocols():
     assert mean.score == pytest.approx(spearman_by_hand(scores, [g for *_, g in PAIRS]))
     assert (mean.covered, mean.total) == (5, 6)
     assert mean.score != pytest.approx(skip.score)
+
+
+def test_min_coverage_reads_items_and_a_share_and_caps_items_at_the_benchmark():
+    rule = MinCoverage.parse("50,10%")
+    assert rule == MinCoverage() and str(rule) == "50,10%"
+    # 10 % of 3,500 is 350 > 50; a 45-word benchmark needs all 45; 10 % of 200 is 20 < 50
+    assert [rule.needed(n) for n in (3500, 45, 200, 501)] == [350, 45, 50, 51]
+    assert not rule.enough(4, 3500) and not rule.enough(349, 3500) and rule.enough(350, 3500)
+    assert rule.enough(45, 45) and not rule.enough(44, 45)
+    assert MinCoverage.parse("10%") == MinCoverage(0, 0.1) and MinCoverage.parse("20") == MinCoverage(20, 0.0)
+    off = MinCoverage.parse("0")
+    assert off.enough(1, 3500) and not off.enough(0, 3500)  # no item scored is never a score
+    for bad in ("x", "1,2,3", "-1", "150%", ""):
+        with pytest.raises(InputError, match="min_coverage"):
+            MinCoverage.parse(bad)
+    assert too_few_items_text(4, 3500) == "too few items (4 of 3,500)"
+
+
+def test_records_flag_a_covered_score_on_too_few_items(tmp_path):
+    from lmgeom.evaluate.wordbench import evaluate_word_benchmarks
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(120)]
+    pairs = [(words[2 * i], words[2 * i + 1], float(rng.random())) for i in range(60)]
+    (tmp_path / "pairs.txt").write_text("".join(f"{a}\t{b}\t{g}\n" for a, b, g in pairs))
+    benchmark = read_word_benchmark("pairs", tmp_path / "pairs.txt")
+    few = WordLookup.from_arrays(words[:8], rng.normal(size=(8, 4)))  # 4 of 60 pairs covered
+    every = WordLookup.from_arrays(words, rng.normal(size=(120, 4)))
+    [record] = evaluate_word_benchmarks(few, [benchmark])
+    assert (record["covered"], record["total"], record["enough_items"]) == (4, 60, False)
+    assert record["score"] == pytest.approx(similarity_score(few, benchmark.data.pairs, "skip").score)  # kept
+    [record] = evaluate_word_benchmarks(few, [benchmark], min_coverage="4")
+    assert record["enough_items"] is True
+    [record] = evaluate_word_benchmarks(every, [benchmark])
+    assert (record["covered"], record["enough_items"]) == (60, True)
 
 
 def test_skip_protocol_equals_gensim(tmp_path):
@@ -293,12 +331,24 @@ def test_cli_scores_every_benchmark_found_in_both_protocols(shared_data, tmp_pat
     assert outcome.exit_code == 0, outcome.output
     assert max(len(line) for line in outcome.output.splitlines()) <= 80
     assert "all (OOV mean)" in outcome.output and "skipped battig" in outcome.output
+    # three sentences cover almost nothing: every covered-items score reads "too few items", never a number
     document = json.loads((store.path / "static" / "1.benchmarks.json").read_text())
+    assert document["provenance"]["settings"]["min_coverage"] == "50,10%"
+    assert not any(r["enough_items"] for r in document["records"])
+    # each of them reads "too few items" in the table (and the note above the tables names the rule once)
+    assert outcome.output.count("too few items") == len(document["records"]) + 1
     names = {r["benchmark"] for r in document["records"]}
     assert names == {"simlex999", "wordsim353", "google_analogies", *DATA_BENCHMARKS} - {"battig"}
     assert set(document["skipped"]) == {"battig"}
     men = next(r for r in document["records"] if r["benchmark"] == "men" and r["vectors"].startswith("first_pc"))
     assert men["total"] == 3000 and men["metric"] == "spearman" and men["score_oov_mean"] is not None
+    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "1", "--min-contexts", "1",
+                                       "--min-coverage", "0", "--overwrite"], env={"COLUMNS": "80"})
+    assert outcome.exit_code == 0, outcome.output
+    assert "too few items (" not in outcome.output
+    outcome = CliRunner().invoke(app, ["static-embeddings", str(store.path), "--layer", "1", "--min-coverage", "ten"],
+                                 env={"COLUMNS": "80"})
+    assert outcome.exit_code != 0 and "--min-coverage" in outcome.output
 
 
 # ---- the `web` package itself ------------------------------------------------------------------------

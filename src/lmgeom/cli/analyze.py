@@ -13,6 +13,7 @@ from lmgeom.cli.common import (
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
     MIN_CONTEXTS_HELP,
+    MIN_COVERAGE_HELP,
     PROTOCOL_HELP,
     RichProgress,
     above,
@@ -35,13 +36,16 @@ if TYPE_CHECKING:
 METRIC_NAMES = {"spearman": "Spearman", "accuracy_3cosadd": "3CosAdd", "mean_spearman": "mean ρ", "purity": "purity"}
 
 
-def print_static_benchmarks(scores: pd.DataFrame, title: str) -> None:
-    """One table per vector set, the two protocols side by side with the coverage (fits 80 columns)."""
+def print_static_benchmarks(scores: pd.DataFrame, title: str, min_coverage: str) -> None:
+    """One table per vector set, the two protocols side by side with the coverage (fits 80 columns);
+    a covered-items score on fewer items than `min_coverage` reads "too few items"."""
+    from lmgeom.evaluate.wordbench import too_few_items_text
     from lmgeom.report.labels import number
 
     console.print(f"{title}. covered = items whose words all have vectors (matched lowercase); "
-                  "score on covered items only, and on all items with out-of-vocabulary words "
-                  "as the mean unit vector")
+                  "score on covered items only (the headline), and on all items with out-of-vocabulary words "
+                  f"as the mean unit vector; a score on fewer covered items than {min_coverage} (items, "
+                  "share of the benchmark) reads 'too few items'", highlight=False)
     for label, rows in scores.groupby("vectors", sort=False):
         table = Table(title=str(label))
         for column in ("benchmark", "metric", "covered", "%", "covered only", "all (OOV mean)"):
@@ -49,8 +53,52 @@ def print_static_benchmarks(scores: pd.DataFrame, title: str) -> None:
         for record in rows.to_dict("records"):
             table.add_row(record["benchmark"], METRIC_NAMES[record["metric"]],
                           f"{record['covered']:,}/{record['total']:,}", f"{record['coverage']:.0%}",
-                          number(record["score"], 3), number(record["score_oov_mean"], 3))
+                          number(record["score"], 3) if record.get("enough_items", True)
+                          else too_few_items_text(record["covered"], record["total"]),
+                          number(record["score_oov_mean"], 3))
         console.print(table)
+
+
+def print_benchmark_headlines(records: pd.DataFrame | None, min_coverage: str) -> None:
+    """`lmgeom run`'s word-benchmark table: the first-PC vectors' covered-items score per benchmark and
+    distilled layer, with covered/total beside (one column when every layer covers the same items); a
+    score on fewer covered items than `min_coverage` reads "too few items"."""
+    from lmgeom.evaluate.wordbench import coverage_text, too_few_items_text
+    from lmgeom.report.labels import number
+
+    if records is None or records.empty:
+        return
+    first_pc = records.loc[records["vectors"].astype(str).str.startswith("first_pc")]
+    if first_pc.empty:
+        return
+    layers = sorted(int(layer) for layer in first_pc["layer"].unique())
+    table = Table(title="Static embeddings (first principal component) on word benchmarks: covered items only")
+    table.add_column("benchmark")
+    table.add_column("metric")
+    same_coverage = first_pc.groupby("benchmark", sort=False)[["covered", "total"]].nunique().le(1).all(axis=None)
+    if same_coverage:
+        table.add_column("covered", justify="right")
+    for layer in layers:
+        table.add_column(f"layer {layer}", justify="right")
+    for benchmark, rows in first_pc.groupby("benchmark", sort=False):
+        by_layer = {int(record["layer"]): record for record in rows.to_dict("records")}
+        first = next(iter(by_layer.values()))
+        cells = []
+        for layer in layers:
+            record = by_layer.get(layer)
+            if record is None:
+                cells.append("")
+            elif not record.get("enough_items", True):  # the covered column beside says how few
+                cells.append("too few" if same_coverage else too_few_items_text(record["covered"], record["total"]))
+            else:
+                cells.append(number(record["score"], 3) if same_coverage
+                             else f"{number(record['score'], 3)} ({coverage_text(record['covered'], record['total'])})")
+        table.add_row(str(benchmark), METRIC_NAMES.get(first["metric"], str(first["metric"])),
+                      *([coverage_text(first["covered"], first["total"])] if same_coverage else []), *cells)
+    console.print(table)
+    console.print(f"too few: fewer covered items than {min_coverage} (items, share of the benchmark; "
+                  "--min-coverage); every vector set and the all-items (OOV mean) protocol are in "
+                  "static/<layer>.benchmarks.csv and the report", highlight=False, soft_wrap=False)
 
 
 def print_contextuality(result: ContextualityResult) -> None:
@@ -204,6 +252,7 @@ def register(app: typer.Typer) -> None:
                                                       "(default ../shared/data or LMGEOM_DATA)"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write, "
                                                                "or the layer's benchmark scores with fewer"),
+        min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),
     ) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks,
         covered items only and all items (out-of-vocabulary words as the mean vector)."""
@@ -212,12 +261,12 @@ def register(app: typer.Typer) -> None:
 
         with user_errors(), RichProgress() as progress:
             options = StaticOptions.of(min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
-                                       protocol=protocol, data_dir=data_dir)
+                                       protocol=protocol, data_dir=data_dir, min_coverage=min_coverage)
             exported = export_static_embeddings(store_path, options, layer=layer, text_path=out, benchmarks=benchmark,
                                                 static_vectors=static_vectors, trust_pickle=trust_pickle, overwrite=overwrite,
                                                 progress=progress)
         print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
-                                                 f"{len(exported.embeddings.words):,} words")
+                                                 f"{len(exported.embeddings.words):,} words", options.min_coverage)
         for name, reason in exported.skipped.items():
             console.print(f"skipped {shown(name)}: {shown(reason)}")
         console.print("wrote " + ", ".join(shown(p) for p in exported.paths.values()))

@@ -62,6 +62,9 @@ COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the 
 PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
                  "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
 BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; below 100: rough, flagged; see docs/metrics.md)"
+MIN_COVERAGE_HELP = ("fewest covered items a word-benchmark score needs to be shown as a number: items and/or "
+                     "a percentage of the benchmark (default 50,10%; 0: no minimum); below it the score "
+                     "reads 'too few items'")
 CONFIDENCE_HELP = "level of the percentile bootstrap intervals, between 0 and 1"
 
 

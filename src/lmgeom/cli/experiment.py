@@ -316,7 +316,7 @@ def static_baselines_command(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks (default ../shared/data or LMGEOM_DATA)"),
 ) -> None:
     """Stand-ins for GloVe / FastText (Ethayarajh 2019, Table 1): word2vec and fastText trained on a corpus, scored as static-embeddings scores a layer."""
-    from lmgeom.runs.experiments.standins import default_settings, run_static_baselines
+    from lmgeom.runs.experiments.standins import covered_score, default_settings, run_static_baselines
 
     with user_errors(), RichProgress() as progress:
         settings = default_settings(corpus, dim=dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
@@ -326,8 +326,10 @@ def static_baselines_command(
     for column in ("vectors", "benchmark", "all items", "covered only", "coverage"):
         table.add_column(column, justify="left" if column in ("vectors", "benchmark") else "right")
     for record in result.document["records"]:
-        cells = ["n/a" if v is None or v != v else f"{v:.3f}" for v in (record["score_oov_mean"], record["score"])]
-        table.add_row(record["vectors"], record["benchmark"], *cells, f"{record['covered']}/{record['total']}")
+        oov_mean = "n/a" if record["score_oov_mean"] is None or record["score_oov_mean"] != record["score_oov_mean"] \
+            else f"{record['score_oov_mean']:.3f}"
+        table.add_row(record["vectors"], record["benchmark"], oov_mean, covered_score(record),
+                      f"{record['covered']:,}/{record['total']:,}")
     console.print(table)
     from lmgeom.runs import rundir
 

@@ -13,6 +13,7 @@ from lmgeom.cli.common import (
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
     MIN_CONTEXTS_HELP,
+    MIN_COVERAGE_HELP,
     PROTOCOL_HELP,
     RichProgress,
     console,
@@ -148,11 +149,13 @@ def register(app: typer.Typer) -> None:
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks and "
                                                 "stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
+        min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),
     ) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
         report.html; finished steps are skipped when re-run."""
         from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, number
+        from lmgeom.cli.analyze import print_benchmark_headlines
         from lmgeom.runs import run
 
         with user_errors(), RichProgress() as progress:
@@ -160,7 +163,7 @@ def register(app: typer.Typer) -> None:
                          count_by=count_by, protocol=protocol, seed=seed,
                          layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
                          overwrite=overwrite, num_workers=num_workers, bootstrap=bootstrap, confidence=confidence,
-                         data_dir=data_dir, progress=progress)
+                         data_dir=data_dir, min_coverage=min_coverage, progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")
@@ -188,6 +191,7 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         if design and design.get("rough"):
             console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
+        print_benchmark_headlines(result.benchmarks, min_coverage)
         console.print("[bold]Findings[/]")
         for statement in result.contextuality.statements:
             console.print(f"  • {shown(statement)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lmgeom.evaluate.wordbench import (
     OOV_PROTOCOLS,
+    MinCoverage,
     WordLookup,
     evaluate_word_benchmarks,
     find_word_benchmarks,
@@ -27,6 +28,7 @@ from lmgeom.evaluate.wordsim import (
 __all__ = [
     "GENSIM_BENCHMARKS",
     "OOV_PROTOCOLS",
+    "MinCoverage",
     "WordLookup",
     "evaluate_analogies",
     "evaluate_word_benchmarks",

@@ -28,6 +28,14 @@ The two protocols (`oov`):
 - "mean": every item, each out-of-vocabulary word replaced by the mean of the L2-normalised rows
   (not itself normalised), as `web` does; an analogy whose answer has no vector counts as wrong.
 Coverage (covered / total items) is the same in both.
+
+The headline is the covered-items score: it measures the vectors themselves. The OOV-mean score always
+scores every item (the web package's and Ethayarajh (2019)'s protocol), so it is comparable with the
+paper, but it also charges a vector set for the words its corpus lacks (an out-of-vocabulary item ties
+with every other one). A covered-items score on fewer items than `MinCoverage` asks (default: 50 items
+and 10 % of the benchmark; a benchmark smaller than 50 items needs all of them) is "too few items": kept
+in the records with `enough_items` false, and shown as `too_few_items_text` instead of a number in
+headline tables.
 """
 
 from __future__ import annotations
@@ -75,6 +83,65 @@ def standardize(word: str) -> str:
     """`web.utils.standardize_string`: lowercase, and delete every non-alphanumeric character of
     code point < 256 except space, tab, '-' and '_'."""
     return word.lower().translate(_DELETE_TABLE)
+
+
+@dataclass(frozen=True)
+class MinCoverage:
+    """The fewest covered items a covered-items score needs to be a headline number: at least `items`
+    items (or every item of a smaller benchmark) and at least `fraction` of the benchmark."""
+
+    items: int = 50
+    fraction: float = 0.10
+
+    def __post_init__(self) -> None:
+        if isinstance(self.items, bool) or not isinstance(self.items, int) or self.items < 0:
+            raise InputError(f"`min_coverage` needs a whole number of items >= 0; got {self.items!r}", param="min_coverage")
+        if not 0 <= self.fraction <= 1:
+            raise InputError(f"`min_coverage` needs a fraction of the benchmark between 0 % and 100 %; got {self.fraction:.4g}",
+                             param="min_coverage")
+
+    @classmethod
+    def parse(cls, text: "str | MinCoverage") -> "MinCoverage":
+        """`"50,10%"` (items and percentage, either alone: `"50"` is 50 items and no fraction,
+        `"10%"` is 10 % and no count); `"0"` turns the rule off."""
+        if isinstance(text, MinCoverage):
+            return text
+        items, fraction = 0, 0.0
+        parts = [part.strip() for part in str(text).split(",") if part.strip()]
+        fix = 'give items and/or a percentage of the benchmark, e.g. "50,10%", "50", "10%" or "0" (no minimum)'
+        if not parts or len(parts) > 2:
+            raise InputError(f"`min_coverage` {text!r} does not read; {fix}", param="min_coverage")
+        for part in parts:
+            try:
+                if part.endswith("%"):
+                    fraction = float(part[:-1]) / 100
+                else:
+                    items = int(part)
+            except ValueError:
+                raise InputError(f"`min_coverage` {text!r} does not read ({part!r}); {fix}", param="min_coverage") from None
+        return cls(items, fraction)
+
+    def __str__(self) -> str:
+        return f"{self.items},{self.fraction * 100:g}%"
+
+    def needed(self, total: int) -> int:
+        """The covered items a benchmark of `total` items needs."""
+        return max(min(self.items, total), math.ceil(self.fraction * total - 1e-9))
+
+    def enough(self, covered: int, total: int) -> bool:
+        return total > 0 and covered > 0 and covered >= self.needed(total)
+
+
+DEFAULT_MIN_COVERAGE = MinCoverage()
+
+
+def too_few_items_text(covered: int, total: int) -> str:
+    """What a headline table shows for a covered-items score on too few items."""
+    return f"too few items ({covered:,} of {total:,})"
+
+
+def coverage_text(covered: int, total: int) -> str:
+    return f"{covered:,}/{total:,}"
 
 
 # ---- vectors ---------------------------------------------------------------------------------------
@@ -445,9 +512,12 @@ def score_word_benchmark(lookup: WordLookup, benchmark: WordBenchmark, oov: Oov,
 
 
 def evaluate_word_benchmarks(lookup: WordLookup, benchmarks: Sequence[WordBenchmark], *,
-                             seed: int = CATEGORISATION_SEED) -> list[dict[str, Any]]:
+                             seed: int = CATEGORISATION_SEED,
+                             min_coverage: MinCoverage | str = DEFAULT_MIN_COVERAGE) -> list[dict[str, Any]]:
     """One record per benchmark: `score` (oov="skip", covered items only) and `score_oov_mean`
-    (oov="mean", every item), with the coverage both share."""
+    (oov="mean", every item), with the coverage both share and `enough_items`: whether `score` rests on
+    the items `min_coverage` asks (`MinCoverage`)."""
+    rule = MinCoverage.parse(min_coverage)
     records = []
     for benchmark in benchmarks:
         skip, mean = (score_word_benchmark(lookup, benchmark, oov, seed=seed) for oov in OOV_PROTOCOLS)
@@ -460,6 +530,7 @@ def evaluate_word_benchmarks(lookup: WordLookup, benchmarks: Sequence[WordBenchm
             "covered": skip.covered,
             "total": skip.total,
             "coverage": skip.covered / skip.total if skip.total else math.nan,
+            "enough_items": rule.enough(skip.covered, skip.total),
             "items": ITEMS[benchmark.task],
             "path": str(benchmark.path),
         })

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -230,6 +230,34 @@ def adjacent_layer_findings(contextuality: dict[str, Any], alpha: float = 0.05) 
     return sentences
 
 
+def static_table(static: pd.DataFrame) -> pd.DataFrame:
+    """The report's word-benchmark rows: each score to 3 decimals, a covered-items score on too few items
+    (`enough_items` false) as "too few items (n of N)", and covered/total with its share."""
+    from lmgeom.evaluate.wordbench import coverage_text, too_few_items_text
+
+    def score(record: Mapping[str, Any]) -> str:
+        if record.get("enough_items") is False:
+            return too_few_items_text(int(record["covered"]), int(record["total"]))
+        return number(record["score"], 3)
+
+    records = static.to_dict("records")
+    shown = pd.DataFrame({
+        **{c: static[c] for c in ("layer", "vectors", "benchmark", "metric") if c in static},
+        "score": [score(r) for r in records],
+        "covered": [f"{coverage_text(int(r['covered']), int(r['total']))} ({r['coverage']:.0%})" for r in records],
+        "score_oov_mean": [number(r["score_oov_mean"], 3) for r in records],
+    })
+    return shown
+
+
+def _min_coverage(run: RunData) -> str:
+    """The static step's `min_coverage`, as its result files record it (one value, or each)."""
+    from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
+
+    values = run.static["min_coverage"].dropna().unique() if "min_coverage" in run.static else []
+    return " or ".join(map(str, values)) or str(DEFAULT_MIN_COVERAGE)
+
+
 def build_report(
     run_dir: str | os.PathLike | RunData,
     *,
@@ -291,15 +319,16 @@ def build_report(
     if run.static is None:
         page.section("static", "Static embeddings on word benchmarks", missing(run.notes["static"]))
     else:
-        columns = [c for c in ("layer", "vectors", "benchmark", "task", "metric", "score", "score_oov_mean", "covered", "total", "coverage")
-                   if c in run.static]
         unscored = not_measured(entry for entry in skipped_inputs(run.path) if entry.step == "static_embeddings")
         page.section("static", "Static embeddings on word benchmarks", unscored +
                      "<p class=\"note\">First-principal-component, mean and layer-0-mean word vectors (the layer-0 means "
                      "once, under layer 0); Spearman for similarity, 3CosAdd accuracy for analogies, mean Spearman for "
-                     "SemEval-2012 Task 2, purity for categorisation; benchmarks matched lowercase. Covered items: the "
-                     "score of the items whose words all have vectors; OOV words as the mean vector: every item.</p>"
-                     + table(labelled(run.static[columns]), digits=3))
+                     "SemEval-2012 Task 2, purity for categorisation; benchmarks matched lowercase. Covered items (the "
+                     "headline, as it measures the vectors themselves): the score of the items whose words all have "
+                     "vectors, shown as \u201ctoo few items\u201d when they are fewer than "
+                     f"{esc(_min_coverage(run))} (items, share of the benchmark); OOV words as the mean vector: every "
+                     "item (the paper's protocol, which also charges the vectors for the words the corpus lacks).</p>"
+                     + table(labelled(static_table(run.static)), text_columns=["score", "score_oov_mean", "covered"]))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
     page.section("similarity", "Similarity between layers", similarity_section(page, run.path))
     page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",

@@ -119,7 +119,11 @@ def read_static(run_dir: rundir.Where) -> pd.DataFrame | None:
         assert document is not None
         rundir.check_result(run_dir, path, rundir.STATIC_BENCHMARKS, document,
                             settings=rundir.run_settings(run_dir, rundir.STATIC_BENCHMARKS))
-        frames.append(_frame(document.get("records", [])))
+        settings = (document.get(rundir.PROVENANCE) or {}).get("settings") or {}
+        frame = _frame(document.get("records", []))
+        if "min_coverage" in settings:  # the rule `enough_items` applied
+            frame["min_coverage"] = settings["min_coverage"]
+        frames.append(frame)
     if not frames:
         return None
     static = pd.concat(frames, ignore_index=True)

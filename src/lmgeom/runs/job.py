@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import pandas as pd
+
 from lmgeom.errors import InputError, MissingInput
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.corpus import require_count
@@ -24,7 +26,8 @@ from lmgeom.runs.geometry import GeometryOptions, measure_geometry
 from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
 from lmgeom.runs.reporting import render_report
 from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix, write_similarity
-from lmgeom.runs.static import StaticOptions, export_static_embeddings
+from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
+from lmgeom.runs.static import StaticOptions, export_static_embeddings, read_benchmark_records
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import Target, write_json
 from lmgeom.store import RepresentationStore, layout
@@ -165,6 +168,7 @@ class RunResult:
     steps_skipped: list[str]
     device: str = "cpu"
     skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
+    benchmarks: pd.DataFrame | None = None  # the static step's records of every distilled layer (static/<layer>.benchmarks.json)
 
 
 def protocol_extraction(protocol: str | None, model: str, corpus: str | None) -> tuple[str, str | None]:
@@ -215,6 +219,7 @@ def run(
     bootstrap: int = 1000,
     confidence: float = 0.95,
     data_dir: str | os.PathLike[str] | None = None,
+    min_coverage: str = str(DEFAULT_MIN_COVERAGE),
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
@@ -241,7 +246,9 @@ def run(
     refused, naming both. `data_dir` is the folder holding the word benchmarks of the static
     embeddings and stsbenchmark/ for geometry's alignment (None: ../shared/data or LMGEOM_DATA); a
     given one that is not a folder is refused before any work. What the run did not find there is in
-    `RunResult.skipped_inputs` and run.json (`lmgeom.report.missing_data`)."""
+    `RunResult.skipped_inputs` and run.json (`lmgeom.report.missing_data`). `min_coverage`: the fewest
+    covered items a word-benchmark score needs to be a headline number (`lmgeom.evaluate.MinCoverage`;
+    below it the records keep the score with `enough_items` false)."""
     # checked before the extraction, which can take hours
     if data_dir is not None and not Path(data_dir).is_dir():
         raise MissingInput(f"`data_dir` {data_dir} is not a folder; give the folder holding the word benchmarks and "
@@ -274,7 +281,7 @@ def run(
     # settings (its `to_settings()`) are what run.json and its result files record
     isotropy = IsotropyOptions(analysis)
     calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
-    static = StaticOptions(analysis, data_dir=data)
+    static = StaticOptions(analysis, data_dir=data, min_coverage=min_coverage)
     similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers)  # layer x layer, every layer
     geometry = GeometryOptions(analysis, data_dir=data, model_weights=model)
     # the folder looked in, in run.json's settings of the steps that read it: data found there since
@@ -318,6 +325,7 @@ def run(
                    export_static_embeddings(store, static, layer=layer, progress=progress).paths.values()]
         steps.record("static_embeddings", settings, started, written, file_settings=static.to_settings())
     paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
+    benchmarks = read_benchmark_records(store.url, per_layer)
 
     settings = similarity.to_settings()
     if not steps.done("similarity", settings):
@@ -339,4 +347,5 @@ def run(
     report = render_report(store.url, include=include, progress=progress)
     steps.record("report", {"include": [str(path) for path in include]}, started, [report])
     paths.append(report)
-    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved, steps.skipped_inputs)
+    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved, steps.skipped_inputs,
+                     benchmarks)

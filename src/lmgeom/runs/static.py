@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,8 +24,8 @@ from gensim.models import KeyedVectors
 
 from lmgeom.errors import InputError, MissingInput
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
-from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, find_word_benchmarks,
-                                       read_word_benchmarks)
+from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, DEFAULT_MIN_COVERAGE, MinCoverage, WordLookup,
+                                       evaluate_word_benchmarks, find_word_benchmarks, read_word_benchmarks)
 from lmgeom.evaluate.wordsim import GENSIM_BENCHMARKS, load_static_vectors, static_vectors_format
 from lmgeom.runs.engine import AnalysisOptions, run_analysis
 from lmgeom.runs.engine.options import ROW_FIELDS, WORD_FIELDS, StepOptions, protocol_options
@@ -106,19 +106,27 @@ WORD_SELECTION = ("min_contexts", "count_by", "include_punct", "include_special"
 class StaticOptions(StepOptions):
     """The static-embeddings step's options: the words that get vectors (`analysis`' word threshold
     and rows; by default those the contextuality analysis keeps) and `data_dir`, the folder whose
-    word benchmarks are scored (None: ../shared/data or LMGEOM_DATA)."""
+    word benchmarks are scored (None: ../shared/data or LMGEOM_DATA), and `min_coverage`, the fewest
+    covered items a covered-items score needs to be a headline number (`MinCoverage`: "50,10%" by
+    default; a score below it is kept with `enough_items` false and shown as "too few items")."""
 
     data_dir: str | None = None
+    min_coverage: str = str(DEFAULT_MIN_COVERAGE)
     ANALYSIS_FIELDS: ClassVar[tuple[str, ...]] = (*ROW_FIELDS, *WORD_FIELDS)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min_coverage", str(MinCoverage.parse(self.min_coverage)))
 
     @classmethod
     def of(cls, *, min_contexts: int | None = None, count_by: str | None = None, include_punct: bool | None = None,
-           protocol: str | None = None, data_dir: str | os.PathLike[str] | None = None, device: str = "cpu") -> StaticOptions:
+           protocol: str | None = None, data_dir: str | os.PathLike[str] | None = None, device: str = "cpu",
+           min_coverage: str | MinCoverage = DEFAULT_MIN_COVERAGE) -> StaticOptions:
         """The options from the flags of `lmgeom static-embeddings`: `protocol` sets the words as that
         protocol does (`PROTOCOLS`), and a given option it sets otherwise is refused."""
         chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct)
         chosen.pop("statistics", None)  # the distillation computes its own
-        return cls(AnalysisOptions(**chosen, device=device), data_dir=None if data_dir is None else str(data_dir))
+        return cls(AnalysisOptions(**chosen, device=device), data_dir=None if data_dir is None else str(data_dir),
+                   min_coverage=str(MinCoverage.parse(min_coverage)))
 
 
 def static_embeddings(
@@ -181,6 +189,7 @@ def benchmark_static_embeddings(
     benchmarks: Mapping[str, str | os.PathLike[str]] | None = None,
     static_vectors: Sequence[str | os.PathLike[str]] = (),
     trust_pickle: bool = False,
+    min_coverage: MinCoverage | str = DEFAULT_MIN_COVERAGE,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Scores of first-PC, mean, layer-0 and any given static vectors, on the store's vocabulary, in
@@ -189,7 +198,8 @@ def benchmark_static_embeddings(
 
     `benchmarks` defaults to `default_word_benchmarks()`. Given static vectors are restricted to the
     words the store covers, so every row has the same vocabulary. Categorisation clusterings are
-    seeded with CATEGORISATION_SEED.
+    seeded with CATEGORISATION_SEED. `enough_items` says whether a covered-items score rests on the items
+    `min_coverage` asks.
     Given static vectors are read by `lmgeom.evaluate.load_static_vectors` (a gensim `.kv` is a pickle,
     which can run code: refused unless `trust_pickle`).
     """
@@ -205,7 +215,7 @@ def benchmark_static_embeddings(
     records = []
     for label, load in candidates.items():
         vectors = load()
-        for record in evaluate_word_benchmarks(WordLookup.from_keyed_vectors(vectors), loaded):
+        for record in evaluate_word_benchmarks(WordLookup.from_keyed_vectors(vectors), loaded, min_coverage=min_coverage):
             records.append({"vectors": label, "layer": embeddings.layer, "n_vectors": len(vectors), **record})
         progress.advance("score vectors", note=label)
     return pd.DataFrame(records)
@@ -255,6 +265,8 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: ru
                       "score_oov_mean": "oov=mean: every item, out-of-vocabulary words as the mean of the "
                                         "L2-normalised vectors (the web package's protocol)"},
         "categorisation_seed": CATEGORISATION_SEED,
+        "headline": "score (covered items): it measures the vectors themselves; score_oov_mean scores every item "
+                    "(the paper's protocol) but also charges the vectors for the words the corpus lacks",
         "settings": embeddings.selection,
         "skipped": dict(skipped or {}),
         "device": embeddings.device,
@@ -265,6 +277,17 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: ru
                                      payload, store_meta=embeddings.store_meta, settings=settings,
                                      companions=[(table, records_csv(scores.to_dict("records")))])
     return {"json": document, "csv": csv}
+
+
+def read_benchmark_records(run: rundir.Where, layers: Iterable[int]) -> pd.DataFrame:
+    """The records of STATIC/`<layer>.benchmarks.json` of each of `layers` in the run `run` (a layer
+    without one is left out), one frame."""
+    frames = []
+    for layer in layers:
+        document = rundir.read_json(rundir.STATIC_BENCHMARKS.at(run, layer=layer), rundir.STATIC_BENCHMARKS.kind)
+        if document is not None:
+            frames.append(pd.DataFrame(list(document.get("records", []))))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 @dataclass
@@ -325,6 +348,6 @@ def export_static_embeddings(
     progress.advance(f"distil layer {layer}")
     saved = embeddings.save(store.url, text_path=text_path)
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
-                                         trust_pickle=trust_pickle, progress=progress)
+                                         trust_pickle=trust_pickle, min_coverage=options.min_coverage, progress=progress)
     written = write_benchmarks(scores, embeddings, store.url, skipped=skipped, settings=options.to_settings())
     return StaticEmbeddingRun(embeddings, scores, {**saved, **written}, skipped)

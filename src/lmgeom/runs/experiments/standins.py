@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from lmgeom.corpus import Corpus, is_punctuation, load_corpus
 from lmgeom.errors import InputError
-from lmgeom.evaluate.wordbench import CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, read_word_benchmarks
+from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, read_word_benchmarks,
+                                       too_few_items_text)
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import write_json, write_text
@@ -214,8 +215,16 @@ def results_table(document: Mapping[str, Any]) -> str:
              "|---|---:|---|---|---:|---:|---:|"]
     for record in document["records"]:
         lines.append(f"| {record['vectors']} | {record['n_vectors']:,} | {record['benchmark']} | {record['metric']} | "
-                     f"{_cell(record['score_oov_mean'])} | {_cell(record['score'])} | {record['covered']:,}/{record['total']:,} |")
+                     f"{_cell(record['score_oov_mean'])} | {covered_score(record)} | {record['covered']:,}/{record['total']:,} |")
     return "\n".join(lines) + "\n"
+
+
+def covered_score(record: Mapping[str, Any]) -> str:
+    """A record's covered-items score as a table shows it: "too few items (n of N)" when it rests on fewer
+    items than the default `MinCoverage` asks (`enough_items` false)."""
+    if record.get("enough_items") is False:
+        return too_few_items_text(record["covered"], record["total"])
+    return _cell(record["score"])
 
 
 def _cell(value: Any) -> str:
