@@ -137,7 +137,7 @@ def lee_calibration_table() -> str:
 # runs whose isotropy before and after each method's layer the isotropy check reads: the frozen runs
 # and the fine-tuning grid (its `before` is the fine-tuned pooled vector, the layer's input)
 ISOTROPY_CHECK_RUNS = tuple(run for run in CALIBRATION_RUNS if run not in ("calib-tiny-bert-cola", "calib-minilm-cola-ft")) + (
-    "ding-grid-minilm-cola",)
+    *(grid for grid in GRID_RUNS if (RESULTS / grid / "results.json").exists()),)
 
 
 def isotropy_check_table() -> str:

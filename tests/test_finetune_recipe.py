@@ -134,6 +134,33 @@ def test_isotropy_thresholds_judge_a_layer_only():
     assert reassessed(training, "istar").records[0]["degenerate"] is True
 
 
+def test_a_layer_no_less_isotropic_than_its_input_has_not_collapsed_it():
+    """A binary task's fine-tuned vectors lie near one direction (IsoScore ~ 0.002 for `none` on SST-2):
+    a layer whose output keeps or raises that IsoScore is not degenerate for being below 0.01; one
+    that lowers it below 0.01 is."""
+    rng = np.random.default_rng(1)
+    direction = rng.normal(size=(1, 16))
+    clustered = np.where(rng.random((400, 1)) < 0.5, -1.0, 1.0) * direction + 1e-3 * rng.normal(size=(400, 16))
+    measures = geometry(clustered)
+    assert measures["isoscore"] < 0.01
+    assert degenerate_reasons(clustered, measures, input_isoscore=measures["isoscore"] / 2) == []
+    assert degenerate_reasons(clustered, measures, input_isoscore=measures["isoscore"]) == []
+    [reason] = degenerate_reasons(clustered, measures, input_isoscore=0.3)
+    assert reason.startswith("IsoScore") and "below its input's 0.3" in reason
+    # saved cells judged again on reading, from the isotropy their records hold
+    def cell(after, before, reasons):
+        records = [{"split": "dev", "metric": "accuracy", "value": 0.87, "degenerate": True,
+                    "isoscore_after": after, "isoscore_before": before}]
+        return Cell({"method": "isobn"}, 0, records=records, extra={"degenerate_reasons": reasons})
+
+    kept_up = reassessed(cell(0.0035, 0.0014, ["IsoScore 0.00355 < 0.01"]), "isobn")
+    assert kept_up.records[0]["degenerate"] is False and kept_up.extra["degenerate_reasons"] == []
+    lowered = cell(0.003, 0.2, ["IsoScore 0.003 < 0.01"])
+    assert reassessed(lowered, "isobn") is lowered
+    stale = ["collapsed during training: the fit in use before step 400 gave IsoScore 0.0028, log I(W) -134"]
+    assert reassessed(cell(0.48, 0.002, ["IsoScore 0.48 < 0.01", *stale]), "whitening").extra["degenerate_reasons"] == stale
+
+
 def test_difference_of_means_and_holm_without_duplicates():
     delta, seeds = difference_of_means({0: 0.5, 1: 0.7, 2: 0.9}, {0: 0.4, 1: 0.4, 3: 1.0})
     assert seeds == [0, 1] and delta == pytest.approx(0.6 - 0.4)

@@ -106,18 +106,23 @@ def has_layer(method: str) -> bool:
     return method in (*CALIBRATION_METHODS, "isobn")
 
 
-def degenerate_reasons(vectors: np.ndarray, measures: dict[str, float], *, layer: bool = True) -> list[str]:
+def degenerate_reasons(vectors: np.ndarray, measures: dict[str, float], *, layer: bool = True,
+                       input_isoscore: float | None = None) -> list[str]:
     """Why the vectors the head reads have collapsed (empty when they have not): non-finite values
     or a dimension whose std is below STD_FLOOR times the mean per-dimension std (all of them zero
-    included); for a method's layer (`layer`) also IsoScore below DEGENERATE_ISOSCORE or |log I(W)|
-    above LOG_IW_LIMIT."""
+    included); for a method's layer (`layer`) also |log I(W)| above LOG_IW_LIMIT, or IsoScore below
+    DEGENERATE_ISOSCORE and below the layer's input's (`input_isoscore`, when known): a layer whose
+    output is no less isotropic than the fine-tuned vectors it reads has not collapsed them, however
+    anisotropic the task makes those (a binary task's pooled vectors lie near one direction)."""
     X = np.asarray(vectors, dtype=np.float64)
     if not np.isfinite(X).all():
         return ["non-finite values"]
     reasons = []
     iso, log_iw = measures.get("isoscore", float("nan")), measures.get("log_iw", float("nan"))
-    if layer and (not np.isfinite(iso) or iso < DEGENERATE_ISOSCORE):
-        reasons.append(f"{ISOSCORE_REASON} {iso:.3g} < {DEGENERATE_ISOSCORE}")
+    below_input = input_isoscore is None or not np.isfinite(input_isoscore) or not iso >= input_isoscore
+    if layer and (not np.isfinite(iso) or (iso < DEGENERATE_ISOSCORE and below_input)):
+        reasons.append(f"{ISOSCORE_REASON} {iso:.3g} < {DEGENERATE_ISOSCORE}"
+                       + (f" and below its input's {input_isoscore:.3g}" if input_isoscore is not None else ""))
     if layer and (not np.isfinite(log_iw) or abs(log_iw) > LOG_IW_LIMIT):
         reasons.append(f"{LOG_IW_REASON} = {abs(log_iw):.3g} > {LOG_IW_LIMIT:g}")
     std = X.std(axis=0)
@@ -129,16 +134,28 @@ def degenerate_reasons(vectors: np.ndarray, measures: dict[str, float], *, layer
 
 def reassessed(cell: Cell, method: str) -> Cell:
     """A saved cell judged by the rule above: the isotropy-threshold reasons of a method without a
-    layer (saved by a run that applied them to every method) no longer count; the saved reasons stay
-    in `degenerate_reasons_saved` when they differ."""
+    layer (saved by a run that applied them to every method) no longer count, nor the final IsoScore
+    reason of a layer whose output is no less isotropic than its input (the cell's records hold both,
+    `isoscore_after` and `isoscore_before`); the saved reasons stay in `degenerate_reasons_saved` when
+    they differ."""
     saved = list(cell.extra.get("degenerate_reasons", []))
-    kept = saved if has_layer(method) else [
-        r for r in saved if not r.startswith((f"{ISOSCORE_REASON} ", LOG_IW_REASON))]
+    if has_layer(method):
+        kept = [r for r in saved if not (r.startswith(f"{ISOSCORE_REASON} ") and _not_below_input(cell))]
+    else:
+        kept = [r for r in saved if not r.startswith((f"{ISOSCORE_REASON} ", LOG_IW_REASON))]
     if kept == saved:
         return cell
     extra = {**cell.extra, "degenerate_reasons": kept, "degenerate_reasons_saved": saved}
     records = [{**r, "degenerate": bool(kept)} if "degenerate" in r else r for r in cell.records]
     return replace(cell, records=records, extra=extra)
+
+
+def _not_below_input(cell: Cell) -> bool:
+    """Whether every record of the cell that measured it has a layer output (`isoscore_after`) no less
+    isotropic than the layer's input (`isoscore_before`)."""
+    pairs = [(r["isoscore_after"], r["isoscore_before"]) for r in cell.records
+             if r.get("isoscore_after") is not None and r.get("isoscore_before") is not None]
+    return bool(pairs) and all(np.isfinite(a) and np.isfinite(b) and a >= b for a, b in pairs)
 
 
 def stale_layer_reasons(checks: Sequence[dict[str, Any]]) -> list[str]:
@@ -229,7 +246,8 @@ def run_job(job: FinetuneJob) -> Cell:
     measured = {**prefixed(geometry(vectors["before"][split]), "pretrained"), **prefixed(geometry(layer_in), "before")}
     after = geometry(layer_out)
     measured.update(prefixed(after, "after"))
-    reasons = (degenerate_reasons(layer_out, after, layer="calibrated" in vectors)
+    reasons = (degenerate_reasons(layer_out, after, layer="calibrated" in vectors,
+                                  input_isoscore=measured.get("isoscore_before"))
                + stale_layer_reasons(result.layer_checks))
     per_step = sum(result.seconds_per_epoch) / max(1, result.n_steps)
     cell = Cell(job.config, job.seed, extra={
