@@ -157,8 +157,12 @@ def run_summary() -> str:
 
 
 def findings(run: str) -> str:
-    document = load_json(RESULTS / run / "contextuality.json")
-    return "\n".join(f"- {statement}" for statement in document["statements"])
+    """The run's findings as today's tests give them, re-derived from its committed numbers
+    (`lmgeom.runs.contextuality.retest_findings`), not the sentences the run wrote."""
+    from lmgeom.runs.contextuality import retest_findings
+
+    _, statements = retest_findings(load_json(RESULTS / run / "contextuality.json"))
+    return "\n".join(f"- {statement}" for statement in statements)
 
 
 def _static_records(run: str) -> pd.DataFrame:

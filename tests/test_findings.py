@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from lmgeom.errors import InputError
 from lmgeom.runs.findings import (
     ALPHA,
     EXACT_MAX_LAYERS,
@@ -253,3 +254,25 @@ def test_a_tiny_run_s_findings_carry_p_values_and_verdicts_that_follow_from_them
     for sentence in document["statements"]:
         assert " ".join(sentence.split()) in flat
         assert html.escape(sentence) in report
+
+
+def test_findings_re_derived_from_a_written_document_are_the_ones_it_holds(tiny_cli_run: tuple[Path, str]) -> None:
+    """`retest_findings` rebuilds the findings of a contextuality.json from its own records, intervals and
+    stopword counts: on a document written today, exactly its findings and statements; on one that
+    records only the stopword share (as older results do), the same tests."""
+    from lmgeom.runs.contextuality import retest_findings
+
+    out, _ = tiny_cli_run
+    document = json.loads((out / "contextuality.json").read_text())
+    again, sentences = retest_findings(document)
+    assert sentences == document["statements"]
+    assert json.loads(json.dumps(again)) == document["findings"]
+    older = json.loads(json.dumps(document))
+    least = older["findings"]["least_self_similar"]
+    least.pop("n_analysed_stopwords")
+    least.pop("n_analysed_words")
+    older["counts"]["words_analysed"] = least_words = document["findings"]["least_self_similar"]["n_analysed_words"]
+    assert retest_findings(older)[1] == document["statements"]
+    least["stopword_share_among_all_analysed_words"] = 0.5 / least_words  # half a word: not a count
+    with pytest.raises(InputError, match="no whole number"):
+        retest_findings(older)

@@ -18,8 +18,9 @@ from lmgeom.errors import InputError
 from lmgeom.runs import rundir
 from lmgeom.runs.engine import Analysis
 from lmgeom.metrics.bootstrap import RoughIntervalsWarning, rough_note
+from lmgeom.metrics.spectrum import MEV_VARIANTS
 from lmgeom.runs.engine.bootstrap import add_intervals, adjacent_layer_tests, layer_replicates
-from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, findings
+from lmgeom.runs.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, StopwordCounts, findings, tested_findings
 from lmgeom.runs.rundir import LAYER_NOTE, records_csv, write_result_set
 from lmgeom.store import RepresentationStore
 
@@ -204,6 +205,37 @@ def contextuality_result(store: RepresentationStore, analysis: Analysis) -> Cont
             confidence=plan.options.confidence if bootstrap else None, resamples=plan.options.bootstrap if bootstrap else None,
             seed=plan.options.seed)
     return result
+
+
+def retest_findings(document: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The findings of a written contextuality.json re-derived by today's tests (`lmgeom.runs.findings`)
+    from its own numbers: the per-layer values and bootstrap intervals of its `records`, and the
+    stopword counts of its `findings.least_self_similar` (a document that records only the stopword
+    share among the analysed words gives the count as that share of `counts.words_analysed`, refused
+    unless it is a whole number)."""
+    records = pd.DataFrame(document["records"]).astype({"raw": float, "baseline": float, "adjusted": float})
+    settings = document["settings"]
+    result = ContextualityResult(layers=records, words=pd.DataFrame(), findings={}, statements=[], settings=settings,
+                                 counts=dict(document["counts"]))
+    summary = result.summary()
+    if summary.loc[summary["layer"] >= 1].empty:
+        return findings(summary, pd.DataFrame())
+    least = document["findings"]["least_self_similar"]
+    n_words = least.get("n_analysed_words", document["counts"]["words_analysed"])
+    n_stop = least.get("n_analysed_stopwords")
+    if n_stop is None:
+        share = least["stopword_share_among_all_analysed_words"] * n_words
+        if abs(share - round(share)) > 1e-6:
+            raise InputError(f"the stopword share {least['stopword_share_among_all_analysed_words']} is no whole number of "
+                             f"the {n_words} analysed words; re-run `lmgeom analyze` to test the stopword finding",
+                             param="document")
+        n_stop = round(share)
+    bootstrap = document.get("bootstrap") or {}
+    return tested_findings(
+        summary, StopwordCounts(int(least["layer"]), list(least["words"]), list(least["self_similarity"]), int(n_words), int(n_stop)),
+        variants=settings.get("mev_variants") or [v for v in MEV_VARIANTS if f"mev_{v}" in set(records["metric"])],
+        intervals=result.intervals() if bootstrap else None,
+        confidence=bootstrap.get("level"), resamples=bootstrap.get("B"), seed=settings["seed"])
 
 
 def write_contextuality(result: ContextualityResult, store: RepresentationStore, out: str | os.PathLike[str] | None) -> list[str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -164,18 +165,52 @@ def holm_verdicts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return family
 
 
+def _stopwords() -> frozenset[str]:
+    # imported here: importing gensim takes about a second, which every layer worker would pay for nothing
+    from gensim.parsing.preprocessing import STOPWORDS
+
+    return STOPWORDS
+
+
+@dataclass(frozen=True)
+class StopwordCounts:
+    """What the stopword finding needs of the per-word values at its `layer`: the least self-similar
+    `words` (lowest first) with their `self_similarity`, and among the `n_words` analysed words with a
+    self-similarity there, `n_stop` stopwords."""
+
+    layer: int
+    words: list[str]
+    self_similarity: list[float]
+    n_words: int
+    n_stop: int
+
+    @classmethod
+    def of(cls, words: pd.DataFrame, layer: int) -> StopwordCounts:
+        at_layer = words.loc[(words["layer"] == layer) & words["self_similarity"].notna()]
+        least = at_layer.nsmallest(N_LEAST_SELF_SIMILAR, "self_similarity")
+        return cls(layer, least["word"].tolist(), least["self_similarity"].tolist(), len(at_layer),
+                   int(at_layer["word"].str.lower().isin(_stopwords()).sum()))
+
+
 def findings(summary: pd.DataFrame, words: pd.DataFrame, *, variants: Sequence[str] = MEV_VARIANTS,
              intervals: pd.DataFrame | None = None, confidence: float | None = None, resamples: int | None = None,
              seed: int = 0) -> tuple[dict[str, Any], list[str]]:
     """The findings of a contextuality analysis (its `summary`, per-word values and, with a bootstrap,
     `intervals` at `confidence` from `resamples` draws) and their sentences (`statements`)."""
-    # imported here: importing gensim takes about a second, which every layer worker would pay for nothing
-    from gensim.parsing.preprocessing import STOPWORDS
-
     upper = summary.loc[summary["layer"] >= 1]
     if upper.empty:
         note = "this store has only layer 0 (the embedding output): no findings about contextual layers"
         return {"note": note}, [note]
+    return tested_findings(summary, StopwordCounts.of(words, int(upper["layer"].max())), variants=variants,
+                           intervals=intervals, confidence=confidence, resamples=resamples, seed=seed)
+
+
+def tested_findings(summary: pd.DataFrame, stopwords_at_last: StopwordCounts, *, variants: Sequence[str] = MEV_VARIANTS,
+                    intervals: pd.DataFrame | None = None, confidence: float | None = None, resamples: int | None = None,
+                    seed: int = 0) -> tuple[dict[str, Any], list[str]]:
+    """`findings` from the per-word values' `StopwordCounts` at the last layer instead of the values."""
+    STOPWORDS = _stopwords()
+    upper = summary.loc[summary["layer"] >= 1]
     layers = upper["layer"].tolist()
     by_layer = upper.set_index("layer")
     result: dict[str, Any] = {}
@@ -201,12 +236,10 @@ def findings(summary: pd.DataFrame, words: pd.DataFrame, *, variants: Sequence[s
         kind: depth_trend(layers, upper[column].tolist(), seed=seed, what=f"mean self-similarity ({kind})")
         for kind, column in (("raw", "self_similarity"), ("adjusted", "self_similarity_adjusted"))}}
 
-    last = layers[-1]
-    at_last = words.loc[(words["layer"] == last) & words["self_similarity"].notna()]
-    least = at_last.nsmallest(N_LEAST_SELF_SIMILAR, "self_similarity")
-    is_stop = least["word"].str.lower().isin(STOPWORDS)
-    n_words, n_stop = len(at_last), int(at_last["word"].str.lower().isin(STOPWORDS).sum())
-    n_least, stop_least = len(least), int(is_stop.sum())
+    last = stopwords_at_last.layer
+    is_stop = np.array([word.lower() in STOPWORDS for word in stopwords_at_last.words], dtype=bool)
+    n_words, n_stop = stopwords_at_last.n_words, stopwords_at_last.n_stop
+    n_least, stop_least = len(is_stop), int(is_stop.sum())
     stopwords = _test_record(
         f"stopwords over-represented among the {n_least or N_LEAST_SELF_SIMILAR} least self-similar words at layer {last}",
         f"stopwords among the {n_least} least self-similar words", stop_least,
@@ -221,8 +254,8 @@ def findings(summary: pd.DataFrame, words: pd.DataFrame, *, variants: Sequence[s
     result["least_self_similar"] = {
         **stopwords,
         "layer": last,
-        "words": least["word"].tolist(),
-        "self_similarity": least["self_similarity"].tolist(),
+        "words": list(stopwords_at_last.words),
+        "self_similarity": list(stopwords_at_last.self_similarity),
         "stopword_share": float(is_stop.mean()) if n_least else None,
         "stopword_share_among_all_analysed_words": n_stop / n_words if n_words else None,
         "n_analysed_words": n_words, "n_analysed_stopwords": n_stop,
