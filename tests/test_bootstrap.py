@@ -76,10 +76,13 @@ def test_resampled_selfsim_and_baseline_equal_brute_force_on_the_resampled_occur
     assert pair_mean(ones[:, keys], sums, counts)[0] == pytest.approx(_brute_pair_mean(U, np.arange(len(U))), rel=1e-12)
 
 
-@pytest.mark.parametrize("dim", [8, 80])  # 8: every resample solved densely; 80: by power iteration
-def test_resampled_mev_equals_the_spectrum_of_the_explicitly_resampled_rows(dim):
+@pytest.mark.parametrize(("dim", "top"), [(8, 3), (80, 3), (160, 1.05)])
+def test_resampled_mev_equals_the_spectrum_of_the_explicitly_resampled_rows(dim, top):
+    """8: every resample solved densely; 80: by Lanczos; 160 with a nearly flat spectrum (top axis 1.05
+    times the next): the resamples' top eigenvectors turn far from the start, and each runs to the most
+    steps or is solved exactly, with the same numbers."""
     rng = np.random.default_rng(2)
-    X = rng.normal(size=(120, dim)) * np.linspace(3, 1, dim) + 0.7
+    X = rng.normal(size=(120, dim)) * np.linspace(top, 1, dim) + 0.7
     m = draws(len(X), 4, seed=5, stream="sampled occurrences")
     variants = ("uncentred", "centred", "svd_ratio")
     resampled = resampled_mev(X, m, variants)
@@ -206,6 +209,37 @@ def test_the_engine_writes_intervals_and_adjacent_layer_tests_and_keeps_every_po
     assert [t.get("fill") for t in traces[:3]] == [None, "none", "tonexty"] and traces[2]["y"] == list(lo)
     findings = adjacent_layer_findings(document)
     assert findings[0].startswith("SelfSim (raw) from layer to layer (paired bootstrap, B = 300") and "1→2" in findings[0]
+
+
+def test_mev_baselines_are_resampled_a_fixed_number_of_times_and_paired_cyclically(tmp_path, monkeypatch):
+    """Adjusted MEV replicate b is raw replicate b minus baseline replicate b mod MEV_BASELINE_RESAMPLES;
+    the design records how many baseline resamples there were."""
+    import lmgeom.runs.engine.bootstrap as engine_bootstrap
+
+    monkeypatch.setattr(engine_bootstrap, "MEV_BASELINE_RESAMPLES", 7)
+    kept = {}
+    original = engine_bootstrap.layer_replicates
+
+    def keep(values, rows):
+        out = original(values, rows)
+        kept[len(kept)] = (values, out)
+        return out
+
+    import lmgeom.runs.contextuality as contextuality
+
+    monkeypatch.setattr(contextuality, "layer_replicates", keep)
+    result = analyze_store(_store(tmp_path / "store"), min_contexts=2, bootstrap=120, engine="local")
+    assert result.bootstrap["mev_baseline_resamples"] == 7
+    checked = 0
+    for values, out in kept.values():
+        for variant, baseline in values["bootstrap_sample_replicates"]["mev_baseline"].items():
+            if f"mev_{variant}" not in out:
+                continue
+            assert len(baseline) == 7
+            reps = out[f"mev_{variant}"]
+            np.testing.assert_array_equal(reps["adjusted"], reps["raw"] - baseline[np.arange(120) % 7])
+            checked += 1
+    assert checked >= 3
 
 
 def test_seeded_intervals_are_the_same_in_a_new_process(tmp_path):

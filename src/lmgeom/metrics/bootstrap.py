@@ -27,11 +27,16 @@ from lmgeom.errors import InputError
 INTERVAL = "percentile"
 # independent streams of one seed: the sentence units, the words, the sampled occurrences
 STREAMS = {"sentences": 1, "words": 2, "sampled occurrences": 3}
-# the resampled MEV baseline: Lanczos steps for every resample, and the largest relative residual of
-# the Ritz pair accepted (else the resample is solved exactly); exact from the start up to DENSE_DIM
+# the resampled MEV baseline: the most Lanczos steps of a resample, and the largest relative residual
+# of the Ritz pair accepted (else the resample is solved exactly); exact from the start up to DENSE_DIM
 LANCZOS_STEPS = 30
 RESIDUAL_TOLERANCE = 1e-8
 DENSE_DIM = 64
+# SelfSim's replicates: words in at most GROUPED_UNITS units are batched, GROUPED_ELEMENTS
+# multiplicities (B x words x units) at a time
+GROUPED_UNITS = 64
+CHECK_FROM = 4  # the first Lanczos step whose Ritz pairs are checked for convergence
+GROUPED_ELEMENTS = 2**22
 
 
 def draws(n_units: int, n_resamples: int, seed: int, stream: str) -> np.ndarray:
@@ -65,15 +70,38 @@ def pair_mean(m: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray
 
 def self_similarity_replicates(m: np.ndarray, keys: np.ndarray, sums: np.ndarray, counts: np.ndarray, n_units: int) -> np.ndarray:
     """Each resample's mean self-similarity over the words defined in it (two distinct occurrences
-    drawn), from per-(word, unit) sums (`keys` = word * n_units + unit, ascending; `m`: (B, n_units))."""
+    drawn), from per-(word, unit) sums (`keys` = word * n_units + unit, ascending; `m`: (B, n_units)).
+    Words in the same number k <= `GROUPED_UNITS` of units are computed together, from their k x k
+    Gram matrices (`pair_mean`'s formula, batched); a word in more units alone by `pair_mean`."""
     word, unit = keys // n_units, keys % n_units
     starts = np.flatnonzero(np.concatenate([[True], word[1:] != word[:-1]])) if len(word) else np.zeros(0, dtype=np.int64)
+    sizes = np.diff(np.append(starts, len(word)))
+    m = np.asarray(m, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
     total, defined = np.zeros(len(m)), np.zeros(len(m))
-    for start, stop in zip(starts, np.append(starts[1:], len(word))):
-        values = pair_mean(m[:, unit[start:stop]], sums[start:stop], counts[start:stop])
+
+    def add(values: np.ndarray) -> None:  # (B, words)
         known = ~np.isnan(values)
-        total += np.where(known, values, 0.0)
-        defined += known
+        total[:] += np.where(known, values, 0.0).sum(axis=1)
+        defined[:] += known.sum(axis=1)
+
+    for k in np.unique(sizes).tolist():
+        group = starts[sizes == k]
+        if k > GROUPED_UNITS:
+            for start in group.tolist():
+                add(pair_mean(m[:, unit[start:start + k]], sums[start:start + k], counts[start:start + k])[:, None])
+            continue
+        per_chunk = max(1, GROUPED_ELEMENTS // (len(m) * k))
+        for first in range(0, len(group), per_chunk):
+            rows = group[first:first + per_chunk, None] + np.arange(k)  # (W, k) indexes of the pairs
+            block = sums[rows]  # (W, k, d)
+            gram = np.matmul(block, block.transpose(0, 2, 1))  # (W, k, k)
+            drawn = m[:, unit[rows]].transpose(1, 0, 2)  # (W, B, k)
+            squared = np.einsum("wbj,wbj->wb", np.matmul(drawn, gram), drawn)
+            own = np.einsum("wbj,wj->wb", drawn * drawn, counts[rows])
+            pairs = np.einsum("wbj,wj->wb", drawn, counts[rows]) ** 2 - own
+            with np.errstate(divide="ignore", invalid="ignore"):
+                add(np.where(pairs > 0, (squared - own) / pairs, np.nan).T)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(defined > 0, total / defined, np.nan)
 
@@ -113,41 +141,50 @@ def _apply(X: np.ndarray, m: np.ndarray, vectors: np.ndarray, centred: bool) -> 
     return images
 
 
-def _top_eigenpairs(X: np.ndarray, m: np.ndarray, start: np.ndarray, centred: bool) -> tuple[np.ndarray, np.ndarray]:
+def _top_eigenpairs(X: np.ndarray, m: np.ndarray, start: np.ndarray, centred: bool,
+                    max_steps: int = LANCZOS_STEPS) -> tuple[np.ndarray, np.ndarray]:
     """Top eigenvalue and unit eigenvector of `_scatter(X, m_b)` for every resample b: Lanczos from
-    `start` (d,) with full reorthogonalisation, `LANCZOS_STEPS` steps for every resample at once (the
-    top Ritz value converges like a Chebyshev polynomial of the spectral gap, not like its power).
-    A resample whose Ritz pair then has a residual ||C v - lambda v|| above `RESIDUAL_TOLERANCE`
-    lambda is solved exactly (its scatter formed, `numpy.linalg.eigh`), as is every resample at
-    d <= `DENSE_DIM`."""
+    `start` (d,) with full reorthogonalisation, every resample at once, each stopped at the first step
+    where its Ritz pair's residual (beta_j |last component of the Ritz vector|, exact in exact
+    arithmetic) is at most `RESIDUAL_TOLERANCE` lambda, or at `max_steps` (the top Ritz value
+    converges like a Chebyshev polynomial of the spectral gap, not like its power). The residual
+    ||C v - lambda v|| is then computed; a resample above the tolerance is solved exactly (its scatter
+    formed, `numpy.linalg.eigh`), as is every resample at d <= `DENSE_DIM`. An eigenvalue's error is
+    at most residual^2 / gap."""
     n_resamples, dim = len(m), X.shape[1]
-    steps = min(LANCZOS_STEPS, dim)
+    steps = min(max_steps, dim)
     values, vectors = np.zeros(n_resamples), np.zeros((n_resamples, dim))
     todo = np.arange(n_resamples)
-    if dim > DENSE_DIM:
+    if dim > DENSE_DIM and n_resamples:
         basis = np.zeros((n_resamples, steps, dim))
         alpha, beta = np.zeros((n_resamples, steps)), np.zeros((n_resamples, steps))
         basis[:, 0] = start / np.linalg.norm(start)
+        active = np.arange(n_resamples)
         for j in range(steps):
-            w = _apply(X, m, basis[:, j], centred)
-            alpha[:, j] = np.einsum("bi,bi->b", w, basis[:, j])
+            w = _apply(X, m[active], basis[active, j], centred)
+            alpha[active, j] = np.einsum("bi,bi->b", w, basis[active, j])
             # full reorthogonalisation against every basis vector so far (twice: Kahan's "twice is enough")
+            kept = basis[active, : j + 1]
             for _ in range(2):
-                w -= np.einsum("bk,bki->bi", np.einsum("bki,bi->bk", basis[:, :j + 1], w), basis[:, :j + 1])
-            if j + 1 < steps:
-                beta[:, j] = np.linalg.norm(w, axis=1)
-                scale = np.maximum(np.abs(alpha[:, : j + 1]).max(axis=1), 1e-300)
-                alive = beta[:, j] > 1e-13 * scale  # else the Krylov space is invariant: the rest stays zero
-                basis[alive, j + 1] = w[alive] / beta[alive, j, None]
-                beta[~alive, j] = 0.0
-        tridiagonal = np.zeros((n_resamples, steps, steps))
-        index = np.arange(steps)
-        tridiagonal[:, index, index] = alpha
-        tridiagonal[:, index[:-1], index[1:]] = beta[:, :-1]
-        tridiagonal[:, index[1:], index[:-1]] = beta[:, :-1]
-        ritz_values, ritz_vectors = np.linalg.eigh(tridiagonal)
-        values = ritz_values[:, -1]
-        vectors = np.einsum("bk,bki->bi", ritz_vectors[:, :, -1], basis)
+                w -= np.matmul(np.matmul(kept, w[:, :, None]).transpose(0, 2, 1), kept)[:, 0]
+            norms = np.linalg.norm(w, axis=1)
+            invariant = norms <= 1e-13 * np.maximum(np.abs(alpha[active, : j + 1]).max(axis=1), 1e-300)
+            if j + 1 < min(CHECK_FROM, steps) and not invariant.any():
+                basis[active, j + 1] = w / norms[:, None]
+                beta[active, j] = norms
+                continue
+            ritz_values, ritz_vectors = np.linalg.eigh(_tridiagonal(alpha[active, : j + 1], beta[active, :j]))
+            top = ritz_values[:, -1]
+            done = invariant | (norms * np.abs(ritz_vectors[:, -1, -1]) <= RESIDUAL_TOLERANCE * np.abs(top)) | (j + 1 == steps)
+            finished = active[done]
+            values[finished] = top[done]
+            vectors[finished] = np.einsum("bk,bki->bi", ritz_vectors[done, :, -1], kept[done])
+            going = ~done
+            basis[active[going], j + 1] = w[going] / norms[going, None]
+            beta[active[going], j] = norms[going]
+            active = active[going]
+            if not len(active):
+                break
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         residuals = np.linalg.norm(_apply(X, m, vectors, centred) - values[:, None] * vectors, axis=1)
         todo = np.flatnonzero(~(residuals <= RESIDUAL_TOLERANCE * np.abs(values)))
@@ -155,6 +192,31 @@ def _top_eigenpairs(X: np.ndarray, m: np.ndarray, start: np.ndarray, centred: bo
         eigenvalues, eigenvectors = np.linalg.eigh(_scatter(X, m[b], centred))
         values[b], vectors[b] = eigenvalues[-1], eigenvectors[:, -1]
     return values, vectors
+
+
+def _tridiagonal(alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """(B, k, k) symmetric tridiagonal matrices of diagonals `alpha` (B, k) and off-diagonals `beta` (B, k - 1)."""
+    n_resamples, k = alpha.shape
+    out = np.zeros((n_resamples, k, k))
+    index = np.arange(k)
+    out[:, index, index] = alpha
+    out[:, index[:-1], index[1:]] = beta
+    out[:, index[1:], index[:-1]] = beta
+    return out
+
+
+def _start(X: np.ndarray, centred: bool) -> np.ndarray:
+    """The top eigenvector of the unweighted scatter of `X` (the resamples' Lanczos start): Lanczos
+    from the column sums (uncentred) or from the scatter's column of largest variance (centred)."""
+    if centred:
+        Xc = X - X.mean(axis=0)
+        first = Xc.T @ Xc[:, int(np.argmax(np.einsum("ij,ij->j", Xc, Xc)))]
+    else:
+        first = X.sum(axis=0)
+    if not np.any(first):
+        first = np.ones(X.shape[1])
+    _, vector = _top_eigenpairs(X, np.ones((1, len(X))), first, centred, max_steps=4 * LANCZOS_STEPS)
+    return vector[0]
 
 
 def resampled_mev(X: np.ndarray, m: np.ndarray, variants: Sequence[str]) -> dict[str, np.ndarray]:
@@ -166,17 +228,14 @@ def resampled_mev(X: np.ndarray, m: np.ndarray, variants: Sequence[str]) -> dict
     frobenius = m @ np.einsum("ij,ij->i", X, X)
     means = (m @ X) / n_b[:, None]
     centred_total = frobenius - n_b * np.einsum("bi,bi->b", means, means)
-    _, _, vt = np.linalg.svd(X, full_matrices=False)
-    top, direction = _top_eigenpairs(X, m, vt[0], centred=False)
+    top, direction = _top_eigenpairs(X, m, _start(X, centred=False), centred=False)
     out: dict[str, np.ndarray] = {}
     spread = centred_total > 1e-10 * frobenius
     with np.errstate(divide="ignore", invalid="ignore"):
         if "uncentred" in variants:
             out["uncentred"] = top / frobenius
         if "centred" in variants:
-            centred = X - (np.ones(len(X)) @ X) / len(X)
-            _, _, vc = np.linalg.svd(centred, full_matrices=False)
-            centred_top, _ = _top_eigenpairs(X, m, vc[0], centred=True)
+            centred_top, _ = _top_eigenpairs(X, m, _start(X, centred=True), centred=True)
             out["centred"] = np.where(spread, centred_top / centred_total, np.nan)
         if "svd_ratio" in variants:
             along = np.einsum("bi,bi->b", (m * (direction @ X.T)) @ X, direction) - n_b * np.einsum("bi,bi->b", means, direction) ** 2

@@ -10,7 +10,12 @@ Units resampled:
   consecutive sentences, the fewest per block that fit (at least `MIN_UNITS` blocks);
 - words, for MEV (each variant; the per-word values exist);
 - the sampled occurrences, for the sampled baselines (anisotropy_sampled and the MEV baselines that
-  MEV is adjusted by; the "bootstrap_sample" statistic keeps its own copy of the sample).
+  MEV is adjusted by; the "bootstrap_sample" statistic keeps its own copy of the sample). Each MEV
+  baseline replicate needs the top eigenvalue of a resampled scatter (`resampled_mev`), which costs the
+  same whatever the corpus size; the baselines are resampled for the first `MEV_BASELINE_RESAMPLES`
+  resamples only, and adjusted replicate b subtracts baseline replicate b mod `MEV_BASELINE_RESAMPLES`
+  (the words and the sampled occurrences are independent draws, so this pairs a word resample with a
+  baseline resample as the full bootstrap does, from fewer distinct baseline resamples).
 The draws (`lmgeom.metrics.bootstrap.draws`) follow from the options' seed alone and are the same at
 every layer, so adjacent layers are compared by a paired bootstrap of their difference.
 """
@@ -44,6 +49,7 @@ if TYPE_CHECKING:
 STATE_MB = 256  # the most memory the per-(word, unit) sums of one layer take
 MAX_UNITS = 8192  # the most resampling units (the draws take B x units int32)
 MIN_UNITS = 100
+MEV_BASELINE_RESAMPLES = 200  # the distinct resamples of the MEV baselines (module docstring)
 DUPLICATE_RULE = ("a unit drawn k times counts k times, and every pair of two distinct original occurrences counts "
                   "m_a m_b times (m: their units' multiplicities); an occurrence is never paired with its own copy, so "
                   "no pair of cosine 1 is added that the data do not have")
@@ -92,6 +98,7 @@ class BootstrapDesign:
         return {"B": self.options.bootstrap, "level": self.options.confidence, "interval": INTERVAL, "seed": self.options.seed,
                 "units": {"sentences": self.n_units, "words": self.n_words, "sampled occurrences": self.n_sampled},
                 "sentences_per_unit": self.sentences_per_unit, "duplicate_rule": DUPLICATE_RULE,
+                "mev_baseline_resamples": min(self.options.bootstrap, MEV_BASELINE_RESAMPLES),
                 "state_cap_mb": STATE_MB, "max_units": MAX_UNITS}
 
 
@@ -169,7 +176,7 @@ def _sample_replicates(acc: RowSampleAccumulator, rows: PlanRows, words: np.ndar
     units = sample / row_norms(sample)[:, None]
     return {"bootstrap_sample_replicates": {
         "anisotropy_sampled": pair_mean(m, units, np.ones(len(units))),
-        "mev_baseline": resampled_mev(sample, m, rows.options.mev_variants),
+        "mev_baseline": resampled_mev(sample, m[:MEV_BASELINE_RESAMPLES], rows.options.mev_variants),
     }}
 
 
@@ -210,7 +217,7 @@ def layer_replicates(values: LayerValues, rows: PlanRows) -> dict[str, dict[str,
         word_values = np.asarray(word_values, dtype=np.float64)
         defined = ~np.isnan(word_values)
         raw = weighted_means(design.word_draws, np.where(defined, word_values, 0.0), defined.astype(np.float64))
-        out[f"mev_{variant}"] = {"raw": raw, "adjusted": raw - baseline}
+        out[f"mev_{variant}"] = {"raw": raw, "adjusted": raw - baseline[np.arange(len(raw)) % len(baseline)]}
     return out
 
 
