@@ -301,7 +301,7 @@ def build_report(
                      "score of the items whose words all have vectors; OOV words as the mean vector: every item.</p>"
                      + table(labelled(run.static[columns]), digits=3))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
-    page.section("similarity", "Similarity between layers", similarity_section(page, run.path))
+    page.section("similarity", "Similarity between layers", similarity_section(page, run.path, run.label))
     page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",
                  geometry_section(run, page, out_path))
     if run.sts is None:
