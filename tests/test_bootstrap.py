@@ -204,7 +204,7 @@ def test_the_engine_writes_intervals_and_adjacent_layer_tests_and_keeps_every_po
     lo, hi = selfsim.series[0].band
     np.testing.assert_array_equal(lo, records.loc[records["metric"] == "self_similarity", "raw_lo"])
     np.testing.assert_array_equal(hi, records.loc[records["metric"] == "self_similarity", "raw_hi"])
-    assert "bands: 95% percentile bootstrap intervals (B = 300" in selfsim.note
+    assert selfsim.subtitle.endswith("bands: 95% percentile bootstrap, 300 resamples of sentences")
     traces = plotly_figure(selfsim)["data"]
     assert [t.get("fill") for t in traces[:3]] == [None, "none", "tonexty"] and traces[2]["y"] == list(lo)
     findings = adjacent_layer_findings(document)

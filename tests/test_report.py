@@ -155,8 +155,12 @@ def test_chart_values_equal_the_contextuality_records_and_summary(full_run: Path
         np.testing.assert_allclose([trace["y"] for trace in lines], series, rtol=1e-12, err_msg=name)
         assert [trace["x"] for trace in lines] == [[0, 1, 2, 3]] * len(series)
     html = (full_run / "report.html").read_text()
-    caption = re.search(r'<figcaption>(.*?)</figcaption><div class="chart" id="chart-self_similarity"', html).group(1)
-    assert "synthetic-4" in caption and "layer 0 = embedding output" in caption and "70 sentences" in caption
+    caption = re.findall(r'<figcaption>(.*?)</figcaption><div class="chart" id="chart-([a-z_]+)"', html)
+    subtitles = {name: re.findall(r'class="chart-subtitle">([^<]*)<', text) for text, name in caption}
+    assert subtitles["self_similarity"][0] == ("synthetic-4 on arrays: 16 words, 392 occurrences; "
+                                               "bands: 95% percentile bootstrap, 1,000 resamples of sentences")
+    assert subtitles["anisotropy"][0].startswith("synthetic-4 on arrays: 392 occurrences, 70 sentences; bands: ")
+    assert figures["chart-self_similarity"]["layout"]["xaxis"]["title"]["text"] == "layer (layer 0 = embedding output)"
 
 
 def test_calibration_chart_equals_the_calibration_records(full_run: Path) -> None:

@@ -173,7 +173,7 @@ def test_mev_charts_say_why_a_variant_has_no_value_at_layer_0(tmp_path: Path) ->
     assert "SelfSim 1.000" in note
     charts = {c.name: c for c in run_charts(run)}
     assert "undefined at layer 0" in charts["mev"].note and "undefined at layer 0" in charts["mev_adjusted"].note
-    assert "share of a word's occurrence variance" in charts["mev"].note and charts["mev"].y_label == "mean MEV"
+    assert "share of a word's occurrence variance" in charts["mev"].title and charts["mev"].y_label == "mean MEV (0 to 1)"
     assert undefined_note(run_data(tmp_path), {"mev_centred": "centred"}) == ""
 
 
@@ -195,7 +195,7 @@ def test_sts_pivot_equals_a_hand_pivot_of_the_all_aggregation(tmp_path: Path) ->
     assert [s.name for s in chart.series] == ["none", "whitening", "whitening@lee"]
     assert chart.series[0].x == [0, 1, 2, 3] and math.isnan(chart.series[0].y[2])  # layer 2 not evaluated: a gap
     assert [chart.series[0].y[i] for i in (0, 1, 3)] == [55, 56, 57]
-    assert "mean over 2 datasets (STS-B, STS12)" in chart.note
+    assert "mean over 2 datasets (STS-B, STS12)" in chart.subtitle
 
 
 # ---- static benchmarks ------------------------------------------------------------------------------
@@ -299,3 +299,129 @@ def test_docs_list_every_figure_the_report_writes(tmp_path: Path) -> None:
     files_section = (ROOT / "docs" / "report.md").read_text().split("## Files", 1)[1].split("RUN/explorer.json", 1)[0]
     listed = set(re.findall(r"`([a-z_]+)`", files_section))
     assert set(names) <= listed, set(names) - listed
+
+
+# ---- figures a reviewer accepts: one line of metadata, the estimator named, bands visible or noted, numbers in cells
+
+DESIGN = {"B": 1000, "level": 0.95, "interval": "percentile", "seed": 0, "sentences_per_unit": 1}
+COUNTS = {"rows_analysed": 4229, "sentences": 200, "words_analysed": 130, "rows_of_analysed_words": 2115}
+
+
+def banded_records(width: float = 0.02) -> pd.DataFrame:
+    """`contextuality_records` with bootstrap intervals `width` wide around each value."""
+    records = contextuality_records()
+    for column in ("raw", "adjusted"):
+        records[f"{column}_lo"], records[f"{column}_hi"] = records[column] - width / 2, records[column] + width / 2
+    return records
+
+
+def banded_run(tmp_path: Path, *, per_unit: int = 1, **parts: Any) -> RunData:
+    contextuality = {"settings": {"n_samples": 1000}, "counts": COUNTS, "bootstrap": {**DESIGN, "sentences_per_unit": per_unit}}
+    return run_data(tmp_path, contextuality=contextuality, layers=banded_records(), isotropy=isotropy_records(),
+                    calibration=calibration_records([0, 1, 3], {"whitening": 10}), sts=sts_records(), **parts)
+
+
+def figure_texts(fig: Any, gid: str) -> list[str]:
+    return [t.get_text() for t in fig.findobj(lambda a: getattr(a, "get_gid", lambda: None)() == gid) if t.get_text()]
+
+
+def test_every_png_has_one_line_of_metadata_naming_the_units_its_bands_resample(tmp_path: Path) -> None:
+    from lmgeom.runs.engine.bootstrap import UNITS, resampled_unit
+
+    charts = {c.name: c for c in run_charts(banded_run(tmp_path))}
+    for chart in charts.values():
+        fig = draw_figure(chart)
+        try:
+            (subtitle,) = figure_texts(fig, "subtitle")
+            assert "\n" not in subtitle and subtitle == chart.subtitle and subtitle.startswith("m on c")
+            assert_text_inside(fig)
+        finally:
+            plt.close(fig)
+    bands = {name: chart.subtitle.split("bands: ", 1)[1] for name, chart in charts.items() if "bands: " in chart.subtitle}
+    assert set(bands) == {"anisotropy", "self_similarity", "intra_sentence_similarity", "mev", "mev_adjusted"}
+    assert all(b.startswith("95% percentile bootstrap, 1,000 resamples of ") for b in bands.values())
+    # each statistic's unit, as the analysis resamples it
+    for name in ("self_similarity", "intra_sentence_similarity"):
+        assert UNITS[name] in bands[name] and "words" not in bands[name] and "sampled" not in bands[name]
+    assert UNITS["anisotropy_exact"] in bands["anisotropy"] and UNITS["anisotropy_sampled"] in bands["anisotropy"]
+    assert resampled_unit("mev_centred").startswith("words") and "sentences" not in bands["mev"]
+    assert bands["mev"].endswith("of words") and "sampled occurrences (baseline)" in bands["mev_adjusted"]
+    assert "sentences" not in bands["mev_adjusted"]
+    # the counts each chart is computed on
+    assert "4,229 occurrences, 200 sentences" in charts["anisotropy"].subtitle
+    assert "130 words, 2,115 occurrences" in charts["self_similarity"].subtitle and "130 words" in charts["mev"].subtitle
+    assert "200 sentences, 4,229 occurrences" in charts["intra_sentence_similarity"].subtitle
+    assert charts["isotropy_isoscore"].subtitle == "m on c: 100 occurrences at each layer" and "bands" not in charts["sts"].subtitle
+    blocks = {c.name: c for c in run_charts(banded_run(tmp_path, per_unit=4))}
+    assert "blocks of 4 consecutive sentences" in blocks["self_similarity"].subtitle
+    assert "blocks" not in blocks["mev"].subtitle
+
+
+def test_every_title_names_the_estimator(tmp_path: Path) -> None:
+    titles = {c.name: c.title for c in run_charts(banded_run(tmp_path))}
+    expected = {"anisotropy": "mean cosine over pairs of word occurrences, all pairs (exact) or a seeded sample",
+                "self_similarity": "mean pairwise cosine of a word's occurrences",
+                "intra_sentence_similarity": "mean cosine of each word to its sentence's mean vector",
+                "mev": "variance on its first principal component", "mev_adjusted": "the same variant on 1,000 sampled",
+                "isotropy_log_partition": "partition function's min / max", "isotropy_isoscore": "IsoScore (Rudman et al.)",
+                "isotropy_average_cosine": "mean cosine over all pairs", "calibration_isoscore": "IsoScore (Rudman et al.)",
+                "calibration_log_partition_isotropy": "partition function's min / max",
+                "calibration_average_cosine": "mean cosine over all pairs", "sts": "Spearman × 100 between gold scores"}
+    assert set(titles) == set(expected)
+    for name, estimator in expected.items():
+        assert estimator in titles[name], name
+
+
+def test_a_band_narrower_than_the_line_gets_a_note_and_keeps_its_width(tmp_path: Path) -> None:
+    from lmgeom.report.html import Page
+
+    y = [0.6, 0.5, 0.4, 0.3]
+    for width, noted in ((1e-4, True), (0.05, False)):
+        chart = Chart("c", "t", "m on c", "layer", "y", [layer_series("raw", range(4), y, band=([v - width / 2 for v in y], [v + width / 2 for v in y])),
+                                                          layer_series("other", range(4), [0.2] * 4)])
+        fig = draw_figure(chart)
+        try:
+            note = fig.axes[0].get_title(loc="left")
+            assert ("narrower than the line" in note) is noted
+            band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+            assert band.max() - band.min() == pytest.approx(0.3 + width)  # drawn at its true width, never widened
+        finally:
+            plt.close(fig)
+        assert ("narrower than the line" in Page("t", "s").chart(chart)) is noted
+    assert chart.narrow_bands(0.1) == ["raw"] and chart.band_note(0.1) == "bands: every interval is narrower than the line at this scale"
+    chart.series[1].band = ([0.0] * 4, [0.4] * 4)
+    assert chart.band_note(0.1) == "bands: the intervals of raw are narrower than the line at this scale"
+
+
+def test_heatmaps_up_to_12_by_12_show_each_cells_value_and_name_the_debiased_estimator(tmp_path: Path) -> None:
+    from lmgeom.report.html import Page
+    from lmgeom.report.similarity import draw_heatmap, heatmap
+
+    matrix = np.array([[1.0, 0.954, 0.05], [0.954, 1.0, np.nan], [0.05, np.nan, 1.0]])
+    names = ["0", "1", "2"]
+    fig = draw_heatmap(matrix, "Linear CKA (debiased) between layers", "m on c: 100 word occurrences", names, names,
+                       "layer", "layer", True)
+    try:
+        cells = [t for t in fig.axes[0].texts if t.get_gid() == "cell"]
+        assert [t.get_text() for t in cells] == ["1.00", "0.95", "0.05", "0.95", "1.00", "0.05", "1.00"]  # NaN: no number
+        colours = {t.get_text(): t.get_color() for t in cells}
+        assert colours["1.00"] == "black" and colours["0.05"] == "white"  # readable on yellow and on dark purple
+        assert figure_texts(fig, "subtitle") == ["m on c: 100 word occurrences"]
+        assert_text_inside(fig)
+    finally:
+        plt.close(fig)
+    large = draw_heatmap(np.full((13, 13), 0.5), "t", "s", [str(i) for i in range(13)], [str(i) for i in range(13)],
+                         "layer", "layer", True)
+    try:
+        assert not [t for t in large.axes[0].texts if t.get_gid() == "cell"]
+    finally:
+        plt.close(large)
+
+    document = {"layers_a": [0, 1, 2], "layers_b": [0, 1, 2], "counts": {"rows_matched": 100},
+                "matrices": {"cka_debiased": matrix.tolist(), "cka": matrix.tolist()}}
+    page = Page("t", "s")
+    section = heatmap(page, "similarity_cka", "between layers", document, tmp_path, ("cka_debiased", "cka"), label="m on c")
+    assert "Linear CKA (debiased) between layers" in section and (tmp_path / "figures" / "similarity_cka.png").exists()
+    assert page.figures["chart-similarity_cka"]["data"][0]["texttemplate"] == "%{z:.2f}"
+    biased = heatmap(page, "only_biased", "between layers", {**document, "matrices": {"cka": matrix.tolist()}}, tmp_path, ("cka",))
+    assert "Linear CKA (biased) between layers" in biased

@@ -252,7 +252,7 @@ def test_the_report_shows_the_similarity_section(runs):
     page = (runs["folder"] / "bert" / "report.html").read_text()
     section = page[page.index('<section id="similarity">'):]
     section = section[: section.index("</section>")]
-    assert "Linear CKA between layers" in section and "Procrustes shape distance between layers" in section
+    assert "Linear CKA (debiased) between layers" in section and "Procrustes shape distance (radians) between layers" in section
     assert "layer 0 = embedding output" in section and "Permutation null" in section
     assert "chart-similarity_cka" in page and (runs["folder"] / "bert" / "figures" / "similarity_cka.png").exists()
 

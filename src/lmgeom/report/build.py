@@ -330,7 +330,7 @@ def build_report(
                      "item (the paper's protocol, which also charges the vectors for the words the corpus lacks).</p>"
                      + table(labelled(static_table(run.static)), text_columns=["score", "score_oov_mean", "covered"]))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
-    page.section("similarity", "Similarity between layers", similarity_section(page, run.path))
+    page.section("similarity", "Similarity between layers", similarity_section(page, run.path, run.label))
     page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",
                  geometry_section(run, page, out_path))
     if run.sts is None:

@@ -11,7 +11,16 @@ import pandas as pd
 from lmgeom.errors import InputError
 from lmgeom.metrics.contextuality import MEV_VARIANTS
 from lmgeom.report.data import RunData, load_run
-from lmgeom.report.figures import DEPTH_AXIS, LAYER_AXIS, MEV_NAMES, Chart, Series, save_figure
+from lmgeom.report.figures import (
+    DEPTH_AXIS,
+    LAYER_AXIS,
+    MEV_NAMES,
+    Chart,
+    Series,
+    chart_subtitle,
+    counts_phrase,
+    save_figure,
+)
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.report.similarity import models_section
@@ -19,7 +28,7 @@ from lmgeom.runs import rundir
 
 # (name, contextuality metric, raw or adjusted, title)
 COMPARED = [
-    ("anisotropy", "anisotropy_exact", "raw", "Anisotropy baseline (exact mean cosine)"),
+    ("anisotropy", "anisotropy_exact", "raw", "Anisotropy baseline, exact"),
     ("self_similarity", "self_similarity", "raw", "Self-similarity, raw"),
     ("self_similarity_adjusted", "self_similarity", "adjusted", "Self-similarity, adjusted (raw − baseline)"),
     ("intra_sentence_similarity", "intra_sentence_similarity", "raw", "Intra-sentence similarity, raw"),
@@ -64,18 +73,34 @@ def wide_table(tidy: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(columns, axis=1).reset_index()
 
 
-def comparison_charts(tidy: pd.DataFrame, caption: str) -> list[Chart]:
-    """Per compared metric: one chart by relative depth and one by layer index, one line per run."""
+# each compared metric's estimator, what its chart counts (`lmgeom.report.figures.CHART_COUNTS`) and
+# what its adjusted value subtracts
+ESTIMATES = {"anisotropy_exact": "mean cosine over all pairs of occurrences",
+             "self_similarity": "mean pairwise cosine of a word's occurrences, over words",
+             "intra_sentence_similarity": "mean cosine of a word to its sentence's mean, over sentences",
+             "mev": "first principal component's share of a word's occurrence variance, over words"}
+COUNTED = {"anisotropy_exact": "anisotropy", "self_similarity": "words", "intra_sentence_similarity": "sentences", "mev": "words"}
+BASELINES = {"self_similarity": "exact anisotropy", "intra_sentence_similarity": "exact anisotropy",
+             "mev": "the same on sampled occurrences"}
+
+
+def comparison_charts(tidy: pd.DataFrame, runs: Mapping[str, RunData]) -> list[Chart]:
+    """Per compared metric: one chart by relative depth and one by layer index, one line per run
+    (`runs`: by label), titled with the metric's estimator; its subtitle the counts of each run."""
     charts = []
     for name, metric, column, title in COMPARED:
         rows = tidy.loc[tidy["metric"] == metric]
+        key = "mev" if metric.startswith("mev_") else metric
+        estimator = ESTIMATES[key] + (f", minus {BASELINES[key]}" if column == "adjusted" else "")
+        subtitle = "; ".join(chart_subtitle(label, counts_phrase(run, COUNTED[key])) for label, run in runs.items())
         for axis, x_label, suffix in (("depth", DEPTH_AXIS, "depth"), ("layer", LAYER_AXIS, "layer")):
             series = [
                 Series(run, group[axis].astype(float).tolist(), group[column].astype(float).tolist())
                 for run, group in rows.sort_values("layer").groupby("run", sort=False)
             ]
-            charts.append(Chart(f"{name}_by_{suffix}", f"{title} by {'relative depth' if axis == 'depth' else 'layer'}",
-                                caption, x_label, title, series, integer_x=axis == "layer"))
+            charts.append(Chart(f"{name}_by_{suffix}",
+                                f"{title} by {'relative depth' if axis == 'depth' else 'layer'}: {estimator}",
+                                subtitle, x_label, title, series, integer_x=axis == "layer"))
     return [chart for chart in charts if chart.has_data]
 
 
@@ -102,7 +127,7 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike | RunData], out: str |
                              "words": run.counts.get("words_analysed"), "tokens": run.counts.get("rows_analysed")}
                             for label, run in zip(_labels(runs), runs)])
     page.section("runs", "Runs", table(listing, text_columns=("run", "directory")))
-    by_name = {chart.name: chart for chart in comparison_charts(tidy, caption)}
+    by_name = {chart.name: chart for chart in comparison_charts(tidy, dict(zip(_labels(runs), runs)))}
     for name, _, _, title in COMPARED:
         body = ""
         for suffix in ("depth", "layer"):

@@ -28,17 +28,26 @@ from lmgeom.runs import rundir  # noqa: E402
 LAYER_AXIS = "layer (layer 0 = embedding output)"
 DEPTH_AXIS = "relative depth (layer / last layer; 0 = embedding output)"
 
-# characters per line of a chart's title and of its subtitle lines in a 7-inch PNG (10 pt bold title,
-# 7 pt subtitle)
+# characters per line of a chart's title and of its notes in a 7-inch PNG (10 pt bold title, 7 pt notes);
+# the subtitle is one line, its font made smaller where it would not fit the figure's width
 TITLE_WIDTH = 64
-SUBTITLE_WIDTH = 96
+NOTE_WIDTH = 120
 
 MEV_NAMES = {
     "uncentred": "uncentred (paper's formula)",
     "centred": "centred (PCA share)",
     "svd_ratio": "SVD ratio (released figures)",
 }
-MEV_UNIT = "MEV = share of a word's occurrence variance on its first principal direction (0 to 1)"
+# the estimator of each contextuality metric, as chart titles name it
+ESTIMATORS = {
+    "self_similarity": "mean pairwise cosine of a word's occurrences, averaged over words",
+    "intra_sentence_similarity": "mean cosine of each word to its sentence's mean vector, averaged over sentences",
+    "mev": "share of a word's occurrence variance on its first principal component, averaged over words",
+}
+# the unit each metric's bootstrap resamples (`lmgeom.runs.engine.bootstrap`); MEV's adjusted value
+# subtracts a baseline resampled over the sampled occurrences
+RESAMPLED = {"anisotropy_exact": "sentences", "self_similarity": "sentences", "intra_sentence_similarity": "sentences",
+             "anisotropy_sampled": "sampled occurrences", "mev": "words"}
 
 
 @dataclass
@@ -57,13 +66,13 @@ class Chart:
     A line joins only points at adjacent x (layers next to each other); a NaN in `y` is a gap."""
 
     name: str  # file stem under figures/
-    title: str
-    subtitle: str  # model, corpus and counts
+    title: str  # the quantity and its estimator
+    subtitle: str  # one line: what the chart was computed on (model, corpus, counts; what the bands resample)
     x_label: str
     y_label: str
     series: list[Series] = field(default_factory=list)
     integer_x: bool = True
-    note: str = ""  # what the reader needs to read the chart (units, undefined values), after the subtitle
+    note: str = ""  # what else the reader needs (why a value is missing), under the chart
     x_range: tuple[float, float] | None = None  # the x axis's extent (default: the data's)
 
     @property
@@ -75,8 +84,34 @@ class Chart:
         return textwrap.wrap(self.title, TITLE_WIDTH)
 
     @property
-    def subtitle_lines(self) -> list[str]:
-        return [line for text in (self.subtitle, self.note) if text for line in textwrap.wrap(text, SUBTITLE_WIDTH)]
+    def note_lines(self) -> list[str]:
+        return textwrap.wrap(self.note, NOTE_WIDTH)
+
+    def narrow_bands(self, line: float) -> list[str]:
+        """The series whose every interval is narrower than a line `line` data units wide: bands hidden
+        behind their line."""
+        narrow = []
+        for series in self.series:
+            widths = [hi - lo for lo, hi in zip(*series.band) if not math.isnan(hi - lo)] if series.band else []
+            if widths and max(widths) < line:
+                narrow.append(series.name)
+        return narrow
+
+    def band_note(self, line: float) -> str:
+        """One line naming the bands narrower than a line `line` data units wide, or "" when every band
+        shows: what the reader needs to know where a band seems missing."""
+        narrow = self.narrow_bands(line)
+        if not narrow:
+            return ""
+        banded = [s.name for s in self.series if s.band is not None and any(not math.isnan(v) for v in s.band[0])]
+        whose = "every interval is" if narrow == banded else f"the intervals of {', '.join(narrow)} are"
+        return f"bands: {whose} narrower than the line at this scale"
+
+    @property
+    def y_extent(self) -> float:
+        """The span of the chart's values and interval ends (1 where there is one value or none)."""
+        values = [v for s in self.series for part in (s.y, *(s.band or ())) for v in part if not math.isnan(v)]
+        return (max(values) - min(values)) or 1.0 if values else 1.0
 
 
 def _values(values: Sequence[Any]) -> list[float]:
@@ -99,14 +134,42 @@ def layer_series(name: str, layers: Sequence[Any], values: Sequence[Any], *, das
     return Series(name, [float(layer) for layer in x], [given.get(layer, math.nan) for layer in x], dash, drawn)
 
 
-def interval_note(run: RunData) -> str:
-    """What a chart's error bands are (empty when the run's analysis had no bootstrap)."""
+def bands_phrase(run: RunData, resampled: str) -> str:
+    """What a chart's bands are: the bootstrap's level and resamples, of the units `resampled` names
+    (empty when the run's analysis had no bootstrap)."""
     design = (run.contextuality or {}).get("bootstrap")
     if not design:
         return ""
-    rough = ", rough: fewer than 100 resamples" if design.get("rough") else ""
-    return (f"bands: {design['level']:.0%} percentile bootstrap intervals (B = {design['B']:,}{rough}, seed {design['seed']}; "
-            "cosines: sentences resampled, MEV: words, sampled baselines: their occurrences)")
+    rough = " (rough: fewer than 100)" if design.get("rough") else ""
+    return f"bands: {design['level']:.0%} percentile bootstrap, {design['B']:,} resamples{rough} of {resampled}"
+
+
+def resampled_units(run: RunData, metric: str) -> str:
+    """The units the bootstrap of `metric` resamples (`RESAMPLED`), in words: sentences in blocks where
+    the analysis grouped them."""
+    unit = RESAMPLED[metric]
+    per_unit = int(((run.contextuality or {}).get("bootstrap") or {}).get("sentences_per_unit", 1))
+    return f"blocks of {per_unit} consecutive sentences" if unit == "sentences" and per_unit > 1 else unit
+
+
+# the counts a contextuality chart is computed on: (key in contextuality.json's counts, what they count)
+CHART_COUNTS = {
+    "anisotropy": (("rows_analysed", "occurrences"), ("sentences", "sentences")),
+    "words": (("words_analysed", "words"), ("rows_of_analysed_words", "occurrences")),
+    "sentences": (("sentences", "sentences"), ("rows_analysed", "occurrences")),
+}
+
+
+def counts_phrase(run: RunData, counted: str) -> str:
+    """'N words, M occurrences' (as `CHART_COUNTS[counted]` says) of the run's analysis."""
+    counts = run.counts
+    return ", ".join(f"{int(counts[key]):,} {name}" for key, name in CHART_COUNTS[counted] if counts.get(key) is not None)
+
+
+def chart_subtitle(label: str, *parts: str) -> str:
+    """A chart's one line of metadata: the run's label, then the given parts that are not empty."""
+    given = "; ".join(part for part in parts if part)
+    return f"{label}: {given}" if label and given else label or given
 
 
 def run_subtitle(run: RunData) -> str:
@@ -147,7 +210,6 @@ def run_charts(run: RunData) -> list[Chart]:
     """The figures of the papers that this run's files support (none for a run not analysed)."""
     if run.layers is None:
         return []
-    subtitle = run_subtitle(run)
     x_range = _layer_range(run)
 
     bands = run.layers is not None and "raw_lo" in run.layers
@@ -157,28 +219,37 @@ def run_charts(run: RunData) -> list[Chart]:
         band = (run.metric(metric, f"{column}_lo").to_list(), run.metric(metric, f"{column}_hi").to_list()) if bands else None
         return layer_series(name, values.index, values.to_list(), dash=dash, band=band)
 
-    def chart(name: str, title: str, y_label: str, series: list[Series], note: str = "") -> Chart:
+    def chart(name: str, title: str, y_label: str, series: list[Series], counted: str, resampled: str,
+              note: str = "") -> Chart:
         drawn = any(s.band is not None and any(not math.isnan(v) for v in s.band[0]) for s in series)
-        note = "; ".join(filter(None, [note, interval_note(run) if drawn else ""]))
+        subtitle = chart_subtitle(run.label, counts_phrase(run, counted), bands_phrase(run, resampled) if drawn else "")
         return Chart(name, title, subtitle, LAYER_AXIS, y_label, series, note=note, x_range=x_range)
 
     n_samples = (run.contextuality or {}).get("settings", {}).get("n_samples")
     sampled = f"sampled ({n_samples:,} occurrences, seeded)" if n_samples else "sampled"
+    occurrences = f"{n_samples:,} sampled occurrences" if n_samples else "sampled occurrences"
     undefined = undefined_note(run, {f"mev_{v}": MEV_NAMES[v] for v in MEV_VARIANTS})
+    sentences = resampled_units(run, "self_similarity")
     charts = [
-        chart("anisotropy", "Anisotropy baseline: mean cosine between random word occurrences", "mean cosine similarity",
-              [metric_series("exact (all pairs)", "anisotropy_exact"), metric_series(sampled, "anisotropy_sampled", dash=True)]),
-        chart("self_similarity", "Self-similarity: mean cosine between a word's occurrences", "mean SelfSim",
-              [metric_series("raw", "self_similarity"), metric_series("adjusted (raw − baseline)", "self_similarity", "adjusted", dash=True)]),
-        chart("intra_sentence_similarity", "Intra-sentence similarity: mean cosine of a word to its sentence's mean",
+        chart("anisotropy", "Anisotropy baseline: mean cosine over pairs of word occurrences, all pairs (exact) or a seeded "
+              "sample", "mean cosine similarity",
+              [metric_series("exact (all pairs)", "anisotropy_exact"), metric_series(sampled, "anisotropy_sampled", dash=True)],
+              "anisotropy", f"{resampled_units(run, 'anisotropy_exact')} (exact), of the sampled occurrences (sampled)"),
+        chart("self_similarity", f"Self-similarity: {ESTIMATORS['self_similarity']}", "mean SelfSim",
+              [metric_series("raw", "self_similarity"),
+               metric_series("adjusted (raw − exact anisotropy)", "self_similarity", "adjusted", dash=True)],
+              "words", sentences),
+        chart("intra_sentence_similarity", f"Intra-sentence similarity: {ESTIMATORS['intra_sentence_similarity']}",
               "mean IntraSim",
               [metric_series("raw", "intra_sentence_similarity"),
-               metric_series("adjusted (raw − baseline)", "intra_sentence_similarity", "adjusted", dash=True)]),
-        chart("mev", "Maximum explainable variance (MEV) of a word's first principal component, raw", "mean MEV",
-              [metric_series(MEV_NAMES[v], f"mev_{v}") for v in MEV_VARIANTS], "; ".join(filter(None, [MEV_UNIT, undefined]))),
-        chart("mev_adjusted", "MEV adjusted by the sampled-occurrence baseline (raw − baseline)", "mean MEV − baseline",
+               metric_series("adjusted (raw − exact anisotropy)", "intra_sentence_similarity", "adjusted", dash=True)],
+              "sentences", sentences),
+        chart("mev", f"Maximum explainable variance (MEV), raw: {ESTIMATORS['mev']}", "mean MEV (0 to 1)",
+              [metric_series(MEV_NAMES[v], f"mev_{v}") for v in MEV_VARIANTS], "words", "words", undefined),
+        chart("mev_adjusted", f"MEV adjusted: raw MEV − the same variant on {occurrences}, averaged over words",
+              "mean MEV − baseline",
               [metric_series(MEV_NAMES[v], f"mev_{v}", "adjusted") for v in MEV_VARIANTS],
-              "; ".join(filter(None, ["baseline = the same variant on sampled occurrences", undefined]))),
+              "words", "words (MEV), of the sampled occurrences (baseline)", undefined),
     ]
     charts.extend(isotropy_charts(run))
     charts.extend(calibration_charts(run))
@@ -188,14 +259,25 @@ def run_charts(run: RunData) -> list[Chart]:
 
 # (chart, title, y-axis label, {measure: series name}, note)
 ISOTROPY_CHARTS = [
-    ("isotropy_log_partition", "Isotropy by layer: log I(W) (Mu & Viswanath)", "log I(W)",
+    ("isotropy_log_partition", "Isotropy by layer: log I(W), the partition function's min / max over the eigenvectors "
+     "of WᵀW (Mu & Viswanath), raw and centred", "log I(W)",
      {"log_partition_isotropy": "raw", "log_partition_isotropy_centered": "centred"},
      "0 = isotropic; more negative = less isotropic"),
-    ("isotropy_isoscore", "Isotropy by layer: IsoScore, global and within k-means clusters", "IsoScore",
-     {"isoscore": "global", "local_isoscore": "in clusters (local)"}, "1 = isotropic, 0 = all on one line"),
-    ("isotropy_average_cosine", "Isotropy by layer: average cosine, global and within k-means clusters", "average cosine",
+    ("isotropy_isoscore", "Isotropy by layer: IsoScore (Rudman et al.), of all occurrences and within k-means clusters",
+     "IsoScore", {"isoscore": "global", "local_isoscore": "in clusters (local)"}, "1 = isotropic, 0 = all on one line"),
+    ("isotropy_average_cosine", "Isotropy by layer: mean cosine over all pairs of occurrences, and within k-means "
+     "clusters (centred)", "average cosine",
      {"average_cosine": "global", "local_average_cosine_centered": "centred, in clusters (local)"}, "0 = isotropic"),
 ]
+
+
+def rows_phrase(rows: pd.Series, what: str = "occurrences") -> str:
+    """'N occurrences at each layer' from a records' row counts (their range where they differ)."""
+    counts = sorted({int(n) for n in rows.dropna()})
+    if not counts:
+        return ""
+    shown = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}–{counts[-1]:,}"
+    return f"{shown} {what} at each layer"
 
 
 def isotropy_charts(run: RunData) -> list[Chart]:
@@ -203,6 +285,7 @@ def isotropy_charts(run: RunData) -> list[Chart]:
     if run.isotropy is None or run.isotropy.empty:
         return []
     table = run.isotropy
+    subtitle = chart_subtitle(run.label, rows_phrase(table["n_rows"]) if "n_rows" in table else "")
 
     def series(measures: dict[str, str]) -> list[Series]:
         out = []
@@ -212,16 +295,15 @@ def isotropy_charts(run: RunData) -> list[Chart]:
                 out.append(layer_series(name, rows["layer"], rows["value"], dash="local" in measure))
         return out
 
-    return [Chart(name, title, run_subtitle(run), LAYER_AXIS, y_label, series(measures), note=note,
-                  x_range=_layer_range(run))
+    return [Chart(name, title, subtitle, LAYER_AXIS, y_label, series(measures), note=note, x_range=_layer_range(run))
             for name, title, y_label, measures, note in ISOTROPY_CHARTS]
 
 
 # measure: (title, note)
 CALIBRATION_MEASURES = {
-    "log_partition_isotropy": ("log I(W) (Mu & Viswanath)", "0 = isotropic"),
-    "isoscore": ("IsoScore", "1 = isotropic"),
-    "average_cosine": ("average cosine", "0 = isotropic"),
+    "log_partition_isotropy": ("log I(W), the partition function's min / max (Mu & Viswanath)", "0 = isotropic"),
+    "isoscore": ("IsoScore (Rudman et al.)", "1 = isotropic"),
+    "average_cosine": ("mean cosine over all pairs of occurrences", "0 = isotropic"),
 }
 
 
@@ -233,6 +315,7 @@ def calibration_charts(run: RunData) -> list[Chart]:
     table = run.calibration
     layers = sorted(int(layer) for layer in table["layer"].unique())
     shown = ", ".join(map(str, layers))
+    measured = rows_phrase(table["n_eval_rows"]) if "n_eval_rows" in table else ""
     for measure, (title, note) in CALIBRATION_MEASURES.items():
         rows = table.loc[table["measure"] == measure]
         if rows.empty:
@@ -242,7 +325,7 @@ def calibration_charts(run: RunData) -> list[Chart]:
         for method, group in rows.groupby("method", sort=False):
             series.append(layer_series(f"after {method}", group["layer"], group["after"], dash=True))
         charts.append(Chart(f"calibration_{measure}", f"Isotropy before and after calibration: {title}",
-                            run_subtitle(run), LAYER_AXIS, label(measure), series,
+                            chart_subtitle(run.label, measured), LAYER_AXIS, label(measure), series,
                             note=f"{note}; calibrated layer{'s' if len(layers) > 1 else ''} {shown} (lines join adjacent layers only)",
                             x_range=_layer_range(run)))
     return charts
@@ -284,10 +367,12 @@ def sts_charts(run: RunData) -> list[Chart]:
     for suffix, group in groups:
         for column in [c for c in pivot.columns if c not in (*keys, "layer")]:
             series.append(layer_series(f"{column}{suffix}", group["layer"].astype(int), group[column], dash=column != "none"))
-    note = (f"the 'all' aggregation (pooled pairs), mean over {len(datasets)} dataset{'s' if len(datasets) != 1 else ''} "
-            f"({', '.join(datasets)}); layer combinations are in the table")
-    return [Chart("sts", "Sentence similarity (STS): Spearman × 100 by layer and calibration", run_subtitle(run),
-                  LAYER_AXIS, "Spearman × 100", series, note=note, x_range=_layer_range(run))]
+    averaged = (f"the 'all' aggregation (pooled pairs), mean over {len(datasets)} dataset{'s' if len(datasets) != 1 else ''} "
+                f"({', '.join(datasets)})")
+    return [Chart("sts", "Sentence similarity (STS): Spearman × 100 between gold scores and the cosines of sentence "
+                  "vectors, by layer and calibration", chart_subtitle(run.label, averaged),
+                  LAYER_AXIS, "Spearman × 100", series, note="single layers; layer combinations are in the report's table",
+                  x_range=_layer_range(run))]
 
 
 # ---- Plotly ---------------------------------------------------------------------------------------
@@ -310,6 +395,15 @@ def _x_extent(chart: Chart) -> tuple[float, float] | None:
         return chart.x_range
     xs = [x for s in chart.series for x, y in zip(s.x, s.y) if not math.isnan(y)]
     return (min(xs), max(xs)) if xs else None
+
+
+PLOTLY_LINE = 2  # px, Plotly's default line width
+
+
+def plotly_band_note(chart: Chart) -> str:
+    """`Chart.band_note` at the page's scale: a line of `PLOTLY_LINE` px on a plot `PLOT_HEIGHT` px high
+    that spans the chart's values and intervals (and a margin)."""
+    return chart.band_note(PLOTLY_LINE / PLOT_HEIGHT * 1.1 * chart.y_extent)
 
 
 def plotly_figure(chart: Chart) -> dict[str, Any]:
@@ -353,22 +447,43 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
 POINTS_PER_INCH = 72
 
 
+DPI = 150  # of the PNGs (`write_figure`), and of the figures drawn, so that text is measured as saved
+
+
+def one_line(fig: Any, text: Any, width: float) -> None:
+    """Shrink the font of the figure text `text` until it fits `width` (a fraction of the figure's width)
+    on one line."""
+    fig.canvas.draw()
+    drawn = text.get_window_extent(fig.canvas.get_renderer()).width
+    if drawn > width * fig.bbox.width:
+        text.set_fontsize(text.get_fontsize() * width * fig.bbox.width / drawn)
+
+
 def draw_figure(chart: Chart) -> Any:
-    """The matplotlib figure of a chart (7 inches wide; the title block grows with its lines); close it
-    with `plt.close`."""
-    titles, subtitles = chart.title_lines, chart.subtitle_lines
-    title_size, subtitle_size = 10, 7
-    header = (6 + 1.3 * title_size * len(titles) + 1.35 * subtitle_size * len(subtitles) + 6) / POINTS_PER_INCH
-    height = 3.7 + header
-    fig, ax = plt.subplots(figsize=(7.0, height))
+    """The matplotlib figure of a chart (7 inches wide): the title (bold, wrapped), one line of
+    metadata (`Chart.subtitle`), the plot (a note above it where bands are narrower than the line)
+    and the chart's note under it. Close it with `plt.close`."""
+    titles, notes = chart.title_lines, chart.note_lines
+    title_size, subtitle_size, line_width = 10, 7, 1.5
+    header = (6 + 1.3 * title_size * len(titles) + 1.35 * subtitle_size + 6) / POINTS_PER_INCH
+    footer = (4 + 1.35 * subtitle_size * len(notes)) / POINTS_PER_INCH if notes else 0.0
+    height = 3.7 + header + footer
+    fig, ax = plt.subplots(figsize=(7.0, height), dpi=DPI)
     for series in chart.series:
-        (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linestyle="--" if series.dash else "-", label=series.name)
+        (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linewidth=line_width,
+                          linestyle="--" if series.dash else "-", label=series.name)
         if series.band is not None:
-            ax.fill_between(series.x, series.band[0], series.band[1], color=line.get_color(), alpha=0.18, linewidth=0)
+            ax.fill_between(series.x, series.band[0], series.band[1], color=line.get_color(), alpha=0.2, linewidth=0)
+            for bound in series.band:  # the band's edges, so that a band little wider than the line shows
+                ax.plot(series.x, bound, color=line.get_color(), linewidth=0.5, alpha=0.6)
     top = 1 - 6 / POINTS_PER_INCH / height
-    fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15)
-    fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, "\n".join(subtitles),
-             fontsize=subtitle_size, va="top", ha="left", color="#444", linespacing=1.2)
+    fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15,
+             gid="title")
+    subtitle = fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, chart.subtitle,
+                        fontsize=subtitle_size, va="top", ha="left", color="#444", gid="subtitle")
+    if notes:
+        fig.text(0.01, 2 / POINTS_PER_INCH / height, "\n".join(notes), fontsize=subtitle_size, va="bottom", ha="left",
+                 color="#444", linespacing=1.2, gid="note")
     ax.set_xlabel(chart.x_label)
     ax.set_ylabel(chart.y_label)
     extent = _x_extent(chart)
@@ -378,7 +493,16 @@ def draw_figure(chart: Chart) -> Any:
             ax.set_xlim(extent[0] - 0.3, extent[1] + 0.3)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
+    layout = (0, footer / height, 1, 1 - header / height)
+    fig.tight_layout(rect=layout)
+    one_line(fig, subtitle, 0.98)
+    # the line's width in data units: its points over the plot's height in points, times the y axis's span
+    low, high = ax.get_ylim()
+    band_note = chart.band_note(line_width / (ax.bbox.height * POINTS_PER_INCH / fig.dpi) * (high - low))
+    if band_note:
+        note = ax.set_title(band_note, loc="left", fontsize=subtitle_size, style="italic", color="#444")
+        one_line(fig, note, ax.bbox.width / fig.bbox.width)
+        fig.tight_layout(rect=layout)
     return fig
 
 
@@ -395,7 +519,7 @@ def write_figure(fig: Any, name: str, folder: rundir.Where) -> list[rundir.Targe
         written = []
         for ext in ("png", "svg"):
             written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"),
-                                              rundir.figure_bytes(fig, ext, 150)))
+                                              rundir.figure_bytes(fig, ext, DPI)))
         return written
     finally:
         plt.close(fig)

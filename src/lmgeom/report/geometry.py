@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from lmgeom.report.data import RunData
-from lmgeom.report.figures import LAYER_AXIS, Chart, Series, run_subtitle, save_figure
+from lmgeom.report.figures import LAYER_AXIS, Chart, Series, chart_subtitle, save_figure
 from lmgeom.report.html import Page, esc, missing, not_measured, table
 from lmgeom.runs import rundir
 from lmgeom.report.missing_data import missing_alignment
@@ -44,8 +44,9 @@ def _value(entry: Mapping[str, Any] | None, key: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def id_chart(document: Mapping[str, Any], subtitle: str) -> Chart:
-    """The intrinsic dimension of every layer by TwoNN, MLE and GRIDE, each with its bootstrap band."""
+def id_chart(document: Mapping[str, Any], label: str) -> Chart:
+    """The intrinsic dimension of every layer by TwoNN, MLE and GRIDE, each with its bootstrap band
+    (`label`: the run's, for the subtitle)."""
     layers = document["layers"]
     x = [float(layer["layer"]) for layer in layers]
     settings = document["settings"]["intrinsic_dimension"]
@@ -58,9 +59,10 @@ def id_chart(document: Mapping[str, Any], subtitle: str) -> Chart:
         low, high = [_value(e, "low") for e in estimates], [_value(e, "high") for e in estimates]
         series.append(Series(name, x, [_value(e, "dimension") for e in estimates], dash=method == "gride",
                              band=(low, high) if settings["n_boot"] else None))
-    return Chart("intrinsic_dimension", "Intrinsic dimension by layer", subtitle, LAYER_AXIS, "intrinsic dimension", series,
-                 note=(f"{document['settings']['n_points']:,} seeded rows, the same at every layer; bands: "
-                       f"{settings['interval']} over {settings['n_boot']} resamples; MLE k = {settings['mle_k']}"))
+    bands = f"bands: {settings['interval']}, {settings['n_boot']:,} resamples of the points" if settings["n_boot"] else ""
+    rows = f"the same {document['settings']['n_points']:,} occurrences at every layer"
+    return Chart("intrinsic_dimension", f"Intrinsic dimension by layer: TwoNN, MLE (k = {settings['mle_k']}) and GRIDE estimates",
+                 chart_subtitle(label, rows, bands), LAYER_AXIS, "intrinsic dimension", series)
 
 
 def outlier_table(document: Mapping[str, Any]) -> pd.DataFrame:
@@ -105,7 +107,7 @@ def geometry_section(run: RunData, page: Page, out_path: rundir.Target) -> str:
     document = read_geometry(run.path)
     if document is None:
         return missing(f"no {rundir.GEOMETRY.name} in this run; run `{rundir.GEOMETRY.producer}` to write it")
-    chart = id_chart(document, run_subtitle(run))
+    chart = id_chart(document, run.label)
     files = [rundir.link(out_path, path) for path in save_figure(chart, run.path)]
     settings = document["settings"]
     outliers = settings["outliers"]

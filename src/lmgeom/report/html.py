@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
-from lmgeom.report.figures import Chart, plotly_figure
+from lmgeom.report.figures import Chart, plotly_band_note, plotly_figure
 from lmgeom.report.labels import label, number
 from lmgeom.report.missing_data import Skipped
 from lmgeom.runs.rundir import EXPLORER, generator_mark
@@ -96,7 +96,8 @@ class Page:
         self.figures[div_id] = plotly_figure(chart)
         links = " · ".join(f'<a href="{esc(f)}">{esc(f.rsplit(".", 1)[-1].upper())}</a>' for f in files)
         caption = f'<p class="figure-files">for papers: {links}</p>' if links else ""
-        subtitle = "".join(f'<span class="chart-subtitle">{esc(text)}</span>' for text in (chart.subtitle, chart.note) if text)
+        subtitle = "".join(f'<span class="chart-subtitle">{esc(text)}</span>'
+                           for text in (chart.subtitle, chart.note, plotly_band_note(chart)) if text)
         return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(chart.title)}</span>{subtitle}'
                 f'</figcaption><div class="chart" id="{div_id}" data-chart="{esc(chart.name)}"></div>{caption}</figure>')
 

@@ -7,20 +7,22 @@ rows of one side shuffled on the seeded subsample, the value of unrelated rows."
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from lmgeom.report.figures import plt, safe_name, write_figure
+from lmgeom.report.figures import DPI, chart_subtitle, one_line, plt, safe_name, write_figure
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import number
 from lmgeom.runs import rundir
 
-MEASURE_TITLES = {"cka_debiased": "debiased linear CKA", "cka": "biased linear CKA",
+MEASURE_TITLES = {"cka_debiased": "linear CKA (debiased)", "cka": "linear CKA (biased)",
                   "procrustes": "Procrustes shape distance (radians)", "rsa": "RSA (Spearman of cosine-distance matrices)",
                   "knn": "mutual k-NN overlap"}
 LAYER_NOTE = "layer 0 = embedding output"
+ANNOTATED = 12  # a heatmap with at most this many rows and columns shows each cell's value
 
 
 def read_similarity(directory: rundir.Where) -> dict[str, Any] | None:
@@ -63,10 +65,11 @@ def null_statement(document: Mapping[str, Any]) -> str:
             "shared structure.")
 
 
-def heatmap(page: Page, name: str, title: str, document: Mapping[str, Any], folder: rundir.Where,
-            measures: Sequence[str], *, y_title: str = "layer", x_title: str = "layer") -> str:
+def heatmap(page: Page, name: str, what: str, document: Mapping[str, Any], folder: rundir.Where,
+            measures: Sequence[str], *, label: str = "", y_title: str = "layer", x_title: str = "layer") -> str:
     """A heatmap of `measures[0]` of a similarity document (a button per further measure switches
-    to it) on the page, and its PNG/SVG in `folder`/figures/."""
+    to it) on the page, and its PNG/SVG in `folder`/figures/: titled with the measure drawn and `what`
+    it compares, its subtitle `label` (the run's) and the rows it was computed on."""
     present = [m for m in measures if _matrix(document, m) is not None]
     if not present:
         return missing(f"{rundir.SIMILARITY.name} holds none of {', '.join(measures)}")
@@ -75,6 +78,8 @@ def heatmap(page: Page, name: str, title: str, document: Mapping[str, Any], fold
     bounded = present[0] != "procrustes"
     trace = {"type": "heatmap", "z": z[present[0]], "x": xs, "y": ys, "colorscale": "Viridis",
              "zmin": 0, "zmax": 1 if bounded else float(np.pi / 2), "hovertemplate": "%{y} × %{x}: %{z:.3f}<extra></extra>"}
+    if len(ys) <= ANNOTATED and len(xs) <= ANNOTATED:
+        trace["texttemplate"] = "%{z:.2f}"
     layout: dict[str, Any] = {"template": "plotly_white", "height": 460, "margin": {"t": 40, "l": 70, "r": 20, "b": 60},
                               "xaxis": {"title": {"text": x_title}, "type": "category"},
                               "yaxis": {"title": {"text": y_title}, "type": "category", "autorange": "reversed"}}
@@ -86,29 +91,50 @@ def heatmap(page: Page, name: str, title: str, document: Mapping[str, Any], fold
     page.figures[div_id] = {"data": [trace], "layout": layout}
     first = _matrix(document, present[0])
     assert first is not None
-    files = _save_heatmap(name, title, first, ys, xs, folder, y_title, x_title, bounded)
+    measure = MEASURE_TITLES.get(present[0], present[0])
+    title = f"{measure[0].upper()}{measure[1:]} {what}"
+    rows = document.get("counts", {}).get("rows_matched")
+    subtitle = chart_subtitle(label, f"{rows:,} word occurrences" if rows is not None else "")
+    files = write_figure(draw_heatmap(first, title, subtitle, ys, xs, y_title, f"{x_title} ({LAYER_NOTE})", bounded),
+                         name, folder)
     links = " · ".join(f'<a href="{esc(rundir.link(rundir.REPORT.at(folder), f))}">'
                        f'{esc(str(f).rsplit(".", 1)[-1].upper())}</a>' for f in files)
+    caption = "; ".join(filter(None, [subtitle, LAYER_NOTE]))
     return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(title)}</span>'
-            f'<span class="chart-subtitle">{esc(LAYER_NOTE)}</span></figcaption><div class="chart" id="{div_id}"></div>'
+            f'<span class="chart-subtitle">{esc(caption)}</span></figcaption><div class="chart" id="{div_id}"></div>'
             f'<p class="figure-files">for papers: {links}</p></figure>')
 
 
-def _save_heatmap(name: str, title: str, matrix: np.ndarray, ys: list[str], xs: list[str], folder: rundir.Where,
-                  y_title: str, x_title: str, bounded: bool) -> list[rundir.Target]:
-    fig, axis = plt.subplots(figsize=(1.6 + 0.4 * len(xs), 1.2 + 0.4 * len(ys)), constrained_layout=True)
+def draw_heatmap(matrix: np.ndarray, title: str, subtitle: str, ys: list[str], xs: list[str], y_title: str, x_title: str,
+                 bounded: bool) -> Any:
+    """The matplotlib figure of a heatmap: the title (wrapped to the figure), one line of `subtitle`, and
+    each cell's value (2 decimals, black on light cells and white on dark ones) when the matrix has at
+    most `ANNOTATED` rows and columns. Close it with `plt.close`."""
+    width = max(4.5, 1.6 + 0.4 * len(xs))
+    fig, axis = plt.subplots(figsize=(width, 1.8 + 0.4 * len(ys)), dpi=DPI, constrained_layout=True)
     try:
         image = axis.imshow(matrix, vmin=0, vmax=1 if bounded else np.pi / 2, cmap="viridis")
         axis.set_xticks(range(len(xs)), xs)
         axis.set_yticks(range(len(ys)), ys)
         axis.set_xlabel(x_title)
         axis.set_ylabel(y_title)
-        axis.set_title(title, fontsize=9)
+        # about 14 characters of 9 pt bold text per inch
+        fig.suptitle(textwrap.fill(title, max(20, int(width * 14))), fontsize=9, weight="bold", gid="title")
+        line = axis.set_title(subtitle, fontsize=7, color="#444", loc="left", gid="subtitle")
         fig.colorbar(image, ax=axis)
+        if len(ys) <= ANNOTATED and len(xs) <= ANNOTATED:
+            for (row, column), value in np.ndenumerate(matrix):
+                if np.isfinite(value):
+                    red, green, blue, _ = image.cmap(image.norm(value))
+                    light = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.5
+                    axis.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                              color="black" if light else "white", gid="cell")
+        fig.canvas.draw()  # the layout: where the axes start
+        one_line(fig, line, 0.98 - axis.bbox.x0 / fig.bbox.width)
     except BaseException:
         plt.close(fig)
         raise
-    return write_figure(fig, name, folder)
+    return fig
 
 
 def summary_table(document: Mapping[str, Any]) -> str:
@@ -125,8 +151,8 @@ def summary_table(document: Mapping[str, Any]) -> str:
     return table(pd.DataFrame(rows), digits=3, text_columns=("measure",))
 
 
-def similarity_section(page: Page, run_path: rundir.Target) -> str:
-    """The body of a run report's similarity section."""
+def similarity_section(page: Page, run_path: rundir.Target, label: str = "") -> str:
+    """The body of a run report's similarity section (`label`: the run's, for the figures' subtitles)."""
     document = read_similarity(run_path)
     if document is None:
         return missing(f"no {rundir.SIMILARITY.name} in this run; `lmgeom run` (its similarity step) or "
@@ -136,9 +162,8 @@ def similarity_section(page: Page, run_path: rundir.Target) -> str:
             "(debiased, Song et al. 2012; the biased estimator by the button), the Procrustes shape distance (0 when one "
             "layer is a rotation of the other), RSA and mutual k-NN on a seeded subsample. " + null_statement(document))
     return (f'<p class="note">{esc(note)}</p>'
-            + heatmap(page, "similarity_cka", "Linear CKA between layers", document, run_path, ("cka_debiased", "cka"))
-            + heatmap(page, "similarity_procrustes", "Procrustes shape distance between layers", document, run_path,
-                      ("procrustes",))
+            + heatmap(page, "similarity_cka", "between layers", document, run_path, ("cka_debiased", "cka"), label=label)
+            + heatmap(page, "similarity_procrustes", "between layers", document, run_path, ("procrustes",), label=label)
             + summary_table(document))
 
 
@@ -158,7 +183,7 @@ def models_section(page: Page, out: rundir.Where, labels: Sequence[str], pairs: 
         assert cka is not None
         matrix.loc[a, b] = matrix.loc[b, a] = cka[-1, -1]
         best.loc[a, b] = best.loc[b, a] = np.nanmax(cka)
-        bodies.append(heatmap(page, f"models_{a}_{b}", f"Debiased CKA: {a} (rows) × {b} (columns)", document, out,
+        bodies.append(heatmap(page, f"models_{a}_{b}", f"of {a} (rows) × {b} (columns)", document, out,
                               ("cka_debiased", "cka"), y_title=f"layer of {a}", x_title=f"layer of {b}"))
     counts = [pair["document"].get("counts", {}).get("rows_matched") for pair in pairs]
     text = (f"Debiased linear CKA between the runs' last layers, over the word occurrences both stores hold (matched by "
