@@ -1,5 +1,7 @@
 """Similarity measures (lmgeom.metrics.similarity) against brute force on the n x n Gram matrices,
-closed forms and a peer package; the store-level driver (rows matched across tokenizers) and the CLI."""
+closed forms and a peer package; their permutation nulls and p-values against shuffling the rows and
+recomputing each measure from scratch, and mutual k-NN's chance level against a Monte Carlo; the
+store-level driver (rows matched across tokenizers) and the CLI."""
 
 from __future__ import annotations
 
@@ -14,17 +16,23 @@ import scipy.stats
 from lmgeom.errors import InputError
 from lmgeom.metrics.base import load_states, save_states
 from lmgeom.metrics.similarity import (
+    MEASURES,
     CrossMoments,
     cross_statistics,
+    knn_chance,
     knn_indices,
     linear_cka,
     mutual_knn,
     pair_measures,
+    permutation_nulls,
+    permutation_p_value,
+    permutations,
     permuted_neighbours,
     permuted_ranks,
     procrustes_distance,
     rdm_ranks,
     rsa,
+    summarise_null,
 )
 from lmgeom.store import write_store_from_arrays
 
@@ -195,6 +203,114 @@ def test_hsic_and_cka_match_the_peer_package():
 
 
 # ---------------------------------------------------------------------------------------------
+# permutation nulls, p-values and the chance level of mutual k-NN
+
+
+def procrustes_svd(X: np.ndarray, Y: np.ndarray) -> float:
+    """The angular Procrustes distance from the SVD of the full centred, unit-Frobenius matrices
+    (any dimensions)."""
+    Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+    Xc, Yc = Xc / np.linalg.norm(Xc), Yc / np.linalg.norm(Yc)
+    return float(np.arccos(np.clip(np.linalg.svd(Xc.T @ Yc, compute_uv=False).sum(), 0, 1)))
+
+
+def from_scratch(X: np.ndarray, Y: np.ndarray, k: int) -> dict[str, float]:
+    """Every measure of X against Y recomputed from the rows: CKA on the Gram matrices, Procrustes
+    from the SVD, RSA and mutual k-NN from new ranks and a new neighbour search."""
+    return {"cka": cka_brute(X, Y, hsic_biased), "cka_debiased": cka_brute(X, Y, hsic_unbiased),
+            "procrustes": procrustes_svd(X, Y), "rsa": rsa(rdm_ranks(X), rdm_ranks(Y)),
+            "knn": mutual_knn(knn_indices(X, k), knn_indices(Y, k))}
+
+
+def test_permutation_nulls_equal_shuffling_the_rows_and_recomputing_from_scratch():
+    """The cheap nulls (Grams, ranks and neighbour lists indexed by the permutation) equal each
+    measure recomputed on the shuffled rows, to 1e-10, and so do their p-values; a wide side (more
+    dimensions than rows) takes the reduced rows of the Procrustes path."""
+    m, k, seed = 36, 4, 5
+    X, Y = related(m, 6, 5, seed=12, shift=4.0)
+    wide = np.random.default_rng(13).standard_normal((m, 50)) + 2.0
+    samples_a, samples_b = [X, Y], [Y, wide]
+    pairs = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    shuffles = permutations(m, 25, seed)
+    counts = {"procrustes": 6}
+    nulls = permutation_nulls(samples_a, samples_b, pairs, shuffles, counts=counts, k=k)
+    assert set(nulls.null) == set(MEASURES) and nulls.null["procrustes"].shape == (4, 6) and nulls.null["rsa"].shape == (4, 25)
+    for index, (i, j) in enumerate(pairs):
+        observed = from_scratch(samples_a[i], samples_b[j], k)
+        for measure in MEASURES:
+            # Procrustes compared as the overlap cos(angle): arccos near 1 turns a rounding error e into sqrt(2e)
+            close = np.cos if measure == "procrustes" else np.asarray
+            assert close(nulls.observed[measure][index]) == pytest.approx(close(observed[measure]), abs=1e-10), measure
+        brute = {measure: [] for measure in MEASURES}
+        for t, permutation in enumerate(shuffles):
+            for measure, value in from_scratch(samples_a[i], samples_b[j][permutation], k).items():
+                if t < counts.get(measure, len(shuffles)):
+                    brute[measure].append(value)
+        for measure in MEASURES:
+            np.testing.assert_allclose(nulls.null[measure][index], brute[measure], rtol=0, atol=1e-10, err_msg=measure)
+            lower = measure == "procrustes"
+            assert permutation_p_value(nulls.observed[measure][index], nulls.null[measure][index], lower=lower) == \
+                permutation_p_value(observed[measure], brute[measure], lower=lower)
+
+
+def test_identical_rows_have_the_smallest_p_value_and_unrelated_rows_do_not():
+    m, k, count = 40, 4, 60
+    rng = np.random.default_rng(21)
+    X = rng.standard_normal((m, 8)) * np.arange(1, 9)
+    same = permutation_nulls([X], None, [(0, 0)], permutations(m, count, 1), counts={"procrustes": 19}, k=k)
+    for measure in MEASURES:
+        n = 19 if measure == "procrustes" else count
+        summary = summarise_null(same.observed[measure][0], same.null[measure][0], lower=measure == "procrustes")
+        assert summary.p_value == 1 / (n + 1) and summary.permutations == n, measure
+    assert same.observed["cka"][0] == pytest.approx(1) and same.observed["procrustes"][0] == pytest.approx(0, abs=1e-6)
+    # independent rows: p-values spread over (0, 1], none piled up at the smallest
+    p_values: dict[str, list[float]] = {measure: [] for measure in MEASURES}
+    for seed in range(20):
+        rng = np.random.default_rng(100 + seed)
+        A, B = rng.standard_normal((m, 5)), rng.standard_normal((m, 5))
+        nulls = permutation_nulls([A], [B], [(0, 0)], permutations(m, 99, seed), counts={"procrustes": 19}, k=k)
+        for measure in MEASURES:
+            p_values[measure].append(permutation_p_value(nulls.observed[measure][0], nulls.null[measure][0],
+                                                         lower=measure == "procrustes"))
+    for measure, values in p_values.items():
+        values = np.asarray(values)
+        assert 0.3 < values.mean() < 0.7 and np.mean(values <= 0.05) <= 0.2, (measure, values)
+
+
+def test_p_value_counts_the_right_tail_and_is_undefined_without_a_null():
+    null = np.array([0.1, 0.2, 0.3, 0.4])
+    assert permutation_p_value(0.35, null) == (1 + 1) / 5  # upper tail: 0.4
+    assert permutation_p_value(0.35, null, lower=True) == (1 + 3) / 5  # a distance: 0.1, 0.2, 0.3
+    assert permutation_p_value(0.3, null) == (1 + 2) / 5  # a tie counts against
+    assert permutation_p_value(0.5, np.array([0.1, np.nan])) == 1 / 2  # an undefined null value is left out
+    assert np.isnan(permutation_p_value(0.5, np.array([]))) and np.isnan(permutation_p_value(np.nan, null))
+    summary = summarise_null(0.35, null)
+    assert summary.mean == pytest.approx(0.25) and summary.sd == pytest.approx(np.std(null, ddof=1))
+    empty = summarise_null(0.35, np.empty(0))
+    assert np.isnan(empty.mean) and np.isnan(empty.sd) and np.isnan(empty.p_value) and empty.permutations == 0
+
+
+def test_mutual_knn_chance_level_matches_a_monte_carlo():
+    """Random neighbour lists (k of each point's m - 1 others) share k / (m - 1) on average; the
+    permutation null of unrelated rows sits at the same level."""
+    m, k = 50, 5
+    rng = np.random.default_rng(3)
+
+    def random_lists() -> np.ndarray:
+        return np.array([rng.choice(np.delete(np.arange(m), i), k, replace=False) for i in range(m)])
+
+    trials = [mutual_knn(random_lists(), random_lists()) for _ in range(400)]
+    standard_error = np.std(trials, ddof=1) / np.sqrt(len(trials))
+    assert abs(np.mean(trials) - knn_chance(m, k)) < 4 * standard_error
+    assert knn_chance(m, k) == pytest.approx(5 / 49)
+    X, Y = rng.standard_normal((m, 6)), rng.standard_normal((m, 6))
+    null = permutation_nulls([X], [Y], [(0, 0)], permutations(m, 400, 0), measures=("knn",), k=k).null["knn"][0]
+    assert abs(null.mean() - knn_chance(m, k)) < 4 * null.std(ddof=1) / np.sqrt(len(null))
+    with pytest.raises(InputError, match="`k` must be at least 1 and below"):
+        knn_chance(5, 5)
+
+
+# ---------------------------------------------------------------------------------------------
 # the driver: rows within a store and matched across stores
 
 
@@ -311,7 +427,15 @@ def test_cli_prints_the_cka_table_within_80_columns_and_writes_its_files(tmp_pat
     assert document["model_id"] == "model-a" and document["stores"][1]["model_id"] == "model-b"
     record = next(r for r in document["records"] if r["measure"] == "cka" and (r["layer_a"], r["layer_b"]) == (1, 0))
     assert record["value"] == pytest.approx(1, abs=1e-6) and record["null"] < 0.5
-    assert (out / "similarity.csv").read_text().startswith("layer_a,layer_b,measure,value,null")
+    assert record["p_value"] == 1 / 201 and record["permutations"] == 200 and record["sample_value"] == pytest.approx(1, abs=1e-6)
+    assert document["permutations"] == {"cka": 200, "cka_debiased": 200, "procrustes": 20, "rsa": 200, "knn": 200}
+    assert document["chance"] == {"knn": pytest.approx(3 / 29)}
+    assert (out / "similarity.csv").read_text().startswith(
+        "layer_a,layer_b,measure,value,sample_value,null,null_sd,p_value,permutations,chance\n")
+    lines = outcome.output.splitlines()
+    table = lines[lines.index(next(line for line in lines if "each measure over the pairs of layers" in line)):]
+    assert max(map(len, table[:-1])) <= 80 and "largest p" in outcome.output and "0.1034" in outcome.output
+    assert "p-values on the sampled rows (the smallest possible 0.005)" in outcome.output
     outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measure", "cka,nonsense"])
     assert outcome.exit_code == 2 and "nonsense" in outcome.output and "--measures" in outcome.output
     outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--layers", "0,9"])
@@ -343,3 +467,18 @@ def test_cli_defaults_match_the_library():
     params = {param.name: param.default for param in typer.main.get_command(app).commands["similarity"].params}  # type: ignore[attr-defined]
     assert (params["sample"], params["k"], params["measure"]) == (DEFAULT_SAMPLE, DEFAULT_K, ",".join(MEASURES))
     assert (params["permutations"], params["seed"]) == (SimilarityOptions().permutations, SimilarityOptions().seed)
+    assert params["procrustes_permutations"] == SimilarityOptions().procrustes_permutations
+    assert (SimilarityOptions().permutations, SimilarityOptions().procrustes_permutations) == (200, 20)
+    run_params = {param.name: param.default for param in typer.main.get_command(app).commands["run"].params}  # type: ignore[attr-defined]
+    assert run_params["permutations"] == SimilarityOptions().permutations
+
+
+@pytest.mark.parametrize("name", ["permutations", "procrustes_permutations"])
+def test_shuffle_counts_are_validated_naming_the_parameter(name):
+    from lmgeom.runs.similarity import SimilarityOptions
+
+    with pytest.raises(InputError, match=f"`{name}` must be at least 0, got -1") as caught:
+        SimilarityOptions(**{name: -1})
+    assert caught.value.params == (name,)
+    with pytest.raises(InputError, match=f"`{name}` must be a whole number"):
+        SimilarityOptions(**{name: 2.5})

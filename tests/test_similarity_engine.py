@@ -1,6 +1,7 @@
 """Similarity across layers and models on the analysis engine: the layer x layer and store x store
 measures equal a brute-force numpy reference (CKA on the n x n Gram matrices, Procrustes from the
-SVD of the full centred matrices, RSA and mutual k-NN on the seeded subsample), worker processes
+SVD of the full centred matrices, RSA and mutual k-NN on the seeded subsample), and so do their
+permutation nulls and p-values (each measure recomputed on the shuffled sampled rows), worker processes
 give the local numbers bit for bit and Ray to 1e-12; the `similarity` step of `lmgeom run` writes
 its files and is skipped when repeated; the report shows its section; `lmgeom compare` shows the
 model x model matrix of runs over the same corpus and says why there is none otherwise."""
@@ -142,6 +143,46 @@ def test_store_by_store_equals_the_brute_force_reference(stores):
     assert result.values["cka"].shape == (3, 2)
 
 
+def test_nulls_and_p_values_equal_shuffling_the_sampled_rows_from_scratch(stores):
+    """Each measure's null on the subsample is the measure recomputed from scratch with the rows of
+    store b shuffled by the seeded permutations (seed + 1), its p-value the share of the null at
+    least as similar; `permutations=0` gives no null and no p-value."""
+    from lmgeom.metrics.similarity import permutations
+    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+
+    a, b = stores
+    seed, count, procrustes_count = 3, 40, 7
+    options = SimilarityOptions(sample=SAMPLE, k=K, seed=seed, permutations=count, procrustes_permutations=procrustes_count)
+    result = similarity_matrix(a, b, options)
+    layers_a, layers_b = _selected(a), _selected(b)
+    picked = sample_indexes(np.arange(len(layers_a[0])), SAMPLE, seed)
+    shuffles = permutations(SAMPLE, count, seed + 1)
+    measures = {"cka": lambda x, y: _cka(x, y, False), "cka_debiased": lambda x, y: _cka(x, y, True), "procrustes": _procrustes,
+                "rsa": _rsa, "knn": lambda x, y: _knn(x, y, K)}
+    assert result.permutations == {"cka": count, "cka_debiased": count, "procrustes": procrustes_count, "rsa": count, "knn": count}
+    assert result.chance == {"knn": K / (SAMPLE - 1)}
+    for i, X in enumerate(layers_a):
+        for j, Y in enumerate(layers_b):
+            x, y = X[picked], Y[picked]
+            for name, measure in measures.items():
+                lower = name == "procrustes"
+                null = np.array([measure(x, y[p]) for p in shuffles[: procrustes_count if lower else count]])
+                observed = measure(x, y)
+                extreme = null <= observed + 1e-12 if lower else null >= observed - 1e-12
+                # RSA: the library correlates float32 standardised ranks (6e-8 each), scipy exact ones
+                tolerance = 1e-7 if name == "rsa" else 1e-10
+                assert result.sample_values[name][i, j] == pytest.approx(observed, abs=tolerance), name
+                assert result.null[name][i, j] == pytest.approx(null.mean(), abs=tolerance), name
+                assert result.null_sd[name][i, j] == pytest.approx(null.std(ddof=1), abs=tolerance), name
+                assert result.p_values[name][i, j] == (1 + extreme.sum()) / (1 + len(null)), name
+    record = next(r for r in result.records if r["measure"] == "procrustes" and (r["layer_a"], r["layer_b"]) == (2, 1))
+    assert record["p_value"] == result.p_values["procrustes"][2, 1] and record["permutations"] == procrustes_count
+    none = similarity_matrix(a, b, SimilarityOptions(sample=SAMPLE, k=K, seed=seed, permutations=0, procrustes_permutations=0))
+    assert none.null == none.p_values == none.null_sd == {} and none.permutations == {}
+    assert all(r["p_value"] is None and r["null"] is None and r["permutations"] == 0 for r in none.records)
+    np.testing.assert_allclose(none.values["rsa"], result.values["rsa"], atol=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # the engine: executors, row ranges, the plan recorded
 
@@ -235,6 +276,7 @@ def test_the_run_step_writes_similarity_and_resumes(runs):
     step = json.loads((bert / "run.json").read_text())["steps"]["similarity"]
     assert step["device"] == "cpu" and step["outputs"] == ["similarity.json", "similarity.csv"]
     assert step["settings"]["seed"] == 0 and step["settings"]["measures"] == ["cka", "cka_debiased", "procrustes", "rsa", "knn"]
+    assert (step["settings"]["permutations"], step["settings"]["procrustes_permutations"]) == (200, 20)
     document = json.loads((bert / "similarity.json").read_text())
     store = RepresentationStore.open(bert)
     mask = select_rows(store.token_columns(*SELECTION_COLUMNS)).mask
@@ -246,6 +288,12 @@ def test_the_run_step_writes_similarity_and_resumes(runs):
     np.testing.assert_allclose(document["matrices"]["procrustes"], expected["procrustes"], atol=1e-6)
     assert document["settings"]["executor"] == "local" and document["settings"]["plan"]["rows"] == int(mask.sum())
     assert len((bert / "similarity.csv").read_text().splitlines()) == 1 + 5 * len(store.layers) ** 2
+    # a layer against itself: every shuffle is less similar, so the smallest p-value
+    p_values = np.asarray(document["p_values"]["cka_debiased"])
+    np.testing.assert_array_equal(np.diag(p_values), 1 / 201)
+    assert np.diag(np.asarray(document["p_values"]["procrustes"])).tolist() == [1 / 21] * len(store.layers)
+    m = document["counts"]["sample"]
+    assert document["chance"] == {"knn": pytest.approx(10 / (m - 1))}
 
 
 def test_the_report_shows_the_similarity_section(runs):
@@ -254,6 +302,8 @@ def test_the_report_shows_the_similarity_section(runs):
     section = section[: section.index("</section>")]
     assert "Linear CKA (debiased) between layers" in section and "Procrustes shape distance (radians) between layers" in section
     assert "layer 0 = embedding output" in section and "Permutation null" in section
+    assert "largest p" in section and "pairs at p ≤ 0.05" in section and "chance level (random neighbour lists) is k / (m − 1)" in section
+    assert "200 times for cka, cka_debiased, rsa, knn" in section and "20 times for procrustes" in section
     assert "chart-similarity_cka" in page and (runs["folder"] / "bert" / "figures" / "similarity_cka.png").exists()
 
 

@@ -147,6 +147,7 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="replace a store of other settings in --out"),
         bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
+        permutations: int = typer.Option(200, min=0, metavar="<int>", help="row shuffles of the similarity nulls of cka, rsa and knn (procrustes: 20; 0: no p-values)"),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks and "
                                                 "stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
         min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),
@@ -163,7 +164,7 @@ def register(app: typer.Typer) -> None:
                          count_by=count_by, protocol=protocol, seed=seed,
                          layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
                          overwrite=overwrite, num_workers=num_workers, bootstrap=bootstrap, confidence=confidence,
-                         data_dir=data_dir, min_coverage=min_coverage, progress=progress)
+                         data_dir=data_dir, min_coverage=min_coverage, permutations=permutations, progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")

@@ -12,13 +12,14 @@ from lmgeom.cli.common import RichProgress, console, split_list, user_errors, ur
 MEASURE_NAMES = "cka,cka_debiased,procrustes,rsa,knn"
 TABLE_WIDTH = 80
 TABLE_MEASURES = {"cka": "linear CKA", "cka_debiased": "debiased linear CKA"}
+PERMUTATIONS, PROCRUSTES_PERMUTATIONS = 200, 20  # SimilarityOptions' defaults (kept here: no numerical import at startup)
 
 
-def grid_lines(values: Any, rows: list[int], columns: list[int], *, width: int = TABLE_WIDTH) -> list[str]:
-    """A rows x columns table of values (two decimals) as lines of at most `width` characters: the
-    columns split into as many blocks as the width needs, each block with the row labels."""
+def grid_lines(values: Any, rows: list[int], columns: list[int], *, width: int = TABLE_WIDTH, digits: int = 2) -> list[str]:
+    """A rows x columns table of values (`digits` decimals) as lines of at most `width` characters:
+    the columns split into as many blocks as the width needs, each block with the row labels."""
     label = max(len("a\\b"), *(len(f"L{r}") for r in rows))
-    cell = 6
+    cell = digits + 4
     per_block = max(1, (width - label) // cell)
     lines: list[str] = []
     for start in range(0, len(columns), per_block):
@@ -28,8 +29,29 @@ def grid_lines(values: Any, rows: list[int], columns: list[int], *, width: int =
         lines.append("a\\b".ljust(label) + "".join(f"L{columns[j]}".rjust(cell) for j in block))
         for i, row in enumerate(rows):
             lines.append(f"L{row}".ljust(label) + "".join(
-                ("—" if values[i][j] != values[i][j] else f"{values[i][j]:.2f}").rjust(cell) for j in block))
+                ("—" if values[i][j] != values[i][j] else f"{values[i][j]:.{digits}f}").rjust(cell) for j in block))
     return lines
+
+
+def summary_table(result: Any, *, within: bool) -> Any:
+    """A rich table of each measure over the pairs of layers: its mean, its permutation null's mean,
+    the largest p-value, the pairs at p <= 0.05, the shuffles and the chance level (mutual k-NN)."""
+    from rich.table import Table
+
+    from lmgeom.runs.similarity import P_LEVEL, measure_summaries
+
+    def show(value: Any, digits: int = 3) -> str:
+        return "—" if value is None or value != value else f"{value:.{digits}f}"
+
+    table = Table(title="each measure over the pairs of layers" + (" (off the diagonal)" if within else ""))
+    for name in ("measure", "mean", "null", "largest p", f"p ≤ {P_LEVEL:g}", "shuffles", "chance"):
+        table.add_column(name, justify="left" if name == "measure" else "right")
+    for row in measure_summaries(result.values, result.null, result.p_values, result.permutations, result.chance,
+                                 within=within):
+        share = "—" if row["p_small"] is None else f"{row['p_small']}/{row['pairs']}"
+        table.add_row(row["measure"], show(row["mean"]), show(row["null"]), show(row["p_max"], 4), share,
+                      str(row["permutations"]), show(row["chance"], 4))
+    return table
 
 
 def layer_list(text: str | None, param: str) -> tuple[int, ...] | None:
@@ -52,10 +74,11 @@ def register(app: typer.Typer) -> None:
         measure: str = typer.Option(MEASURE_NAMES, "--measure", "--measures", "-m", help=f"comma-separated measures: {MEASURE_NAMES}"),
         layers: Optional[str] = typer.Option(None, help="comma-separated layers (default: all; 0 = embedding output), of both stores unless --layers-b"),
         layers_b: Optional[str] = typer.Option(None, help="comma-separated layers of STORE2 (default: those of --layers)"),
-        sample: int = typer.Option(2000, min=4, help="seeded subsample of matched rows for rsa, knn and the permutation null"),
+        sample: int = typer.Option(2000, min=4, help="seeded subsample of matched rows for rsa, knn and the permutation nulls"),
         seed: int = typer.Option(0, min=0, help="seed of the subsample and the permutations"),
         k: int = typer.Option(10, min=1, help="neighbours of mutual k-NN"),
-        permutations: int = typer.Option(1, min=0, help="row shuffles of the permutation null (0: none)"),
+        permutations: int = typer.Option(PERMUTATIONS, min=0, help="row shuffles of the null of cka, rsa and knn (0: no null, no p-value)"),
+        procrustes_permutations: int = typer.Option(PROCRUSTES_PERMUTATIONS, min=0, help="row shuffles of the Procrustes null (an SVD each; 0: none)"),
         include_punct: bool = typer.Option(False, help="also compare punctuation tokens"),
         include_special: bool = typer.Option(False, help="also compare special tokens (one store only: they are no corpus words)"),
         exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word"),
@@ -65,15 +88,19 @@ def register(app: typer.Typer) -> None:
         num_workers: int = typer.Option(1, min=1, metavar="<int>", help="tasks at once (groups of layer pairs)"),
     ) -> None:
         """Layer x layer similarity: linear CKA (biased and debiased) and the Procrustes distance over
-        every row, RSA and mutual k-NN on a seeded subsample, each with a permutation baseline.
-        Prints the CKA table and writes similarity.json and similarity.csv."""
+        every row, RSA and mutual k-NN on a seeded subsample, each with a permutation null and
+        p-value on the subsample. Prints the CKA tables and each measure's mean, null and p-values,
+        and writes similarity.json and similarity.csv."""
+        import numpy as np
+
         from lmgeom.runs.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
         with user_errors():
             chosen, chosen_b = layer_list(layers, "layers"), layer_list(layers_b, "layers_b")
             options = SimilarityOptions(measures=tuple(split_list(measure)), layers=chosen, layers_b=chosen_b,
                                         sample=sample, seed=seed, k=k,
-                                        permutations=permutations, include_punct=include_punct,
+                                        permutations=permutations, procrustes_permutations=procrustes_permutations,
+                                        include_punct=include_punct,
                                         include_special=include_special, exclude_first_word=exclude_first_word,
                                         device=device, engine=engine, num_workers=num_workers)
             with RichProgress() as progress:
@@ -91,7 +118,15 @@ def register(app: typer.Typer) -> None:
                 console.print(f"{title}, {axes}: {names}, {matched}", highlight=False, soft_wrap=True)
                 console.print("\n".join(grid_lines(result.values[name], result.layers_a, result.layers_b)), highlight=False)
                 if name in result.null:
-                    mean_null = float(result.null[name].mean())
-                    console.print(f"permutation null ({shuffled}, {counts['sample']:,} sampled rows): mean {mean_null:.3f}",
+                    mean_null = float(np.nanmean(result.null[name]))
+                    p, shuffles = result.p_values[name], result.permutations[name]
+                    console.print(f"null ({shuffled} {shuffles} times on {counts['sample']:,} sampled rows): "
+                                  f"mean {mean_null:.3f}", highlight=False)
+                    console.print(f"p-values on the sampled rows (the smallest possible {1 / (1 + shuffles):.3f}):",
                                   highlight=False)
+                    console.print("\n".join(grid_lines(p, result.layers_a, result.layers_b, digits=3)), highlight=False)
+        console.print(summary_table(result, within=not store2))
+        if "knn" in result.chance:
+            console.print(f"mutual k-NN chance level k / (m - 1) = {result.chance['knn']:.4f} (k = {k}, m = "
+                          f"{counts['sample']:,} sampled rows)", highlight=False)
         console.print("wrote " + ", ".join(str(path) for path in paths), highlight=False, soft_wrap=True)

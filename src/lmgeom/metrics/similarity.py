@@ -32,14 +32,29 @@ RSA and mutual k-NN need all pairs of points, so they run on a seeded subsample 
   m x m dissimilarity matrices 1 - cosine.
 - Mutual k-NN (Huh et al. 2024): the mean over points of |N_k^X(i) & N_k^Y(i)| / k, neighbours by
   cosine from an exact search in blocks, each point's own row left out.
-A permutation null shuffles the rows of Y (one side) on the subsample: every measure of X against
-the shuffled Y is the value of unrelated rows, a baseline for each value.
+Permutation nulls (`permutation_nulls`) shuffle the rows of Y (one side) on the subsample: every
+measure of X against the shuffled Y is the value of unrelated rows. Each measure is also computed on
+the subsample unshuffled (its observed value there), and its permutation p-value is
+(1 + #{null values at least as extreme}) / (1 + count), `permutation_p_value`: one-sided, the upper
+tail for CKA, RSA and mutual k-NN (larger is more similar), the lower tail for the Procrustes
+distance (smaller is more similar). A shuffle reuses what the observed value computed, reordered
+by index:
+- CKA: the m x m Gram matrices of each side's centred rows; Y[p] has the Gram L[p][:, p], so the
+  cross term <K, L[p][:, p]> is an indexing and a dot product (batched over layers as one matrix
+  product), never a product of features; the other terms of both estimators are sums over m.
+- RSA: the full symmetric matrix of each side's standardised ranks, indexed the same way.
+- Mutual k-NN: each side's neighbour lists; Y[p]'s are inverse[N_Y[p]] with inverse the inverse
+  permutation (`permuted_neighbours`).
+- Procrustes: no shortcut: one SVD of the r_x x r_y cross-covariance per shuffle and pair (r = the
+  smaller of m and the dimension), so it gets fewer shuffles (`DEFAULT_PROCRUSTES_PERMUTATIONS`).
+Under a shuffle a point's k neighbours in Y are (about) k of the m - 1 other points at random, so
+the expected mutual k-NN overlap, its chance level, is k / (m - 1) (`knn_chance`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping, Sequence
 
 import array_api_compat
 import numpy as np
@@ -53,7 +68,18 @@ MEASURES = ("cka", "cka_debiased", "procrustes", "rsa", "knn")
 STREAMED_MEASURES = ("cka", "cka_debiased", "procrustes")
 """Measures computed on every row from `CrossMoments`; the others run on the subsample."""
 DEFAULT_K = 10
+DEFAULT_PERMUTATIONS = 200
+"""Shuffles of the null of CKA, RSA and mutual k-NN: each indexes the Gram matrices, ranks and
+neighbour lists computed once (no product of features); the smallest p-value is 1/201."""
+DEFAULT_PROCRUSTES_PERMUTATIONS = 20
+"""Shuffles of the Procrustes null: each needs an SVD of a cross-covariance of the dimension of the
+rows (and its product of features), per pair of layers, so 20: the smallest p-value 1/21 is below 0.05."""
+LOWER_IS_CLOSER = frozenset({"procrustes"})
+"""Measures whose smaller values are more similar: their p-value counts null values at or below the observed."""
+TIE_TOLERANCE = 1e-12
+"""A null value within this of the observed one counts as at least as extreme (ties count against)."""
 _BLOCK_ROWS = 2048
+_GATHER_BYTES = 1 << 28
 
 
 @register_accumulator
@@ -260,15 +286,20 @@ def rdm_ranks(X: Any) -> np.ndarray:
     return ((ranks - ranks.mean()) / spread if spread > 0 else np.zeros_like(ranks)).astype(np.float32)
 
 
+def square_ranks(ranks: np.ndarray, m: int, dtype: Any = None) -> np.ndarray:
+    """The symmetric m x m matrix (zero diagonal) of `rdm_ranks`' upper triangle."""
+    full = np.zeros((m, m), dtype=dtype or ranks.dtype)
+    upper = np.triu_indices(m, 1)
+    full[upper] = ranks
+    return full + full.T
+
+
 def permuted_ranks(ranks: np.ndarray, permutation: np.ndarray) -> np.ndarray:
     """`rdm_ranks` of the rows reordered by `permutation` (row i becomes row permutation[i]), from
     the ranks themselves: the permuted matrix holds the same entries, so the same ranks."""
     m = len(permutation)
-    full = np.zeros((m, m), dtype=ranks.dtype)
-    upper = np.triu_indices(m, 1)
-    full[upper] = ranks
-    full = full + full.T
-    return full[np.ix_(permutation, permutation)][upper]
+    full = square_ranks(ranks, m)
+    return full.take(permutation, axis=0).take(permutation, axis=1)[np.triu_indices(m, 1)]
 
 
 def rsa(ranks_x: np.ndarray, ranks_y: np.ndarray) -> float:
@@ -324,3 +355,228 @@ def permutations(m: int, count: int, seed: int) -> list[np.ndarray]:
     """`count` seeded permutations of m rows, for the permutation null."""
     rng = np.random.default_rng(seed)
     return [rng.permutation(m) for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------
+# permutation nulls and p-values
+
+
+def knn_chance(m: int, k: int) -> float:
+    """The chance level of mutual k-NN on m points: when a point's k neighbours in Y are k of its
+    m - 1 other points drawn at random, they share k * k / (m - 1) of its k neighbours in X on
+    average, a fraction k / (m - 1)."""
+    if not 1 <= k < m:
+        raise InputError(f"`k` must be at least 1 and below the number of sampled rows ({m}), got {k}", param="k")
+    return k / (m - 1)
+
+
+def permutation_p_value(observed: float, null: Any, *, lower: bool = False) -> float:
+    """The one-sided permutation p-value (1 + #extreme) / (1 + count): extreme null values are those
+    at least `observed` (at most it, `lower=True`, for a distance), within `TIE_TOLERANCE`, so the
+    smallest p-value is 1 / (1 + count). Undefined (non-finite) null values are left out of both
+    counts; nan when the observed value is undefined or no null value is defined (no shuffles)."""
+    values = np.asarray(null, dtype=np.float64).ravel()
+    values = values[np.isfinite(values)]
+    if not np.isfinite(observed) or not values.size:
+        return float("nan")
+    extreme = values <= observed + TIE_TOLERANCE if lower else values >= observed - TIE_TOLERANCE
+    return (1 + int(np.count_nonzero(extreme))) / (1 + values.size)
+
+
+@dataclass(frozen=True)
+class NullSummary:
+    """A measure's permutation test on the subsample: its value there, the mean and standard
+    deviation (ddof 1) of its null, the p-value and how many shuffles made the null; nan where
+    undefined (no shuffles: mean, sd and p-value; one shuffle: sd)."""
+
+    observed: float
+    mean: float
+    sd: float
+    p_value: float
+    permutations: int
+
+
+def summarise_null(observed: float, null: Any, *, lower: bool = False) -> NullSummary:
+    """`NullSummary` of an observed value and its null values (`lower`: a distance, see
+    `permutation_p_value`)."""
+    values = np.asarray(null, dtype=np.float64).ravel()
+    finite = values[np.isfinite(values)]
+    mean = float(finite.mean()) if finite.size else float("nan")
+    sd = float(finite.std(ddof=1)) if finite.size > 1 else float("nan")
+    return NullSummary(float(observed), mean, sd, permutation_p_value(observed, values, lower=lower), int(values.size))
+
+
+@dataclass(frozen=True)
+class _GramSide:
+    """What CKA needs of one side's Gram matrix K of centred rows besides K itself: its diagonal
+    a, row sums K1, total 1'K1 and its self HSIC (biased and debiased)."""
+
+    diag: np.ndarray
+    row_sums: np.ndarray
+    total: float
+    hsic: float = float("nan")
+    hsic_debiased: float = float("nan")
+
+
+def _gram_side(gram: np.ndarray) -> _GramSide:
+    side = _GramSide(np.diagonal(gram).copy(), gram.sum(axis=1), float(gram.sum()))
+    hsic, debiased = _gram_hsic(float(np.vdot(gram, gram)), side, side, None)
+    return _GramSide(side.diag, side.row_sums, side.total, hsic, debiased)
+
+
+def _gram_hsic(inner: float, x: _GramSide, y: _GramSide, permutation: np.ndarray | None) -> tuple[float, float]:
+    """Biased and debiased HSIC of X and Y[permutation] (Y when None) from inner = <K, L[p][:, p]>:
+    tr(K H L H) = inner - 2 K1 . L1[p] / m + 1'K1 1'L1 / m^2, and with the diagonals set to zero
+    tr(K~ L~) = inner - a . b[p], 1'K~L~1 = (K1 - a) . (L1 - b)[p] (see the module docstring)."""
+    m = len(x.diag)
+    b, sums = (y.diag, y.row_sums) if permutation is None else (y.diag[permutation], y.row_sums[permutation])
+    hsic = (inner - 2 * float(x.row_sums @ sums) / m + x.total * y.total / m**2) / (m - 1) ** 2
+    if m < 4:
+        return hsic, float("nan")
+    trace = inner - float(x.diag @ b)
+    sum_k, sum_l = x.total - float(x.diag.sum()), y.total - float(y.diag.sum())
+    cross = float((x.row_sums - x.diag) @ (sums - b))
+    debiased = (trace + sum_k * sum_l / ((m - 1) * (m - 2)) - 2 * cross / (m - 2)) / (m * (m - 3))
+    return hsic, debiased
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num / np.sqrt(den)) if den > 0 else float("nan")
+
+
+def _cross_inner(stack_a: np.ndarray, stack_b: np.ndarray, permutation: np.ndarray | None) -> np.ndarray:
+    """(layers_a, layers_b) inner products <S_a, S_b[p][:, p]> of stacks of m x m matrices: each of
+    b's matrices indexed by the permutation (rows, then columns: cache-friendly), in blocks of at
+    most `_GATHER_BYTES`, then one matrix product with all of a's."""
+    n_a, n_b, m = stack_a.shape[0], stack_b.shape[0], stack_a.shape[1]
+    flat_a = stack_a.reshape(n_a, m * m)
+    out = np.empty((n_a, n_b))
+    block = max(1, _GATHER_BYTES // (8 * m * m))
+    for start in range(0, n_b, block):
+        part = stack_b[start : start + block]
+        if permutation is not None:
+            gathered = np.empty_like(part)
+            for index, matrix in enumerate(part):
+                matrix.take(permutation, axis=0).take(permutation, axis=1, out=gathered[index])
+            part = gathered
+        out[:, start : start + len(part)] = flat_a @ part.reshape(len(part), m * m).T
+    return out
+
+
+def _shared_neighbours(near_x: np.ndarray, near_y: np.ndarray) -> int:
+    """The number of (point, neighbour) pairs two neighbour lists share (rows compared in blocks)."""
+    m, k = near_x.shape
+    step = max(1, (1 << 22) // (k * k))
+    return sum(int(np.count_nonzero(near_x[s : s + step, :, None] == near_y[s : s + step, None, :]))
+               for s in range(0, m, step))
+
+
+def _procrustes_features(X: np.ndarray) -> tuple[np.ndarray, float]:
+    """Centred rows reduced to at most m columns (U S of their thin SVD when the dimension exceeds
+    m: the same nuclear norms against any rows), and their squared Frobenius norm."""
+    centred = X - X.mean(axis=0)
+    if centred.shape[1] > centred.shape[0]:
+        u, s, _ = np.linalg.svd(centred, full_matrices=False)
+        centred = u * s
+    return centred, float(np.sum(centred * centred))
+
+
+def _procrustes_value(fx: np.ndarray, fy: np.ndarray, trace_x: float, trace_y: float) -> float:
+    scale = np.sqrt(trace_x * trace_y)
+    if not scale > 0:
+        return float("nan")
+    nuclear = float(np.linalg.svd(fx.T @ fy, compute_uv=False).sum())
+    return float(np.arccos(np.clip(nuclear / scale, 0.0, 1.0)))
+
+
+@dataclass
+class SubsampleNulls:
+    """Per measure: `observed`, its value for each pair on the subsample (pairs,), and `null`, its
+    values with the second side's rows shuffled (pairs, shuffles of that measure)."""
+
+    observed: dict[str, np.ndarray]
+    null: dict[str, np.ndarray]
+
+
+def permutation_nulls(samples_a: Sequence[Any], samples_b: Sequence[Any] | None, pairs: Sequence[tuple[int, int]],
+                      shuffles: Sequence[np.ndarray], *, measures: Sequence[str] = MEASURES,
+                      counts: Mapping[str, int] | None = None, k: int = DEFAULT_K,
+                      progress: Any = None) -> SubsampleNulls:
+    """Every measure of `measures` for each pair (i, j) of `pairs`: samples_a[i] against
+    samples_b[j] (rows of the same m points; `samples_b` None: samples_a, the layers of one
+    store), on the rows as given (`observed`) and with samples_b[j]'s rows reordered by each of the
+    first `counts[measure]` `shuffles` (`null`; all of them when `counts` is None or names no
+    count). Each side's Gram matrix, ranks, neighbours and reduced rows are computed once and every
+    shuffle indexes them (see the module docstring). `progress()`, when given, is called after each
+    shuffle. Memory: two m x m float64 matrices per layer (CKA and RSA)."""
+    unknown = [measure for measure in measures if measure not in MEASURES]
+    if unknown:
+        raise InputError(f"unknown `measures` {unknown}; choose from {', '.join(MEASURES)}", param="measures")
+    rows_a = [np.asarray(to_numpy(X), dtype=np.float64) for X in samples_a]
+    rows_b = rows_a if samples_b is None else [np.asarray(to_numpy(X), dtype=np.float64) for X in samples_b]
+    m = rows_a[0].shape[0]
+    if any(X.shape[0] != m for X in (*rows_a, *rows_b)) or any(len(p) != m for p in shuffles):
+        raise ValueError(f"every sample and shuffle must hold the same {m} points")
+    wanted = dict.fromkeys(measures)
+    count = {measure: len(shuffles) if counts is None else int(counts.get(measure, len(shuffles))) for measure in wanted}
+    bad = {measure: n for measure, n in count.items() if not 0 <= n <= len(shuffles)}
+    if bad:
+        raise ValueError(f"shuffle counts {bad} outside 0..{len(shuffles)} (the shuffles given)")
+    same = samples_b is None
+
+    def stacked(make: Any, rows: list[np.ndarray]) -> np.ndarray:
+        out = np.empty((len(rows), m, m))
+        for i, X in enumerate(rows):
+            out[i] = make(X)
+        return out
+
+    def gram(X: np.ndarray) -> np.ndarray:
+        centred = X - X.mean(axis=0)
+        return centred @ centred.T
+
+    uses_gram = bool({"cka", "cka_debiased"} & set(wanted))
+    grams_a = stacked(gram, rows_a) if uses_gram else None
+    grams_b = grams_a if same or not uses_gram else stacked(gram, rows_b)
+    gram_a = [_gram_side(G) for G in grams_a] if grams_a is not None else []
+    gram_b = gram_a if same or grams_b is None else [_gram_side(G) for G in grams_b]
+    ranks_a = stacked(lambda X: square_ranks(rdm_ranks(X), m, np.float64), rows_a) if "rsa" in wanted else None
+    ranks_b = ranks_a if same or ranks_a is None else stacked(lambda X: square_ranks(rdm_ranks(X), m, np.float64), rows_b)
+    near_a = [knn_indices(X, k) for X in rows_a] if "knn" in wanted else []
+    near_b = near_a if same or not near_a else [knn_indices(X, k) for X in rows_b]
+    features_a = [_procrustes_features(X) for X in rows_a] if "procrustes" in wanted else []
+    features_b = features_a if same or not features_a else [_procrustes_features(X) for X in rows_b]
+
+    def values(permutation: np.ndarray | None, active: set[str]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {measure: [] for measure in active}
+        gram_inner = (_cross_inner(grams_a, grams_b, permutation)
+                      if grams_a is not None and grams_b is not None and active & {"cka", "cka_debiased"} else None)
+        rank_inner = (_cross_inner(ranks_a, ranks_b, permutation)
+                      if ranks_a is not None and ranks_b is not None and "rsa" in active else None)
+        near = ({j: near_b[j] if permutation is None else permuted_neighbours(near_b[j], permutation)
+                 for j in sorted({j for _, j in pairs})} if "knn" in active else {})
+        for i, j in pairs:
+            if gram_inner is not None:
+                x, y = gram_a[i], gram_b[j]
+                hsic, debiased = _gram_hsic(float(gram_inner[i, j]), x, y, permutation)
+                if "cka" in active:
+                    out["cka"].append(_ratio(hsic, x.hsic * y.hsic))
+                if "cka_debiased" in active:
+                    out["cka_debiased"].append(_ratio(debiased, x.hsic_debiased * y.hsic_debiased))
+            if rank_inner is not None:
+                out["rsa"].append(float(rank_inner[i, j]) / (m * (m - 1)))
+            if "knn" in active:
+                out["knn"].append(_shared_neighbours(near_a[i], near[j]) / (m * k))
+            if "procrustes" in active:
+                (fx, tx), (fy, ty) = features_a[i], features_b[j]
+                out["procrustes"].append(_procrustes_value(fx, fy if permutation is None else fy[permutation], tx, ty))
+        return out
+
+    observed = {measure: np.asarray(v, dtype=np.float64) for measure, v in values(None, set(wanted)).items()}
+    null = {measure: np.full((len(pairs), count[measure]), np.nan) for measure in wanted}
+    for t in range(max(count.values(), default=0)):
+        active = {measure for measure in wanted if t < count[measure]}
+        for measure, v in values(shuffles[t], active).items():
+            null[measure][:, t] = v
+        if progress is not None:
+            progress()
+    return SubsampleNulls({measure: observed[measure] for measure in wanted}, null)

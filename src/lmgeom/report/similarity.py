@@ -3,7 +3,9 @@
 
 A heatmap is a Plotly figure on the page (debiased CKA, with a button for the biased estimator)
 and a PNG and SVG for papers. Each section states the permutation null: the same measure with the
-rows of one side shuffled on the seeded subsample, the value of unrelated rows."""
+rows of one side shuffled on the seeded subsample, the value of unrelated rows; the run's table gives
+each measure's mean over the pairs of layers beside its null, its p-values and the chance level of
+mutual k-NN."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from lmgeom.report.figures import DPI, chart_subtitle, one_line, plt, safe_name,
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import number
 from lmgeom.runs import rundir
+from lmgeom.runs.similarity import P_LEVEL, measure_summaries
 
 MEASURE_TITLES = {"cka_debiased": "linear CKA (debiased)", "cka": "linear CKA (biased)",
                   "procrustes": "Procrustes shape distance (radians)", "rsa": "RSA (Spearman of cosine-distance matrices)",
@@ -42,27 +45,27 @@ def _cells(document: Mapping[str, Any], measure: str) -> list[list[float | None]
     return [[float(v) if np.isfinite(v) else None for v in row] for row in matrix]
 
 
-def _off_diagonal_mean(matrix: np.ndarray, within: bool) -> float:
-    if within and matrix.shape[0] == matrix.shape[1]:
-        values = matrix[~np.eye(matrix.shape[0], dtype=np.bool_)]
-    else:
-        values = matrix.ravel()
-    values = values[np.isfinite(values)]
-    return float(values.mean()) if values.size else float("nan")
-
-
 def null_statement(document: Mapping[str, Any]) -> str:
     """The permutation null in words: how it is made and its mean value for each measure."""
     settings = document.get("settings", {})
     null = document.get("null", {})
     if not null:
-        return "No permutation null was computed (permutations = 0)."
+        return "No permutation null was computed (permutations = 0): no p-values."
     means = "; ".join(f"{MEASURE_TITLES.get(measure, measure)} {number(float(np.nanmean(np.asarray(table, float))), 3)}"
                       for measure, table in null.items())
-    return (f"Permutation null (the rows of one side shuffled {settings.get('permutations')} time(s) on the seeded "
-            f"subsample of {number(document.get('counts', {}).get('sample'))} rows, seed {settings.get('seed')}), mean over "
-            f"the layer pairs: {means}. Unrelated rows give a debiased CKA near 0; values well above the null are "
-            "shared structure.")
+    shuffles = document.get("permutations") or {}
+    counts = sorted(set(shuffles.values()), reverse=True) or [settings.get("permutations")]
+    how_many = (f"{counts[0]} times" if len(counts) == 1 else
+                "; ".join(f"{n} times for {', '.join(m for m in shuffles if shuffles[m] == n)}" for n in counts))
+    chance = document.get("chance", {}).get("knn")
+    return (f"Permutation null (the rows of one side shuffled on the seeded subsample of "
+            f"{number(document.get('counts', {}).get('sample'))} rows, seed {settings.get('seed')}: {how_many}; the "
+            "Procrustes distance gets fewer shuffles because each needs an SVD), mean over the layer pairs: "
+            f"{means}. Each measure's p-value compares its value on the subsample with its null: (1 + shuffles at least "
+            "as similar) / (1 + shuffles), so the smallest possible is 1 / (1 + shuffles). Unrelated rows give a debiased "
+            "CKA near 0; values well above the null are shared structure."
+            + ("" if chance is None else f" Mutual k-NN's chance level (random neighbour lists) is k / (m − 1) = "
+               f"{number(chance, 4)}."))
 
 
 def heatmap(page: Page, name: str, what: str, document: Mapping[str, Any], folder: rundir.Where,
@@ -138,17 +141,21 @@ def draw_heatmap(matrix: np.ndarray, title: str, subtitle: str, ys: list[str], x
 
 
 def summary_table(document: Mapping[str, Any]) -> str:
-    """Per measure: the mean over the pairs of layers (off the diagonal within a model) and its null."""
+    """Per measure, over the pairs of layers (off the diagonal within a model): the mean, its
+    permutation null's mean, the largest p-value, the pairs at p <= 0.05, the shuffles and the
+    chance level (mutual k-NN)."""
     within = len(document.get("stores", [])) == 1
+    present = [measure for measure in MEASURE_TITLES if _matrix(document, measure) is not None]
+    tables = {kind: {m: _matrix(document, m, kind) for m in present if _matrix(document, m, kind) is not None}
+              for kind in ("matrices", "null", "p_values")}
     rows = []
-    for measure, title in MEASURE_TITLES.items():
-        matrix = _matrix(document, measure)
-        if matrix is None:
-            continue
-        null = _matrix(document, measure, "null")
-        rows.append({"measure": title, "mean over layer pairs": _off_diagonal_mean(matrix, within),
-                     "permutation null": None if null is None else _off_diagonal_mean(null, within)})
-    return table(pd.DataFrame(rows), digits=3, text_columns=("measure",))
+    for row in measure_summaries(tables["matrices"], tables["null"], tables["p_values"], document.get("permutations") or {},
+                                 document.get("chance") or {}, within=within):
+        rows.append({"measure": MEASURE_TITLES[row["measure"]], "mean over layer pairs": row["mean"],
+                     "permutation null": row["null"], "largest p": row["p_max"],
+                     f"pairs at p ≤ {P_LEVEL:g}": "—" if row["p_small"] is None else f"{row['p_small']} of {row['pairs']}",
+                     "shuffles": str(row["permutations"] or "—"), "chance level": row["chance"]})
+    return table(pd.DataFrame(rows), digits=3, text_columns=("measure", f"pairs at p ≤ {P_LEVEL:g}", "shuffles"))
 
 
 def similarity_section(page: Page, run_path: rundir.Target, label: str = "") -> str:

@@ -25,7 +25,7 @@ from lmgeom.runs.extraction import extract_model
 from lmgeom.runs.geometry import GeometryOptions, measure_geometry
 from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
 from lmgeom.runs.reporting import render_report
-from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix, write_similarity
+from lmgeom.runs.similarity import DEFAULT_PERMUTATIONS, SimilarityOptions, similarity_matrix, write_similarity
 from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
 from lmgeom.runs.static import StaticOptions, export_static_embeddings, read_benchmark_records
 from lmgeom.runs import rundir
@@ -220,13 +220,15 @@ def run(
     confidence: float = 0.95,
     data_dir: str | os.PathLike[str] | None = None,
     min_coverage: str = str(DEFAULT_MIN_COVERAGE),
+    permutations: int = DEFAULT_PERMUTATIONS,
     progress: Progress | None = None,
 ) -> RunResult:
     """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
     (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
     (isotropy.json), calibrate `layers` with `methods` (calibration.json), distil and score static
     embeddings of `layers` (static/), measure the similarity of every pair of layers (similarity.json:
-    CKA, Procrustes, RSA, mutual k-NN with their permutation null), measure the intrinsic dimension,
+    CKA, Procrustes, RSA, mutual k-NN with their permutation nulls and p-values: `permutations` shuffles
+    for CKA, RSA and mutual k-NN, `SimilarityOptions`' default for Procrustes), measure the intrinsic dimension,
     outlier panel and uniformity of every layer (geometry.json, with the LayerNorm-weight outliers of
     `model`), then render report.html with its figures (experiment results under RUN/experiments/ and
     in `include` folders are shown too). Each step is recorded in run.json
@@ -257,6 +259,7 @@ def run(
     analysis = AnalysisOptions(**protocol_options(protocol, min_contexts=min_contexts, count_by=count_by), seed=seed,
                                num_workers=num_workers, device=device,
                                bootstrap=bootstrap, confidence=confidence)
+    SimilarityOptions(permutations=permutations)  # a bad count refused here, not after the extraction
     corpus, pooling = protocol_extraction(protocol, model, corpus)
     require_count(limit, "limit")
     progress = progress or NoProgress()
@@ -282,7 +285,8 @@ def run(
     isotropy = IsotropyOptions(analysis)
     calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
     static = StaticOptions(analysis, data_dir=data, min_coverage=min_coverage)
-    similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers)  # layer x layer, every layer
+    similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers,  # layer x layer, every layer
+                                   permutations=permutations)
     geometry = GeometryOptions(analysis, data_dir=data, model_weights=model)
     # the folder looked in, in run.json's settings of the steps that read it: data found there since
     # (LMGEOM_DATA set, or another folder given) redoes them

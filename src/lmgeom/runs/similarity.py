@@ -14,8 +14,11 @@ CKA and the Procrustes distance run on the analysis engine: a pair plan
 (`lmgeom.runs.engine.pairs`) streams every matched row through the registered pair statistics
 (`CrossMoments`), one accumulator per pair of layers and one per layer (its self pair); pairs are
 grouped so that a task's states stay under `max_state_bytes`, each task one aligned read of its
-layers, on the executor the options name. RSA, mutual k-NN and the permutation null run on one
-seeded subsample of `sample` matched rows, read once.
+layers, on the executor the options name. RSA, mutual k-NN and the permutation nulls run on one
+seeded subsample of `sample` matched rows, read once (`lmgeom.metrics.similarity.permutation_nulls`):
+every measure is computed there as well, unshuffled and with the rows of the second side shuffled
+`permutations` times (`procrustes_permutations` for the Procrustes distance, whose shuffles need an
+SVD each), and its p-value compares the two on the subsample.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -32,17 +35,15 @@ from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.similarity import (
     DEFAULT_K,
+    DEFAULT_PERMUTATIONS,
+    DEFAULT_PROCRUSTES_PERMUTATIONS,
+    LOWER_IS_CLOSER,
     MEASURES,
     STREAMED_MEASURES,
-    CrossMoments,
-    knn_indices,
-    mutual_knn,
+    knn_chance,
+    permutation_nulls,
     permutations,
-    permuted_neighbours,
-    permuted_ranks,
-    rdm_ranks,
-    rsa,
-    streamed_measures,
+    summarise_null,
 )
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
@@ -62,9 +63,15 @@ CORPUS_FIELDS = ("corpus_fingerprint", "corpus_name", "n_corpus_sentences", "pre
 @dataclass(frozen=True)
 class SimilarityOptions:
     """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (None: all) of the
-    first store and `layers_b` of the second (None: the same as `layers`), RSA / k-NN / null on a
-    seeded subsample of `sample` rows with `permutations` shuffles, `k` neighbours, on the
-    analysis's row selection. How the streamed measures run (the analysis engine's terms,
+    first store and `layers_b` of the second (None: the same as `layers`), RSA, mutual k-NN (`k`
+    neighbours) and the permutation nulls on a seeded subsample of `sample` rows, on the analysis's
+    row selection. The null of CKA, RSA and mutual k-NN has `permutations` shuffles (default 200:
+    each indexes the subsample's Gram matrices, ranks and neighbour lists, one m x m gather per
+    layer and one matrix product; the smallest p-value is 1/201); the Procrustes distance's has
+    `procrustes_permutations` (default 20: each needs an SVD of a cross-covariance of the layers'
+    dimension per pair of layers, so 20 cost 20 values on the subsample; the smallest p-value,
+    1/21, is below 0.05). 0 shuffles: no null and no p-value (None in the files). How the streamed
+    measures run (the analysis engine's terms,
     `lmgeom.runs.engine.AnalysisOptions`): `chunk_rows` matched rows read at a time, tasks holding
     at most `max_state_bytes` of accumulator states, `row_parts` row ranges each, on `engine` with
     `num_workers` at once (`ray_address`: the Ray cluster), computing on `device`."""
@@ -75,7 +82,8 @@ class SimilarityOptions:
     sample: int = DEFAULT_SAMPLE
     seed: int = 0
     k: int = DEFAULT_K
-    permutations: int = 1
+    permutations: int = DEFAULT_PERMUTATIONS
+    procrustes_permutations: int = DEFAULT_PROCRUSTES_PERMUTATIONS
     include_punct: bool = False
     include_special: bool = False
     exclude_first_word: bool = False
@@ -92,10 +100,13 @@ class SimilarityOptions:
         if unknown or not self.measures:
             raise InputError(f"unknown `measures` {unknown or '(none given)'}; choose from {', '.join(MEASURES)}",
                              param="measures")
-        for name, low in (("sample", 4), ("k", 1), ("permutations", 0), ("chunk_rows", 1), ("seed", 0), ("num_workers", 1),
-                          ("row_parts", 1)):
-            if getattr(self, name) < low:
-                raise InputError(f"`{name}` must be at least {low}, got {getattr(self, name)}", param=name)
+        for name, low in (("sample", 4), ("k", 1), ("permutations", 0), ("procrustes_permutations", 0), ("chunk_rows", 1),
+                          ("seed", 0), ("num_workers", 1), ("row_parts", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"`{name}` must be a whole number, got {value!r}", param=name)
+            if value < low:
+                raise InputError(f"`{name}` must be at least {low}, got {value}", param=name)
 
         if self.engine not in ENGINES:
             raise InputError(f"unknown `engine` {self.engine!r}; use one of {', '.join(ENGINES)}", param="engine")
@@ -105,14 +116,24 @@ class SimilarityOptions:
         number beyond rounding), as run.json records a step's settings."""
         return {"measures": list(self.measures), "layers": None if self.layers is None else list(self.layers),
                 "layers_b": None if self.layers_b is None else list(self.layers_b), "sample": self.sample, "seed": self.seed,
-                "k": self.k, "permutations": self.permutations, "include_punct": self.include_punct,
+                "k": self.k, "permutations": self.permutations, "procrustes_permutations": self.procrustes_permutations,
+                "include_punct": self.include_punct,
                 "include_special": self.include_special, "exclude_first_word": self.exclude_first_word}
+
+    def shuffles(self, measure: str) -> int:
+        """The shuffles of `measure`'s null: `procrustes_permutations` for the Procrustes distance,
+        `permutations` for the others."""
+        return self.procrustes_permutations if measure == "procrustes" else self.permutations
 
 
 @dataclass
 class SimilarityResult:
-    """Per measure a layers_a x layers_b matrix of values and of permutation baselines (`null`),
-    tidy `records`, and the `counts` of the row matching."""
+    """Per measure layers_a x layers_b matrices: `values` (CKA and Procrustes over every matched
+    row, RSA and mutual k-NN on the subsample), `sample_values` (on the subsample: RSA, mutual k-NN
+    and every measure with a null, what the null is compared with), the permutation null's mean (`null`) and standard deviation
+    (`null_sd`) and the p-value (`p_values`), the latter three for the measures with shuffles
+    (`permutations`: their number per measure); `chance`: the chance level of mutual k-NN,
+    k / (m - 1) on m sampled rows; tidy `records`, and the `counts` of the row matching."""
 
     stores: list[dict[str, Any]]
     layers_a: list[int]
@@ -123,11 +144,23 @@ class SimilarityResult:
     settings: dict[str, Any]
     paths: list[rundir.Target] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # `SimilarityOptions.to_settings()`: the files' provenance
+    sample_values: dict[str, np.ndarray] = field(default_factory=dict)
+    null_sd: dict[str, np.ndarray] = field(default_factory=dict)
+    p_values: dict[str, np.ndarray] = field(default_factory=dict)
+    permutations: dict[str, int] = field(default_factory=dict)
+    chance: dict[str, float] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
+        """One per measure and pair of layers: value, sample_value, null (mean), null_sd, p_value,
+        permutations and chance (None where a measure has none)."""
+        def cell(tables: dict[str, np.ndarray], measure: str, i: int, j: int) -> float | None:
+            return float(tables[measure][i, j]) if measure in tables else None
+
         return [{"layer_a": la, "layer_b": lb, "measure": measure, "value": float(self.values[measure][i, j]),
-                 "null": float(self.null[measure][i, j]) if measure in self.null else None}
+                 "sample_value": cell(self.sample_values, measure, i, j), "null": cell(self.null, measure, i, j),
+                 "null_sd": cell(self.null_sd, measure, i, j), "p_value": cell(self.p_values, measure, i, j),
+                 "permutations": self.permutations.get(measure, 0), "chance": self.chance.get(measure)}
                 for measure in self.values for i, la in enumerate(self.layers_a) for j, lb in enumerate(self.layers_b)]
 
 
@@ -262,29 +295,40 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
                 values[measure][i, j] = measures[measure]
         engine = {"plan": plan.to_json(), "executor": executor}
 
-    null = _subsample_measures(stores, rows, layers_a, layers_b, pairs, options, values, progress)
+    tests = _subsample_measures(stores, rows, layers_a, layers_b, pairs, options, values, progress)
     if within:
-        for table in (*values.values(), *null.values()):
-            lower = np.tril_indices(len(layers_a), -1)
+        lower = np.tril_indices(len(layers_a), -1)
+        for table in (*values.values(), *(t for kind in tests.tables.values() for t in kind.values())):
             table[lower] = table.T[lower]
+    sample = min(options.sample, n)
     for store in {id(s): s for s in stores}.values():
         store.check_unchanged()
     settings = {"measures": list(options.measures), "layers_a": layers_a, "layers_b": layers_b,
-                "sample": min(options.sample, n), "seed": options.seed, "k": options.k,
-                "permutations": options.permutations, "include_punct": options.include_punct,
+                "sample": sample, "seed": options.seed, "k": options.k,
+                "permutations": options.permutations, "procrustes_permutations": options.procrustes_permutations,
+                "include_punct": options.include_punct,
                 "include_special": options.include_special, "exclude_first_word": options.exclude_first_word,
                 "rows": "matched by corpus word occurrence (character offset in the corpus)" if not within else "the row selection",
                 "streamed": "cka, cka_debiased and procrustes over every matched row",
                 "subsample": "rsa and knn, and every null, on the seeded subsample of `sample` matched rows",
-                "null": "each measure with the rows of store b (the column side) shuffled on the subsample; mean over the permutations",
+                "sample_values": "every measure on the subsample, unshuffled: what its null is compared with",
+                "null": ("each measure with the rows of the column side (store b) shuffled on the subsample, "
+                         "`permutations` seeded shuffles (`procrustes_permutations` for procrustes); "
+                         "`null` is their mean, `null_sd` their standard deviation"),
+                "p_value": ("one-sided permutation p-value (1 + #null values at least as similar as the sample value) / "
+                            "(1 + shuffles): null >= value for cka, cka_debiased, rsa and knn, null <= value for procrustes "
+                            "(a distance); none without shuffles"),
+                "knn_chance": "expected mutual k-NN overlap of unrelated neighbour lists: k / (sample - 1)",
                 "procrustes_unit": "radians", **engine,
                 **({"knn_not_computed": f"mutual k-NN with k = {options.k} needs more than {options.k} sampled rows; "
-                                        f"this corpus gives {min(options.sample, n)}"}
-                   if "knn" in options.measures and not options.k < min(options.sample, n) else {})}
+                                        f"this corpus gives {sample}"}
+                   if "knn" in options.measures and not options.k < sample else {})}
     described = [{"url": s.url, "model_id": s.meta.get("model_id"), "corpus_fingerprint": s.meta.get("corpus_fingerprint"),
                   "generation": s.meta.get("generation")} for s in ([a] if within else stores)]
-    return SimilarityResult(described, layers_a, layers_b, values, null, {**matched.counts, "sample": min(options.sample, n)},
-                            settings, options=options.to_settings())
+    return SimilarityResult(described, layers_a, layers_b, values, tests.tables["null"], {**matched.counts, "sample": sample},
+                            settings, options=options.to_settings(), sample_values=tests.tables["sample_values"],
+                            null_sd=tests.tables["null_sd"], p_values=tests.tables["p_values"],
+                            permutations=tests.permutations, chance=tests.chance)
 
 
 def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list[Job], options: SimilarityOptions,
@@ -307,51 +351,90 @@ def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list
     return merger, plan, executor.name
 
 
+@dataclass
+class _SubsampleTests:
+    """The driver's tables from the subsample: `tables` holds sample_values, null (mean), null_sd and
+    p_values, each measure -> layers_a x layers_b; `permutations` per measure with a null."""
+
+    tables: dict[str, dict[str, np.ndarray]]
+    permutations: dict[str, int]
+    chance: dict[str, float]
+
+
 def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray], layers_a: list[int], layers_b: list[int],
                         pairs: list[tuple[int, int]], options: SimilarityOptions, values: dict[str, np.ndarray],
-                        progress: Progress) -> dict[str, np.ndarray]:
-    """RSA and mutual k-NN (into `values`) and the permutation null of every measure, on the subsample."""
+                        progress: Progress) -> _SubsampleTests:
+    """RSA and mutual k-NN (into `values`), and every measure's permutation test on the subsample."""
     n = len(rows[0])
     picked = sample_indexes(np.arange(n), options.sample, options.seed)
     m = len(picked)
-    shuffles = permutations(m, options.permutations, options.seed + 1)
-    null = {measure: np.full(values[measure].shape, np.nan) for measure in values} if shuffles else {}
-    within = stores[0] is stores[1] and layers_a == layers_b
-    sample_a = {layer: read_rows(stores[0], layer, rows[0][picked]) for layer in layers_a}
-    sample_b = sample_a if within else {layer: read_rows(stores[1], layer, rows[1][picked]) for layer in layers_b}
-    wants = set(options.measures)
+    wants = [measure for measure in options.measures if measure not in STREAMED_MEASURES or options.shuffles(measure)]
     if "knn" in wants and not options.k < m:  # k neighbours need more than k points: the measure is undefined here
-        wants.discard("knn")
-    progress.start("similarity on the subsample", len(pairs), unit="layer pairs")
-    ranks_a = {layer: rdm_ranks(X) for layer, X in sample_a.items()} if "rsa" in wants else {}
-    ranks_b = ranks_a if within else {layer: rdm_ranks(X) for layer, X in sample_b.items()} if "rsa" in wants else {}
-    near_a = {layer: knn_indices(X, options.k) for layer, X in sample_a.items()} if "knn" in wants else {}
-    near_b = near_a if within else {layer: knn_indices(X, options.k) for layer, X in sample_b.items()} if "knn" in wants else {}
-    shuffled_ranks = {layer: [permuted_ranks(r, p) for p in shuffles] for layer, r in ranks_b.items()}
-    shuffled_near = {layer: [permuted_neighbours(nn, p) for p in shuffles] for layer, nn in near_b.items()}
-    streamed = [measure for measure in options.measures if measure in STREAMED_MEASURES]
-    # a shuffle leaves each side's self pair as it is: one per layer, the cross pairs per shuffle
-    means = {**{(0, layer): X.mean(axis=0) for layer, X in sample_a.items()},
-             **{(1, layer): X.mean(axis=0) for layer, X in sample_b.items()}}
-    selves = {side: CrossMoments(paired=False, shift_x=means[side]).add((sample_a if side[0] == 0 else sample_b)[side[1]]).result()
-              for side in means} if streamed and shuffles else {}
-    for i, j in pairs:
-        la, lb = layers_a[i], layers_b[j]
-        if "rsa" in wants:
-            values["rsa"][i, j] = rsa(ranks_a[la], ranks_b[lb])
-            if shuffles:
-                null["rsa"][i, j] = np.mean([rsa(ranks_a[la], r) for r in shuffled_ranks[lb]])
-        if "knn" in wants:
-            values["knn"][i, j] = mutual_knn(near_a[la], near_b[lb])
-            if shuffles:
-                null["knn"][i, j] = np.mean([mutual_knn(near_a[la], nn) for nn in shuffled_near[lb]])
-        if streamed and shuffles:
-            baselines = [streamed_measures(CrossMoments(shift_x=means[(0, la)], shift_y=means[(1, lb)]).add(
-                sample_a[la], Y=sample_b[lb][p]).result(), selves[(0, la)], selves[(1, lb)]) for p in shuffles]
-            for measure in streamed:
-                null[measure][i, j] = np.mean([baseline[measure] for baseline in baselines])
-        progress.advance("similarity on the subsample")
-    return null
+        wants.remove("knn")
+    counts = {measure: options.shuffles(measure) for measure in wants}
+    shuffles = permutations(m, max(counts.values(), default=0), options.seed + 1)
+    within = stores[0] is stores[1] and layers_a == layers_b
+    sample_a = [read_rows(stores[0], layer, rows[0][picked]) for layer in layers_a]
+    sample_b = None if within else [read_rows(stores[1], layer, rows[1][picked]) for layer in layers_b]
+    progress.start("similarity on the subsample", len(shuffles) + 1, unit="shuffles")
+    tests = permutation_nulls(sample_a, sample_b, pairs, shuffles, measures=wants, counts=counts, k=options.k,
+                              progress=lambda: progress.advance("similarity on the subsample"))
+    progress.advance("similarity on the subsample")
+    shape = (len(layers_a), len(layers_b))
+    tables: dict[str, dict[str, np.ndarray]] = {kind: {} for kind in ("sample_values", "null", "null_sd", "p_values")}
+    for measure in wants:
+        tables["sample_values"][measure] = np.full(shape, np.nan)
+        if counts[measure]:
+            for kind in ("null", "null_sd", "p_values"):
+                tables[kind][measure] = np.full(shape, np.nan)
+        for index, (i, j) in enumerate(pairs):
+            observed = float(tests.observed[measure][index])
+            tables["sample_values"][measure][i, j] = observed
+            if measure in ("rsa", "knn"):
+                values[measure][i, j] = observed
+            if counts[measure]:
+                summary = summarise_null(observed, tests.null[measure][index], lower=measure in LOWER_IS_CLOSER)
+                tables["null"][measure][i, j] = summary.mean
+                tables["null_sd"][measure][i, j] = summary.sd
+                tables["p_values"][measure][i, j] = summary.p_value
+    chance = {"knn": knn_chance(m, options.k)} if "knn" in wants else {}
+    return _SubsampleTests(tables, {measure: n for measure, n in counts.items() if n}, chance)
+
+
+# ---------------------------------------------------------------------------------------------
+# summaries for tables
+
+P_LEVEL = 0.05
+"""The level at which the tables count the pairs of layers whose p-value is at most it."""
+
+
+def layer_pairs(matrix: Any, within: bool) -> np.ndarray:
+    """The defined values of a layers_a x layers_b matrix over its pairs of layers: off the
+    diagonal for the layers of one store (a layer against itself is no comparison)."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if within and matrix.shape[0] == matrix.shape[1]:
+        matrix = matrix[~np.eye(matrix.shape[0], dtype=np.bool_)]
+    values = matrix.ravel()
+    return values[np.isfinite(values)]
+
+
+def measure_summaries(values: Mapping[str, Any], null: Mapping[str, Any], p_values: Mapping[str, Any],
+                      permutations: Mapping[str, int], chance: Mapping[str, float], *, within: bool) -> list[dict[str, Any]]:
+    """Per measure, over its pairs of layers (`layer_pairs`): the mean value, the mean of its
+    permutation null, the largest p-value, how many pairs have p <= `P_LEVEL` of how many, the
+    shuffles and the chance level (None where a measure has none)."""
+    rows = []
+    for measure, matrix in values.items():
+        defined = layer_pairs(matrix, within)
+        null_values = layer_pairs(null[measure], within) if measure in null else None
+        p = layer_pairs(p_values[measure], within) if measure in p_values else None
+        rows.append({"measure": measure, "mean": float(defined.mean()) if defined.size else None,
+                     "null": float(null_values.mean()) if null_values is not None and null_values.size else None,
+                     "p_max": float(p.max()) if p is not None and p.size else None,
+                     "p_small": int(np.count_nonzero(p <= P_LEVEL)) if p is not None else None,
+                     "pairs": int(p.size) if p is not None else int(defined.size),
+                     "permutations": int(permutations.get(measure, 0)), "chance": chance.get(measure)})
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +455,8 @@ def write_similarity(result: SimilarityResult, out: rundir.Where) -> list[rundir
     payload = {"settings": result.settings, "counts": result.counts, "stores": result.stores, "records": result.records,
                "layers_a": result.layers_a, "layers_b": result.layers_b,
                "matrices": {measure: table for measure, table in result.values.items()},
-               "null": {measure: table for measure, table in result.null.items()}}
+               "sample_matrices": dict(result.sample_values), "null": dict(result.null), "null_sd": dict(result.null_sd),
+               "p_values": dict(result.p_values), "permutations": dict(result.permutations), "chance": dict(result.chance)}
     paths = rundir.write_result_set(rundir.SIMILARITY.at(out), rundir.SIMILARITY.kind, payload, store_meta=store_meta,
                                     settings=result.options,
                                     companions=[(rundir.SIMILARITY_CSV.at(out), rundir.records_csv(result.records))])
