@@ -45,6 +45,7 @@ def calibration_table(run: str) -> str:
 
     summaries = results(run)["summaries"]
     with_trivial = any("trivial" in s for s in summaries)
+    with_power = any("detectable_difference" in s for s in summaries)
     rows = []
     for s in summaries:
         baseline = s.get("difference") is None and not s.get("degenerate")
@@ -54,9 +55,12 @@ def calibration_table(run: str) -> str:
         rows.append([s["split"], s["head"], s["method"], s["metric"], f"{s['mean']:.4f} ± {s['std']:.4f}", s["n_seeds"],
                      delta, p_text(s.get("p_value")) if tested else "",
                      p_text(s.get("p_holm"), s.get("significant")) if tested else "",
+                     *([f"±{s['detectable_difference']:.4f}" if tested and s.get("detectable_difference") is not None
+                        else ""] if with_power else []),
                      *([trivial_verdict({k: v for k, v in s.items() if k != "degenerate"})] if with_trivial else [])])
     return markdown(["split", "head", "method", "metric", "mean ± std", "seeds", "Δ vs none", "p", "p (Holm)",
-                     *(["vs trivial"] if with_trivial else [])], rows, align="lllllrrrr" + ("l" if with_trivial else ""))
+                     *(["detectable Δ (80 %)"] if with_power else []), *(["vs trivial"] if with_trivial else [])],
+                    rows, align="lllllrrrr" + ("r" if with_power else "") + ("l" if with_trivial else ""))
 
 
 # ---- STS (calibration.md) ------------------------------------------------------------------------

@@ -80,3 +80,26 @@ def test_bad_shapes_and_mean_std() -> None:
         paired_permutation_test(np.zeros(3), np.zeros(4), np.zeros(4), accuracy)
     assert mean_std([0.70, 0.74, 0.72]) == pytest.approx((0.72, np.std([0.70, 0.74, 0.72], ddof=1)))
     assert mean_std([0.5]) == (0.5, 0.0)
+
+
+def test_detectable_difference_from_the_null_spread_in_closed_form() -> None:
+    """Accuracy, one seed, exact sign flips: the null statistic is sum(e_i d_i) / n with d_i in {-1, 0, 1}
+    the per-example difference, so its standard deviation is sqrt(#discordant) / n, and the detectable
+    difference at 80 % power and 0.05 is (1.95996 + 0.84162) times that. A Monte Carlo of the power at
+    that difference (a normal statistic of that spread) comes out near 0.80."""
+    from lmgeom.evaluate.stats import detectable_difference
+
+    rng = np.random.default_rng(5)
+    truth = rng.integers(0, 2, 12)
+    a = np.where(rng.random(12) < 0.7, truth, 1 - truth)
+    b = np.where(rng.random(12) < 0.7, truth, 1 - truth)
+    result = paired_permutation_test(truth, a, b, accuracy, n_resamples=2**12)
+    discordant = int(np.sum((a == truth) != (b == truth)))
+    assert result.method == "exact permutation" and discordant > 0
+    assert result.null_sd == pytest.approx(np.sqrt(discordant) / 12, rel=1e-12)
+    detectable = detectable_difference(result)
+    assert detectable == pytest.approx((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * np.sqrt(discordant) / 12, rel=1e-12)
+    draws = np.random.default_rng(0).normal(detectable, result.null_sd, 200_000)
+    assert np.mean(np.abs(draws) > stats.norm.ppf(0.975) * result.null_sd) == pytest.approx(0.80, abs=0.005)
+    same = paired_permutation_test(truth, a, a, accuracy, n_resamples=2**12)
+    assert same.null_sd == 0 and detectable_difference(same) == 0  # identical predictions: no spread

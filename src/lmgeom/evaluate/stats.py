@@ -28,6 +28,7 @@ class PairedTest:
     n_examples: int
     n_resamples: int  # the number of permutations or bootstrap draws (2**n when exact)
     method: str
+    null_sd: float = float("nan")  # the standard deviation of the statistic under the null (its resamples)
 
 
 def _as_seed_rows(y_true: np.ndarray, predictions: np.ndarray) -> np.ndarray:
@@ -73,7 +74,8 @@ def paired_permutation_test(
     tolerance = 1e-12 * max(1.0, abs(observed))
     extreme = int(np.sum(np.abs(null) >= abs(observed) - tolerance))
     p_value = extreme / len(swaps) if exact else (1 + extreme) / (1 + len(swaps))
-    return PairedTest(observed, min(1.0, p_value), n, len(swaps), "exact permutation" if exact else "permutation")
+    return PairedTest(observed, min(1.0, p_value), n, len(swaps), "exact permutation" if exact else "permutation",
+                      float(np.std(null)))
 
 
 def paired_bootstrap_test(
@@ -93,7 +95,22 @@ def paired_bootstrap_test(
     null = np.array([_pooled_difference(metric, y_true[d], a[:, d], b[:, d]) for d in draws])
     finite = np.isfinite(null)
     extreme = int(np.sum(np.abs(null[finite] - observed) >= abs(observed)))
-    return PairedTest(observed, min(1.0, (1 + extreme) / (1 + int(finite.sum()))), n, n_resamples, "paired bootstrap")
+    return PairedTest(observed, min(1.0, (1 + extreme) / (1 + int(finite.sum()))), n, n_resamples, "paired bootstrap",
+                      float(np.std(null[finite])) if finite.any() else float("nan"))
+
+
+DETECTABLE_ALPHA, DETECTABLE_POWER = 0.05, 0.80
+
+
+def detectable_difference(test: PairedTest, *, alpha: float = DETECTABLE_ALPHA, power: float = DETECTABLE_POWER) -> float:
+    """The smallest true difference the two-sided `test` detects with probability `power` at level
+    `alpha`, in the normal approximation: (z_{1-alpha/2} + z_power) times the statistic's standard
+    deviation under the null (its resamples' `null_sd`). For a paired permutation test that spread is
+    set by the examples on which the two systems' predictions differ, so this is the power given
+    those predictions, before any multiple-testing correction (Holm asks more)."""
+    from scipy.stats import norm
+
+    return float((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * test.null_sd)
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:

@@ -18,7 +18,8 @@ import pandas as pd
 from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
-from lmgeom.evaluate.stats import difference_of_means, holm_unique, mean_std, paired_permutation_test
+from lmgeom.evaluate.stats import (DETECTABLE_ALPHA, DETECTABLE_POWER, detectable_difference, difference_of_means, holm_unique,
+                                  mean_std, paired_permutation_test)
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
@@ -319,8 +320,11 @@ def _test(row: dict[str, Any], reference: dict[str, Any], predictions: dict[tupl
     result = paired_permutation_test(truth, np.stack([base[s] for s in seeds]), np.stack([ours[s] for s in seeds]),
                                      METRICS[row["metric"]], n_resamples=n_resamples, seed=0)
     return {"baseline": baseline_label, "pooled_difference": result.difference, "p_value": result.p_value,
+            "detectable_difference": detectable_difference(result),
             "test": f"paired {result.method} over {result.n_examples} evaluation examples, seeds {seeds} pooled "
-                    f"({result.n_resamples} resamples), two-sided"}
+                    f"({result.n_resamples} resamples), two-sided; detectable_difference: the smallest pooled "
+                    f"difference it detects with {DETECTABLE_POWER:.0%} power at {DETECTABLE_ALPHA} (normal "
+                    "approximation from the null's spread)"}
 
 
 def _holm(summaries: list[dict[str, Any]], family_key: str, references: dict[int, dict[str, Any]],
@@ -459,7 +463,7 @@ def trivial_lines(rows: list[dict[str, Any]]) -> list[str]:
 def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
     """One row per configuration and metric: mean ± std over seeds, difference to the baseline, p, Holm p."""
     header = ["task", "split", "features", "head", varying if varying != "features" else "method", "metric",
-              "mean ± std", "seeds", "Δ vs baseline", "pooled Δ", "p", "p (Holm)", "vs trivial"]
+              "mean ± std", "seeds", "Δ vs baseline", "pooled Δ", "p", "p (Holm)", "detectable Δ", "vs trivial"]
     header = list(dict.fromkeys(header))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
@@ -482,13 +486,17 @@ def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
                 return f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}" if s.get("p_holm") is not None else ""
             if name == "vs trivial":
                 return trivial_verdict(s)
+            if name == "detectable Δ":
+                return f"±{s['detectable_difference']:.4f}" if s.get("detectable_difference") is not None else ""
             return str(s.get(name, ""))
         lines.append("| " + " | ".join(cell(name) for name in header) + " |")
     return "\n".join(lines) + ("\n\nΔ: the difference of the per-seed means (seeds both ran); pooled Δ: the paired "
                                "test's statistic, the metric of all seeds' predictions pooled minus the baseline's. "
                                "Holm: per family (the rows differing only in the varied column), each distinct test "
                                "once (= names the row with identical predictions it duplicates). degenerate: the "
-                               "method's layer collapsed, a failure of the method, not a task result."
+                               "method's layer collapsed, a failure of the method, not a task result. detectable Δ: "
+                               f"the smallest pooled Δ the test detects with {DETECTABLE_POWER:.0%} power at "
+                               f"{DETECTABLE_ALPHA} before Holm, given the two rows' predictions."
                                "\n* significant at 0.05 after Holm's correction. vs trivial: the one-sided test "
                                "against the strongest trivial baseline (p, the largest over seeds); uninformative: "
                                "the row, or its family's baseline row, does not beat it.\n")
