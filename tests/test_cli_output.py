@@ -209,7 +209,7 @@ def test_calibrate_reports_seconds_per_method(small_store):
     calibrate_store(small_store, CalibrationOptions(methods=("abtt",), layers=(0,)))
     assert holds_fits(small_store.path, result.fits)
 
-    cli = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", ",".join(methods), "--layer", "1"],
+    cli = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", ",".join(methods), "--layers", "1"],
                              env={"COLUMNS": "80"}, terminal_width=80)
     assert cli.exit_code == 0, cli.output
     line = next(line for line in cli.output.splitlines() if line.startswith("fit seconds per method (layer 1): "))

@@ -40,7 +40,7 @@ def test_calibrate_after_run_keeps_every_record_and_a_refit_replaces_only_its_ow
     from_run = _by_fit(json.loads(rundir.CALIBRATION.at(a_run).read_text())["records"])
     assert set(from_run) == {(0, "whitening"), (0, "abtt"), (3, "whitening"), (3, "abtt")}
 
-    outcome = CliRunner().invoke(app, ["calibrate", str(a_run), "--layer", "2", "--method", "whitening"])
+    outcome = CliRunner().invoke(app, ["calibrate", str(a_run), "--layers", "2", "--method", "whitening"])
     assert outcome.exit_code == 0, outcome.output
     document = read_calibration(a_run)
     merged = _by_fit(document["records"])
@@ -125,7 +125,7 @@ def test_calibrate_refuses_a_folder_that_is_neither_a_store_nor_a_model(tmp_path
     folder = tmp_path / "photos"
     folder.mkdir()
     (folder / "a.jpg").write_bytes(b"\xff\xd8")
-    outcome = CliRunner().invoke(app, ["calibrate", str(folder), "--layer", "0"])
+    outcome = CliRunner().invoke(app, ["calibrate", str(folder), "--layers", "0"])
     assert outcome.exit_code == 2, outcome.output
     assert "neither a store" in outcome.output and "sentencepiece" not in outcome.output
     assert sorted(path.name for path in folder.iterdir()) == ["a.jpg"]

@@ -16,6 +16,7 @@ from lmgeom.cli.main import app
 from lmgeom.corpus import lee
 from lmgeom.encoders import load_encoder
 from lmgeom.errors import InputError, OutOfRange
+from lmgeom.layerspec import select_layers
 from lmgeom.runs import extract
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.writer import StoreExistsError
@@ -39,18 +40,35 @@ def full_store(tmp_path_factory, tiny_bert, corpus):
 
 
 def test_layer_specs_name_the_models_layers():
-    assert layout.parse_layers(None, 7) == layout.parse_layers("all", 7) == list(range(7))
-    assert layout.parse_layers("last", 7) == [6]
-    assert layout.parse_layers("6,0,3", 7) == [0, 3, 6]
-    assert layout.parse_layers("0-2,last", 7) == [0, 1, 2, 6]
-    assert layout.parse_layers("every:4", 7) == [0, 4, 6]  # the first and the last kept
-    assert layout.parse_layers("every:3", 7) == [0, 3, 6]
-    assert layout.parse_layers((5, 1, 5), 7) == [1, 5]
-    with pytest.raises(InputError, match=r"`store_layers` '0,7': layer 7 is not among the model's layers 0\.\.6"):
-        layout.parse_layers("0,7", 7)
-    for bad in ("x", "every:0", "3-1", "", "1.5"):
-        with pytest.raises(InputError, match="`store_layers` takes 'all', 'last'"):
-            layout.parse_layers(bad, 7)
+    """The one grammar (`lmgeom.layerspec`), against the model's layers 0..6 and against a store of some."""
+    def every(spec):
+        return select_layers(spec, range(7), n_layers=7, param="store_layers")
+
+    assert every(None) == every("all") == list(range(7))
+    assert every("last") == every("-1") == [6] and every("first") == [0]
+    assert every("6,0,3") == [0, 3, 6] and every("0,-2,-1") == [0, 5, 6]
+    assert every("0-2,last") == [0, 1, 2, 6]
+    assert every("every:4") == [0, 4, 6]  # the first and the last kept
+    assert every("every:3") == [0, 3, 6]
+    assert every((5, 1, 5)) == [1, 5] and every((-1, 0)) == [0, 6]
+    assert every("default") == [0, 3, 6]
+    with pytest.raises(OutOfRange, match=r"`store_layers` '0,7': layer 7 is not among the model's layers 0\.\.6"):
+        every("0,7")
+    with pytest.raises(OutOfRange, match="layer -1 is not among"):  # -8 is one before layer 0
+        every("-8")
+    for bad in ("x", "every:0", "3-1", "", "1.5", "-1-2"):
+        with pytest.raises(InputError, match="`store_layers` takes 'all', 'first', 'last'"):
+            every(bad)
+    # a store of layers 0, 6 and 12 of a 13-layer model: its layers, in the model's numbering
+    stored = [0, 6, 12]
+    assert select_layers("-1", stored, n_layers=13) == select_layers("last", stored, n_layers=13) == [12]
+    assert select_layers("default", stored, n_layers=13) == [0, 6, 12]
+    assert select_layers("every:6", stored, n_layers=13) == [0, 6, 12]
+    assert select_layers(None, stored, n_layers=13, default="default") == [0, 6, 12]
+    with pytest.raises(OutOfRange, match=r"layers 1, 2 are not among the stored layers 0, 6, 12 of the model's 0\.\.12"):
+        select_layers("0-2", stored, n_layers=13)
+    # "default" picks the stored layer nearest the middle (the smaller on a tie)
+    assert select_layers("default", [0, 2, 4, 8, 10, 12], n_layers=13) == [0, 4, 12]
 
 
 def test_a_store_of_some_layers_keeps_their_numbers_and_vectors(tmp_path, tiny_bert, corpus, full_store):
@@ -156,7 +174,7 @@ def test_the_main_job_on_a_store_of_some_layers(tmp_path):
     page = (tmp_path / "run" / "report.html").read_text()
     assert "layers 1, 3 of 4 x 32 dims" in page  # the header
     assert re.findall(r'<option value="(\d+)"', page) == ["1", "3"]  # the word explorer's layers
-    with pytest.raises(InputError, match=r"layers \[0\] are not in this store's layers 1, 3"):
+    with pytest.raises(InputError, match=r"`layers` '0,1': layer 0 is not among the stored layers 1, 3 of the model's 0\.\.3"):
         run("tiny-gpt2", "lee", out=tmp_path / "run", limit=40, device="cpu", min_contexts=3, store_layers="1,3", layers="0,1")
 
 

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.calibrate import FIT_MAX_ROWS, METHOD_NAMES
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors
+from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, warnings_console
 from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine", "effective_rank")
@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         corpus: str = typer.Option("lee", help="corpus to extract when a model is given instead of a store"),
         device: str = typer.Option("auto", help="device for that extraction and the flow: auto, cpu, cuda"),
         method: str = typer.Option(",".join(METHOD_NAMES), "--methods", "--method", "-m", help=f"comma-separated methods: {', '.join(METHOD_NAMES)}"),
-        layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", help="layer to calibrate, repeatable (default: all; 0 = embedding output)"),
+        layers: Optional[str] = typer.Option(None, "--layers", help=f"{LAYERS_HELP} (default: all)"),
+        layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", hidden=True, help="old spelling of --layers (repeatable)"),
         include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
         include_special: bool = typer.Option(False, help="also fit and measure on special tokens (CLS/SEP/BOS), when stored"),
         eval_rows: Optional[int] = typer.Option(None, min=2, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
@@ -71,9 +72,15 @@ def register(app: typer.Typer) -> None:
         from lmgeom.runs import calibrate_store
         from lmgeom.runs.calibration import CalibrationOptions
 
+        if layer:
+            if layers is not None:
+                raise typer.BadParameter("give --layers only (--layer is its old spelling)", param_hint="--layer")
+            warnings_console.print("[yellow]warning:[/] --layer N (repeated) is now --layers with one spec, e.g. "
+                                   "--layers 0,3; the old spelling goes in a later release", highlight=False)
+            layers = ",".join(map(str, layer))
         with user_errors(), RichProgress() as progress:
             options = CalibrationOptions(
-                methods=tuple(split_list(method)), layers=tuple(layer) if layer else None, include_punct=include_punct,
+                methods=tuple(split_list(method)), layers=layers, include_punct=include_punct,
                 include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows,
                 fit_rows=fit_rows, seed=seed, device=device,
             )

@@ -62,6 +62,7 @@ COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the 
 PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
                  "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
 BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; below 100: rough, flagged; see docs/metrics.md)"
+LAYERS_HELP = "layers: e.g. 0,3,-1 (0 = embedding output, -1 the last), 0-3, first, last, all, every:K"
 MIN_COVERAGE_HELP = ("fewest covered items a word-benchmark score needs to be shown as a number: items and/or "
                      "a percentage of the benchmark (default 50,10%; 0: no minimum); below it the score "
                      "reads 'too few items'")

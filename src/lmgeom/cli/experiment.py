@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, above, console, split_list, user_errors, url_form
+from lmgeom.cli.common import LAYERS_HELP, RichProgress, above, console, split_list, user_errors, url_form
 from lmgeom.errors import InputError
 
 experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022), layers and WSD (Peters et al. 2018), static baselines (Ethayarajh 2019).",
@@ -277,7 +277,7 @@ def wsd_command(
     model: str = typer.Option(..., "--model", help="a named model (elmo-brown, minilm, ...) or a folder"),
     data: Path = typer.Option(..., "--data", help="the WSD evaluation framework, e.g. ../shared/data/WSD_Evaluation_Framework"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder: results.json, predictions.csv, feature cache"),
-    layers: str = typer.Option("all", "--layers", help="all, or a comma list of layers (0 = the input layer)"),
+    layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
     wordnet: Optional[Path] = typer.Option(None, "--wordnet", help="WordNet 3.0's database folder (default $WNSEARCHDIR, then Debian's wordnet-base)"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
@@ -285,7 +285,7 @@ def wsd_command(
     from lmgeom.runs.experiments import run_wsd
 
     with user_errors(), RichProgress() as progress:
-        document = run_wsd(model, data, out=out, layers=parse_layers(layers), wordnet=wordnet, device=device, progress=progress)
+        document = run_wsd(model, data, out=out, layers=layers, wordnet=wordnet, device=device, progress=progress)
     table = Table(title=f"{model}: WSD F1 (x 100), leave one dataset out")
     names = [*document["settings"]["datasets"], "ALL"]
     for column in ("system", *names):
@@ -334,16 +334,6 @@ def static_baselines_command(
     from lmgeom.runs import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.EXPERIMENT_TABLE.at(out)}")
-
-
-def parse_layers(text: str) -> list[int] | None:
-    """`all` (None) or a comma list of layer numbers."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        return [int(item) for item in split_list(text)]
-    except ValueError:
-        raise InputError(f"--layers takes all or a comma list of layer numbers (e.g. 1,2), got {text!r}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -13,6 +13,7 @@ from lmgeom.cli.common import (
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
     MIN_CONTEXTS_HELP,
+    LAYERS_HELP,
     MIN_COVERAGE_HELP,
     PROTOCOL_HELP,
     RichProgress,
@@ -67,7 +68,7 @@ def stored_layers_phrase(store: RepresentationStore) -> str:
     return f"layers {', '.join(map(str, store.layers))} of {store.n_model_layers}"
 
 
-STORE_LAYERS_HELP = "layers to store, the model's numbering (0 = embedding output): all, last, 0,6,12, 0-3,last or every:K (keeps 0 and the last)"
+STORE_LAYERS_HELP = f"{LAYERS_HELP.replace('layers:', 'layers to store:')} (every:K keeps 0 and the last)"
 
 
 def register(app: typer.Typer) -> None:
@@ -138,7 +139,7 @@ def register(app: typer.Typer) -> None:
         min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help=MIN_CONTEXTS_HELP),
         count_by: Optional[str] = typer.Option(None, metavar="<unit>", help=COUNT_BY_HELP),
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help=PROTOCOL_HELP),
-        layers: str = typer.Option("default", help="layers to calibrate and distil: default (0, middle, last), all, or e.g. 0,3,6"),
+        layers: str = typer.Option("default", help=f"layers to calibrate and distil: default (first, middle, last) or {LAYERS_HELP}"),
         store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
         methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for sampled statistics"),

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors, url_form
+from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, url_form
 
 MEASURE_NAMES = "cka,cka_debiased,procrustes,rsa,knn"
 TABLE_WIDTH = 80
@@ -54,26 +54,14 @@ def summary_table(result: Any, *, within: bool) -> Any:
     return table
 
 
-def layer_list(text: str | None, param: str) -> tuple[int, ...] | None:
-    """The layers of a comma-separated option (None when it is not given)."""
-    from lmgeom.errors import InputError
-
-    if not text:
-        return None
-    try:
-        return tuple(int(layer) for layer in split_list(text))
-    except ValueError:
-        raise InputError(f"`{param}` must be comma-separated layer numbers, got {text!r}", param=param) from None
-
-
 def register(app: typer.Typer) -> None:
     @app.command("similarity")
     def similarity_command(
         store: str = typer.Argument(..., help="a store written by `lmgeom extract` (or a run holding one)"),
         store2: Optional[str] = typer.Argument(None, metavar="[STORE2]", help="a second store of the same corpus: its rows are matched by word occurrence"),
         measure: str = typer.Option(MEASURE_NAMES, "--measure", "--measures", "-m", help=f"comma-separated measures: {MEASURE_NAMES}"),
-        layers: Optional[str] = typer.Option(None, help="comma-separated layers (default: all; 0 = embedding output), of both stores unless --layers-b"),
-        layers_b: Optional[str] = typer.Option(None, help="comma-separated layers of STORE2 (default: those of --layers)"),
+        layers: Optional[str] = typer.Option(None, help=f"{LAYERS_HELP} (default: all), of both stores unless --layers-b"),
+        layers_b: Optional[str] = typer.Option(None, help="layers of STORE2, the same grammar (default: those of --layers)"),
         sample: int = typer.Option(2000, min=4, help="seeded subsample of matched rows for rsa, knn and the permutation nulls"),
         seed: int = typer.Option(0, min=0, help="seed of the subsample and the permutations"),
         k: int = typer.Option(10, min=1, help="neighbours of mutual k-NN"),
@@ -96,8 +84,7 @@ def register(app: typer.Typer) -> None:
         from lmgeom.runs.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
         with user_errors():
-            chosen, chosen_b = layer_list(layers, "layers"), layer_list(layers_b, "layers_b")
-            options = SimilarityOptions(measures=tuple(split_list(measure)), layers=chosen, layers_b=chosen_b,
+            options = SimilarityOptions(measures=tuple(split_list(measure)), layers=layers, layers_b=layers_b,
                                         sample=sample, seed=seed, k=k,
                                         permutations=permutations, procrustes_permutations=procrustes_permutations,
                                         include_punct=include_punct,

@@ -250,11 +250,11 @@ def static_table(static: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def _min_coverage(run: RunData) -> str:
+def _min_coverage(static: pd.DataFrame) -> str:
     """The static step's `min_coverage`, as its result files record it (one value, or each)."""
     from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
 
-    values = run.static["min_coverage"].dropna().unique() if "min_coverage" in run.static else []
+    values = static["min_coverage"].dropna().unique() if "min_coverage" in static else []
     return " or ".join(map(str, values)) or str(DEFAULT_MIN_COVERAGE)
 
 
@@ -326,7 +326,7 @@ def build_report(
                      "SemEval-2012 Task 2, purity for categorisation; benchmarks matched lowercase. Covered items (the "
                      "headline, as it measures the vectors themselves): the score of the items whose words all have "
                      "vectors, shown as \u201ctoo few items\u201d when they are fewer than "
-                     f"{esc(_min_coverage(run))} (items, share of the benchmark); OOV words as the mean vector: every "
+                     f"{esc(_min_coverage(run.static))} (items, share of the benchmark); OOV words as the mean vector: every "
                      "item (the paper's protocol, which also charges the vectors for the words the corpus lacks).</p>"
                      + table(labelled(static_table(run.static)), text_columns=["score", "score_oov_mean", "covered"]))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))

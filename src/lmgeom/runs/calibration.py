@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from lmgeom.errors import InputError
+from lmgeom.layerspec import LayerSpec, select_layers
 from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.base import as_float64_rows
@@ -45,14 +46,15 @@ class CalibrationOptions:
     """What a calibration fits and measures, as one object (built by `lmgeom calibrate` from its flags
     and by `run` from its keywords, and passed whole).
 
-    `methods` to fit on each of `layers` (None: every layer of the store); the rows selected as
+    `methods` to fit on each of `layers` (a `lmgeom.layerspec` spec, resolved against the store's
+    layers when it is calibrated; None: every layer of the store); the rows selected as
     `lmgeom.runs.selection` documents (`include_punct`, `include_special`); isotropy measured on a
     seeded subsample of `eval_rows` rows, the subsampling methods (cie, flow) fitted on `fit_rows`;
     `seed` for subsamples, k-means and the flow. `device`: where the calibrators that train (the
     flow) compute, as `lmgeom.device.resolve_device` reads it; it changes no recorded setting."""
 
     methods: tuple[str, ...] = tuple(METHODS)
-    layers: tuple[int, ...] | None = None
+    layers: LayerSpec = None
     include_punct: bool = False
     include_special: bool = False
     eval_rows: int = REPORT_MAX_ROWS
@@ -62,7 +64,7 @@ class CalibrationOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", tuple(self.methods))
-        if self.layers is not None:
+        if self.layers is not None and not isinstance(self.layers, str):
             object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))
         unknown = [method for method in self.methods if method not in METHODS]
         if unknown or not self.methods:
@@ -74,7 +76,8 @@ class CalibrationOptions:
 
     def to_settings(self) -> dict[str, Any]:
         """The options as run.json records them (`device` is not among them: it changes no number)."""
-        return {"methods": list(self.methods), "layers": None if self.layers is None else list(self.layers),
+        return {"methods": list(self.methods),
+                "layers": self.layers if self.layers is None or isinstance(self.layers, str) else list(self.layers),
                 "include_punct": self.include_punct, "include_special": self.include_special,
                 "eval_rows": self.eval_rows, "fit_rows": self.fit_rows, "seed": self.seed}
 
@@ -214,7 +217,8 @@ def calibrate_store(
         store = open_or_extract(store, corpus=corpus, device=device, progress=progress)
     methods, seed, fit_rows = options.methods, options.seed, options.fit_rows
     progress = progress or NoProgress()
-    layers = list(store.layers if options.layers is None else options.layers)
+    layers = select_layers(options.layers, store.layers, n_layers=store.n_model_layers)
+    options = replace(options, layers=tuple(layers))  # the layers fitted, as the files record them
     for layer in layers:
         store.layer(layer)  # raises a clear IndexError for a layer the store lacks
     previous = _previous_calibration(store) if save else None

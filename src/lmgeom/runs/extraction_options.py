@@ -12,6 +12,7 @@ import numpy as np
 from lmgeom.corpus import require_count
 from lmgeom.errors import InputError
 from lmgeom.store import layout
+from lmgeom.layerspec import select_layers
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class ExtractionOptions:
 
     Which sentences: `field`, `pretokenized`, `limit`, `sample`, `seed` (as `load_corpus`). What is
     stored: `storage_dtype` (float32 or float16: the dtype of the stored vectors; the model computes in
-    `EncoderOptions.compute_dtype`), `store_layers` (`layout.parse_layers`: None or "all", "last",
+    `EncoderOptions.compute_dtype`), `store_layers` (`lmgeom.layerspec.select_layers`: None or "all", "last",
     "0,6,12", "0-3,last", "every:K"; the model's numbering, layer 0 = embedding output), `compress`.
     How: `chunk_sentences` (sentences per committed chunk, the unit of resuming; default
     `default_chunk_sentences`), `sort_window` (sentences sorted by length together into the forward
@@ -75,7 +76,7 @@ class ExtractionOptions:
         """These options with the defaults that depend on the model (`n_layers` × `dim`) and the corpus
         size filled in: the stored layers as a tuple, `chunk_sentences` and `sort_window` (`sort_window`
         "chunk" here: one chunk)."""
-        layers = tuple(layout.parse_layers(self.store_layers, n_layers))
+        layers = tuple(select_layers(self.store_layers, range(n_layers), n_layers=n_layers, param="store_layers"))
         chunk = self.chunk_sentences or default_chunk_sentences(len(layers), dim, n_sentences)
         window = (chunk if sort_window == "chunk" else int(sort_window) if sort_window else
                   self.sort_window or default_sort_window(len(layers), dim, n_sentences, chunk))

@@ -28,6 +28,7 @@ from lmgeom.runs.reporting import render_report
 from lmgeom.runs.similarity import DEFAULT_PERMUTATIONS, SimilarityOptions, similarity_matrix, write_similarity
 from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
 from lmgeom.runs.static import StaticOptions, export_static_embeddings, read_benchmark_records
+from lmgeom.layerspec import select_layers
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import Target, write_json
 from lmgeom.store import RepresentationStore, layout
@@ -56,29 +57,6 @@ def layer_summary(store: RepresentationStore, contextuality: ContextualityResult
 
 
 DEFAULT_CALIBRATION_METHODS = ("whitening", "abtt")
-
-
-def run_layers(layers: list[int], spec: str | Sequence[int] = "default") -> list[int]:
-    """The layers of the per-layer steps among the stored `layers`: "default" is the first, the middle
-    layer and the last (0, L // 2, L when every layer is stored; else the stored layer nearest L // 2),
-    "all" every stored layer, or the given layer numbers."""
-    if isinstance(spec, str):
-        if spec == "default":
-            last = layers[-1]
-            return sorted({layers[0], min(layers, key=lambda layer: (abs(layer - last // 2), layer)), last})
-        if spec == "all":
-            return list(layers)
-        try:
-            spec = [int(item) for item in spec.split(",") if item.strip()]
-        except ValueError:
-            raise InputError(f"`layers` takes 'default', 'all' or comma-separated layer numbers; got {spec!r}",
-                             param="layers") from None
-    chosen = sorted(set(int(layer) for layer in spec))
-    outside = [layer for layer in chosen if layer not in layers]
-    if outside or not chosen:
-        raise InputError(f"layers {outside or '(none)'} are not in this store's layers {', '.join(map(str, layers))} "
-                         "(0 = embedding output)", param="layers")
-    return chosen
 
 
 class _Steps:
@@ -277,7 +255,7 @@ def run(
     settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit, **extraction}
     if not steps.done("extract", settings):  # an extraction resumed or finished just now
         steps.record("extract", settings, started, [rundir.target(store.url, layout.META)])
-    per_layer = run_layers(store.layers, layers)
+    per_layer = select_layers(layers, store.layers, n_layers=store.n_model_layers, param="layers", default="default")
     paths: list[Target] = []
 
     # one options object per step, built once from the arguments and passed whole; each step's

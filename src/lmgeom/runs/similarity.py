@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from lmgeom.errors import InputError, OutOfRange
+from lmgeom.errors import InputError
+from lmgeom.layerspec import LayerSpec, select_layers
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.similarity import (
@@ -62,8 +63,8 @@ CORPUS_FIELDS = ("corpus_fingerprint", "corpus_name", "n_corpus_sentences", "pre
 
 @dataclass(frozen=True)
 class SimilarityOptions:
-    """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (None: all) of the
-    first store and `layers_b` of the second (None: the same as `layers`), RSA, mutual k-NN (`k`
+    """What `similarity_matrix` computes: `measures` (of `MEASURES`), on `layers` (a `lmgeom.layerspec`
+    spec; None: all) of the first store and `layers_b` of the second (None: the same as `layers`), RSA, mutual k-NN (`k`
     neighbours) and the permutation nulls on a seeded subsample of `sample` rows, on the analysis's
     row selection. The null of CKA, RSA and mutual k-NN has `permutations` shuffles (default 200:
     each indexes the subsample's Gram matrices, ranks and neighbour lists, one m x m gather per
@@ -77,8 +78,8 @@ class SimilarityOptions:
     `num_workers` at once (`ray_address`: the Ray cluster), computing on `device`."""
 
     measures: tuple[str, ...] = MEASURES
-    layers: tuple[int, ...] | None = None
-    layers_b: tuple[int, ...] | None = None
+    layers: LayerSpec = None
+    layers_b: LayerSpec = None
     sample: int = DEFAULT_SAMPLE
     seed: int = 0
     k: int = DEFAULT_K
@@ -114,8 +115,8 @@ class SimilarityOptions:
     def to_settings(self) -> dict[str, Any]:
         """What the options compute (not how: the chunks, tasks, executor and device change no
         number beyond rounding), as run.json records a step's settings."""
-        return {"measures": list(self.measures), "layers": None if self.layers is None else list(self.layers),
-                "layers_b": None if self.layers_b is None else list(self.layers_b), "sample": self.sample, "seed": self.seed,
+        return {"measures": list(self.measures), "layers": _spec_setting(self.layers),
+                "layers_b": _spec_setting(self.layers_b), "sample": self.sample, "seed": self.seed,
                 "k": self.k, "permutations": self.permutations, "procrustes_permutations": self.procrustes_permutations,
                 "include_punct": self.include_punct,
                 "include_special": self.include_special, "exclude_first_word": self.exclude_first_word}
@@ -247,14 +248,13 @@ def _selection(store: RepresentationStore, options: SimilarityOptions) -> Any:
 # the driver
 
 
-def _layers(store: RepresentationStore, layers: Sequence[int] | None, param: str = "layers") -> list[int]:
-    if layers is None:
-        return list(store.layers)
-    bad = [layer for layer in layers if layer not in store.layers]
-    if bad:
-        raise OutOfRange(f"`{param}` {bad} out of range: {store.url} has layers 0..{len(store.layers) - 1} (0 = embeddings)",
-                         param=param)
-    return list(dict.fromkeys(layers))
+def _spec_setting(spec: LayerSpec) -> str | list[int] | None:
+    return spec if spec is None or isinstance(spec, str) else [int(layer) for layer in spec]
+
+
+def _layers(store: RepresentationStore, layers: LayerSpec, param: str = "layers") -> list[int]:
+    """The store's layers that `layers` names (`lmgeom.layerspec`; None: every stored layer)."""
+    return select_layers(layers, store.layers, n_layers=store.n_model_layers, param=param)
 
 
 

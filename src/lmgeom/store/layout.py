@@ -84,45 +84,6 @@ def compressors(name: str | None) -> tuple[Any, ...] | None:
     return (ZstdCodec(level=3),)
 
 
-def parse_layers(spec: str | Sequence[int] | None, n_layers: int, *, param: str = "store_layers") -> list[int]:
-    """The layers (ascending, in the model's numbering 0..n_layers - 1) that `spec` names: None or "all"
-    for every layer, "last", a comma-separated list of numbers and ranges ("0,6,12", "0-3,last", ranges
-    inclusive), "every:K" (every K-th layer from 0, and the last), or a sequence of layer numbers."""
-    last = n_layers - 1
-    if spec is None:
-        return list(range(n_layers))
-    chosen: set[int] = set()
-    items: Sequence[str | int] = [item.strip() for item in spec.split(",")] if isinstance(spec, str) else list(spec)
-    try:
-        for item in items:
-            if isinstance(item, str) and item in ("all", "every:1"):
-                chosen.update(range(n_layers))
-            elif item == "last":
-                chosen.add(last)
-            elif isinstance(item, str) and item.startswith("every:"):
-                step = int(item.removeprefix("every:"))
-                if step < 1:
-                    raise ValueError(item)
-                chosen.update([*range(0, n_layers, step), last])
-            elif isinstance(item, str) and "-" in item.lstrip("-"):
-                low, high = (int(end) for end in item.split("-", 1))
-                if low > high:
-                    raise ValueError(item)
-                chosen.update(range(low, high + 1))
-            else:
-                chosen.add(int(item))
-    except ValueError:
-        raise InputError(f"`{param}` takes 'all', 'last', layer numbers and ranges ('0,6,12', '0-3,last') or 'every:K'; "
-                         f"got {spec!r}", param=param) from None
-    outside = sorted(layer for layer in chosen if not 0 <= layer <= last)
-    if outside or not chosen:
-        named = (f"layer{'s' if len(outside) > 1 else ''} {', '.join(map(str, outside))} {'are' if len(outside) > 1 else 'is'}"
-                 if outside else "no layer is")
-        raise InputError(f"`{param}` {spec!r}: {named} not among the model's layers 0..{last} (0 = embedding output)",
-                         param=param)
-    return sorted(chosen)
-
-
 def stored_layers(meta: Mapping[str, Any]) -> list[int]:
     """The layers a store holds, in the model's numbering: its "stored_layers" (every layer, 0..n_layers - 1,
     for a store written before they were recorded)."""

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmgeom.errors import InputError, MissingInput
+from lmgeom.layerspec import LayerSpec, select_layers
 from lmgeom.evaluate.stats import holm
 from lmgeom.evaluate.wsd import FirstSense, SenseVectors, WSDDataset, correct, mcnemar_exact, read_wsd_dataset, score
 from lmgeom.progress import NoProgress, Progress
@@ -47,7 +48,7 @@ def run_wsd(
     data: str | os.PathLike[str],
     *,
     out: str | os.PathLike[str],
-    layers: Sequence[int] | None = None,
+    layers: LayerSpec = None,
     wordnet: str | os.PathLike[str] | None = None,
     device: str = "auto",
     progress: Progress | None = None,
@@ -60,10 +61,7 @@ def run_wsd(
     cache = FeatureCache(out / "features", encoder_loader(model, device), model=model, progress=progress or NoProgress())
     vectors = [_instance_vectors(cache, dataset) for dataset in datasets]  # per set: (n_layers, n_instances, dim)
     n_layers = vectors[0].shape[0]
-    chosen = list(range(n_layers)) if layers is None else list(layers)
-    bad = [layer for layer in chosen if not 0 <= layer < n_layers]
-    if bad:
-        raise InputError(f"`layers`: layer {bad[0]} does not exist; {model} has layers 0-{n_layers - 1}", param="layers")
+    chosen = select_layers(layers, range(n_layers), n_layers=n_layers)
 
     instances = [i for d in datasets for i in d.instances]
     gold = [d.gold[i.id] for d in datasets for i in d.instances]
