@@ -284,12 +284,12 @@ ALLOWED = {
     "metrics": set(),
     "calibrate": {"metrics"},
     "evaluate": {"metrics"},
-    "report": {"metrics"},
+    "report": {"metrics", "evaluate"},
     "runs": {"corpus", "encoders", "finetune", "mix", "store", "metrics", "calibrate", "evaluate", "report"},
     "finetune": {"encoders", "calibrate", "metrics"},
     "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs", "report"},
 }
-SHARED = {"_lazy", "_version", "atomic", "device", "errors", "progress", "threads"}
+SHARED = {"_lazy", "_version", "atomic", "device", "errors", "layerspec", "progress", "threads"}
 
 
 # the run-directory module sits at the bottom of the driver: the report reads result files through it

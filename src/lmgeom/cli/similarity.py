@@ -38,7 +38,7 @@ def summary_table(result: Any, *, within: bool) -> Any:
     the largest p-value, the pairs at p <= 0.05, the shuffles and the chance level (mutual k-NN)."""
     from rich.table import Table
 
-    from lmgeom.runs.similarity import P_LEVEL, measure_summaries
+    from lmgeom.metrics.similarity import P_LEVEL, measure_summaries
 
     def show(value: Any, digits: int = 3) -> str:
         return "—" if value is None or value != value else f"{value:.{digits}f}"

@@ -19,7 +19,7 @@ from lmgeom.report.figures import DPI, chart_subtitle, one_line, plt, safe_name,
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import number
 from lmgeom.runs import rundir
-from lmgeom.runs.similarity import P_LEVEL, measure_summaries
+from lmgeom.metrics.similarity import P_LEVEL, measure_summaries
 
 MEASURE_TITLES = {"cka_debiased": "linear CKA (debiased)", "cka": "linear CKA (biased)",
                   "procrustes": "Procrustes shape distance (radians)", "rsa": "RSA (Spearman of cosine-distance matrices)",

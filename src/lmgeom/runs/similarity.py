@@ -401,40 +401,6 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
     return _SubsampleTests(tables, {measure: n for measure, n in counts.items() if n}, chance)
 
 
-# ---------------------------------------------------------------------------------------------
-# summaries for tables
-
-P_LEVEL = 0.05
-"""The level at which the tables count the pairs of layers whose p-value is at most it."""
-
-
-def layer_pairs(matrix: Any, within: bool) -> np.ndarray:
-    """The defined values of a layers_a x layers_b matrix over its pairs of layers: off the
-    diagonal for the layers of one store (a layer against itself is no comparison)."""
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if within and matrix.shape[0] == matrix.shape[1]:
-        matrix = matrix[~np.eye(matrix.shape[0], dtype=np.bool_)]
-    values = matrix.ravel()
-    return values[np.isfinite(values)]
-
-
-def measure_summaries(values: Mapping[str, Any], null: Mapping[str, Any], p_values: Mapping[str, Any],
-                      permutations: Mapping[str, int], chance: Mapping[str, float], *, within: bool) -> list[dict[str, Any]]:
-    """Per measure, over its pairs of layers (`layer_pairs`): the mean value, the mean of its
-    permutation null, the largest p-value, how many pairs have p <= `P_LEVEL` of how many, the
-    shuffles and the chance level (None where a measure has none)."""
-    rows = []
-    for measure, matrix in values.items():
-        defined = layer_pairs(matrix, within)
-        null_values = layer_pairs(null[measure], within) if measure in null else None
-        p = layer_pairs(p_values[measure], within) if measure in p_values else None
-        rows.append({"measure": measure, "mean": float(defined.mean()) if defined.size else None,
-                     "null": float(null_values.mean()) if null_values is not None and null_values.size else None,
-                     "p_max": float(p.max()) if p is not None and p.size else None,
-                     "p_small": int(np.count_nonzero(p <= P_LEVEL)) if p is not None else None,
-                     "pairs": int(p.size) if p is not None else int(defined.size),
-                     "permutations": int(permutations.get(measure, 0)), "chance": chance.get(measure)})
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------
