@@ -48,8 +48,10 @@ def print_static_benchmarks(scores: pd.DataFrame, title: str, min_coverage: str)
                   "share of the benchmark) reads 'too few items'", highlight=False)
     for label, rows in scores.groupby("vectors", sort=False):
         table = Table(title=str(label))
+        longest = max(len(str(name)) for name in rows["benchmark"])  # a benchmark's name is never cut
         for column in ("benchmark", "metric", "covered", "%", "covered only", "all (OOV mean)"):
-            table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+            table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right",
+                             min_width=longest if column == "benchmark" else None)
         for record in rows.to_dict("records"):
             table.add_row(record["benchmark"], METRIC_NAMES[record["metric"]],
                           f"{record['covered']:,}/{record['total']:,}", f"{record['coverage']:.0%}",
@@ -73,7 +75,7 @@ def print_benchmark_headlines(records: pd.DataFrame | None, min_coverage: str) -
         return
     layers = sorted(int(layer) for layer in first_pc["layer"].unique())
     table = Table(title="Static embeddings (first principal component) on word benchmarks: covered items only")
-    table.add_column("benchmark")
+    table.add_column("benchmark", min_width=max(len(str(name)) for name in first_pc["benchmark"]))
     table.add_column("metric")
     same_coverage = first_pc.groupby("benchmark", sort=False)[["covered", "total"]].nunique().le(1).all(axis=None)
     if same_coverage:

@@ -376,10 +376,10 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
     within = stores[0] is stores[1] and layers_a == layers_b
     sample_a = [read_rows(stores[0], layer, rows[0][picked]) for layer in layers_a]
     sample_b = None if within else [read_rows(stores[1], layer, rows[1][picked]) for layer in layers_b]
-    progress.start("similarity on the subsample", len(shuffles) + 1, unit="shuffles")
+    progress.start("similarity nulls", len(shuffles) + 1, unit="shuffles")
     tests = permutation_nulls(sample_a, sample_b, pairs, shuffles, measures=wants, counts=counts, k=options.k,
-                              progress=lambda: progress.advance("similarity on the subsample"))
-    progress.advance("similarity on the subsample")
+                              progress=lambda: progress.advance("similarity nulls"))
+    progress.advance("similarity nulls")
     shape = (len(layers_a), len(layers_b))
     tables: dict[str, dict[str, np.ndarray]] = {kind: {} for kind in ("sample_values", "null", "null_sd", "p_values")}
     for measure in wants:
