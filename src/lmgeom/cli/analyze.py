@@ -39,7 +39,7 @@ METRIC_NAMES = {"spearman": "Spearman", "accuracy_3cosadd": "3CosAdd", "mean_spe
 def print_static_benchmarks(scores: pd.DataFrame, title: str, min_coverage: str) -> None:
     """One table per vector set, the two protocols side by side with the coverage (fits 80 columns);
     a covered-items score on fewer items than `min_coverage` reads "too few items"."""
-    from lmgeom.evaluate.wordbench import too_few_items_text
+    from lmgeom.evaluate.wordbench import covered_score_text
     from lmgeom.report.labels import number
 
     console.print(f"{title}. covered = items whose words all have vectors (matched lowercase); "
@@ -55,8 +55,7 @@ def print_static_benchmarks(scores: pd.DataFrame, title: str, min_coverage: str)
         for record in rows.to_dict("records"):
             table.add_row(record["benchmark"], METRIC_NAMES[record["metric"]],
                           f"{record['covered']:,}/{record['total']:,}", f"{record['coverage']:.0%}",
-                          number(record["score"], 3) if record.get("enough_items", True)
-                          else too_few_items_text(record["covered"], record["total"]),
+                          covered_score_text(record, lambda value: number(value, 3)),
                           number(record["score_oov_mean"], 3))
         console.print(table)
 

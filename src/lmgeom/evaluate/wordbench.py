@@ -47,7 +47,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -138,6 +138,14 @@ DEFAULT_MIN_COVERAGE = MinCoverage()
 def too_few_items_text(covered: int, total: int) -> str:
     """What a headline table shows for a covered-items score on too few items."""
     return f"too few items ({covered:,} of {total:,})"
+
+
+def covered_score_text(record: Mapping[str, Any], number: Callable[[Any], str]) -> str:
+    """A benchmark record's covered-items score as a headline table shows it: `number(score)`, or
+    `too_few_items_text` when the score rests on too few items (`enough_items` false)."""
+    if record.get("enough_items") is False:
+        return too_few_items_text(int(record["covered"]), int(record["total"]))
+    return number(record["score"])
 
 
 def coverage_text(covered: int, total: int) -> str:

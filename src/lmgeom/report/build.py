@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -233,17 +233,12 @@ def adjacent_layer_findings(contextuality: dict[str, Any], alpha: float = 0.05) 
 def static_table(static: pd.DataFrame) -> pd.DataFrame:
     """The report's word-benchmark rows: each score to 3 decimals, a covered-items score on too few items
     (`enough_items` false) as "too few items (n of N)", and covered/total with its share."""
-    from lmgeom.evaluate.wordbench import coverage_text, too_few_items_text
-
-    def score(record: Mapping[str, Any]) -> str:
-        if record.get("enough_items") is False:
-            return too_few_items_text(int(record["covered"]), int(record["total"]))
-        return number(record["score"], 3)
+    from lmgeom.evaluate.wordbench import coverage_text, covered_score_text
 
     records = static.to_dict("records")
     shown = pd.DataFrame({
         **{c: static[c] for c in ("layer", "vectors", "benchmark", "metric") if c in static},
-        "score": [score(r) for r in records],
+        "score": [covered_score_text(r, lambda value: number(value, 3)) for r in records],
         "covered": [f"{coverage_text(int(r['covered']), int(r['total']))} ({r['coverage']:.0%})" for r in records],
         "score_oov_mean": [number(r["score_oov_mean"], 3) for r in records],
     })

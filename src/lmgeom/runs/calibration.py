@@ -219,8 +219,6 @@ def calibrate_store(
     progress = progress or NoProgress()
     layers = select_layers(options.layers, store.layers, n_layers=store.n_model_layers)
     options = replace(options, layers=tuple(layers))  # the layers fitted, as the files record them
-    for layer in layers:
-        store.layer(layer)  # raises a clear IndexError for a layer the store lacks
     previous = _previous_calibration(store) if save else None
     selection = select_rows(store.tokens, include_special=options.include_special, include_punct=options.include_punct)
     eval_sample = sample_indexes(selection.rows, options.eval_rows, seed)

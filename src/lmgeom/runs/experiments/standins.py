@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 from lmgeom.corpus import Corpus, is_punctuation, load_corpus
 from lmgeom.errors import InputError
 from lmgeom.evaluate.wordbench import (CATEGORISATION_SEED, WordLookup, evaluate_word_benchmarks, read_word_benchmarks,
-                                       too_few_items_text)
+                                       covered_score_text)
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.runs import rundir
 from lmgeom.runs.rundir import write_json, write_text
@@ -220,11 +220,8 @@ def results_table(document: Mapping[str, Any]) -> str:
 
 
 def covered_score(record: Mapping[str, Any]) -> str:
-    """A record's covered-items score as a table shows it: "too few items (n of N)" when it rests on fewer
-    items than the default `MinCoverage` asks (`enough_items` false)."""
-    if record.get("enough_items") is False:
-        return too_few_items_text(record["covered"], record["total"])
-    return _cell(record["score"])
+    """A record's covered-items score as a table shows it (`covered_score_text`)."""
+    return covered_score_text(record, _cell)
 
 
 def _cell(value: Any) -> str:
