@@ -1,7 +1,7 @@
 """Raw against zstd-compressed layers: store size, extraction (write) time and the time of a full
 read of every layer (`RepresentationStore.iter_chunks`, the analysis's read), median of --repeat.
 
-Each store is extracted afresh (`lmgeom.runs.extract_model`, its wall time includes the model's
+Each store is extracted afresh (`lmgeom.stages.extract_model`, its wall time includes the model's
 forward passes, the same for both) into a folder under --work; each read opens the store anew and
 pulls every layer through `iter_chunks` in order, summing the rows (so nothing is optimised away).
 The page cache is not dropped: reads after the first come from memory, which is what a second
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmgeom.runs import extract_model
+from lmgeom.stages import extract_model
 from lmgeom.store import RepresentationStore
 
 

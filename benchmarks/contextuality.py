@@ -27,7 +27,7 @@ import numpy as np
 from scipy.spatial.distance import cosine
 
 from lmgeom.metrics import self_similarity
-from lmgeom.runs import analyze_store
+from lmgeom.stages import analyze_store
 from lmgeom.store import write_store_from_arrays
 
 

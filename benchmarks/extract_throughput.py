@@ -53,8 +53,8 @@ from lmgeom.encoders import load_encoder
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.elmo import ElmoEncoder
 from lmgeom.encoders.hf import HFEncoder
-from lmgeom.runs import extract
-from lmgeom.runs.extraction_options import ExtractionOptions
+from lmgeom.stages import extract
+from lmgeom.stages.extraction_options import ExtractionOptions
 from lmgeom.store import StoreWriter
 
 
@@ -178,7 +178,7 @@ MEMORY_WORKER = textwrap.dedent(
     import torch
     from lmgeom.corpus import Corpus, load_corpus
     from lmgeom.encoders import load_encoder
-    from lmgeom.runs import extract
+    from lmgeom.stages import extract
 
     model, spec, n_sentences, copies, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     torch.set_num_threads(threads)

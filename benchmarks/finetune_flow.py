@@ -4,8 +4,8 @@ import numpy as np, torch
 torch.set_num_threads(1)
 from lmgeom.evaluate.tasks import load_task, matthews
 from lmgeom.finetune import FineTuneOptions, finetune
-from lmgeom.runs.experiments.core import geometry, subsample
-from lmgeom.runs.experiments.finetuning import degenerate_reasons
+from lmgeom.stages.experiments.core import geometry, subsample
+from lmgeom.stages.experiments.finetuning import degenerate_reasons
 
 # "stale" / "refit": fresh flow re-fits, without / with the re-fit after the last step;
 # "continued-stale" / "continued": re-fits that continue the previous flow (the default)

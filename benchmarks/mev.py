@@ -112,7 +112,7 @@ def errors(spectrum: OccurrenceSpectrum, reference: dict[str, Any]) -> tuple[flo
 def store_layer(path: str, layer: int) -> tuple[np.ndarray, np.ndarray, int]:
     """The rows and word ids `lmgeom analyze` hands MEV at `layer` (default selection and words)."""
     from lmgeom import RepresentationStore
-    from lmgeom.runs.engine import plan_analysis
+    from lmgeom.engine import plan_analysis
 
     store = RepresentationStore.open(path)
     word_index = plan_analysis(store)[1].words.word_index

@@ -4,7 +4,7 @@ A MiniLM-sized synthetic store (`scale.write_synthetic_store`: the Lee corpus's 
 --dim float32 = offset + the word's centre + noise, --layers layers, raw chunks of about 4 MiB) is
 written once under --work. Then, in CPU seconds of this process (`time.process_time`, so a busy
 machine's other work does not count), median of --repeat (checked and unchecked alternating):
-- every layer read in full along the analysis's path (`lmgeom.runs.tally.stored_chunks`), once with
+- every layer read in full along the analysis's path (`lmgeom.engine.loop.stored_chunks`), once with
   each chunk's CRC32C checked as Zarr reads it and once on the same store taken as one written
   without checksums (`RepresentationStore(path, meta)` with meta.json's `integrity` left out);
 - the token table read both ways (`tokens`, checked against meta.json's CRC32C, or not);

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -41,7 +40,7 @@ def calibration_table(run: str) -> str:
     (pooled) and the paired test's p, raw and Holm-corrected across the methods; a degenerate method
     is a failure, not a Δ; with the trivial-baseline comparison in the results, its verdict per row
     (`core.trivial_verdict`)."""
-    from lmgeom.runs.experiments.core import trivial_verdict
+    from lmgeom.stages.experiments.core import trivial_verdict
 
     summaries = results(run)["summaries"]
     with_trivial = any("trivial" in s for s in summaries)
@@ -202,7 +201,7 @@ def thesis_table() -> str:
 
 def precheck_table(run: str) -> str:
     """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
-    from lmgeom.runs.experiments.finetuning import precheck_status_table
+    from lmgeom.stages.experiments.finetuning import precheck_status_table
 
     return precheck_status_table(load_json(RESULTS / run / "precheck.json")).rstrip("\n")
 

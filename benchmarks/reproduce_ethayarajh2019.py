@@ -158,8 +158,8 @@ def run_summary() -> str:
 
 def findings(run: str) -> str:
     """The run's findings as today's tests give them, re-derived from its committed numbers
-    (`lmgeom.runs.contextuality.retest_findings`), not the sentences the run wrote."""
-    from lmgeom.runs.contextuality import retest_findings
+    (`lmgeom.stages.contextuality.retest_findings`), not the sentences the run wrote."""
+    from lmgeom.stages.contextuality import retest_findings
 
     _, statements = retest_findings(load_json(RESULTS / run / "contextuality.json"))
     return "\n".join(f"- {statement}" for statement in statements)
@@ -247,7 +247,7 @@ def build() -> Documents:
 
 def first_word_table(run: Path, layers: list[int], *, n_samples: int = 1000, seed: int = 0) -> str:
     from lmgeom.metrics.contextuality import average_cosine, intra_sentence_similarity, occurrence_spectrum, row_norms, sample_indexes
-    from lmgeom.runs.contextuality import layer_name
+    from lmgeom.stages.contextuality import layer_name
     from lmgeom.store import RepresentationStore
 
     store = RepresentationStore.open(run)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown, number  # noqa: E402
+from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown  # noqa: E402
 
 DOC = "docs/metrics.md"
 FIGURES = ROOT / "docs" / "reproduction" / "figures"
@@ -140,7 +140,7 @@ def profile_table(run: str) -> str:
 
 def probe_tables() -> str:
     """`lmgeom geometry-probes` on the committed profiles and layer experiments, with TwoNN and MLE."""
-    from lmgeom.runs.geometry import probe_layer_test
+    from lmgeom.stages.geometry import probe_layer_test
 
     geometry = [RESULTS / run / "geometry.json" for run, _ in PROFILES]
     experiments = [RESULTS / run / "results.json" for run in PROBE_RUNS]

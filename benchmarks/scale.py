@@ -97,7 +97,7 @@ def write_synthetic_store(path: str | Path, sentences: Sequence[Sequence[str]], 
 
 
 def _read(store: RepresentationStore) -> None:
-    from lmgeom.runs.tally import stored_chunks
+    from lmgeom.engine.loop import stored_chunks
 
     for layer in store.layers:
         for _ in stored_chunks(store, layer, read_ahead=False):
@@ -105,20 +105,20 @@ def _read(store: RepresentationStore) -> None:
 
 
 def _analysis_without_mev(store: RepresentationStore) -> None:
-    from lmgeom.runs.engine import AnalysisOptions, run_analysis
+    from lmgeom.engine import AnalysisOptions, run_analysis
 
     run_analysis(store, AnalysisOptions(statistics=("baseline", "norms", "sample", "self_similarity", "intra"),
                                         device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu")))
 
 
 def _analysis(store: RepresentationStore, *, num_workers: int) -> None:
-    from lmgeom.runs import analyze_store
+    from lmgeom.stages import analyze_store
 
     analyze_store(store, device=os.environ.get("LMGEOM_BENCH_DEVICE", "cpu"), num_workers=num_workers)
 
 
 def _analysis_on_ray(store: RepresentationStore) -> None:
-    from lmgeom.runs import analyze_store
+    from lmgeom.stages import analyze_store
 
     analyze_store(store, engine="ray", num_workers=RAY_WORKERS)
 
@@ -183,7 +183,7 @@ def start_ray() -> Any:
 
 
 def _warm() -> None:
-    import lmgeom.runs.distributed  # noqa: F401
+    import lmgeom.stages.distributed  # noqa: F401
 
     time.sleep(1.0)  # hold the worker so the next warm-up task starts another one
 
@@ -196,7 +196,7 @@ def _cpu_seconds() -> float:
 
 
 def _child(kind: str, path: str, num_workers: int) -> None:
-    import lmgeom.runs.analysis  # noqa: F401  (imported before the clock starts: every kind pays it alike)
+    import lmgeom.stages.analysis  # noqa: F401  (imported before the clock starts: every kind pays it alike)
 
     if kind.endswith("-ray"):
         start_ray()  # the cluster's start-up is not the analysis
@@ -264,14 +264,14 @@ class ShardCall:
         self.encoder = SyntheticEncoder()
 
     def call(self, url: str, settings: dict[str, Any], sentences: Sequence[Sentence]) -> dict[str, Any]:
-        from lmgeom.runs.distributed import encode_shard
+        from lmgeom.stages.distributed import encode_shard
 
         return encode_shard(self.encoder, url, settings, 0, 0, sentences)
 
 
 def _shard_overhead_child(repeats: int, sentences: int = 32) -> None:
     from lmgeom.corpus import load_corpus
-    from lmgeom.runs.distributed import encode_shard
+    from lmgeom.stages.distributed import encode_shard
 
     ray = start_ray()
     shard = load_corpus("lee", limit=sentences).sentences

@@ -21,8 +21,8 @@ from lmgeom.corpus import load_corpus
 from lmgeom.encoders import load_encoder
 from lmgeom.encoders.alignment import chunk_windows, tokenize_chunk
 from lmgeom.encoders.hf import HFEncoder
-from lmgeom.runs.distributed import resolve_shards
-from lmgeom.runs.extraction_options import ExtractionOptions
+from lmgeom.stages.distributed import resolve_shards
+from lmgeom.stages.extraction_options import ExtractionOptions
 
 
 def padded_ids(encoder: HFEncoder, lengths: np.ndarray) -> int:

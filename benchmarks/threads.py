@@ -18,7 +18,7 @@ Jobs and variants:
 - analysis: `analyze_store(num_workers=2, device="cpu")` of a synthetic store (2 layers of
   --analysis-rows rows at d = 384, every layer in a worker). `default`: OMP_NUM_THREADS and
   OPENBLAS_NUM_THREADS set to the cores, the libraries' defaults, which `share_cores` keeps; `cap`: each
-  worker on its share (`lmgeom.runs.workers.start_worker`: cores / 2 threads for torch and BLAS).
+  worker on its share (`lmgeom.engine.workers.start_worker`: cores / 2 threads for torch and BLAS).
 
 Run: python benchmarks/threads.py [time|pools] [--repeat 3] [--hogs 2] [--flow-rows 10000] [--analysis-rows 30000]
 """
@@ -77,7 +77,7 @@ def write_analysis_store(path: Path, rows: int) -> None:
 
 
 def analysis_job(store: str) -> float:
-    import lmgeom.runs.analysis as analysis
+    import lmgeom.stages.analysis as analysis
 
     analysis.POOL_MIN_LAYER_VALUES = 0  # a worker per layer, whatever the store's size
     started = time.perf_counter()
@@ -213,7 +213,7 @@ def pools_workload(name: str, scratch: Path) -> None:
         write_analysis_store(scratch / "store", 30000)
         analysis_job(str(scratch / "store"))
     elif name == "extraction":
-        from lmgeom.runs import extract_model
+        from lmgeom.stages import extract_model
 
         extract_model("tiny-bert", "lee", out=scratch / "extracted", device="cpu", limit=100)
 

@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 MODEL, CORPUS = "tiny-bert", "lee"
 BASE_OPTIONS: dict[str, Any] = {"limit": 60, "device": "cpu", "min_contexts": 3, "layers": "0,3", "num_workers": 1}
-"""The base run's options (as `lmgeom.runs.run` keywords)."""
+"""The base run's options (as `lmgeom.pipeline.run` keywords)."""
 BASE_ARGS = [word for key, value in BASE_OPTIONS.items() for word in (f"--{key.replace('_', '-')}", str(value))]
 """The same as `lmgeom run` arguments."""
 READERS: tuple[tuple[str, ...], ...] = (
@@ -194,7 +194,7 @@ class Lab:
     @property
     def base(self) -> Path:
         if self._base is None:
-            from lmgeom.runs import run
+            from lmgeom.pipeline import run
 
             path = self.workdir / "base-run"
             if path.exists():
@@ -343,7 +343,7 @@ STALE, FOREIGN, CORRUPT, USER, ESCAPING, ONE_LINE, DETERMINISM = (
       "report exits 2 naming contextuality.json (or summary.json); run recomputes contextuality "
       "(steps_run has it), its provenance min_contexts back to 3")
 def stale_analysis(lab: Lab, checks: Checks) -> None:
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     path = lab.copy("1")
     checks.succeeded("analyze --min-contexts 2", cli("analyze", path, "--min-contexts", "2", "--num-workers", "1", "--device", "cpu"))
@@ -360,7 +360,7 @@ def stale_analysis(lab: Lab, checks: Checks) -> None:
       "contextuality, static_embeddings and geometry re-run, similarity (which reads every row) not; "
       "`static/<layer>.benchmarks.json` provenance min_contexts 2")
 def stale_min_contexts(lab: Lab, checks: Checks) -> None:
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     path = lab.copy("2")
     result = run(MODEL, CORPUS, out=path, **{**BASE_OPTIONS, "min_contexts": 2})
@@ -376,7 +376,7 @@ def stale_min_contexts(lab: Lab, checks: Checks) -> None:
 @case("3", STALE, "`run --count-by occurrences` on a run counted by sentences",
       "geometry and contextuality re-run, their provenance count_by occurrences")
 def stale_count_by(lab: Lab, checks: Checks) -> None:
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     path = lab.copy("3")
     result = run(MODEL, CORPUS, out=path, **{**BASE_OPTIONS, "count_by": "occurrences"})
@@ -402,8 +402,8 @@ def foreign_out(lab: Lab, checks: Checks) -> None:
       "`report RUN_A`, `compare RUN_A RUN_A`, `run` on RUN_A",
       "each refuses (exit 2 / ResultFileError) naming contextuality.json; the file is not replaced")
 def foreign_result(lab: Lab, checks: Checks) -> None:
-    from lmgeom.runs import run
-    from lmgeom.runs.rundir import ResultFileError
+    from lmgeom.pipeline import run
+    from lmgeom.rundir import ResultFileError
 
     other = lab.copy_other("5", "store-b")
     folder = other.parent
@@ -428,8 +428,8 @@ def foreign_result(lab: Lab, checks: Checks) -> None:
       "`report`, then `run`",
       "report exits 2 naming contextuality.json and contextuality_words.csv; run recomputes contextuality")
 def mixed_set(lab: Lab, checks: Checks) -> None:
-    from lmgeom.runs import run
-    from lmgeom.runs.rundir import digest
+    from lmgeom.pipeline import run
+    from lmgeom.rundir import digest
 
     path = lab.copy("6")
     words = path / "contextuality_words.csv"

@@ -37,7 +37,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     for the tests that only read it (`.store.path` is the run directory; a test that changes a run
     works on a copy)."""
     from helpers import TINY_RUN
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     result = run("tiny-bert", "lee", out=tmp_path_factory.mktemp("tiny-run") / "tiny-bert-lee", **TINY_RUN)
     assert result.steps_run[-1] == "report"

@@ -17,7 +17,7 @@ from lmgeom.corpus import CorpusStream
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.base import EncodedSentence, Encoder
 from lmgeom.progress import NoProgress
-from lmgeom.runs.experiments.heads import ProbeOptions
+from lmgeom.stages.experiments.heads import ProbeOptions
 from lmgeom.store import RepresentationStore, write_store_from_arrays
 
 

@@ -17,15 +17,16 @@ import pandas as pd
 import pytest
 
 from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, mev
-from lmgeom.runs import Feed, analyze_store, tally
-from lmgeom.runs.engine import AnalysisOptions, PlanRows, plan_analysis, run_analysis
-from lmgeom.runs.selection import select_rows
-from lmgeom.runs.spool import RowSpool
+from lmgeom.engine import Feed, tally
+from lmgeom.stages import analyze_store
+from lmgeom.engine import AnalysisOptions, PlanArrays, plan_analysis, run_analysis
+from lmgeom.engine.selection import select_rows
+from lmgeom.engine.spool import RowSpool
 from lmgeom.store import RepresentationStore
 
 from helpers import synthetic_store
 
-TALLY = sys.modules["lmgeom.runs.tally"]  # the module (`lmgeom.runs.tally` the attribute is the function)
+TALLY = sys.modules["lmgeom.engine.loop"]  # the module (`lmgeom.engine.loop` the attribute is the function)
 
 
 RTOL = {"uncentred": 1e-9, "centred": 1e-9, "svd_ratio": 1e-6}  # MEV's own (tests/test_mev_spectrum.py)
@@ -60,7 +61,7 @@ class MeasuredMEV(MEVAccumulator):
         return self
 
 
-def group_feed(rows: PlanRows, group: int, accumulator: Any) -> Feed:
+def group_feed(rows: PlanArrays, group: int, accumulator: Any) -> Feed:
     """The feed of a word group's rows into an MEV accumulator, as the engine makes it."""
     return Feed(accumulator, rows.group_mask(group), {"word_ids": rows.local_of_row}, stored_rows=True)
 

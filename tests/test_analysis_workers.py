@@ -16,14 +16,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmgeom.runs import analyze_store
-from lmgeom.runs.engine import AnalysisOptions, plan_analysis
+from lmgeom.stages import analyze_store
+from lmgeom.engine import AnalysisOptions, plan_analysis
 from lmgeom.store import CorruptStore, layout, write_store_from_arrays
 from lmgeom.store.location import Location
 
 from helpers import RecordedProgress, synthetic_store
 
-EXECUTORS = sys.modules["lmgeom.runs.engine.executors"]
+EXECUTORS = sys.modules["lmgeom.engine.executors"]
 COUNTS = {f"often{i}": 150 for i in range(3)} | {f"rare{i}": 4 + i % 7 for i in range(60)}
 SMALL_BUDGET_MB = 0.02  # several MEV word groups: all but the first go through a worker's spools
 

@@ -22,7 +22,7 @@ from lmgeom.metrics.isotropy import (
     PartitionFunctionAccumulator,
     partition_directions,
 )
-from lmgeom.runs import analyze_store
+from lmgeom.stages import analyze_store
 from lmgeom.store import write_store_from_arrays
 
 TOLERANCE = 1e-12

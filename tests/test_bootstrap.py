@@ -25,7 +25,7 @@ from lmgeom.metrics.bootstrap import (
     weighted_means,
 )
 from lmgeom.metrics.contextuality import UnitSumsAccumulator, occurrence_spectrum
-from lmgeom.runs.analysis import analyze_store
+from lmgeom.stages.analysis import analyze_store
 from lmgeom.store.arrays import write_store_from_arrays
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -214,7 +214,7 @@ def test_the_engine_writes_intervals_and_adjacent_layer_tests_and_keeps_every_po
 def test_mev_baselines_are_resampled_a_fixed_number_of_times_and_paired_cyclically(tmp_path, monkeypatch):
     """Adjusted MEV replicate b is raw replicate b minus baseline replicate b mod MEV_BASELINE_RESAMPLES;
     the design records how many baseline resamples there were."""
-    import lmgeom.runs.engine.bootstrap as engine_bootstrap
+    import lmgeom.engine.bootstrap as engine_bootstrap
 
     monkeypatch.setattr(engine_bootstrap, "MEV_BASELINE_RESAMPLES", 7)
     kept = {}
@@ -225,7 +225,7 @@ def test_mev_baselines_are_resampled_a_fixed_number_of_times_and_paired_cyclical
         kept[len(kept)] = (values, out)
         return out
 
-    import lmgeom.runs.contextuality as contextuality
+    import lmgeom.stages.contextuality as contextuality
 
     monkeypatch.setattr(contextuality, "layer_replicates", keep)
     result = analyze_store(_store(tmp_path / "store"), min_contexts=2, bootstrap=120, engine="local")
@@ -245,7 +245,7 @@ def test_mev_baselines_are_resampled_a_fixed_number_of_times_and_paired_cyclical
 def test_seeded_intervals_are_the_same_in_a_new_process(tmp_path):
     store = _store(tmp_path / "store")
     here = analyze_store(store, min_contexts=2, bootstrap=200, seed=4, engine="local")
-    script = ("import json, sys; from lmgeom.runs.analysis import analyze_store; "
+    script = ("import json, sys; from lmgeom.stages.analysis import analyze_store; "
               "r = analyze_store(sys.argv[1], min_contexts=2, bootstrap=200, seed=4, engine='local'); "
               "print(json.dumps(r.layers[['raw_lo', 'raw_hi', 'adjusted_lo', 'adjusted_hi']].to_numpy().tolist()))")
     env = {**os.environ, "PYTHONPATH": str(SRC)}
@@ -278,7 +278,7 @@ def test_analyze_prints_the_intervals_within_80_columns_and_refuses_a_bad_level(
 def test_every_replicate_of_the_identity_resample_is_its_estimate(tmp_path, monkeypatch):
     """Each interval resamples the statistic its estimate is: drawn with every unit once, every replicate
     (raw and adjusted, of every metric) equals the estimate."""
-    import lmgeom.runs.engine.bootstrap as engine_bootstrap
+    import lmgeom.engine.bootstrap as engine_bootstrap
 
     monkeypatch.setattr(engine_bootstrap, "draws", lambda n_units, n_resamples, seed, stream: np.ones((n_resamples, n_units), dtype=np.int32))
     from lmgeom.metrics.bootstrap import RoughIntervalsWarning

@@ -25,8 +25,8 @@ from lmgeom.calibrate.linear import default_abtt_components
 from lmgeom.cli.main import app
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import MomentAccumulator, isoscore
-from lmgeom.runs import calibrate_store, fit_store
-from lmgeom.runs.calibration import CalibrationOptions
+from lmgeom.stages import calibrate_store, fit_store
+from lmgeom.stages.calibration import CalibrationOptions
 from lmgeom.store import write_store_from_arrays
 
 SMALL_FLOW = dict(n_steps=2, hidden_size=16, n_epochs=3, batch_size=64)

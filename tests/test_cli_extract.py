@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.metrics.contextuality import average_cosine
-from lmgeom.runs import select_rows
+from lmgeom.engine import select_rows
 from lmgeom.store import RepresentationStore
 
 runner = CliRunner()

@@ -135,7 +135,7 @@ def test_model_help_names_every_named_model():
 def test_limit_and_sample_have_default_folders_of_their_own(tmp_path, monkeypatch, single_torch_thread):
     """`lmgeom run`'s extraction (`extract_model` without `out`): each selection of sentences has its own
     folder, so the whole corpus after a --limit run is not refused as "holds another run"."""
-    from lmgeom.runs.extraction import default_run_dir, extract_model
+    from lmgeom.stages.extraction import default_run_dir, extract_model
 
     words = "the man dog cat runs eats red blue small big house car a sings".split()
     rng = random.Random(0)
@@ -186,7 +186,7 @@ def small_store(tmp_path):
 def test_calibrate_reports_seconds_per_method(small_store):
     import time
 
-    from lmgeom.runs.calibration import CalibrationOptions, calibrate_store, holds_fits, read_calibration
+    from lmgeom.stages.calibration import CalibrationOptions, calibrate_store, holds_fits, read_calibration
 
     methods = ["whitening", "abtt", "standardize"]
     progress = NoteProgress()

@@ -30,7 +30,7 @@ from lmgeom.metrics import (
 )
 from lmgeom.metrics.base import load_states, save_states
 from lmgeom.metrics.contextuality import sample_indexes
-from lmgeom.runs import analyze_store
+from lmgeom.stages import analyze_store
 from lmgeom.store import RepresentationStore, layout, write_store_from_arrays
 from helpers import BANK_SENTENCES
 
@@ -407,7 +407,7 @@ def test_cli_analyze(small_store, tmp_path):
 
 
 def test_exclude_first_word_drops_each_sentences_first_word_not_its_special_tokens(tmp_path):
-    from lmgeom.runs import select_rows
+    from lmgeom.engine import select_rows
 
     sentences = [["<s>", "The", "cat", "sat"], ["<s>", "A", "dog", "."], ["<s>", "cat", "ran"]]
     special = [[True, False, False, False], [True, False, False, False], [True, False, False]]

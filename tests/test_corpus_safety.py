@@ -80,7 +80,8 @@ def test_valid_limits_and_samples_keep_what_they_say() -> None:
 
 
 def test_extract_model_and_run_refuse_them_before_writing(tmp_path: Path) -> None:
-    from lmgeom.runs import extract_model, run
+    from lmgeom.stages import extract_model
+    from lmgeom.pipeline import run
 
     with pytest.raises(ValueError, match=r"`limit` must be"):
         extract_model("tiny-bert", "lee", out=tmp_path / "e", limit=0, device="cpu")
@@ -286,15 +287,15 @@ def mean_distinct_pair_cosine(rows: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def identical_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from lmgeom.encoders.registry import load_encoder
-    from lmgeom.runs import extract
+    from lmgeom.stages import extract
 
     corpus = Corpus.from_list(["The cat sat on the mat."] * 30, name="same")
     return extract(load_encoder("tiny-bert", device="cpu"), corpus, tmp_path_factory.mktemp("same") / "store")
 
 
 def test_identical_sentences_analyse_with_the_spread_less_measures_undefined(identical_store: Any, tmp_path: Path) -> None:
-    from lmgeom.runs import analyze_store
-    from lmgeom.runs.analysis import ContextualityResult
+    from lmgeom.stages import analyze_store
+    from lmgeom.stages.analysis import ContextualityResult
 
     result = analyze_store(identical_store, min_contexts=5, write_to=tmp_path)
     summary = result.summary().set_index("layer")

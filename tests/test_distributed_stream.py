@@ -11,12 +11,12 @@ from typing import Iterator
 import pandas as pd
 import pytest
 
-from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus, CorpusStream, load_corpus, open_corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import extract, run
-from lmgeom.runs.distributed import extract_sharded
+from lmgeom.stages import extract
+from lmgeom.pipeline import run
+from lmgeom.stages.distributed import extract_sharded
 from lmgeom.store import RepresentationStore
 
 from helpers import TINY_RUN, CrashingEncoder, ReadAhead, assert_same_store

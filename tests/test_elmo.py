@@ -23,7 +23,7 @@ from lmgeom.elmo import (
 from lmgeom.elmo.chars import words_ids
 from lmgeom.elmo.model import Highway, run_lstm
 from lmgeom.encoders.elmo import ElmoEncoder, load_elmo_encoder
-from lmgeom.runs import extract
+from lmgeom.stages import extract
 
 SENTENCES = [
     ["The", "bank", "raised", "rates", "."],

@@ -23,8 +23,8 @@ import pandas as pd
 import pytest
 
 from lmgeom.metrics.base import RowBlock, StatefulAccumulator, register_accumulator, row_ids
-from lmgeom.runs import analyze_shard, analyze_store, finish_analysis
-from lmgeom.runs.engine import (
+from lmgeom.stages import analyze_shard, analyze_store, finish_analysis
+from lmgeom.engine import (
     CONTEXTUALITY_STATISTICS,
     ROWS,
     WORD_GROUPS,
@@ -38,8 +38,8 @@ from lmgeom.runs.engine import (
     plan_analysis,
     register_statistic,
 )
-from lmgeom.runs.engine import executors as executors_module
-from lmgeom.runs.engine.statistics import LayerValues, layer_record, per_word
+from lmgeom.engine import executors as executors_module
+from lmgeom.engine.statistics import LayerValues, layer_record, per_word
 from lmgeom.store import RepresentationStore, write_store_from_arrays
 
 from helpers import local_ray, synthetic_store
@@ -257,7 +257,7 @@ def test_the_plan_is_data_recorded_in_the_results(grouped_store: RepresentationS
     options = AnalysisOptions(min_contexts=2, n_samples=100, mev_memory_mb=SMALL_BUDGET_MB, row_parts=2)
     plan, rows = plan_analysis(grouped_store, options)
     recorded = json.loads(json.dumps(plan.to_json()))
-    # the bootstrap adds its statistics (`lmgeom.runs.engine.bootstrap.bootstrap_statistics`)
+    # the bootstrap adds its statistics (`lmgeom.engine.bootstrap.bootstrap_statistics`)
     assert recorded["statistics"] == [*CONTEXTUALITY_STATISTICS, "bootstrap", "bootstrap_sample"] and recorded["layers"] == [0, 1, 2]
     # two row ranges a layer: a task for the row statistics and one for each group with rows in the range
     assert {(task["start"], task["stop"]) for task in recorded["tasks"]} == {(task.start, task.stop) for task in plan.tasks}
@@ -362,10 +362,10 @@ def test_the_minilm_lee_store_reanalysed_reproduces_every_number(tmp_path: Path)
     location = os.environ.get("LMGEOM_EXPECT_STORE")
     if not location:
         pytest.skip("set LMGEOM_EXPECT_STORE to the MiniLM x Lee store of tests/data/minilm_lee_run")
-    from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
-    from lmgeom.runs.engine import AnalysisOptions
-    from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
-    from lmgeom.runs.static import benchmark_static_embeddings, default_word_benchmarks, static_embeddings
+    from lmgeom.stages.calibration import CalibrationOptions, calibrate_store
+    from lmgeom.engine import AnalysisOptions
+    from lmgeom.stages.isotropy import IsotropyOptions, measure_isotropy
+    from lmgeom.stages.static import benchmark_static_embeddings, default_word_benchmarks, static_embeddings
 
     store = RepresentationStore.open(location)
     worst: dict[str, float] = {}

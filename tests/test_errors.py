@@ -72,7 +72,7 @@ def test_input_errors_keep_their_parameters_through_pickle() -> None:
 
 
 def test_a_library_error_names_the_parameter_and_the_cli_its_option(tmp_path: Path) -> None:
-    from lmgeom.runs.analysis import analyze_store
+    from lmgeom.stages.analysis import analyze_store
 
     store = small_store(tmp_path / "s")
     with pytest.raises(InputError, match="`min_contexts` must be at least 2 for self_similarity") as raised:
@@ -81,12 +81,12 @@ def test_a_library_error_names_the_parameter_and_the_cli_its_option(tmp_path: Pa
 
 
 def test_a_bug_shows_its_traceback_and_asks_for_a_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmgeom.runs.analysis
+    import lmgeom.stages.analysis
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise KeyError("words")  # an internal error, not the user's input
 
-    monkeypatch.setattr(lmgeom.runs.analysis, "analyze_store", broken)
+    monkeypatch.setattr(lmgeom.stages.analysis, "analyze_store", broken)
     result = CliRunner().invoke(app, ["analyze", str(small_store(tmp_path / "s"))], env={"COLUMNS": "200"})
     assert result.exit_code == 1
     assert "Traceback" in result.output and "KeyError: 'words'" in result.output
@@ -213,7 +213,7 @@ def test_random_bytes_in_a_float32_chunk_blame_the_chunk_not_float16(tmp_path: P
     data[4 * 6 * 2 : 4 * 6 * 2 + 4] = np.array([np.nan], dtype=np.float32).tobytes()  # row 2 of the chunk
     chunk.write_bytes(bytes(data))
     from lmgeom.store import RepresentationStore
-    from lmgeom.runs.tally import layer_chunks
+    from lmgeom.engine.loop import layer_chunks
 
     meta = json.loads((store / layout.META).read_text())
     with pytest.raises(InputError, match=r"layer 1: chunk file .* is damaged or was edited"):  # its checksum tells first
@@ -227,7 +227,7 @@ def test_random_bytes_in_a_float32_chunk_blame_the_chunk_not_float16(tmp_path: P
 
 
 def test_a_damaged_experiment_cell_is_computed_again(tmp_path: Path) -> None:
-    from lmgeom.runs.experiments.core import Cell, CellStore
+    from lmgeom.stages.experiments.core import Cell, CellStore
 
     cells = CellStore(tmp_path)
     cell = Cell({"method": "none"}, 0, [{"score": 1.0}], {"dev": [0.5]})
@@ -240,7 +240,7 @@ def test_a_damaged_experiment_cell_is_computed_again(tmp_path: Path) -> None:
 
 
 def test_a_damaged_feature_cache_is_computed_again(tmp_path: Path) -> None:
-    from lmgeom.runs.experiments.features import FeatureCache
+    from lmgeom.stages.experiments.features import FeatureCache
 
     folder = tmp_path / "cache"
     folder.mkdir()

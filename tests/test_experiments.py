@@ -15,10 +15,10 @@ from lmgeom.calibrate import make_calibrator
 from lmgeom.evaluate.stats import holm, paired_permutation_test
 from lmgeom.evaluate.tasks import TaggedSplit, load_task, matthews
 from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
-from lmgeom.runs.experiments import ExperimentOptions, run_calibration, run_layers
-from lmgeom.runs.experiments.core import task_data
-from lmgeom.runs.experiments.features import FeatureCache
-from lmgeom.runs.experiments.heads import fit_probe
+from lmgeom.stages.experiments import ExperimentOptions, run_calibration, run_layers
+from lmgeom.stages.experiments.core import task_data
+from lmgeom.stages.experiments.features import FeatureCache
+from lmgeom.stages.experiments.heads import fit_probe
 
 from helpers import FAST_PROBE, synthetic_layers
 
@@ -96,7 +96,7 @@ def test_summaries_hold_the_paired_test_and_holm(calibration: Path, cola: Path) 
 def test_a_rerun_skips_finished_cells_and_bad_input_loses_nothing(calibration: Path, cola: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     before = json.loads((calibration / "results.json").read_text())["records"]
-    from lmgeom.runs.experiments import calibration as module
+    from lmgeom.stages.experiments import calibration as module
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a finished cell was recomputed")
@@ -145,7 +145,7 @@ def test_the_probe_learns_the_informative_layer_and_repeats_in_a_new_process() -
                       metric=matthews, options=FAST_PROBE)
     assert np.mean(noise.predictions["test"] == y[2500:]) < 0.6
     code = ("import numpy as np, sys; sys.path.insert(0, 'tests'); from helpers import FAST_PROBE, synthetic_layers; "
-            "from lmgeom.runs.experiments.heads import fit_probe; "
+            "from lmgeom.stages.experiments.heads import fit_probe; "
             "from lmgeom.evaluate.tasks import matthews; "
             "X, y = synthetic_layers(0); r = fit_probe(X[:2500], y[:2500], {'t': X[2500:]}, regression=False, n_classes=3, "
             "seed=0, metric=matthews, options=FAST_PROBE); print(r.mix_weights)")
@@ -207,7 +207,7 @@ def test_the_report_reads_the_experiment_per_head_and_split(calibration: Path) -
 
 def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Path, tmp_path: Path) -> None:
     from lmgeom.finetune import FineTuneOptions, finetune
-    from lmgeom.runs.experiments.finetuning import finetune_task
+    from lmgeom.stages.experiments.finetuning import finetune_task
 
     options = {"epochs": 1, "batch_size": 16, "max_length": 32}
     result = run_calibration(MODEL, "cola", cola, out=tmp_path, options=ExperimentOptions(seeds=1, max_train=40, max_eval=20, device="cpu"),
@@ -239,7 +239,7 @@ def test_the_finetuning_regime_runs_lmgeom_finetune_per_method_and_seed(cola: Pa
 
 def test_pos_calibrator_sees_only_training_words_and_a_rerun_skips_finished_cells(
         shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmgeom.runs.experiments import calibration as module
+    from lmgeom.stages.experiments import calibration as module
 
     ewt = shared_data / "UD_English-EWT"
     fitted: list[object] = []
@@ -312,7 +312,7 @@ def test_the_finetuning_regime_refuses_an_elmo_model_up_front(cola: Path, tmp_pa
 
 def test_experiments_are_reachable_from_the_top_level_package() -> None:
     import lmgeom
-    from lmgeom.runs.experiments import run_calibration, run_layers
+    from lmgeom.stages.experiments import run_calibration, run_layers
 
     assert lmgeom.experiments.run_calibration is run_calibration is lmgeom.run_calibration
     assert lmgeom.experiments.run_layers is run_layers is lmgeom.run_layers

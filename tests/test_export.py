@@ -26,8 +26,8 @@ from lmgeom.cli.main import app  # noqa: E402
 from lmgeom.corpus import Corpus, load_corpus  # noqa: E402
 from lmgeom.encoders.registry import minilm_path  # noqa: E402
 from lmgeom.encoders.tiny import tiny_model  # noqa: E402
-from lmgeom.runs.export import EXPORT_RECORD, export_sentence_transformer  # noqa: E402
-from lmgeom.runs.st_calibration import CalibrationModule, flatten_state, unflatten_state  # noqa: E402
+from lmgeom.stages.export import EXPORT_RECORD, export_sentence_transformer  # noqa: E402
+from lmgeom.stages.st_calibration import CalibrationModule, flatten_state, unflatten_state  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BATCH = 16
@@ -198,7 +198,7 @@ def test_cli_exports_and_refuses_to_overwrite(tiny_st: Path, tmp_path: Path) -> 
     outcome = runner.invoke(app, args)
     assert outcome.exit_code == 0, outcome.output
     assert "Transformer -> Pooling -> CalibrationModule" in " ".join(outcome.output.split())
-    assert json.loads((tmp_path / "m" / "modules.json").read_text())[2]["type"] == "lmgeom.runs.st_calibration.CalibrationModule"
+    assert json.loads((tmp_path / "m" / "modules.json").read_text())[2]["type"] == "lmgeom.stages.st_calibration.CalibrationModule"
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "--overwrite" in again.output
     assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
@@ -230,7 +230,7 @@ def test_unknown_method_is_named_before_anything_loads(tmp_path: Path) -> None:
 def test_missing_sentence_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in [name for name in sys.modules if name == "sentence_transformers" or name.startswith("sentence_transformers.")]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.delitem(sys.modules, "lmgeom.runs.st_calibration")
+    monkeypatch.delitem(sys.modules, "lmgeom.stages.st_calibration")
     with pytest.raises(ImportError, match=r"pip install lmgeom\[st\]"):
         export_sentence_transformer("minilm", method="whitening", fit_on="lee", out=tmp_path / "m")
     outcome = runner.invoke(app, ["export", "sentence-transformers", "minilm", "--method", "whitening", "--out", str(tmp_path / "m")])

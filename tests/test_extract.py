@@ -10,7 +10,7 @@ import torch
 
 from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
-from lmgeom.runs import extract
+from lmgeom.stages import extract
 from lmgeom.store import RepresentationStore, StoreExistsError
 
 SENTENCES = [

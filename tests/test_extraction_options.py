@@ -13,8 +13,8 @@ import pytest
 from lmgeom.corpus import lee
 from lmgeom.encoders import EncoderOptions, load_encoder
 from lmgeom.errors import InputError
-from lmgeom.runs import extract, extract_model
-from lmgeom.runs.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
+from lmgeom.stages import extract, extract_model
+from lmgeom.stages.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
 from lmgeom.store import RepresentationStore
 
 from helpers import rewrite_meta

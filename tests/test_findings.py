@@ -1,4 +1,4 @@
-"""The findings of a contextuality analysis as stated tests (lmgeom.runs.findings): the exact
+"""The findings of a contextuality analysis as stated tests (lmgeom.stages.findings): the exact
 permutation p of Spearman's rho against brute force, the smallest attainable p and the "not
 testable" verdict, Holm's correction by hand, the interval tests of a level, and a real tiny run
 whose findings, contextuality.json, terminal and report agree."""
@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from lmgeom.errors import InputError
-from lmgeom.runs.findings import (
+from lmgeom.stages.findings import (
     ALPHA,
     EXACT_MAX_LAYERS,
     MONTE_CARLO_PERMUTATIONS,
@@ -260,7 +260,7 @@ def test_findings_re_derived_from_a_written_document_are_the_ones_it_holds(tiny_
     """`retest_findings` rebuilds the findings of a contextuality.json from its own records, intervals and
     stopword counts: on a document written today, exactly its findings and statements; on one that
     records only the stopword share (as older results do), the same tests."""
-    from lmgeom.runs.contextuality import retest_findings
+    from lmgeom.stages.contextuality import retest_findings
 
     out, _ = tiny_cli_run
     document = json.loads((out / "contextuality.json").read_text())

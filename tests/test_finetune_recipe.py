@@ -11,9 +11,9 @@ from scipy import stats as scipy_stats
 from lmgeom.evaluate.stats import difference_of_means, holm, holm_unique, spearman_bootstrap
 from lmgeom.evaluate.tasks import SentenceSplit, SentenceTask
 from lmgeom.finetune.train import length_grouped_batches, padding_fraction, random_batches, warmup_linear
-from lmgeom.runs.experiments import finetuning
-from lmgeom.runs.experiments.core import Cell, CellStore, TaskData, geometry, summarise
-from lmgeom.runs.experiments.finetuning import (
+from lmgeom.stages.experiments import finetuning
+from lmgeom.stages.experiments.core import Cell, CellStore, TaskData, geometry, summarise
+from lmgeom.stages.experiments.finetuning import (
     VALIDATION_SPLIT,
     FinetuneJob,
     degenerate_reasons,
@@ -21,7 +21,7 @@ from lmgeom.runs.experiments.finetuning import (
     reassessed,
     run_jobs,
 )
-from lmgeom.runs.experiments.thesis import thesis_pairs, thesis_test
+from lmgeom.stages.experiments.thesis import thesis_pairs, thesis_test
 
 
 def lengths_of(n: int, seed: int = 0) -> np.ndarray:
@@ -287,7 +287,7 @@ def test_spearman_bootstrap_against_scipy():
 def test_chosen_setting_refuses_unfinished_or_uninformative_prechecks(tmp_path):
     import json
 
-    from lmgeom.runs.experiments.finetuning import chosen_setting
+    from lmgeom.stages.experiments.finetuning import chosen_setting
 
     def write(chosen: dict) -> None:
         (tmp_path / "precheck.json").write_text(json.dumps({"tasks": {"cola": {"chosen": chosen}}}))
@@ -346,7 +346,7 @@ def test_a_flow_refit_continues_the_previous_flow():
 
 
 def test_a_layer_that_collapsed_during_training_is_degenerate():
-    from lmgeom.runs.experiments.finetuning import stale_layer_reasons
+    from lmgeom.stages.experiments.finetuning import stale_layer_reasons
 
     healthy = {"step": 50, "finite": True, "isoscore": 0.3, "log_iw": -30.0}
     assert stale_layer_reasons([healthy]) == []
@@ -418,7 +418,7 @@ def test_the_calibration_command_takes_the_prechecked_setting(shared_data, tmp_p
 def test_the_precheck_chooses_per_task_rates_and_flags_an_edge(shared_data, tmp_path):
     import json
 
-    from lmgeom.runs.experiments.finetuning import run_precheck
+    from lmgeom.stages.experiments.finetuning import run_precheck
 
     options = {"max_steps": 2, "max_length": 32, "batch_size": 8, "device": "cpu"}
     kwargs = dict(tasks=["cola"], learning_rates=[1e-5], task_learning_rates={"cola": [1e-3, 3e-3]}, epochs={"cola": [1]},

@@ -15,7 +15,7 @@ import torch
 from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
 from lmgeom.encoders.base import EncodedSentence
-from lmgeom.runs import extract
+from lmgeom.stages import extract
 from lmgeom.store import RepresentationStore, StoreExistsError, StoreWriter
 
 from helpers import rewrite_meta

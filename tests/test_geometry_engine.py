@@ -21,9 +21,9 @@ from lmgeom.metrics.contextuality import IntraSentenceAccumulator, intra_sentenc
 from lmgeom.metrics.intrinsic import intrinsic_dimension
 from lmgeom.metrics.isotropy import rogue_dimensions
 from lmgeom.metrics.outliers import TransformedAccumulator, standardizing, weight_outliers
-from lmgeom.runs.engine import AnalysisOptions, LocalExecutor, ProcessExecutor
-from lmgeom.runs.engine import executors as executors_module
-from lmgeom.runs.geometry import GeometryOptions, layernorm_outliers, measure_geometry
+from lmgeom.engine import AnalysisOptions, LocalExecutor, ProcessExecutor
+from lmgeom.engine import executors as executors_module
+from lmgeom.stages.geometry import GeometryOptions, layernorm_outliers, measure_geometry
 from lmgeom.store import RepresentationStore, write_store_from_arrays
 
 from helpers import local_ray
@@ -257,7 +257,7 @@ def test_the_report_shows_the_geometry_section(tmp_path: Path) -> None:
 
 
 def test_run_has_a_geometry_step_that_resumes(tmp_path: Path) -> None:
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     options: dict[str, Any] = dict(limit=30, device="cpu", min_contexts=2, num_workers=1)
     first = run("tiny-bert", "lee", out=tmp_path / "run", **options)
@@ -282,7 +282,7 @@ def test_the_per_layer_geometry_is_computed_with_every_pool_at_one_thread(store:
     import torch
     from threadpoolctl import threadpool_info
 
-    import lmgeom.runs.geometry as geometry
+    import lmgeom.stages.geometry as geometry
 
     seen: list[tuple[int, set[int]]] = []
     real = geometry.intrinsic_dimension

@@ -53,11 +53,119 @@ def test_the_markers_of_the_fast_loop_are_registered() -> None:
     assert {"slow", "ray", "browser", "processes"} <= registered
 
 
-# ---- the analysis engine and the driver package ------------------------------------------------
+# ---- the layers of the source: every import runs down them ---------------------------------------
 
 SRC = TESTS.parent / "src" / "lmgeom"
-RUNS = SRC / "runs"
-EXECUTORS = RUNS / "engine" / "executors.py"
+EXECUTORS = SRC / "engine" / "executors.py"
+
+# Each package (or top-level module) and the packages it may import; SHARED modules (errors, progress,
+# ...) import no package and may be imported by any. The order is the data flow (docs/architecture.md):
+# the data (corpus -> encoders -> store), the pure arithmetic (metrics, calibrate, evaluate), the run
+# directory's schema and the analysis engine, the report, the stages, the pipeline, the CLI.
+ALLOWED = {
+    "corpus": set(),
+    "elmo": {"corpus"},
+    "encoders": {"corpus", "elmo"},
+    "mix": set(),
+    "store": {"corpus", "encoders"},
+    "metrics": set(),
+    "calibrate": {"metrics"},
+    "evaluate": {"metrics"},
+    "finetune": {"encoders", "calibrate", "metrics"},
+    "rundir": {"store"},
+    "engine": {"store", "metrics"},
+    "report": {"metrics", "evaluate", "rundir"},
+    "stages": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine"},
+    "pipeline": {"corpus", "encoders", "store", "metrics", "evaluate", "rundir", "engine", "report", "stages"},
+    "cli": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine",
+            "report", "stages", "pipeline"},
+}
+SHARED = {"_lazy", "_version", "atomic", "device", "errors", "layerspec", "progress", "threads"}
+PURE = {"metrics", "calibrate", "evaluate"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The packages and top-level modules of lmgeom that the module at `path` imports (also inside
+    functions and under TYPE_CHECKING: a type is a dependency too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "lmgeom":
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom."):
+            names.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("lmgeom."))
+    return names
+
+
+def _members() -> dict[str, list[Path]]:
+    """Each package or top-level module of `src/lmgeom` and its files."""
+    members = {path.name: sorted(path.rglob("*.py")) for path in SRC.iterdir() if (path / "__init__.py").exists()}
+    members |= {path.stem: [path] for path in SRC.glob("*.py") if path.stem != "__init__"}
+    return members
+
+
+def test_the_layers_have_no_cycle() -> None:
+    """The allowed arrows themselves form no cycle, so no pair of packages can import each other."""
+    order: list[str] = []
+    remaining = dict(ALLOWED)
+    while remaining:
+        ready = sorted(name for name, needs in remaining.items() if needs <= set(order))
+        assert ready, f"a cycle among {sorted(remaining)}"
+        order += ready
+        for name in ready:
+            del remaining[name]
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    members = _members()
+    assert set(members) - set(ALLOWED) - SHARED == set(), "a new package or module needs its place in ALLOWED"
+    offences = []
+    for package, paths in members.items():
+        allowed = set() if package in SHARED else ALLOWED[package]
+        for path in paths:
+            used = _top_level_imports(path) - {package} - SHARED
+            if used - allowed:
+                offences.append(f"{path.relative_to(SRC)} imports {sorted(used - allowed)}")
+    assert not offences, "; ".join(offences)
+    for package in PURE:  # the arithmetic takes arrays, never a store, a model or a corpus
+        for path in members[package]:
+            assert not _top_level_imports(path) & {"store", "rundir", "engine", "encoders", "corpus", "stages"}, path
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Every lmgeom module the module at `path` imports, at run time or for types."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom"):
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names if alias.name.startswith("lmgeom"))
+    return modules
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No circle of imports between files, counting the imports made only for type checking."""
+    names = {_module_name(path): path for path in SRC.rglob("*.py")}
+    graph = {name: {m for m in _module_imports(path) if m in names and m != name and not name.startswith(m + ".")}
+             for name, path in names.items()}
+    state: dict[str, int] = {}
+    circles: list[str] = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for imported in sorted(graph[name]):
+            if state.get(imported) == 1:
+                circles.append(" -> ".join(trail[trail.index(imported):] + [imported]))
+            elif imported not in state:
+                visit(imported, trail + [imported])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "import circles: " + "; ".join(circles)
 
 
 def _lmgeom_imports(source: str) -> list[tuple[int, str, list[str]]]:
@@ -72,10 +180,10 @@ def _lmgeom_imports(source: str) -> list[tuple[int, str, list[str]]]:
 
 
 def test_the_check_sees_private_names_imported_and_used() -> None:
-    source = "from lmgeom.runs.analysis import _result, public\nimport lmgeom.runs.tally as tally\ntally._feed_chunk()\n"
-    assert _private_uses(source, "lmgeom.runs.job") == ["line 1: _result of lmgeom.runs.analysis",
-                                                        "line 3: _feed_chunk of lmgeom.runs.tally"]
-    assert _private_uses("from lmgeom.runs.job import _own\n", "lmgeom.runs.job") == []
+    source = "from lmgeom.stages.analysis import _result, public\nimport lmgeom.engine.loop as tally\ntally._feed_chunk()\n"
+    assert _private_uses(source, "lmgeom.pipeline.job") == ["line 1: _result of lmgeom.stages.analysis",
+                                                        "line 3: _feed_chunk of lmgeom.engine.loop"]
+    assert _private_uses("from lmgeom.pipeline.job import _own\n", "lmgeom.pipeline.job") == []
 
 
 def _private_uses(source: str, module: str) -> list[str]:
@@ -108,8 +216,8 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_no_driver_module_imports_another_modules_private_names() -> None:
-    offences = [f"{path.relative_to(SRC)} {use}" for path in sorted(RUNS.rglob("*.py"))
+def test_no_module_imports_another_modules_private_names() -> None:
+    offences = [f"{path.relative_to(SRC)} {use}" for path in sorted(SRC.rglob("*.py"))
                 for use in _private_uses(path.read_text(encoding="utf-8"), _module_name(path))]
     assert not offences, "make the name public (and document it) or move the code to its module: " + "; ".join(offences)
 
@@ -132,18 +240,18 @@ def test_the_ray_executor_imports_no_accumulator_or_loop_of_its_own() -> None:
     ray = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "RayExecutor")
     imports = [node for node in ast.walk(ray) if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert [(node.module, [alias.name for alias in node.names]) for node in imports if isinstance(node, ast.ImportFrom)] == [
-        ("lmgeom.runs.distributed", ["connect_ray"])]
+        ("lmgeom.engine.ray", ["connect_ray"])]
     # its only code that touches rows is `run_task`, through the module's `_run_on_ray`
     calls = {node.func.id for node in ast.walk(ray) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert calls <= {"connect_ray", "_bounded"}, calls
-    distributed = (RUNS / "distributed.py").read_text(encoding="utf-8")
+    distributed = (SRC / "stages" / "distributed.py").read_text(encoding="utf-8")
     assert "Accumulator" not in distributed and "tally" not in distributed  # no second analysis path beside the engine
 
 
 def test_only_the_run_directory_module_spells_a_result_file_name() -> None:
     """A result file's name as a path in code (a string without spaces, or a piece of an f-string)
-    appears in `lmgeom.runs.rundir` alone; messages and docstrings may name files."""
-    from lmgeom.runs import rundir
+    appears in `lmgeom.rundir` alone; messages and docstrings may name files."""
+    from lmgeom import rundir
 
     specs = [*rundir.RESULT_FILES, *rundir.KINDS.values(), rundir.EXPERIMENT_JSON, rundir.EXPERIMENT_TABLE,
              rundir.COMPARE_PAGE, rundir.COMPARE_CSV, rundir.STATIC_VECTORS]
@@ -153,7 +261,7 @@ def test_only_the_run_directory_module_spells_a_result_file_name() -> None:
     source_root = TESTS.parent / "src" / "lmgeom"
     offences = []
     for path in sorted(source_root.rglob("*.py")):
-        if path == source_root / "runs" / "rundir.py":
+        if path == source_root / "rundir.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docstrings = {id(node.body[0].value) for node in ast.walk(tree)
@@ -163,4 +271,4 @@ def test_only_the_run_directory_module_spells_a_result_file_name() -> None:
             if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
                     and not re.search(r"\s", node.value) and any(name in node.value for name in names)):
                 offences.append(f"{path.relative_to(source_root)}:{node.lineno} {node.value!r}")
-    assert not offences, "name result files through lmgeom.runs.rundir: " + "; ".join(offences)
+    assert not offences, "name result files through lmgeom.rundir: " + "; ".join(offences)

@@ -30,7 +30,7 @@ def expected_lines(data: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def empty_data_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     """`run` of tiny-bert on Lee (`helpers.TINY_RUN`) with `data_dir` an empty folder, and that folder."""
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     data = tmp_path_factory.mktemp("no-data")
     result = run("tiny-bert", "lee", out=tmp_path_factory.mktemp("missing-data") / "tiny-bert-lee", data_dir=data, **TINY_RUN)
@@ -98,7 +98,7 @@ def test_the_report_shows_a_not_measured_box_read_from_the_result_files(empty_da
 
 
 def test_a_data_dir_that_is_not_a_folder_is_refused_before_any_work(tmp_path: Path) -> None:
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     absent, out = tmp_path / "absent", tmp_path / "run"
     outcome = CliRunner().invoke(app, ["run", "--model", "tiny-bert", "--out", str(out), "--data-dir", str(absent)],

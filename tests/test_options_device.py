@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.errors import InputError
-from lmgeom.runs import job
-from lmgeom.runs.calibration import CalibrationOptions
-from lmgeom.runs.engine import AnalysisOptions
-from lmgeom.runs.engine.options import StepOptions
-from lmgeom.runs.similarity import SimilarityOptions
+from lmgeom.pipeline import job
+from lmgeom.stages.calibration import CalibrationOptions
+from lmgeom.engine import AnalysisOptions
+from lmgeom.engine.options import StepOptions
+from lmgeom.stages.similarity import SimilarityOptions
 
 
 def test_calibration_options_round_trip_their_settings_and_refuse_bad_values():

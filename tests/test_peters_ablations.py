@@ -21,10 +21,10 @@ from lmgeom.evaluate.baselines import (
     trivial_baselines,
 )
 from lmgeom.evaluate.tasks import SentenceSplit, SentenceTask, TaggedSplit, TaggingTask, f1, matthews, read_ud_pos
-from lmgeom.runs.experiments import ExperimentOptions, run_layers
-from lmgeom.runs.experiments.core import CellStore
-from lmgeom.runs.experiments.heads import ProbeOptions, _Probe, fit_probe
-from lmgeom.runs.experiments.layers import mix_label
+from lmgeom.stages.experiments import ExperimentOptions, run_layers
+from lmgeom.stages.experiments.core import CellStore
+from lmgeom.stages.experiments.heads import ProbeOptions, _Probe, fit_probe
+from lmgeom.stages.experiments.layers import mix_label
 
 from helpers import FAST_PROBE, synthetic_layers
 

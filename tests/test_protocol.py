@@ -14,11 +14,11 @@ from lmgeom.cli.main import app
 from lmgeom.corpus import load_corpus
 from lmgeom.errors import InputError
 from lmgeom.metrics.contextuality import occurrence_spectrum, sampled_self_similarity
-from lmgeom.runs.analysis import analyze_store
-from lmgeom.runs.engine import AnalysisOptions, plan_analysis
-from lmgeom.runs.engine.options import protocol_options
-from lmgeom.runs.engine.released import released_rows
-from lmgeom.runs.selection import select_rows
+from lmgeom.stages.analysis import analyze_store
+from lmgeom.engine import AnalysisOptions, plan_analysis
+from lmgeom.engine.options import protocol_options
+from lmgeom.engine.released import released_rows
+from lmgeom.engine.selection import select_rows
 from lmgeom.store import RepresentationStore
 from lmgeom.store.arrays import write_store_from_arrays
 
@@ -88,7 +88,7 @@ def test_count_by_through_the_cli_and_recorded(tmp_path: Path) -> None:
 def test_pieces_are_rows_of_their_own(tmp_path: Path) -> None:
     import torch
 
-    from lmgeom.runs.extraction import extract_model
+    from lmgeom.stages.extraction import extract_model
 
     text = tmp_path / "pieces.txt"
     sentences = ["The unbelievable cat sat quietly.", "Dogs bark loudly."]
@@ -271,8 +271,8 @@ def test_run_protocol_sets_everything_and_records_it(tmp_path: Path) -> None:
 
 
 def test_released_statistics_merge_from_saved_shards(tmp_path: Path) -> None:
-    from lmgeom.runs.analysis import analyze_shard, finish_analysis
-    from lmgeom.runs.engine import AnalysisState
+    from lmgeom.stages.analysis import analyze_shard, finish_analysis
+    from lmgeom.engine import AnalysisState
 
     rng = np.random.default_rng(4)
     words = [["a", "b", "c", "a"], ["b", "a", "d"], ["c", "d", "a", "b", "e"], ["a", "b"]] * 12  # `a` 48 times: sampled pairs

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from helpers import TINY_RUN
 from lmgeom.cli.main import app
-from lmgeom.runs import rundir, run
-from lmgeom.runs.rundir import PROVENANCE
+from lmgeom import rundir
+from lmgeom.pipeline import run
+from lmgeom.rundir import PROVENANCE
 
 
 def invoke(*args: str) -> tuple[int, str]:

@@ -26,10 +26,10 @@ from lmgeom.corpus import load_corpus  # noqa: E402
 from lmgeom.corpus.corpus import Corpus, Sentence  # noqa: E402
 from lmgeom.encoders.base import EncodedSentence  # noqa: E402
 from lmgeom.encoders.registry import load_encoder  # noqa: E402
-from lmgeom.runs import extract  # noqa: E402
-from lmgeom.runs.analysis import analyze_store  # noqa: E402
-from lmgeom.runs.distributed import extract_sharded  # noqa: E402
-from lmgeom.runs.engine import AnalysisOptions, plan_analysis  # noqa: E402
+from lmgeom.stages import extract  # noqa: E402
+from lmgeom.stages.analysis import analyze_store  # noqa: E402
+from lmgeom.stages.distributed import extract_sharded  # noqa: E402
+from lmgeom.engine import AnalysisOptions, plan_analysis  # noqa: E402
 from lmgeom.store import RepresentationStore  # noqa: E402
 from lmgeom.store.location import Location  # noqa: E402
 from lmgeom.store.sharded import SHARDS  # noqa: E402
@@ -67,7 +67,7 @@ def ray_store(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Represe
     it whole fails the extraction."""
     from typer.testing import CliRunner
 
-    import lmgeom.runs.extraction as extraction
+    import lmgeom.stages.extraction as extraction
     from lmgeom.cli.main import app
 
     def whole_corpus_loaded(*args: Any, **kwargs: Any) -> Corpus:

@@ -13,9 +13,9 @@ import torch
 from lmgeom.corpus import load_corpus
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import extract
-from lmgeom.runs.distributed import default_shard_sentences, extract_sharded, resolve_shards
-from lmgeom.runs.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
+from lmgeom.stages import extract
+from lmgeom.stages.distributed import default_shard_sentences, extract_sharded, resolve_shards
+from lmgeom.stages.extraction_options import ExtractionOptions, default_chunk_sentences, default_sort_window
 from lmgeom.store import RepresentationStore
 
 from helpers import local_ray

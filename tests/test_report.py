@@ -21,14 +21,15 @@ import typer
 from typer.testing import CliRunner
 
 from lmgeom.cli.report import register
-from lmgeom.runs import analyze_store, calibrate_store, layer_summary, render_report
-from lmgeom.runs.calibration import CalibrationOptions
-from lmgeom.runs.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
-from lmgeom.runs.rundir import write_json
+from lmgeom.stages import analyze_store, calibrate_store
+from lmgeom.pipeline import layer_summary, render_report
+from lmgeom.stages.calibration import CalibrationOptions
+from lmgeom.stages.static import benchmark_static_embeddings, static_embeddings, write_benchmarks
+from lmgeom.rundir import write_json
 from lmgeom.report import build_report, load_run
 from lmgeom.report.compare import COMPARED
-from lmgeom.runs.rundir import EXPLORER
-from lmgeom.runs.explorer import explorer_data
+from lmgeom.rundir import EXPLORER
+from lmgeom.pipeline.explorer import explorer_data
 from lmgeom.report.figures import run_charts
 from lmgeom.store import write_store_from_arrays
 
@@ -245,7 +246,7 @@ def test_explorer_data_is_cached_with_provenance_and_recomputed_for_other_settin
     assert cached["kind"] == "word_explorer" and cached["model_id"] == "synthetic-4"
     assert cached["settings"]["neighbours"] == N_NEIGHBOURS and cached["corpus_fingerprint"]
 
-    import lmgeom.runs.explorer as explorer
+    import lmgeom.pipeline.explorer as explorer
 
     calls: list[int] = []
     original = explorer.first_pc_vectors
@@ -635,7 +636,7 @@ def test_figure_bytes_depend_on_the_figure_alone():
     """A regenerated figure of the same results is the same file (no date, fixed SVG ids)."""
     import matplotlib.pyplot as plt
 
-    from lmgeom.runs import rundir
+    from lmgeom import rundir
 
     def render(fmt):
         figure, axis = plt.subplots()

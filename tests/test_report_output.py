@@ -27,7 +27,7 @@ from lmgeom.report.figures import (
     undefined_note,
 )
 from lmgeom.report.labels import LABELS, label, labelled
-from lmgeom.runs.rundir import STATIC_BENCHMARKS, write_result_set
+from lmgeom.rundir import STATIC_BENCHMARKS, write_result_set
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [0, 1, 2, 3]
@@ -273,7 +273,7 @@ def test_png_titles_subtitles_and_labels_stay_inside_the_figure(tmp_path: Path) 
 def test_experiment_figure_titles_are_wrapped_to_the_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from matplotlib.figure import Figure
 
-    from lmgeom.runs.experiments.core import write_figures
+    from lmgeom.stages.experiments.core import write_figures
 
     drawn: list[Any] = []
     original = Figure.savefig
@@ -326,7 +326,7 @@ def figure_texts(fig: Any, gid: str) -> list[str]:
 
 
 def test_every_png_has_one_line_of_metadata_naming_the_units_its_bands_resample(tmp_path: Path) -> None:
-    from lmgeom.runs.engine.bootstrap import UNITS, resampled_unit
+    from lmgeom.engine.bootstrap import UNITS, resampled_unit
 
     charts = {c.name: c for c in run_charts(banded_run(tmp_path))}
     for chart in charts.values():

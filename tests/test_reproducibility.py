@@ -17,7 +17,7 @@ import torch
 from lmgeom.corpus import load_corpus
 from lmgeom.encoders import TINY_MODELS, HFEncoder, load_encoder
 from lmgeom.encoders.tiny import TOKENIZER_DIR, tiny_model, tiny_tokenizer, train_tiny_tokenizer
-from lmgeom.runs import extract
+from lmgeom.stages import extract
 from lmgeom.store import RepresentationStore, StoreExistsError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -40,7 +40,7 @@ _FRESH_PROCESS = f"""
     import hashlib, json, sys
     from lmgeom.corpus import load_corpus
     from lmgeom.encoders import load_encoder
-    from lmgeom.runs import extract
+    from lmgeom.stages import extract
 
     described = {{}}
     for name in {TINY_MODELS!r}:

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.progress import NoProgress
-from lmgeom.runs import rundir, run
+from lmgeom import rundir
+from lmgeom.pipeline import run
 from lmgeom.store.location import Location
 
 from helpers import TINY_RUN, TINY_RUN_ARGS

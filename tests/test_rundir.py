@@ -14,9 +14,11 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.main import app
 from lmgeom.report import load_run
-from lmgeom.runs import calibrate_store, rundir, run
-from lmgeom.runs.calibration import CalibrationOptions, read_calibration
-from lmgeom.runs.sts import run_sts
+from lmgeom.stages import calibrate_store
+from lmgeom import rundir
+from lmgeom.pipeline import run
+from lmgeom.stages.calibration import CalibrationOptions, read_calibration
+from lmgeom.stages.sts import run_sts
 
 from helpers import TINY_RUN
 

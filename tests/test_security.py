@@ -28,7 +28,8 @@ from lmgeom.cli.analyze import register
 from lmgeom.evaluate import load_static_vectors
 from lmgeom.report.figures import Chart, Series, plotly_figure
 from lmgeom.report.html import Page
-from lmgeom.runs import analyze_store, export_static_embeddings, render_report
+from lmgeom.stages import analyze_store, export_static_embeddings
+from lmgeom.pipeline import render_report
 from lmgeom.store import write_store_from_arrays
 
 SENTENCES = [
@@ -219,8 +220,8 @@ def test_the_explorer_chart_shows_a_link_word_as_text_in_a_browser(hostile: Path
 
 POOL_SCRIPT = textwrap.dedent("""
     import os, sys
-    import lmgeom.runs.engine.executors as executors
-    from lmgeom.runs import analyze_store
+    import lmgeom.engine.executors as executors
+    from lmgeom.stages import analyze_store
 
     if __name__ == "__main__":
         executors.POOL_MIN_LAYER_VALUES = 0  # a pool even for this small store
@@ -231,7 +232,7 @@ POOL_SCRIPT = textwrap.dedent("""
 
 WATCH_SCRIPT = textwrap.dedent("""
     import multiprocessing, pathlib, sys, time
-    from lmgeom.runs.workers import exit_when_parent_ends
+    from lmgeom.engine.workers import exit_when_parent_ends
 
     def child():
         exit_when_parent_ends(multiprocessing.parent_process())  # the portable half, without prctl

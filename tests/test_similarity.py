@@ -330,7 +330,7 @@ def synthetic_pair(tmp_path, *, rotate: bool):
 
 
 def test_within_store_layer_by_layer_equals_in_memory_measures(tmp_path):
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, _, _ = synthetic_pair(tmp_path, rotate=True)
     # tiny chunks and a state budget of one pair per group: several reads, the same numbers
@@ -354,7 +354,7 @@ def test_within_store_layer_by_layer_equals_in_memory_measures(tmp_path):
 
 
 def test_stores_compare_on_matched_rows_and_different_corpora_are_refused(tmp_path):
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, b, sentences = synthetic_pair(tmp_path, rotate=True)
     result = similarity_matrix(a, b, SimilarityOptions(measures=("cka", "procrustes"), sample=30))
@@ -378,8 +378,8 @@ TEXTS = ["The cat \u0301 sat on the unbelievably wide mat.", "Tokenizers disagre
 def test_models_with_different_tokenizers_match_on_the_same_words(tmp_path):
     """tiny-bert (WordPiece; its normaliser drops the lone combining accent, a word it cannot align)
     against tiny-gpt2 (byte-level BPE) on the same sentences."""
-    from lmgeom.runs import extract_model
-    from lmgeom.runs.similarity import SimilarityOptions, match_rows, similarity_matrix
+    from lmgeom.stages import extract_model
+    from lmgeom.stages.similarity import SimilarityOptions, match_rows, similarity_matrix
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -462,7 +462,7 @@ def test_cli_defaults_match_the_library():
 
     from lmgeom.cli.main import app
     from lmgeom.metrics.similarity import DEFAULT_K, MEASURES
-    from lmgeom.runs.similarity import DEFAULT_SAMPLE, SimilarityOptions
+    from lmgeom.stages.similarity import DEFAULT_SAMPLE, SimilarityOptions
 
     params = {param.name: param.default for param in typer.main.get_command(app).commands["similarity"].params}  # type: ignore[attr-defined]
     assert (params["sample"], params["k"], params["measure"]) == (DEFAULT_SAMPLE, DEFAULT_K, ",".join(MEASURES))
@@ -475,7 +475,7 @@ def test_cli_defaults_match_the_library():
 
 @pytest.mark.parametrize("name", ["permutations", "procrustes_permutations"])
 def test_shuffle_counts_are_validated_naming_the_parameter(name):
-    from lmgeom.runs.similarity import SimilarityOptions
+    from lmgeom.stages.similarity import SimilarityOptions
 
     with pytest.raises(InputError, match=f"`{name}` must be at least 0, got -1") as caught:
         SimilarityOptions(**{name: -1})

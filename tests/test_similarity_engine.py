@@ -123,7 +123,7 @@ SAMPLE, K = 30, 3
 
 
 def test_layer_by_layer_equals_the_brute_force_reference(stores):
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, _ = stores
     layers = _selected(a)
@@ -135,7 +135,7 @@ def test_layer_by_layer_equals_the_brute_force_reference(stores):
 
 
 def test_store_by_store_equals_the_brute_force_reference(stores):
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, b = stores
     result = similarity_matrix(a, b, SimilarityOptions(sample=SAMPLE, k=K, chunk_rows=9))
@@ -148,7 +148,7 @@ def test_nulls_and_p_values_equal_shuffling_the_sampled_rows_from_scratch(stores
     store b shuffled by the seeded permutations (seed + 1), its p-value the share of the null at
     least as similar; `permutations=0` gives no null and no p-value."""
     from lmgeom.metrics.similarity import permutations
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, b = stores
     seed, count, procrustes_count = 3, 40, 7
@@ -193,7 +193,7 @@ def _streamed(result: Any) -> dict[str, np.ndarray]:
 
 @pytest.fixture
 def pool_for_small_stores(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmgeom.runs.engine import executors
+    from lmgeom.engine import executors
 
     monkeypatch.setattr(executors, "POOL_MIN_LAYER_VALUES", 0)
     monkeypatch.setattr(executors, "available_cores", lambda: 2)
@@ -201,7 +201,7 @@ def pool_for_small_stores(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.processes
 def test_worker_processes_give_the_local_numbers_bit_for_bit(stores, pool_for_small_stores):
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, b = stores
     options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8, max_state_bytes=8 * 40)
@@ -214,7 +214,7 @@ def test_worker_processes_give_the_local_numbers_bit_for_bit(stores, pool_for_sm
 
 
 def test_row_ranges_merge_to_the_one_pass_numbers(stores):
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, _ = stores
     options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8)
@@ -230,7 +230,7 @@ def test_row_ranges_merge_to_the_one_pass_numbers(stores):
 @pytest.mark.ray
 def test_ray_gives_the_local_numbers(stores):
     ray = pytest.importorskip("ray")
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, b = stores
     options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8, row_parts=2)
@@ -255,7 +255,7 @@ RUN_OPTIONS = dict(limit=16, device="cpu", min_contexts=2, num_workers=1, layers
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A tiny-bert run interrupted in its similarity step, resumed and repeated; a tiny-gpt2 run of
     the same sentences; a tiny-bert run of fewer sentences (another corpus)."""
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     folder = tmp_path_factory.mktemp("runs")
     with pytest.raises(KeyboardInterrupt):
@@ -268,7 +268,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def test_the_run_step_writes_similarity_and_resumes(runs):
-    from lmgeom.runs.selection import SELECTION_COLUMNS, select_rows
+    from lmgeom.engine.selection import SELECTION_COLUMNS, select_rows
 
     bert = runs["folder"] / "bert"
     assert runs["resumed"].steps_run == ["similarity", "geometry", "report"]
@@ -323,7 +323,7 @@ def test_compare_shows_the_model_by_model_matrix_of_runs_of_one_corpus(runs, tmp
     assert document["counts"]["a_rows_unmatched"] == document["counts"]["b_rows_unmatched"] == 0
     # the pair's values: the brute force on the rows both stores hold
     bert, gpt2 = RepresentationStore.open(folder / "bert"), RepresentationStore.open(folder / "gpt2")
-    from lmgeom.runs.similarity import SimilarityOptions, match_rows
+    from lmgeom.stages.similarity import SimilarityOptions, match_rows
 
     matched = match_rows(bert, gpt2, SimilarityOptions())
     X = np.asarray(bert.layer(bert.layers[-1])[:], dtype=np.float64)[matched.rows_a]
@@ -342,7 +342,7 @@ def test_the_device_code_path_gives_the_numpy_numbers(stores):
     """`torch:cpu` runs the accumulators on torch tensors (a CUDA device's path), over two row ranges
     whose states come back as numpy and merge."""
     pytest.importorskip("torch")
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, b = stores
     options = SimilarityOptions(measures=("cka", "cka_debiased", "procrustes"), chunk_rows=8)
@@ -374,7 +374,7 @@ def test_the_cli_hands_device_engine_and_workers_to_the_engine(stores, tmp_path)
 def test_a_subsample_of_at_most_k_rows_leaves_knn_undefined_and_says_why(stores):
     """Mutual k-NN needs more than k points; on fewer the other measures still come out (the main
     job on a tiny corpus must not fail in its similarity step)."""
-    from lmgeom.runs.similarity import SimilarityOptions, similarity_matrix
+    from lmgeom.stages.similarity import SimilarityOptions, similarity_matrix
 
     a, _ = stores
     layers = _selected(a)

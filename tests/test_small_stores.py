@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.corpus import lee
 from lmgeom.encoders import load_encoder
-from lmgeom.runs import extract
+from lmgeom.stages import extract
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.integrity import CorruptStore, verify_store
 

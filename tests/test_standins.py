@@ -1,4 +1,4 @@
-"""Static baselines trained here (lmgeom.runs.experiments.standins): determinism across processes,
+"""Static baselines trained here (lmgeom.stages.experiments.standins): determinism across processes,
 scores against a hand computation, the CLI, resuming and refusing other settings."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.corpus import load_corpus
 from lmgeom.errors import InputError
-from lmgeom.runs.experiments.standins import (StaticBaselineSettings, default_settings, run_static_baselines,
+from lmgeom.stages.experiments.standins import (StaticBaselineSettings, default_settings, run_static_baselines,
                                               train_vectors, training_sentences)
 
 WORDS = ["cat", "dog", "mouse", "horse", "car", "bus", "train", "road", "red", "green", "blue", "small", "big"]
@@ -45,10 +45,10 @@ def test_training_sentences_are_lowercased_words_without_punctuation(corpus_file
 def test_seeded_training_gives_identical_vectors_in_a_new_process(corpus_file: Path, tmp_path: Path) -> None:
     sentences = training_sentences(load_corpus(str(corpus_file)))
     here = {method: train_vectors(method, sentences, TINY) for method in ("word2vec", "fasttext")}
-    script = (  # one process for both methods: importing lmgeom.runs takes most of the time
+    script = (  # one process for both methods: importing lmgeom.stages takes most of the time
         "import sys, numpy as np\n"
         "from lmgeom.corpus import load_corpus\n"
-        "from lmgeom.runs.experiments.standins import StaticBaselineSettings, train_vectors, training_sentences\n"
+        "from lmgeom.stages.experiments.standins import StaticBaselineSettings, train_vectors, training_sentences\n"
         "sentences = training_sentences(load_corpus(sys.argv[1]))\n"
         "for method in ('word2vec', 'fasttext'):\n"
         "    wv = train_vectors(method, sentences, StaticBaselineSettings(dim=8, window=2, min_count=1, epochs=3))\n"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from lmgeom.errors import InputError
-from lmgeom.runs import static_embeddings
-from lmgeom.runs.engine.options import DEFAULT_COUNT_BY, DEFAULT_MIN_CONTEXTS, AnalysisOptions
+from lmgeom.stages import static_embeddings
+from lmgeom.engine.options import DEFAULT_COUNT_BY, DEFAULT_MIN_CONTEXTS, AnalysisOptions
 from lmgeom.store import write_store_from_arrays
 
 # "the" is in 5 distinct sentences, "a" 5 times but in 3 sentences, "cat" in 2

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from lmgeom.cli.analyze import register
 from lmgeom.evaluate import evaluate_analogies, evaluate_word_pairs, load_static_vectors, read_word_pairs
-from lmgeom.runs import benchmark_static_embeddings, static_embeddings
+from lmgeom.stages import benchmark_static_embeddings, static_embeddings
 from lmgeom.store import write_store_from_arrays
 
 

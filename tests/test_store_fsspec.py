@@ -17,8 +17,8 @@ from lmgeom.corpus import load_corpus
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import extract
-from lmgeom.runs.analysis import analyze_store
+from lmgeom.stages import extract
+from lmgeom.stages.analysis import analyze_store
 from lmgeom.store import RepresentationStore
 from lmgeom.store.location import Location
 from lmgeom.store.sharded import SHARDS, ShardPartWriter

@@ -23,8 +23,8 @@ from lmgeom.corpus import load_corpus
 from lmgeom.corpus.corpus import Corpus
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import extract
-from lmgeom.runs.distributed import extract_sharded
+from lmgeom.stages import extract
+from lmgeom.stages.distributed import extract_sharded
 from lmgeom.store import CorruptStore, RepresentationStore, StoreWriter, verify_store, write_store_from_arrays
 from lmgeom.store.location import Location
 

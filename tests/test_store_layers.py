@@ -17,7 +17,7 @@ from lmgeom.corpus import lee
 from lmgeom.encoders import load_encoder
 from lmgeom.errors import InputError, OutOfRange
 from lmgeom.layerspec import select_layers
-from lmgeom.runs import extract
+from lmgeom.stages import extract
 from lmgeom.store import RepresentationStore, layout
 from lmgeom.store.writer import StoreExistsError
 
@@ -159,7 +159,7 @@ def test_a_sharded_store_of_some_layers(tiny_bert, corpus, full_store):
 
 
 def test_the_main_job_on_a_store_of_some_layers(tmp_path):
-    from lmgeom.runs import run
+    from lmgeom.pipeline import run
 
     result = run("tiny-gpt2", "lee", out=tmp_path / "run", limit=40, device="cpu", min_contexts=3, store_layers="1,3")
     assert result.store.layers == [1, 3]

@@ -26,12 +26,13 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.corpus import load_corpus
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import extract, rundir
-from lmgeom.runs.analysis import analyze_store
-from lmgeom.runs.calibration import CalibrationOptions, calibrate_store
-from lmgeom.runs.engine import AnalysisOptions
-from lmgeom.runs.isotropy import IsotropyOptions, measure_isotropy
-from lmgeom.runs.static import static_embeddings
+from lmgeom.stages import extract
+from lmgeom import rundir
+from lmgeom.stages.analysis import analyze_store
+from lmgeom.stages.calibration import CalibrationOptions, calibrate_store
+from lmgeom.engine import AnalysisOptions
+from lmgeom.stages.isotropy import IsotropyOptions, measure_isotropy
+from lmgeom.stages.static import static_embeddings
 from lmgeom.store import RepresentationStore, StoreExistsError, StoreLockedError, StoreWriter, write_store_from_arrays
 from lmgeom.store import lock as store_lock
 from lmgeom.store.layout import LOCK, META
@@ -313,7 +314,7 @@ _WRITER = """
     from pathlib import Path
     from lmgeom.corpus import load_corpus
     from lmgeom.encoders.registry import load_encoder
-    from lmgeom.runs import extract
+    from lmgeom.stages import extract
 
     class StopAfterFirstChunk:
         def start(self, stage, total, *, unit="items"):

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.corpus import load_corpus
 from lmgeom.encoders.registry import load_encoder
-from lmgeom.runs import analyze_store, extract
+from lmgeom.stages import analyze_store, extract
 from lmgeom.store import CorruptStore, RepresentationStore, verify_store
 from lmgeom.store.integrity import UnverifiedStoreWarning, crc32c
 from lmgeom.store.location import Location

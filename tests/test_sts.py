@@ -17,7 +17,7 @@ from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
 from lmgeom.evaluate.sts import aggregate_scores, pair_cosines, spearman
-from lmgeom.runs.sts import (
+from lmgeom.stages.sts import (
     CALIBRATION_METHODS, FIRST_LAST_AVG, LayerSelection, combination, encode_sentences, evaluate_sts, resolve_layers,
 )
 from lmgeom.evaluate.sts_data import STSDataset, find_datasets, read_semeval_sts, read_sick, read_stsb, semeval_subsets

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from lmgeom.evaluate.stats import spearman_bootstrap
-from lmgeom.runs.experiments.thesis import (
+from lmgeom.stages.experiments.thesis import (
     CONFIG_KEYS,
     cluster_bootstrap_spearman,
     cluster_permutation_p,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lmgeom.runs.workers import start_worker
+from lmgeom.engine.workers import start_worker
 from lmgeom.threads import BLAS_VARIABLES, THREAD_VARIABLES, available_cores, pool_threads, share_cores
 
 # the child: numpy, scipy and torch loaded (each pool at its default), then share_cores(WORKERS)

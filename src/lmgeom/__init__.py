@@ -19,14 +19,14 @@ _EXPORTS = {
     "load_encoder": "lmgeom.encoders",
     "RepresentationStore": "lmgeom.store",
     "write_store_from_arrays": "lmgeom.store",
-    "extract": "lmgeom.runs",
-    "run": "lmgeom.runs",
-    "analyze_store": "lmgeom.runs",
-    "run_calibration": "lmgeom.runs.experiments",
-    "run_layers": "lmgeom.runs.experiments",
+    "extract": "lmgeom.stages",
+    "run": "lmgeom.pipeline",
+    "analyze_store": "lmgeom.stages",
+    "run_calibration": "lmgeom.stages.experiments",
+    "run_layers": "lmgeom.stages.experiments",
 }
-# the driver's sub-packages a user reaches for by name: `lmgeom.experiments.run_calibration(...)`
-_MODULES = {"experiments": "lmgeom.runs.experiments"}
+# the sub-packages a user reaches for by name: `lmgeom.experiments.run_calibration(...)`
+_MODULES = {"experiments": "lmgeom.stages.experiments"}
 
 __all__ = ["__version__", *_EXPORTS, *_MODULES]
 

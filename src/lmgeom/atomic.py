@@ -1,4 +1,4 @@
-"""Atomic file writes: a crash never leaves half a file (used by the store and the driver).
+"""Atomic file writes: a crash never leaves half a file (used by the store and the stages).
 
 Temporary files and scratch folders carry their owner (`owner_tag`: pid and host) in their name, so
 that what a killed process left behind can be told from what a running one is writing:

@@ -4,7 +4,7 @@
 and `fit_moments`),
 `ClusterIsotropy` (CIE) and `FlowCalibrator` (Glow-style normalizing flow). Each takes numpy or
 torch input (torch in, torch out), and saves with `.save(path)` / loads with `load_calibrator(path)`
-or `<Class>.load(path)`. Fitting them on a store is `lmgeom.runs.calibrate_store`.
+or `<Class>.load(path)`. Fitting them on a store is `lmgeom.stages.calibrate_store`.
 Method notes: docs/calibration.md.
 """
 
@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 from lmgeom import _lazy as lazy
 
 if TYPE_CHECKING:
-    from lmgeom.calibrate._base import Calibrator
+    from lmgeom.calibrate._base import Calibrator, load_calibrator, save_calibrator
     from lmgeom.calibrate.cluster import ClusterIsotropy
     from lmgeom.calibrate.conceptor import ConceptorNegation
     from lmgeom.calibrate.flow import FlowCalibrator
-    from lmgeom.calibrate.io import load_calibrator, save_calibrator
     from lmgeom.calibrate.linear import AllButTheTop, Standardize, Whitening
     from lmgeom.calibrate.registry import METHODS, make_calibrator
 
@@ -31,11 +30,10 @@ FIT_MAX_ROWS = 100_000
 
 # the calibrators on first use: the CLI lists METHOD_NAMES without loading torch and scikit-learn
 _EXPORTS = {
-    "Calibrator": "lmgeom.calibrate._base",
+    **dict.fromkeys(["Calibrator", "load_calibrator", "save_calibrator"], "lmgeom.calibrate._base"),
     "ClusterIsotropy": "lmgeom.calibrate.cluster",
     "ConceptorNegation": "lmgeom.calibrate.conceptor",
     "FlowCalibrator": "lmgeom.calibrate.flow",
-    **dict.fromkeys(["load_calibrator", "save_calibrator"], "lmgeom.calibrate.io"),
     **dict.fromkeys(["AllButTheTop", "Standardize", "Whitening"], "lmgeom.calibrate.linear"),
     **dict.fromkeys(["METHODS", "make_calibrator"], "lmgeom.calibrate.registry"),
 }

@@ -10,8 +10,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import pairwise_distances_argmin
 
 from lmgeom.errors import InputError
-from lmgeom.calibrate._base import Calibrator
-from lmgeom.calibrate.io import register
+from lmgeom.calibrate._base import Calibrator, register
 
 
 @register

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lmgeom.errors import InputError
-from lmgeom.calibrate.io import register
+from lmgeom.calibrate._base import register
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.isotropy import Moments, symmetric_eigh
 

@@ -20,8 +20,7 @@ from sklearn.utils import check_random_state
 from torch import nn
 
 from lmgeom.errors import InputError
-from lmgeom.calibrate._base import Calibrator, FewRowsWarning
-from lmgeom.calibrate.io import register
+from lmgeom.calibrate._base import Calibrator, FewRowsWarning, register
 from lmgeom.calibrate.linear import Whitening
 from lmgeom.device import resolve_device
 

@@ -14,8 +14,7 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from lmgeom.errors import InputError
-from lmgeom.calibrate._base import Calibrator
-from lmgeom.calibrate.io import register, scalar_or_array
+from lmgeom.calibrate._base import Calibrator, register, scalar_or_array
 from lmgeom.metrics.isotropy import MomentAccumulator, Moments, symmetric_eigh
 
 

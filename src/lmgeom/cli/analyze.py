@@ -30,7 +30,7 @@ DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu;
 if TYPE_CHECKING:
     import pandas as pd
 
-    from lmgeom.runs import ContextualityResult
+    from lmgeom.stages import ContextualityResult
 
 
 METRIC_NAMES = {"spearman": "Spearman", "accuracy_3cosadd": "3CosAdd", "mean_spearman": "mean ρ", "purity": "purity"}
@@ -216,10 +216,10 @@ def register(app: typer.Typer) -> None:
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
-        from lmgeom.runs.analysis import analyze_store
-        from lmgeom.runs.contextuality import write_contextuality
-        from lmgeom.runs.engine import AnalysisOptions
-        from lmgeom.runs.engine.options import protocol_options
+        from lmgeom.stages.analysis import analyze_store
+        from lmgeom.stages.contextuality import write_contextuality
+        from lmgeom.engine import AnalysisOptions
+        from lmgeom.engine.options import protocol_options
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
@@ -257,8 +257,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks,
         covered items only and all items (out-of-vocabulary words as the mean vector)."""
-        from lmgeom.runs import export_static_embeddings
-        from lmgeom.runs.static import StaticOptions
+        from lmgeom.stages import export_static_embeddings
+        from lmgeom.stages.static import StaticOptions
 
         with user_errors(), RichProgress() as progress:
             options = StaticOptions.of(min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,

@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
         """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; merges the records
         into STORE/calibration.json + .csv by (layer, method) and saves STORE/calibrators/<method>-L<layer>.*"""
         from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
-        from lmgeom.runs import calibrate_store
-        from lmgeom.runs.calibration import CalibrationOptions
+        from lmgeom.stages import calibrate_store
+        from lmgeom.stages.calibration import CalibrationOptions
 
         if layer:
             if layers is not None:

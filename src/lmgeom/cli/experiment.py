@@ -34,7 +34,7 @@ def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str,
                     trivial: list[dict[str, Any]] | None = None) -> None:
     """Mean ± std over seeds per configuration, its Holm-corrected p against the baseline and its test
     against the trivial baselines, which follow the table."""
-    from lmgeom.runs.experiments.core import trivial_lines, trivial_verdict
+    from lmgeom.stages.experiments.core import trivial_lines, trivial_verdict
 
     table = Table(title=title)
     for column in ("split", "head", varying, "metric", "mean ± std", "seeds", "Δ", "p (Holm)", "vs trivial"):
@@ -98,7 +98,7 @@ def calibration_command(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
-    from lmgeom.runs.experiments import ExperimentOptions, run_calibration
+    from lmgeom.stages.experiments import ExperimentOptions, run_calibration
 
     options: dict[str, Any] = {"epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
                                "warmup_fraction": warmup_fraction, "max_length": max_length,
@@ -107,7 +107,7 @@ def calibration_command(
         options["max_steps"] = max_steps
     with user_errors(), RichProgress() as progress:
         if precheck is not None:
-            from lmgeom.runs.experiments.finetuning import chosen_setting
+            from lmgeom.stages.experiments.finetuning import chosen_setting
 
             chosen = chosen_setting(precheck, task)
             for name, given in (("max_train", max_train), ("validation_fraction", validation_fraction)):
@@ -129,7 +129,7 @@ def calibration_command(
                     result.trivial_baselines)
     for note in result.notes:
         console.print(f"note: {note}")
-    from lmgeom.runs import rundir
+    from lmgeom import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
 
@@ -185,7 +185,7 @@ def finetune_precheck_command(
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
 ) -> None:
     """Choose the fine-tuning settings per task: `none` over learning rates and epochs, on a validation split."""
-    from lmgeom.runs.experiments.finetuning import PRECHECK_EPOCHS, run_precheck
+    from lmgeom.stages.experiments.finetuning import PRECHECK_EPOCHS, run_precheck
 
     options: dict[str, Any] = {"batch_size": batch_size, "max_length": max_length, "warmup_fraction": warmup_fraction,
                                "pooling": pooling, "device": device}
@@ -221,7 +221,7 @@ def thesis_command(
     """Ding et al.'s local-isotropy thesis, per regime, on informative configurations only: Spearman of
     standardised Δ task score against standardised Δ global and Δ local isotropy (cluster bootstrap,
     cluster permutation p), and of the standardised mean Δ score against none's local isotropy level."""
-    from lmgeom.runs.experiments.thesis import run_thesis
+    from lmgeom.stages.experiments.thesis import run_thesis
 
     with user_errors():
         document = run_thesis(results, out, keep_unverified=keep_unverified, n_resamples=resamples,
@@ -258,7 +258,7 @@ def layers_command(
     standardize: bool = typer.Option(True, "--standardize/--raw", help="z-score every layer with training statistics (default; a deviation from Peters et al.) or feed raw layers"),
 ) -> None:
     """Which layer, or learned mix of layers, serves the task? A linear probe per feature set."""
-    from lmgeom.runs.experiments import ExperimentOptions, run_layers
+    from lmgeom.stages.experiments import ExperimentOptions, run_layers
 
     with user_errors(), RichProgress() as progress:
         options = ExperimentOptions(seeds=parse_seed_option(seeds), pooling=pooling, max_train=max_train, max_eval=max_eval,
@@ -267,7 +267,7 @@ def layers_command(
                             mix_l2=parse_mix_l2(mix_l2), mix_layer_norm=parse_on_off(mix_layer_norm, "--mix-layer-norm"),
                             standardize=standardize, progress=progress)
     print_summaries(result.summaries, "features", f"{model} on {task}: layers (linear probe)", result.trivial_baselines)
-    from lmgeom.runs import rundir
+    from lmgeom import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)}, {rundir.EXPERIMENT_TABLE.at(out)} and {len(result.paths) - 2} figures")
 
@@ -282,7 +282,7 @@ def wsd_command(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Word sense disambiguation per layer (Peters et al. 2018, Table 5): nearest sense vector, WordNet's first sense as back-off."""
-    from lmgeom.runs.experiments import run_wsd
+    from lmgeom.stages.experiments import run_wsd
 
     with user_errors(), RichProgress() as progress:
         document = run_wsd(model, data, out=out, layers=layers, wordnet=wordnet, device=device, progress=progress)
@@ -298,7 +298,7 @@ def wsd_command(
     for test in document["tests"]:
         console.print(f"{test['comparison']} ({test['subset']}): {test['only_first']} vs {test['only_second']} "
                       f"instances only one gets right, exact McNemar p {test['p_value']:.3g}")
-    from lmgeom.runs import rundir
+    from lmgeom import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.WSD_PREDICTIONS.at(out)}")
 
@@ -316,7 +316,7 @@ def static_baselines_command(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks (default ../shared/data or LMGEOM_DATA)"),
 ) -> None:
     """Stand-ins for GloVe / FastText (Ethayarajh 2019, Table 1): word2vec and fastText trained on a corpus, scored as static-embeddings scores a layer."""
-    from lmgeom.runs.experiments.standins import covered_score, default_settings, run_static_baselines
+    from lmgeom.stages.experiments.standins import covered_score, default_settings, run_static_baselines
 
     with user_errors(), RichProgress() as progress:
         settings = default_settings(corpus, dim=dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
@@ -331,7 +331,7 @@ def static_baselines_command(
         table.add_row(record["vectors"], record["benchmark"], oov_mean, covered_score(record),
                       f"{record['covered']:,}/{record['total']:,}")
     console.print(table)
-    from lmgeom.runs import rundir
+    from lmgeom import rundir
 
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.EXPERIMENT_TABLE.at(out)}")
 

@@ -1,4 +1,4 @@
-"""`lmgeom export sentence-transformers`: a model with a fitted calibrator inside (the work is `lmgeom.runs.export`)."""
+"""`lmgeom export sentence-transformers`: a model with a fitted calibrator inside (the work is `lmgeom.stages.export`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fit a calibrator on the model's pooled sentence vectors and save the model with it after
         the Pooling module (before Normalize), so encode() returns calibrated embeddings."""
-        from lmgeom.runs.export import export_sentence_transformer
+        from lmgeom.stages.export import export_sentence_transformer
 
         with user_errors():
             with RichProgress() as progress:

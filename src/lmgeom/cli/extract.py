@@ -108,8 +108,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.encoders.options import EncoderOptions
-        from lmgeom.runs import extract_model
-        from lmgeom.runs.extraction_options import ExtractionOptions
+        from lmgeom.stages import extract_model
+        from lmgeom.stages.extraction_options import ExtractionOptions
 
         with user_errors(), RichProgress() as progress:
             options = ExtractionOptions(
@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
         report.html; finished steps are skipped when re-run."""
         from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, number
         from lmgeom.cli.analyze import print_benchmark_headlines
-        from lmgeom.runs import run
+        from lmgeom.pipeline import run
 
         with user_errors(), RichProgress() as progress:
             result = run(model, corpus, out=out, limit=limit, sample=sample, device=device, min_contexts=min_contexts,

@@ -12,7 +12,7 @@ from rich.table import Table
 from lmgeom.cli.common import RichProgress, console, user_errors, url_form
 
 if TYPE_CHECKING:
-    from lmgeom.runs.geometry import GeometryResult
+    from lmgeom.stages.geometry import GeometryResult
 
 
 def _estimate(layer: dict[str, Any], method: str, n2: int | None = None) -> dict[str, Any] | None:
@@ -31,7 +31,7 @@ def _layer_columns(folders: Sequence[Path], kind: str, key: str, value: str, wan
     """`wanted` measures per layer (the records' `key`, their `value`) from the first result file of
     `kind` (isotropy, contextuality) in `folders`, checked as every reader checks one (another
     store's, other settings than its run records, or a mixed set: an error naming it)."""
-    from lmgeom.runs import rundir
+    from lmgeom import rundir
 
     spec = rundir.KINDS[kind]
     document = next((d for d in (rundir.read_result(folder, spec) for folder in folders) if d is not None), None)
@@ -110,7 +110,7 @@ def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> 
 
 
 def print_layernorm(layernorm: dict[str, Any]) -> None:
-    """The LayerNorm-weight outliers of a model (`lmgeom.runs.geometry.layernorm_outliers`), or why there are none."""
+    """The LayerNorm-weight outliers of a model (`lmgeom.stages.geometry.layernorm_outliers`), or why there are none."""
     from lmgeom.report.labels import number
 
     if not layernorm.get("computed"):
@@ -147,8 +147,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
         uniformity and alignment of every layer, written to geometry.json and geometry.csv."""
-        from lmgeom.runs.engine import AnalysisOptions
-        from lmgeom.runs.geometry import GeometryOptions, measure_geometry
+        from lmgeom.engine import AnalysisOptions
+        from lmgeom.stages.geometry import GeometryOptions, measure_geometry
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
@@ -173,7 +173,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Does the intrinsic-dimension peak (Cheng et al. 2025) or the minimum after it (Valeriani et
         al. 2023) pick the best probing layer? Hits against chance, with an exact test."""
-        from lmgeom.runs.geometry import model_layernorm_outliers, probe_layer_test
+        from lmgeom.stages.geometry import model_layernorm_outliers, probe_layer_test
 
         with user_errors():
             test = probe_layer_test(geometry, results, method=method)

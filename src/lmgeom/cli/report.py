@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
         from lmgeom.report import load_run
-        from lmgeom.runs import render_report
-        from lmgeom.runs.rundir import FIGURES
+        from lmgeom.pipeline import render_report
+        from lmgeom.rundir import FIGURES
 
         if neighbours >= explorer_words:
             raise typer.BadParameter(f"{neighbours} neighbours need more than {neighbours} other words; give fewer than "
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         for runs of one corpus, the model x model similarity (debiased CKA) of their stores."""
         from lmgeom.report.compare import wide_table, comparison_table
         from lmgeom.report.data import load_run
-        from lmgeom.runs import render_comparison
+        from lmgeom.pipeline import render_comparison
 
         with user_errors():
             with RichProgress() as progress:
@@ -75,6 +75,6 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(row["run"]), str(row["layer"]), f"{row['depth']:.2f}",
                               f"{row['self_similarity_adjusted']:.3f}", f"{row['intra_sentence_similarity_adjusted']:.3f}")
             console.print(table)
-            from lmgeom.runs import rundir
+            from lmgeom import rundir
 
             console.print(f"wrote {path}, {rundir.COMPARE_CSV.at(out)} and {rundir.FIGURES.at(out)}/")

@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         and writes similarity.json and similarity.csv."""
         import numpy as np
 
-        from lmgeom.runs.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
+        from lmgeom.stages.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
         with user_errors():
             options = SimilarityOptions(measures=tuple(split_list(measure)), layers=layers, layers_b=layers_b,

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out, its CSV or --markdown file that lmgeom did not write"),
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
-        from lmgeom.runs.sts import combination, run_sts
+        from lmgeom.stages.sts import combination, run_sts
 
         with user_errors():
             methods = list(METHOD_NAMES) if method.strip() == "all" else split_list(method)

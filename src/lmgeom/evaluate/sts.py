@@ -4,8 +4,8 @@ pair cosines, in both aggregations, with the isotropy of the vectors.
 - Aggregations: "all" is the Spearman of the pooled pairs of all subsets; "mean" is the unweighted
   mean of the per-subset Spearman values (SentEval's "mean"; its "wmean" weights by subset size
   and is not reported). "mean" exists only for sets with more than one subset (the SemEval years).
-- Encoding sentences, pooling layers and fitting calibrators is the STS run of the driver,
-  `lmgeom.runs.evaluate_sts`.
+- Encoding sentences, pooling layers and fitting calibrators is the STS stage,
+  `lmgeom.stages.evaluate_sts`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ the points here (the authors' code stacks every position of the padded batch).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -19,8 +19,7 @@ import torch
 from lmgeom.errors import InputError
 from lmgeom.metrics.isotropy import MomentAccumulator, isoscore_star_torch
 
-if TYPE_CHECKING:
-    from lmgeom.finetune.train import _Classifier, _Tokenized
+from lmgeom.finetune.model import Classifier, Tokenized
 
 
 def token_points(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> torch.Tensor:
@@ -41,7 +40,7 @@ class IStar:
         self.shrinkage_covariance: torch.Tensor | None = None
 
     @torch.no_grad()
-    def refresh(self, classifier: "_Classifier", data: "_Tokenized", order: Sequence[int], batch_size: int,
+    def refresh(self, classifier: Classifier, data: Tokenized, order: Sequence[int], batch_size: int,
                 device: torch.device) -> int:
         """Re-estimate C0 from the training inputs in `order` until `c0_points` states are seen
         (whole batches); returns the number of states used."""

@@ -37,10 +37,10 @@ from lmgeom.device import resolve_device
 from lmgeom.finetune.calibration import CalibrationLayer
 from lmgeom.finetune.isobn import ISOBN_BETA, ISOBN_EPS, ISOBN_MOMENTUM, IsoBN
 from lmgeom.finetune.istar import IStar
+from lmgeom.finetune.model import Classifier, Inputs, Tokenized, pool
 from lmgeom.metrics.isotropy import ISOSCORE_STAR_C0_POINTS, ISOSCORE_STAR_ZETA
 from lmgeom.progress import NoProgress, Progress
 
-Inputs = Sequence[str] | Sequence[tuple[str, str]]
 
 # Calibrators whose transform runs inside the forward pass (each has a differentiable torch form).
 CALIBRATION_METHODS = ("abtt", "cie", "conceptor", "whitening", "standardize", "flow")
@@ -107,54 +107,6 @@ class FineTuneResult:
     layer_checks: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass
-class _Batch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    content_mask: torch.Tensor  # attention and not a special token
-
-
-class _Tokenized:
-    """Token ids and special-token masks of every input, padded per batch."""
-
-    def __init__(self, tokenizer: Any, inputs: Inputs, *, max_length: int, pad_id: int, name: str) -> None:
-        if len(inputs) == 0:
-            raise InputError(f"{name} is empty; give at least one input")
-        pairs = [isinstance(item, (tuple, list)) for item in inputs]
-        if any(pairs) and not all(pairs):
-            raise InputError(f"{name} mixes single texts and (text, text) pairs; give one kind")
-        self.ids: list[list[int]] = []
-        self.special: list[list[int]] = []
-        for index, item in enumerate(inputs):
-            texts = tuple(item) if pairs[0] else (item,)
-            if len(texts) != (2 if pairs[0] else 1) or not all(isinstance(text, str) for text in texts):
-                raise InputError(f"{name}[{index}] must be a string or a (string, string) pair, got {item!r}")
-            encoded = tokenizer(*texts, truncation=True, max_length=max_length, return_special_tokens_mask=True)
-            if sum(1 - flag for flag in encoded["special_tokens_mask"]) == 0:
-                raise InputError(f"{name}[{index}] ({item!r}) has no tokens besides special tokens; remove empty inputs")
-            self.ids.append(list(encoded["input_ids"]))
-            self.special.append(list(encoded["special_tokens_mask"]))
-        self.pad_id = pad_id
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def lengths(self) -> np.ndarray:
-        return np.array([len(ids) for ids in self.ids], dtype=np.int64)
-
-    def batch(self, rows: Sequence[int], device: torch.device) -> _Batch:
-        length = max(len(self.ids[row]) for row in rows)
-        input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), length), dtype=torch.long)
-        content = torch.zeros((len(rows), length), dtype=torch.bool)
-        for position, row in enumerate(rows):
-            size = len(self.ids[row])
-            input_ids[position, :size] = torch.tensor(self.ids[row])
-            attention[position, :size] = 1
-            content[position, :size] = torch.tensor(self.special[row]) == 0
-        return _Batch(input_ids.to(device), attention.to(device), content.to(device))
-
-
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, *,
                            pool_batches: int = LENGTH_POOL_BATCHES) -> list[list[int]]:
     """One epoch's batches of row indexes, each row once: a random permutation is cut into pools of
@@ -194,38 +146,6 @@ def warmup_linear(step: int, total_steps: int, warmup_steps: int) -> float:
     if step < warmup_steps:
         return step / warmup_steps
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-
-def pool(hidden: torch.Tensor, content_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """Sentence vectors from (batch, length, dim) states: mean of the content pieces, the last one,
-    or the first position (`cls`: BERT's [CLS] token, special tokens included)."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    if pooling == "last":
-        positions = torch.arange(content_mask.shape[1], device=content_mask.device)
-        last = torch.where(content_mask, positions, -1).amax(dim=1)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    weights = content_mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
-
-
-class _Classifier(nn.Module):
-    """Encoder -> pooled vector -> optional layer (calibration or IsoBN) -> linear head."""
-
-    def __init__(self, encoder: nn.Module, head: nn.Linear, layer: nn.Module | None, pooling: str) -> None:
-        super().__init__()
-        self.encoder = encoder
-        self.head = head
-        self.layer = layer
-        self.pooling = pooling
-
-    def forward(self, batch: _Batch, *, hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-        """(logits, pooled vector, vector the head reads, all hidden states or None)."""
-        outputs = self.encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                               output_hidden_states=hidden_states, use_cache=False)
-        pooled = pool(outputs.last_hidden_state, batch.content_mask, self.pooling)
-        features = pooled if self.layer is None else self.layer(pooled)
-        return self.head(features), pooled, features, outputs.hidden_states if hidden_states else None
 
 
 def _method_settings(method: str, params: dict[str, Any], *, seed: int, device: torch.device) -> tuple[dict[str, Any], Callable[[], Calibrator] | None]:
@@ -352,9 +272,9 @@ def finetune(
     config: Any = encoder.config
     positions = getattr(config, "max_position_embeddings", None)
     max_length = options.max_length if positions is None else min(options.max_length, int(positions))
-    train = _Tokenized(tokenizer, train_inputs, max_length=max_length, pad_id=pad_id, name="train_inputs")
+    train = Tokenized(tokenizer, train_inputs, max_length=max_length, pad_id=pad_id, name="train_inputs")
     targets = _targets(train_labels, len(train), n_outputs).to(device)
-    evaluation = {split: _Tokenized(tokenizer, inputs, max_length=max_length, pad_id=pad_id, name=f"eval_inputs[{split!r}]")
+    evaluation = {split: Tokenized(tokenizer, inputs, max_length=max_length, pad_id=pad_id, name=f"eval_inputs[{split!r}]")
                   for split, inputs in eval_inputs.items()}
     dim = int(config.hidden_size)
     notes = [POOLING_NOTES[options.pooling]]
@@ -369,7 +289,7 @@ def finetune(
             layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", False)))
         elif method == "isobn":
             layer = IsoBN(dim, momentum=settings["momentum"], beta=settings["beta"], eps=settings["eps"]).to(device)
-        classifier = _Classifier(encoder, head, layer, options.pooling)
+        classifier = Classifier(encoder, head, layer, options.pooling)
         batch_size = options.batch_size
         sentence_vectors: dict[str, dict[str, np.ndarray]] = {
             "before": {split: _pooled(classifier, data, range(len(data)), batch_size, device) for split, data in evaluation.items()}}
@@ -400,7 +320,7 @@ def finetune(
                           layer_checks)
 
 
-def _by_length(data: _Tokenized, rows: Sequence[int], batch_size: int) -> tuple[list[list[int]], np.ndarray]:
+def _by_length(data: Tokenized, rows: Sequence[int], batch_size: int) -> tuple[list[list[int]], np.ndarray]:
     """Batches of `rows` sorted by token length (little padding at prediction time) and the positions
     that put their outputs back in the order of `rows`."""
     chosen = np.asarray(rows, dtype=np.int64)
@@ -410,7 +330,7 @@ def _by_length(data: _Tokenized, rows: Sequence[int], batch_size: int) -> tuple[
 
 
 @torch.no_grad()
-def _pooled(classifier: _Classifier, data: _Tokenized, rows: Sequence[int], batch_size: int, device: torch.device) -> np.ndarray:
+def _pooled(classifier: Classifier, data: Tokenized, rows: Sequence[int], batch_size: int, device: torch.device) -> np.ndarray:
     """Pooled vectors of the encoder alone, in eval mode (the classifier's mode is restored)."""
     was_training = classifier.training
     classifier.eval()
@@ -425,7 +345,7 @@ def _pooled(classifier: _Classifier, data: _Tokenized, rows: Sequence[int], batc
 
 
 @torch.no_grad()
-def _evaluate(classifier: _Classifier, data: _Tokenized, batch_size: int, device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _evaluate(classifier: Classifier, data: Tokenized, batch_size: int, device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pooled vectors, vectors the head reads, head outputs) of every input, in eval mode."""
     classifier.eval()
     pooled, features, logits = [], [], []
@@ -450,7 +370,7 @@ def _layer_check(layer: CalibrationLayer, vectors: np.ndarray, step: int, device
             "log_iw": float(log_partition_isotropy(output)) if finite else float("nan")}
 
 
-def _train(classifier: _Classifier, train: _Tokenized, targets: torch.Tensor, n_outputs: int, options: FineTuneOptions,
+def _train(classifier: Classifier, train: Tokenized, targets: torch.Tensor, n_outputs: int, options: FineTuneOptions,
            device: torch.device, progress: Progress, *, istar: IStar | None, recalibration_inputs: int,
            notes: list[str], layer_checks: list[dict[str, Any]]) -> tuple[list[float], int, float]:
     """The training loop of the module docstring; returns seconds per epoch, the number of steps and

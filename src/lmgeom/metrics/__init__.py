@@ -1,5 +1,5 @@
 """Metrics stage: contextuality (Ethayarajh 2019) and isotropy of representation spaces. Pure: arrays
-and accumulators in, numbers out (the store-level analysis is `lmgeom.runs.analyze_store`).
+and accumulators in, numbers out (the store-level analysis is `lmgeom.stages.analyze_store`).
 
 Array-level functions take (n_points, dim) arrays; every streaming statistic is an accumulator
 following `lmgeom.metrics.base.Accumulator` (`add`, `merge`, `result`, `state_dict`), whose states

@@ -1,6 +1,6 @@
 """Intrinsic dimension of a point cloud from its nearest-neighbour distances: TwoNN, the Levina–Bickel
 MLE with MacKay and Ghahramani's correction, and GRIDE across scales, each with a seeded bootstrap
-interval. Pure: arrays in, numbers out (the per-layer driver is `lmgeom.runs.geometry`).
+interval. Pure: arrays in, numbers out (the per-layer driver is `lmgeom.stages.geometry`).
 
 - **k-NN** (`nearest_neighbours`): exact search in blocks of query rows against every row, in
   float64 (torch, on a GPU when one is asked for), memory bounded by `memory_mb`.

@@ -4,7 +4,7 @@
   |h| over the rows lies more than `n_sigma` (3) standard deviations above the mean over dimensions
   of that per-dimension mean.
 - **Massive activations** (Sun et al. 2024): the `top_k` largest |h| of a layer over every row and
-  dimension, each located by its store row and dimension (the driver adds the token, sentence and
+  dimension, each located by its store row and dimension (the geometry stage adds the token, sentence and
   position) and given as a ratio to the layer's median |h|. Sun et al. call an activation massive
   when |h| > 100 and about 1,000 times the median; `is_massive` applies those two thresholds.
 - **LayerNorm-weight outliers** (Kovaleva et al. 2021): the dimensions of a LayerNorm's weight

@@ -21,9 +21,9 @@ from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, not_measured, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
 from lmgeom.report.similarity import similarity_section
-from lmgeom.runs import rundir
+from lmgeom import rundir
 from lmgeom.report.missing_data import skipped_inputs
-from lmgeom.runs.rundir import REPORT
+from lmgeom.rundir import REPORT
 
 N_WORDS_SHOWN = 10
 
@@ -263,7 +263,7 @@ def build_report(
     `load_run` read); no model is needed. The run may be a local folder or an fsspec URL.
 
     `include` adds folders of experiment results (results.json, or */results.json). The word explorer
-    shows RUN/explorer.json, which `lmgeom.runs.render_report` computes from the store.
+    shows RUN/explorer.json, which `lmgeom.pipeline.render_report` computes from the store.
     """
     run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir, include=include)
     out_path = rundir.target(out) if out is not None else REPORT.at(run.path)

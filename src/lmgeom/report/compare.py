@@ -24,7 +24,7 @@ from lmgeom.report.figures import (
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.report.similarity import models_section
-from lmgeom.runs import rundir
+from lmgeom import rundir
 
 # (name, contextuality metric, raw or adjusted, title)
 COMPARED = [
@@ -104,7 +104,7 @@ def comparison_charts(tidy: pd.DataFrame, runs: Mapping[str, RunData]) -> list[C
     return [chart for chart in charts if chart.has_data]
 
 
-NO_MODELS = ("no model × model matrix: `lmgeom compare` (lmgeom.runs.render_comparison) computes it from the "
+NO_MODELS = ("no model × model matrix: `lmgeom compare` (lmgeom.pipeline.render_comparison) computes it from the "
              "runs' stores")
 
 

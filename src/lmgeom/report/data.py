@@ -15,8 +15,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from lmgeom.errors import MissingInput
-from lmgeom.runs import rundir
-from lmgeom.runs.rundir import read_json
+from lmgeom import rundir
+from lmgeom.rundir import read_json
 
 # Which command writes each optional result (shown in the report where a file is missing).
 PRODUCERS = {
@@ -30,7 +30,7 @@ PRODUCERS = {
     "explorer": rundir.EXPLORER.producer,
     "isotropy": rundir.ISOTROPY.producer,
 }
-LAYER0_MEAN = "layer0_mean"  # the static vectors of layer-0 means (`lmgeom.runs.static.STATIC_KINDS`)
+LAYER0_MEAN = "layer0_mean"  # the static vectors of layer-0 means (`lmgeom.stages.static.STATIC_KINDS`)
 
 
 @dataclass

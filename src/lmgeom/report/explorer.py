@@ -1,11 +1,11 @@
-"""The word explorer's data file, as the report reads it (the driver computes it: `lmgeom.runs.explorer`)."""
+"""The word explorer's data file, as the report reads it (the driver computes it: `lmgeom.pipeline.explorer`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lmgeom.metrics.contextuality import MEV_VARIANTS
-from lmgeom.runs.rundir import EXPLORER, Where, read_json
+from lmgeom.rundir import EXPLORER, Where, read_json
 
 # the per-word metrics the explorer shows across layers (columns of contextuality_words.csv)
 WORD_COLUMNS = ("self_similarity", "self_similarity_adjusted",

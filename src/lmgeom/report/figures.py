@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from lmgeom.metrics.contextuality import MEV_VARIANTS  # noqa: E402
 from lmgeom.report.data import RunData  # noqa: E402
 from lmgeom.report.labels import label  # noqa: E402
-from lmgeom.runs import rundir  # noqa: E402
+from lmgeom import rundir  # noqa: E402
 
 LAYER_AXIS = "layer (layer 0 = embedding output)"
 DEPTH_AXIS = "relative depth (layer / last layer; 0 = embedding output)"
@@ -44,7 +44,7 @@ ESTIMATORS = {
     "intra_sentence_similarity": "mean cosine of each word to its sentence's mean vector, averaged over sentences",
     "mev": "share of a word's occurrence variance on its first principal component, averaged over words",
 }
-# the unit each metric's bootstrap resamples (`lmgeom.runs.engine.bootstrap`); MEV's adjusted value
+# the unit each metric's bootstrap resamples (`lmgeom.engine.bootstrap`); MEV's adjusted value
 # subtracts a baseline resampled over the sampled occurrences
 RESAMPLED = {"anisotropy_exact": "sentences", "self_similarity": "sentences", "intra_sentence_similarity": "sentences",
              "anisotropy_sampled": "sampled occurrences", "mev": "words"}

@@ -13,7 +13,7 @@ import pandas as pd
 from lmgeom.report.data import RunData
 from lmgeom.report.figures import LAYER_AXIS, Chart, Series, chart_subtitle, save_figure
 from lmgeom.report.html import Page, esc, missing, not_measured, table
-from lmgeom.runs import rundir
+from lmgeom import rundir
 from lmgeom.report.missing_data import missing_alignment
 
 # the GRIDE scales drawn (of the n2 = 2, 4, ..., 64 it computes): a short and a long range

@@ -12,7 +12,7 @@ from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
 from lmgeom.report.figures import Chart, plotly_band_note, plotly_figure
 from lmgeom.report.labels import label, number
 from lmgeom.report.missing_data import Skipped
-from lmgeom.runs.rundir import EXPLORER, generator_mark
+from lmgeom.rundir import EXPLORER, generator_mark
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1240px;

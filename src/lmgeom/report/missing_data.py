@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from lmgeom.runs import rundir
+from lmgeom import rundir
 
 DATA_FIX = "give --data-dir or set LMGEOM_DATA"
-# `lmgeom.runs.geometry.positive_pairs`' note when the data folder holds no STS Benchmark
+# `lmgeom.stages.geometry.positive_pairs`' note when the data folder holds no STS Benchmark
 NO_STSB = "no STS Benchmark (stsbenchmark/sts-*.csv) under "
 # `lmgeom.evaluate.wordbench.find_word_benchmarks`' reason for a set the data folder lacks
 _NOT_FOUND = re.compile(r"^(?P<relative>.+) not found in (?P<folder>.+)$")

@@ -18,7 +18,7 @@ import pandas as pd
 from lmgeom.report.figures import DPI, chart_subtitle, one_line, plt, safe_name, write_figure
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import number
-from lmgeom.runs import rundir
+from lmgeom import rundir
 from lmgeom.metrics.similarity import P_LEVEL, measure_summaries
 
 MEASURE_TITLES = {"cka_debiased": "linear CKA (debiased)", "cka": "linear CKA (biased)",

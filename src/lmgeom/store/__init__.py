@@ -1,6 +1,6 @@
 """Store stage: the on-disk representation store, its resumable writer and lazy reader.
 
-Extraction (corpus -> encoder -> store) is driven by `lmgeom.runs.extract`.
+Extraction (corpus -> encoder -> store) is driven by `lmgeom.stages.extract`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def write_store_from_arrays(
 ) -> RepresentationStore:
     """A store from given per-layer arrays (rows in sentence order; layer 0 first). `overwrite`
     replaces a store there, refusing while the folder holds anything `foreign` names (by default
-    anything but the store's own files; `lmgeom.runs.rundir.foreign_entries` also allows a run's results)."""
+    anything but the store's own files; `lmgeom.rundir.foreign_entries` also allows a run's results)."""
     n_rows = sum(len(words) for words in words_per_sentence)
     hidden = [np.asarray(h) for h in hidden]
     if not hidden or any(h.shape != (n_rows, hidden[0].shape[1]) for h in hidden):

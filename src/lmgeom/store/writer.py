@@ -39,7 +39,7 @@ class StoreExistsError(InputError):
 
 Foreign = Callable[[Location], list[str]]
 """What, at the top of a store's folder, lmgeom did not write: `foreign_entries` (the store's own
-names) or, from the driver, `lmgeom.runs.rundir.foreign_entries` (also a run's result files)."""
+names) or, from the stages, `lmgeom.rundir.foreign_entries` (also a run's result files)."""
 
 
 def foreign_entries(location: Location) -> list[str]:
@@ -54,7 +54,7 @@ def claim_out(location: Location, *, overwrite: bool, foreign: Foreign = foreign
     folder holding anything but an lmgeom store is refused, with or without `overwrite`, before anything
     is written to it; with `overwrite`, a store there (complete or interrupted) is removed with what
     lmgeom wrote next to it under the lock, and refused, removing nothing, while the folder holds
-    anything `foreign` names (the driver passes `lmgeom.runs.rundir.foreign_entries`, which counts a
+    anything `foreign` names (the stages pass `lmgeom.rundir.foreign_entries`, which counts a
     run's results as lmgeom's)."""
     _require_claimable(location, overwrite=overwrite, foreign=foreign)
     lock = StoreLock.acquire(location)

@@ -1,0 +1,333 @@
+"""The main job behind `lmgeom run`: its steps, recorded in run.json, and the per-layer summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from lmgeom.errors import InputError, MissingInput
+from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
+from lmgeom.corpus import require_count
+from lmgeom.progress import NoProgress, Progress
+from lmgeom.report.missing_data import skipped_inputs
+from lmgeom.stages.analysis import analyze_store
+from lmgeom.stages.contextuality import ContextualityResult
+from lmgeom.engine import AnalysisOptions
+from lmgeom.engine.options import protocol_options
+from lmgeom.stages.calibration import CalibrationOptions, calibrate_store, holds_fits
+from lmgeom.stages.extraction import extract_model
+from lmgeom.stages.geometry import GeometryOptions, measure_geometry
+from lmgeom.stages.isotropy import IsotropyOptions, measure_isotropy
+from lmgeom.pipeline.reporting import render_report
+from lmgeom.stages.similarity import DEFAULT_PERMUTATIONS, SimilarityOptions, similarity_matrix, write_similarity
+from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
+from lmgeom.stages.static import StaticOptions, export_static_embeddings, read_benchmark_records
+from lmgeom.layerspec import select_layers
+from lmgeom import rundir
+from lmgeom.rundir import Target, write_json
+from lmgeom.store import RepresentationStore, layout
+
+
+def layer_summary(store: RepresentationStore, contextuality: ContextualityResult, *, write: bool = True) -> list[dict[str, Any]]:
+    """Per layer over the occurrences `contextuality` analysed (no special tokens, no punctuation by
+    default): mean norm, the mean cosine of 1,000 random occurrences (seeded, as Ethayarajh 2019
+    sampled) and the exact mean over all pairs. Written to STORE/summary.json."""
+    table = contextuality.layers.set_index(["layer", "metric"])
+    records = [
+        {
+            "layer": layer,
+            "n_occurrences": contextuality.counts["rows_analysed"],
+            "mean_norm": contextuality.counts["mean_norm_by_layer"][layer],
+            "sampled_average_cosine": float(table.at[(layer, "anisotropy_sampled"), "raw"]),
+            "average_cosine": float(table.at[(layer, "anisotropy_exact"), "raw"]),
+        }
+        for layer in contextuality.settings["layers"]
+    ]
+    if write:
+        rundir.write_result_set(rundir.SUMMARY.at(store.url), rundir.SUMMARY.kind,
+                                {"seed": contextuality.settings["seed"], "layers": records}, store_meta=store.meta,
+                                settings=contextuality.options)
+    return records
+
+
+DEFAULT_CALIBRATION_METHODS = ("whitening", "abtt")
+
+
+class _Steps:
+    """The run's record of finished steps (RUN/run.json). A step is skipped when the run is repeated
+    or resumed only if run.json records it with these settings, and each of its outputs is there, reads
+    as what it should be (a JSON result of its kind and schema, a CSV table) and, for a result
+    document, records the same store generation, the settings expected of it and companions whose
+    hashes match (`rundir.provenance_problem`); any other step is redone. Each step also records the
+    `device` it computed on, which is not among its settings (the numbers agree on every device).
+    Once every result is written, `skipped_inputs` holds what the run did not find
+    (`lmgeom.report.missing_data`), recorded in run.json with the steps."""
+
+    def __init__(self, store: RepresentationStore, device: str, protocol: str | None = None) -> None:
+        self.store = store
+        self.device = device
+        self.protocol = protocol
+        self.path = rundir.RUN.at(store.url)
+        identity = {key: store.meta.get(key) for key in ("model_id", "model_fingerprint", "corpus_fingerprint", "created",
+                                                          "generation")}
+        self.identity = identity
+        self.document: dict[str, Any] = {"steps": {}}
+        try:
+            previous = rundir.read_json(self.path, "run")
+        except rundir.ResultFileError:
+            previous = None  # an unreadable record: every step is checked again by running it
+        if previous is not None and previous.get("store") == identity:
+            self.document = previous
+        self.ran: list[str] = []
+        self.skipped: list[str] = []
+        self.skipped_inputs: list[dict[str, Any]] | None = None
+
+    def _stale(self, relative: str, settings: dict[str, Any] | None) -> str | None:
+        problem = rundir.problem(self.store.url, relative)
+        spec = rundir.spec_of(relative)
+        if problem is None and spec is not None and spec.kind:
+            path = rundir.target(self.store.url, relative)
+            document = rundir.read_json(path, spec.kind)
+            assert document is not None
+            issue = rundir.provenance_issue(path, document, store=self.identity, settings=settings)
+            if issue is not None and issue[0] == rundir.FOREIGN:
+                raise rundir.ResultFileError(
+                    f"{path} {issue[1]}: it is not this run's result, and `run` will not replace it; move it out of "
+                    f"the run (or give another --out) and run again")
+            problem = None if issue is None else issue[1]
+        return problem
+
+    def done(self, name: str, settings: dict[str, Any], *, file_settings: dict[str, Any] | None = None,
+             holds: Callable[[Any], bool] | None = None) -> bool:
+        """Whether step `name` finished with these settings; `file_settings` is what each result
+        document of the step records as its settings (default `settings`); `holds` checks what the
+        step recorded it left in a file that other commands also write (`record`'s `holds`), whose
+        documents' settings are then not compared."""
+        step = self.document["steps"].get(name)
+        expected = file_settings if file_settings is not None else None if holds is not None else settings
+        finished = (step is not None and step["settings"] == json.loads(json.dumps(settings))
+                    and all(self._stale(path, expected) is None for path in step["outputs"])
+                    and (holds is None or holds(step.get("holds"))))
+        if finished:
+            self.skipped.append(name)
+        return finished
+
+    def record(self, name: str, settings: dict[str, Any], started: float, outputs: Sequence[Target], *,
+               file_settings: dict[str, Any] | None = None, holds: Any = None) -> None:
+        """Step `name` finished with `settings`; `file_settings`: what its result documents record as
+        their settings, when that differs (what `report` expects of them: `rundir.run_settings`)."""
+        step = {"settings": settings, "device": self.device, "seconds": round(time.perf_counter() - started, 3),
+                "outputs": [rundir.relative_to(self.store.url, path) for path in outputs],
+                **({"file_settings": file_settings} if file_settings is not None else {})}
+        self.document["steps"][name] = {**step, **({"holds": holds} if holds is not None else {})}
+        self.ran.append(name)
+        inputs = {} if self.skipped_inputs is None else {"skipped_inputs": self.skipped_inputs}
+        write_json(self.path, "run", {"store": self.identity, "device": self.device, "protocol": self.protocol,
+                                      "steps": self.document["steps"], **inputs}, store_meta=self.store.meta)
+
+
+@dataclass
+class RunResult:
+    """What `run` did: the store, the analyses, the files written (local paths, or URLs for a run on
+    another filesystem), which steps ran or were skipped, the device they computed on, and the inputs
+    it did not find (`skipped_inputs`: run.json's entries, each with the `message` `lmgeom run` prints)."""
+
+    store: RepresentationStore
+    contextuality: ContextualityResult
+    summary: list[dict[str, Any]]
+    paths: list[Target]
+    steps_run: list[str]
+    steps_skipped: list[str]
+    device: str = "cpu"
+    skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
+    benchmarks: pd.DataFrame | None = None  # the static step's records of every distilled layer (static/<layer>.benchmarks.json)
+
+
+def protocol_extraction(protocol: str | None, model: str, corpus: str | None) -> tuple[str, str | None]:
+    """The corpus and piece pooling of `protocol` (None: `corpus`, default lee, and the encoder's
+    default pooling). `ethayarajh2019`: the STS sentences as the released code reads them
+    (`sts-scored[:DIR]`, the default; `sts[:DIR]`, the distinct sentences, is refused; any other corpus
+    is that corpus, a deviation the run records), and no pooling (each WordPiece piece a row) for a
+    model whose tokenizer is WordPiece."""
+    if protocol is None:
+        return corpus or "lee", None
+    protocol_options(protocol)  # an unknown protocol is refused here
+    name, _, argument = (corpus or "sts-scored").partition(":")
+    if name == "sts":
+        raise InputError(f"`protocol={protocol!r}` reads the STS sentences as the released code does (`corpus='sts-scored"
+                         f"{':' + argument if argument else ''}'`: scored pairs, duplicates kept); got `corpus={corpus!r}` "
+                         "(every distinct sentence): leave `corpus` out or give sts-scored", param=("protocol", "corpus"))
+    from lmgeom.encoders.registry import uses_wordpiece
+
+    return corpus or "sts-scored", "none" if uses_wordpiece(model) else None
+
+
+def run_device(device: str) -> str:
+    """The device every step of `run` computes on, resolved once (`auto`: CUDA when present), as
+    results record it: "cpu", "cuda:0", ..."""
+    from lmgeom.device import device_name, resolve_device  # torch: a run loads a model anyway
+
+    return device_name(resolve_device(device))
+
+
+def run(
+    model: str = "minilm",
+    corpus: str | None = None,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    limit: int | None = None,
+    sample: int | None = None,
+    device: str = "auto",
+    min_contexts: int | None = None,
+    count_by: str | None = None,
+    protocol: str | None = None,
+    seed: int = 0,
+    layers: str | Sequence[int] = "default",
+    store_layers: str | Sequence[int] | None = None,
+    methods: Sequence[str] = DEFAULT_CALIBRATION_METHODS,
+    include: Sequence[str | os.PathLike[str]] = (),
+    overwrite: bool = False,
+    num_workers: int = 2,
+    bootstrap: int = 1000,
+    confidence: float = 0.95,
+    data_dir: str | os.PathLike[str] | None = None,
+    min_coverage: str = str(DEFAULT_MIN_COVERAGE),
+    permutations: int = DEFAULT_PERMUTATIONS,
+    progress: Progress | None = None,
+) -> RunResult:
+    """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
+    (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
+    (isotropy.json), calibrate `layers` with `methods` (calibration.json), distil and score static
+    embeddings of `layers` (static/), measure the similarity of every pair of layers (similarity.json:
+    CKA, Procrustes, RSA, mutual k-NN with their permutation nulls and p-values: `permutations` shuffles
+    for CKA, RSA and mutual k-NN, `SimilarityOptions`' default for Procrustes), measure the intrinsic dimension,
+    outlier panel and uniformity of every layer (geometry.json, with the LayerNorm-weight outliers of
+    `model`), then render report.html with its figures (experiment results under RUN/experiments/ and
+    in `include` folders are shown too). Each step is recorded in run.json
+    and skipped when repeated with the same settings; an interrupted run resumes (the extraction
+    from its last committed chunk). `out` is a local folder or any fsspec URL (s3://, gs://,
+    memory://, file://): every file of the run is written there. `device` is resolved once
+    (`run_device`) and every step computes there: the model, the analysis, isotropy, calibration,
+    the static embeddings and the similarity (run.json records it). `num_workers`: layers the contextuality analysis
+    runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
+    about this many times one layer's memory); not a setting of the step, as it changes no number.
+    `corpus` defaults to lee; `sample` keeps a seeded sample of that many of its sentences. Words are
+    those of at least `min_contexts` (default 5) distinct sentences or occurrences (`count_by`,
+    default sentences). `protocol` (`ethayarajh2019`) sets every part of a paper's released code at
+    once (`protocol_extraction`: the corpus, default sts-scored, and the units; `protocol_options`:
+    the word threshold and the released code's sampled statistics beside lmgeom's, the static
+    vectors' words), recorded in run.json and every result file; a given option it sets otherwise is
+    refused, naming both. `data_dir` is the folder holding the word benchmarks of the static
+    embeddings and stsbenchmark/ for geometry's alignment (None: ../shared/data or LMGEOM_DATA); a
+    given one that is not a folder is refused before any work. What the run did not find there is in
+    `RunResult.skipped_inputs` and run.json (`lmgeom.report.missing_data`). `min_coverage`: the fewest
+    covered items a word-benchmark score needs to be a headline number (`lmgeom.evaluate.MinCoverage`;
+    below it the records keep the score with `enough_items` false)."""
+    # checked before the extraction, which can take hours
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise MissingInput(f"`data_dir` {data_dir} is not a folder; give the folder holding the word benchmarks and "
+                           f"stsbenchmark/ (as {DEFAULT_DATA_DIR} does), or leave it out", param="data_dir")
+    data = None if data_dir is None else str(data_dir)
+    analysis = AnalysisOptions(**protocol_options(protocol, min_contexts=min_contexts, count_by=count_by), seed=seed,
+                               num_workers=num_workers, device=device,
+                               bootstrap=bootstrap, confidence=confidence)
+    SimilarityOptions(permutations=permutations)  # a bad count refused here, not after the extraction
+    corpus, pooling = protocol_extraction(protocol, model, corpus)
+    require_count(limit, "limit")
+    progress = progress or NoProgress()
+    resolved = run_device(device)
+    # the statistics compute on the CPU or a CUDA device; a model on another device (mps) leaves them on the CPU
+    analysis_device = resolved if resolved.startswith(("cpu", "cuda")) else "cpu"
+    analysis = analysis.replace(device=analysis_device)
+    started = time.perf_counter()
+    extraction: dict[str, Any] = {"pooling": pooling} if pooling else {}
+    if sample is not None:
+        extraction.update(sample=sample, seed=seed)
+    store = extract_model(model, corpus, out=out, limit=limit, store_layers=store_layers, device=resolved, overwrite=overwrite,
+                          progress=progress, **extraction)
+    steps = _Steps(store, resolved, protocol)
+    settings: dict[str, Any] = {"model": model, "corpus": corpus, "limit": limit, **extraction}
+    if not steps.done("extract", settings):  # an extraction resumed or finished just now
+        steps.record("extract", settings, started, [rundir.target(store.url, layout.META)])
+    per_layer = select_layers(layers, store.layers, n_layers=store.n_model_layers, param="layers", default="default")
+    paths: list[Target] = []
+
+    # one options object per step, built once from the arguments and passed whole; each step's
+    # settings (its `to_settings()`) are what run.json and its result files record
+    isotropy = IsotropyOptions(analysis)
+    calibration = CalibrationOptions(methods=tuple(methods), layers=tuple(per_layer), seed=seed, device=resolved)
+    static = StaticOptions(analysis, data_dir=data, min_coverage=min_coverage)
+    similarity = SimilarityOptions(seed=seed, device=analysis_device, num_workers=num_workers,  # layer x layer, every layer
+                                   permutations=permutations)
+    geometry = GeometryOptions(analysis, data_dir=data, model_weights=model)
+    # the folder looked in, in run.json's settings of the steps that read it: data found there since
+    # (LMGEOM_DATA set, or another folder given) redoes them
+    looked_in = {"data_folder": str(Path(DEFAULT_DATA_DIR if data is None else data).resolve())}
+
+    settings = analysis.analysis_settings()
+    contextuality: ContextualityResult | None = None
+    if steps.done("contextuality", settings):
+        try:
+            contextuality = ContextualityResult.read(store, options=settings)
+        except (rundir.ResultFileError, FileNotFoundError):
+            steps.skipped.remove("contextuality")
+    if contextuality is None:
+        started = time.perf_counter()
+        contextuality = analyze_store(store, analysis, progress=progress, write_to=True)
+        steps.record("contextuality", settings, started, list(contextuality.written.values()))
+    summary = layer_summary(store, contextuality)
+    paths += [spec.at(store.url) for spec in
+              (rundir.SUMMARY, rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS)]
+
+    settings = isotropy.to_settings()
+    if not steps.done("isotropy", settings):
+        started = time.perf_counter()
+        steps.record("isotropy", settings, started, measure_isotropy(store, isotropy, progress=progress).paths)
+    paths.append(rundir.ISOTROPY.at(store.url))
+
+    # calibration.json also takes the fits of `lmgeom calibrate`: the step is done while the file
+    # still holds the fits it made (merged, never replaced, by a later calibration of other layers)
+    settings = calibration.to_settings()
+    if not steps.done("calibration", settings, holds=lambda fits: fits is not None and holds_fits(store.url, fits)):
+        started = time.perf_counter()
+        calibrated = calibrate_store(store, calibration, progress=progress)
+        steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
+    paths.append(rundir.CALIBRATION.at(store.url))
+
+    settings = {**static.to_settings(), "layers": per_layer, **looked_in}
+    if not steps.done("static_embeddings", settings, file_settings=static.to_settings()):
+        started = time.perf_counter()
+        written = [path for layer in per_layer for path in
+                   export_static_embeddings(store, static, layer=layer, progress=progress).paths.values()]
+        steps.record("static_embeddings", settings, started, written, file_settings=static.to_settings())
+    paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
+    benchmarks = read_benchmark_records(store.url, per_layer)
+
+    settings = similarity.to_settings()
+    if not steps.done("similarity", settings):
+        started = time.perf_counter()
+        steps.record("similarity", settings, started,
+                     write_similarity(similarity_matrix(store, None, similarity, progress=progress), store.url))
+    paths.append(rundir.SIMILARITY.at(store.url))
+    settings = {**geometry.to_settings(), **looked_in}
+    if not steps.done("geometry", settings, file_settings=geometry.to_settings()):
+        started = time.perf_counter()
+        steps.record("geometry", settings, started, measure_geometry(store, geometry, progress=progress).paths,
+                     file_settings=geometry.to_settings())
+    paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
+    # read from the result files: the same whether the steps ran now or were found done
+    steps.skipped_inputs = [entry.record() for entry in skipped_inputs(store.url)]
+
+    # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
+    started = time.perf_counter()
+    report = render_report(store.url, include=include, progress=progress)
+    steps.record("report", {"include": [str(path) for path in include]}, started, [report])
+    paths.append(report)
+    return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved, steps.skipped_inputs,
+                     benchmarks)
