@@ -9,9 +9,12 @@ Sources: `lmgeom experiment layers` results (layers-*, peters-*) and `lmgeom exp
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
+
+from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_common import Documents, main, markdown, number, p_text, results  # noqa: E402
@@ -20,6 +23,29 @@ DOC = "docs/reproduction/elmo.md"
 
 SPLIT_METRIC_LABEL = {("test", "accuracy"): "test accuracy", ("test", "f1"): "test F1", ("dev", "accuracy"): "dev accuracy",
                       ("dev", "f1"): "dev F1", ("dev", "matthews"): "dev MCC", ("dev_out_of_domain", "matthews"): "dev out-of-domain MCC"}
+
+
+# Peters et al. (2018), "Deep contextualized word representations", NAACL 2018 (arXiv:1802.05365v2),
+# transcribed from the text of the arXiv v2 PDF (github.com/nassersala/arabic-abstracts,
+# full_papers/elmo-2018/elmo_full_text.txt at 18a60af9553e0ef4470a61349f50f495a5bb8892) and checked
+# against a second transcription of the same version's tables. Table 5 is the same in the ICLR 2018
+# submission; that submission's Tables 2 and 6 print other numbers (not used here).
+PETERS_TABLE2 = {  # development set; task -> (baseline, last only, all layers lambda=1, all layers lambda=0.001)
+    "SQuAD (F1)": (80.8, 84.7, 85.0, 85.2),
+    "SNLI (accuracy)": (88.1, 89.1, 89.3, 89.5),
+    "SRL (F1)": (81.6, 84.1, 84.6, 84.8),
+}
+PETERS_TABLE5 = {  # all-words fine-grained WSD F1, SemCor 3.0 training, Raganato et al.'s framework
+    "WordNet 1st Sense Baseline": 65.9, "Raganato et al. (2017a)": 69.9, "Iacobacci et al. (2016)": 70.1,
+    "CoVe, First Layer": 59.4, "CoVe, Second Layer": 64.7, "biLM, First layer": 67.4, "biLM, Second layer": 69.0,
+}
+PETERS_TABLE6 = {  # test set POS tagging accuracy, PTB (WSJ), linear classifier on one layer
+    "Collobert et al. (2011)": 97.3, "Ma and Hovy (2016)": 97.6, "Ling et al. (2015)": 97.8,
+    "CoVe, First Layer": 93.3, "CoVe, Second Layer": 92.8, "biLM, First Layer": 97.3, "biLM, Second Layer": 96.8,
+}
+# The trivial baselines of the whole MRPC dev and test splits (the all-positive prediction does not
+# depend on training); the layers-*-mrpc runs record none, calib-minilm-mrpc scores the same splits.
+MRPC_TRIVIAL_RUN = "calib-minilm-mrpc"
 
 
 def _summaries(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -40,35 +66,89 @@ def _trivial(document: dict[str, Any], split: str, metric: str) -> dict[str, Any
     return rows[0] if rows else None
 
 
+def _holm(p_values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def _seed_values(document: dict[str, Any], features: str, split: str, metric: str) -> dict[int, float]:
+    return {r["seed"]: r["value"] for r in document["records"] if r.get("method", "none") == "none"
+            and (r["features"], r["split"], r["metric"]) == (features, split, metric)}
+
+
+def _paired_t(differences: Sequence[float]) -> float:
+    """Two-sided p of the paired t-test on per-seed differences (df = seeds - 1)."""
+    n = len(differences)
+    mean = sum(differences) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1)) if n > 1 else 0.0
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1))
+
+
+def seed_tests(document: dict[str, Any]) -> dict[tuple[str, str, str], tuple[list[float], float, float]]:
+    """Each row with a pooled test against the top layer, tested again with the seed as the unit: the
+    per-seed differences of the metric (row minus top, same seed), the paired t-test's two-sided p and
+    its Holm correction over the same family as the pooled test (the rows of one split and metric)."""
+    families: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for summary in _summaries(document):
+        if summary.get("difference") is not None:
+            families.setdefault((summary["split"], summary["metric"]), []).append(summary)
+    out = {}
+    for (split, metric), rows in families.items():
+        found = []
+        for summary in rows:
+            base = summary["baseline"].split("=", 1)[1]
+            ours, top = _seed_values(document, summary["features"], split, metric), _seed_values(document, base, split, metric)
+            seeds = sorted(set(ours) & set(top))
+            differences = [ours[k] - top[k] for k in seeds]
+            found.append((summary["features"], differences, _paired_t(differences)))
+        for (features, differences, p), p_holm in zip(found, _holm([f[2] for f in found])):
+            out[(features, split, metric)] = (differences, p, p_holm)
+    return out
+
+
+def _seed_p(tests: dict[tuple[str, str, str], tuple[list[float], float, float]], features: str, split: str,
+            metric: str) -> str:
+    _, _, p_holm = tests[(features, split, metric)]
+    return p_text(p_holm, p_holm < 0.05)
+
+
 def _mean_std(summary: dict[str, Any]) -> str:
     dagger = " †" if summary.get("uninformative") else ""
     return f"{summary['mean']:.4f} ± {summary['std']:.4f}{dagger}"
 
 
 def layer_table(run: str, columns: Sequence[tuple[str, str]]) -> str:
-    """One row per feature set: mean ± std over seeds, Δ (pooled, against the top layer) and the
-    Holm-corrected p of the paired test, per (split, metric); then the trivial baselines if recorded."""
+    """One row per feature set: mean ± std over seeds, Δ (pooled, against the top layer), the
+    Holm-corrected p of the paired permutation test on the pooled predictions and that of the paired
+    t-test over seeds, per (split, metric); then the trivial baselines if recorded."""
     document = results(run)
+    tests = seed_tests(document)
     features = list(dict.fromkeys(s["features"] for s in _summaries(document)))
     header = ["features"]
     for split, metric in columns:
-        header += [SPLIT_METRIC_LABEL[(split, metric)], "Δ", "p (Holm)"]
+        header += [SPLIT_METRIC_LABEL[(split, metric)], "Δ", "p (Holm)", "p seeds (Holm)"]
     rows = []
     for name in features:
         row = [name]
         for split, metric in columns:
             summary = _find(document, name, split, metric)
             if summary.get("difference") is None:
-                row += [_mean_std(summary), "baseline", ""]
+                row += [_mean_std(summary), "baseline", "", ""]
             else:
                 row += [_mean_std(summary), number(summary["difference"], 4, signed=True),
-                        p_text(summary.get("p_holm"), summary.get("significant"))]
+                        p_text(summary.get("p_holm"), summary.get("significant")), _seed_p(tests, name, split, metric)]
         rows.append(row)
     trivial = [_trivial(document, split, metric) for split, metric in columns]
     if any(trivial):
         row = ["trivial: " + ", ".join(dict.fromkeys(t["baseline"] for t in trivial if t))]
         for t in trivial:
-            row += [number(t["value"], 4) if t else "", "", ""]
+            row += [number(t["value"], 4) if t else "", "", "", ""]
         rows.append(row)
     return markdown(header, rows, align="l" + "r" * (len(header) - 1))
 
@@ -102,6 +182,7 @@ def ablation_table(model: str = "elmo") -> str:
     """Peters et al.'s Table 2 in our probe: last only vs the four mixes, POS and MRPC."""
     label, pos_run, mrpc_run = ABLATION_RUNS[model]
     pos, mrpc = results(pos_run), results(mrpc_run)
+    tests = {id(pos): seed_tests(pos), id(mrpc): seed_tests(mrpc)}
     columns = [(pos, "test", "accuracy"), (mrpc, "test", "f1"), (mrpc, "test", "accuracy")]
     rows = []
     for features, row_label in ABLATION_LABELS.items():
@@ -111,8 +192,10 @@ def ablation_table(model: str = "elmo") -> str:
             cell = _mean_std(summary)
             if summary.get("difference") is not None:
                 p = p_text(summary.get("p_holm"), summary.get("significant"))
+                seeds = _seed_p(tests[id(document)], features, split, metric)
                 dagger = " †" if summary.get("uninformative") else ""
-                cell = f"{summary['mean']:.4f} ± {summary['std']:.4f} ({number(summary['difference'], 4, signed=True)}, p {p}){dagger}"
+                cell = (f"{summary['mean']:.4f} ± {summary['std']:.4f} ({number(summary['difference'], 4, signed=True)}, "
+                        f"p {p}; seeds p {seeds}){dagger}")
             row.append(cell)
         rows.append(row)
     trivial = []
@@ -181,6 +264,7 @@ def reading_table() -> str:
     rows = []
     for model, task, run, split, metric, also in runs:
         document = results(run)
+        tests = seed_tests(document)
         best = _best_single(document, split, metric)
         top, mix = _find(document, "top", split, metric), _find(document, "mix", split, metric)
         singles = [s for s in _summaries(document) if s["split"] == split and s["metric"] == metric
@@ -189,13 +273,34 @@ def reading_table() -> str:
         top_note = " (worst)" if top["mean"] <= worst["mean"] else ""
         mix_note = " (above every layer)" if mix["mean"] > best["mean"] else ""
         test = f"{number(mix['difference'], 3, signed=True)}{' *' if mix['significant'] else ', n.s.'}"
+        seed_p = tests[("mix", split, metric)][2]
+        seeds = f"{seed_p:.3g}{' *' if seed_p < 0.05 else ', n.s.'}"
         if also:
             other = _find(document, "mix", split, also)
             test += f" (F1 {number(other['difference'], 3, signed=True)}{' *' if other['significant'] else ', n.s.'})"
+            other_p = tests[("mix", split, also)][2]
+            seeds += f" (F1 {other_p:.3g}{' *' if other_p < 0.05 else ', n.s.'})"
         rows.append([model, task, f"{best['features'].replace('layer:', 'layer ')}, {best['mean']:.4f}",
-                     f"{top['mean']:.4f}{top_note}", f"{mix['mean']:.4f}{mix_note}", test])
-    return markdown(["model", "task", "best single layer (mean)", "top layer", "learned mix", "mix vs top (pooled Δ, Holm)"],
-                    rows, align="llllll")
+                     f"{top['mean']:.4f}{top_note}", f"{mix['mean']:.4f}{mix_note}", test, seeds])
+    table = markdown(["model", "task", "best single layer (mean)", "top layer", "learned mix",
+                      "mix vs top (pooled Δ, permutation test, Holm)", "mix vs top (paired t over seeds, Holm p)"],
+                     rows, align="lllllll")
+    trivial = results(MRPC_TRIVIAL_RUN)["trivial_baselines"]
+    positive = {row["metric"]: row["value"] for row in trivial if row["baseline"] == "all positive" and row["split"] == "test"}
+    lines = []
+    for model, _, run, split, metric, also in runs:
+        if also is None:
+            continue
+        document = results(run)
+        top_f1, mix_f1 = _find(document, "top", split, also)["mean"], _find(document, "mix", split, also)["mean"]
+        top_acc = _find(document, "top", split, metric)["mean"]
+        lines.append(f"{model}: top-layer test F1 {top_f1:.4f} ({'below' if top_f1 < positive['f1'] else 'above'} it), "
+                     f"mix {mix_f1:.4f} ({'below' if mix_f1 < positive['f1'] else 'above'} it); "
+                     f"top-layer test accuracy {top_acc:.4f} ({'below' if top_acc < positive['accuracy'] else 'above'} it)")
+    note = (f"MRPC test, the all-positive prediction (`results/{MRPC_TRIVIAL_RUN}/`, the same 1,725 test pairs): "
+            f"F1 {positive['f1']:.4f}, accuracy {positive['accuracy']:.4f}. Means against it (not tested): "
+            + "; ".join(lines) + ".")
+    return table + "\n\n" + note
 
 
 def wsd_tables() -> dict[str, str]:
@@ -217,6 +322,57 @@ def wsd_tables() -> dict[str, str]:
     test_table = markdown(["comparison (first vs second)", "instances", "n", "only first correct", "only second correct",
                            "exact McNemar p (two-sided)", "p (Holm)"], tests, align="llrrrrr")
     return {"wsd-f1": table, "wsd-tests": test_table}
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def published_table2() -> str:
+    """Peters et al.'s Table 2 in its layout, and our ablation's means (x 100) in the same columns."""
+    rows: list[list[str]] = [[f"Peters et al.: {task}, dev", *(f"{v:.1f}" for v in values)]
+                             for task, values in PETERS_TABLE2.items()]
+    features = ["top", "mix l2=1", "mix l2=0.001"]
+    for model in ("elmo", "minilm"):
+        label, pos_run, mrpc_run = ABLATION_RUNS[model]
+        for run, task, split, metric in ((pos_run, "EWT POS (accuracy)", "test", "accuracy"),
+                                         (mrpc_run, "MRPC subsample (F1)", "test", "f1")):
+            document = results(run)
+            trivial = _trivial(document, split, metric)
+            summaries = [_find(document, f, split, metric) for f in features]
+            dagger = " †" if any(s.get("uninformative") for s in summaries) else ""
+            rows.append([f"{label}: {task}, test{dagger}",
+                         "—" if trivial is None else f"{_pct(trivial['value'])} ({trivial['baseline']})",
+                         *(_pct(s["mean"]) for s in summaries)])
+    return markdown(["Task", "Baseline", "Last Only", "All layers, λ=1", "All layers, λ=0.001"], rows, align="lrrrr")
+
+
+def published_table5() -> str:
+    """Peters et al.'s Table 5 in its layout, our elmo-brown F1 (ALL) beside the rows we ran."""
+    scores = {row["label"]: row["f1"]["ALL"] for row in results("peters-elmo-wsd")["scores"]}
+    ours = {"WordNet 1st Sense Baseline": "WordNet first sense", "biLM, First layer": "layer 1",
+            "biLM, Second layer": "layer 2"}
+    rows = [[model, f"{value:.1f}", _pct(scores[ours[model]]) if model in ours else "—"]
+            for model, value in PETERS_TABLE5.items()]
+    rows += [["layer 0 (character CNN)", "—", _pct(scores["layer 0"])],
+             ["most frequent training sense", "—", _pct(scores["most frequent training sense"])]]
+    return markdown(["Model", "F1, Peters et al. (SemCor; four test sets)", "F1, elmo-brown (ALL; leave one set out)"],
+                    rows, align="lrr")
+
+
+def published_table6() -> str:
+    """Peters et al.'s Table 6 in its layout, our elmo-brown accuracy (mean over seeds) beside it."""
+    document = results("layers-elmo-pos")
+    mean = {s["features"]: s["mean"] for s in _summaries(document) if (s["split"], s["metric"]) == ("test", "accuracy")}
+    ours = {"biLM, First Layer": "layer:1", "biLM, Second Layer": "layer:2"}
+    rows = [[model, f"{value:.1f}", _pct(mean[ours[model]]) if model in ours else "—"]
+            for model, value in PETERS_TABLE6.items()]
+    trivial = _trivial(document, "test", "accuracy")
+    rows += [["layer 0 (character CNN)", "—", _pct(mean["layer:0"])], ["learned mix", "—", _pct(mean["mix"])]]
+    if trivial is not None:
+        rows.append([trivial["baseline"], "—", _pct(trivial["value"])])
+    return markdown(["Model", "Acc., Peters et al. (PTB WSJ test)", "Acc., elmo-brown (UD EWT test, mean of 3 seeds)"],
+                    rows, align="lrr")
 
 
 def build() -> Documents:
@@ -247,6 +403,9 @@ def build() -> Documents:
         "peters-ablation-minilm-mix-pos": ablation_mix_weights("peters-minilm-pos"),
         "peters-ablation-minilm-trivial": ablation_trivial_tests("minilm"),
         "peters-reading": reading_table(),
+        "peters-table2-published": published_table2(),
+        "peters-table5-published": published_table5(),
+        "peters-table6-published": published_table6(),
     }
     blocks.update(wsd_tables())
     return {DOC: blocks}
