@@ -74,7 +74,7 @@ ALLOWED = {
     "finetune": {"encoders", "calibrate", "metrics"},
     "rundir": {"store"},
     "engine": {"store", "metrics"},
-    "report": {"metrics", "evaluate", "rundir"},
+    "report": {"metrics", "evaluate", "rundir", "engine"},
     "stages": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine"},
     "pipeline": {"corpus", "encoders", "store", "metrics", "evaluate", "rundir", "engine", "report", "stages"},
     "cli": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine",

@@ -16,7 +16,7 @@ from lmgeom.calibrate import Whitening
 from lmgeom.cli.main import app
 from lmgeom.corpus import Corpus
 from lmgeom.encoders import load_encoder
-from lmgeom.evaluate.sts import aggregate_scores, pair_cosines, spearman
+from lmgeom.evaluate.sts import aggregate_scores, pair_cosines, spearman_x100
 from lmgeom.stages.sts import (
     CALIBRATION_METHODS, FIRST_LAST_AVG, LayerSelection, combination, encode_sentences, evaluate_sts, resolve_layers,
 )
@@ -86,9 +86,9 @@ def test_spearman_with_ties_equals_pearson_of_hand_ranks():
     predicted = [0.1, 0.4, 0.3, 0.2, 0.9]
     gold_ranks = [1, 2.5, 2.5, 4, 5]  # the two 2.0s share ranks 2 and 3
     predicted_ranks = [1, 4, 3, 2, 5]
-    assert spearman(gold, predicted) == pytest.approx(100 * pearson(gold_ranks, predicted_ranks), abs=1e-9)
-    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(100.0)
-    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-100.0)
+    assert spearman_x100(gold, predicted) == pytest.approx(100 * pearson(gold_ranks, predicted_ranks), abs=1e-9)
+    assert spearman_x100([1, 2, 3], [10, 20, 30]) == pytest.approx(100.0)
+    assert spearman_x100([1, 2, 3], [3, 2, 1]) == pytest.approx(-100.0)
 
 
 def two_subset_dataset() -> STSDataset:
@@ -195,7 +195,7 @@ def test_transductive_and_corpus_fits_are_recorded_and_computed_as_named():
     left, right = [index[t] for t in dataset.sentences1], [index[t] for t in dataset.sentences2]
     for fit_name, fit_rows in (("transductive", X), ("mycorpus", C)):
         Z = Whitening().fit(fit_rows).transform(X)
-        expected = spearman(dataset.scores, pair_cosines(Z[left], Z[right]))
+        expected = spearman_x100(dataset.scores, pair_cosines(Z[left], Z[right]))
         assert by_fit[fit_name]["spearman"] == pytest.approx(expected, abs=1e-9)
     # Transductive whitening makes the evaluated vectors' covariance the identity: IsoScore 1.
     assert by_fit["transductive"]["isoscore"] == pytest.approx(1.0, abs=1e-6)
@@ -203,10 +203,12 @@ def test_transductive_and_corpus_fits_are_recorded_and_computed_as_named():
 
 
 def test_layer_and_method_errors():
-    with pytest.raises(ValueError, match=r"outside 0\.\.2"):
+    with pytest.raises(IndexError, match=r"layer 3 is not among the model's layers 0\.\.2"):
         resolve_layers([3], 3)
-    with pytest.raises(ValueError, match="unknown layer"):
-        resolve_layers(["last"], 3)
+    with pytest.raises(ValueError, match="`layers` takes 'all', 'first', 'last'"):
+        resolve_layers(["lats"], 3)
+    # the one grammar of layers: 'last', negative numbers and ranges, in the order given
+    assert [s.name for s in resolve_layers(["last", "-3", "0-1", FIRST_LAST_AVG], 3)] == ["2", "0", "1", FIRST_LAST_AVG]
     assert resolve_layers(None, 3) == [LayerSelection("0", (0,)), LayerSelection("1", (1,)), LayerSelection("2", (2,)),
                                        LayerSelection(FIRST_LAST_AVG, (1, 2))]
     with pytest.raises(ValueError, match="whitening, abtt"):

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from lmgeom.evaluate.stats import spearman_bootstrap
+from lmgeom.evaluate.tasks import spearman
 from lmgeom.stages.experiments.thesis import (
     CONFIG_KEYS,
     cluster_bootstrap_spearman,
@@ -22,7 +23,6 @@ from lmgeom.stages.experiments.thesis import (
     drop_uninformative,
     level_points,
     level_test,
-    spearman,
     standardise,
     standardised_pairs,
     thesis_analysis,

@@ -21,10 +21,13 @@ from lmgeom.cli.common import (
     cli_text,
     interval_cell,
     shown,
+    split_list,
     url_form,
     user_errors,
 )
 
+STATISTICS_HELP = ("more registered statistics to compute beside the contextuality set, comma-separated (e.g. "
+                   "word_effective_rank; docs/architecture.md lists them)")
 DEVICE_HELP = "cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu; MEV runs on the CPU"
 
 if TYPE_CHECKING:
@@ -103,6 +106,8 @@ def print_benchmark_headlines(records: pd.DataFrame | None, min_coverage: str) -
 
 
 def print_contextuality(result: ContextualityResult) -> None:
+    from lmgeom.engine.registry import measures
+    from lmgeom.report.figures import DRAWN
     from lmgeom.report.labels import number
 
     variants = result.settings.get("mev_variants", [])
@@ -118,6 +123,17 @@ def print_contextuality(result: ContextualityResult) -> None:
     for _, row in summary.iterrows():
         cosines.add_row(str(row["layer"]), *(number(row[c]) for c, _ in columns))
     console.print(cosines)
+
+    extra = [m for m in measures() if m.name in summary and m.name not in DRAWN]  # asked for with --statistics
+    if extra:
+        others = Table(title="more statistics")
+        others.add_column("layer", justify="right")
+        shown_columns = [(m.name, m.label) for m in extra] + [(f"{m.name}_adjusted", m.adjusted) for m in extra if m.baseline]
+        for _, header in shown_columns:
+            others.add_column(header, justify="right")
+        for _, row in summary.iterrows():
+            others.add_row(str(row["layer"]), *(number(row[c]) for c, _ in shown_columns))
+        console.print(others)
 
     mev = Table(title="MEV: share of a word's variance explained by its first principal direction (baseline = sampled occurrences)")
     mev.add_column("layer", justify="right")
@@ -214,18 +230,20 @@ def register(app: typer.Typer) -> None:
         num_workers: int = typer.Option(2, min=1, metavar="<int>", help="tasks at once: layers in worker processes, or Ray tasks (see docs/performance.md)"),
         bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
+        statistics: Optional[str] = typer.Option(None, metavar="<names>", help=STATISTICS_HELP),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.stages.analysis import analyze_store
         from lmgeom.stages.contextuality import write_contextuality
         from lmgeom.engine import AnalysisOptions
-        from lmgeom.engine.options import protocol_options
+        from lmgeom.engine.options import CONTEXTUALITY_STATISTICS, protocol_options
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
             chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, n_samples=samples,
                                       include_punct=include_punct or None, include_special=include_special or None,
-                                      exclude_first_word=exclude_first_word or None)
+                                      exclude_first_word=exclude_first_word or None,
+                                      statistics=(*CONTEXTUALITY_STATISTICS, *split_list(statistics)) if statistics else None)
             options = AnalysisOptions(**chosen, seed=seed, mev_memory_mb=mev_memory_mb, device=device, engine=engine,
                                       num_workers=num_workers, ray_address=ray_address, bootstrap=bootstrap,
                                       confidence=confidence)

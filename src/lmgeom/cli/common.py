@@ -59,7 +59,7 @@ def shown(text: object) -> str:
 
 MIN_CONTEXTS_HELP = "analyse words occurring at least this many times, counted by --count-by (default 5)"
 COUNT_BY_HELP = "what --min-contexts counts: sentences (distinct sentences, the default) or occurrences"
-PROTOCOL_HELP = ("ethayarajh2019: the released code of Ethayarajh (2019) as a whole (the sts-scored corpus, WordPiece "
+PROTOCOL_HELP = ("ethayarajh2019: follows the released code of Ethayarajh (2019) (the sts-scored corpus, WordPiece "
                  "pieces of BERT-style models, words of at least 5 occurrences, its sampled statistics beside lmgeom's)")
 BOOTSTRAP_HELP = "bootstrap resamples for the confidence intervals (0: none; below 100: rough, flagged; see docs/metrics.md)"
 LAYERS_HELP = "layers: e.g. 0,3,-1 (0 = embedding output, -1 the last), 0-3, first, last, all, every:K"

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.calibrate import METHOD_NAMES
-from lmgeom.cli.common import RichProgress, console, split_list, user_errors, url_form
+from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, url_form
 from lmgeom.errors import InputError
 
 
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help="a named model (minilm, smollm2, tiny-bert, ...), a Hugging Face id, or a local folder"),
         data: Path = typer.Option(..., "--data", help="folder holding any of stsbenchmark/, STS_raw/ (or STS/), SICK/; all found are evaluated"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", callback=url_form, help="results JSON (tidy records; a .csv of the records is written next to it)"),
-        layers: str = typer.Option("all,first-last-avg", help="comma list of layer numbers, 'all' and 'first-last-avg' (layers 1 and L); layer 0 = embedding output"),
+        layers: str = typer.Option("all,first-last-avg", help=LAYERS_HELP + ", and first-last-avg (layers 1 and L averaged)"),
         combine: list[str] = typer.Option([], "--combine", help="also evaluate the average of these layers, e.g. 0,6 (repeatable)"),
         method: str = typer.Option("none", "--methods", "--method", help=f"comma list of none, {', '.join(METHOD_NAMES)}, or 'all' (every one); 'none' is always included"),
         fit_on: str = typer.Option("transductive", "--fit-on", help="fit calibrators on the evaluated sentences ('transductive') or on a corpus (lee, brown, a file, ...); comma list for several"),

@@ -19,7 +19,8 @@ from lmgeom.engine.options import CONTEXTUALITY_STATISTICS, DEFAULT_MEV_MEMORY_M
 from lmgeom.engine.arrays import PlanArrays, plan_word_groups
 from lmgeom.engine.plan import AnalysisPlan, Task, plan_analysis
 from lmgeom.engine.selection import RowSelection, WordSelection, select_rows, select_words
-from lmgeom.engine.statistics import ROWS, WORD_GROUPS, LayerValues, Statistic, register_statistic, statistic
+from lmgeom.engine.registry import register_statistic, statistic
+from lmgeom.engine.statistics import ROWS, WORD_GROUPS, LayerValues, Statistic
 from lmgeom.engine.tasks import AnalysisState, Merger, TaskOutput, run_task
 from lmgeom.store import RepresentationStore
 

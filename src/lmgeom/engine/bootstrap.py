@@ -41,7 +41,8 @@ from lmgeom.metrics.bootstrap import (
 )
 from lmgeom.metrics.contextuality import RowSampleAccumulator, UnitSumsAccumulator, row_norms
 from lmgeom.engine.options import AnalysisOptions
-from lmgeom.engine.statistics import ROWS, LayerValues, Statistic, register_statistic
+from lmgeom.engine.statistics import ROWS, LayerValues, Statistic
+from lmgeom.engine.statistics import STATISTICS as DECLARED
 
 if TYPE_CHECKING:
     from lmgeom.engine.arrays import PlanArrays
@@ -53,9 +54,9 @@ MEV_BASELINE_RESAMPLES = 200  # the distinct resamples of the MEV baselines (mod
 DUPLICATE_RULE = ("a unit drawn k times counts k times, and every pair of two distinct original occurrences counts "
                   "m_a m_b times (m: their units' multiplicities); an occurrence is never paired with its own copy, so "
                   "no pair of cosine 1 is added that the data do not have")
-# the unit each cosine record's bootstrap resamples (MEV: `resampled_unit`)
-UNITS = {"anisotropy_exact": "sentences", "self_similarity": "sentences", "intra_sentence_similarity": "sentences",
-         "anisotropy_sampled": "sampled occurrences"}
+# the unit each cosine record's bootstrap resamples, as its measure declares it (MEV: `resampled_unit`)
+UNITS = {measure.name: measure.resampled for stat in DECLARED for measure in stat.measures
+         if measure.resampled and not measure.name.startswith("mev_")}
 
 
 def bootstrap_statistics(options: AnalysisOptions) -> tuple[str, ...]:
@@ -157,7 +158,11 @@ def _unit_replicates(acc: UnitSumsAccumulator, rows: PlanArrays, words: np.ndarr
     return {"bootstrap_replicates": replicates}
 
 
-register_statistic(Statistic(
+# the statistics this module declares (`lmgeom.engine.registry` gathers them)
+STATISTICS: list[Statistic] = []
+
+
+STATISTICS.append(Statistic(
     "bootstrap", ROWS, _unit_accumulator, _unit_replicates,
     description="the sentence bootstrap of the cosine measures", labels=_unit_labels,
 ))
@@ -185,7 +190,7 @@ def _sample_replicates(acc: RowSampleAccumulator, rows: PlanArrays, words: np.nd
     }}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "bootstrap_sample", ROWS, _sample_accumulator, _sample_replicates,
     description="the bootstrap of the sampled baselines", labels=_sample_labels,
 ))

@@ -22,7 +22,8 @@ import numpy as np
 
 from lmgeom.errors import InputError
 from lmgeom.engine.plan import resolved_device, row_partitions, store_identity
-from lmgeom.engine.statistics import PairStatistic, pair_statistics_for
+from lmgeom.engine.registry import pair_statistics_for
+from lmgeom.engine.statistics import PairStatistic
 from lmgeom.engine.selection import RowSelection
 from lmgeom.engine.loop import AlignedFeed, Stream, aligned_tally, read_rows
 from lmgeom.store import RepresentationStore

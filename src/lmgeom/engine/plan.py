@@ -21,11 +21,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from lmgeom.errors import InputError
-import lmgeom.engine.released  # noqa: F401  (registers the released code's statistics, which plans name)
 from lmgeom.engine.arrays import PlanArrays
 from lmgeom.engine.bootstrap import bootstrap_statistics
 from lmgeom.engine.options import AnalysisOptions
-from lmgeom.engine.statistics import ROWS, Statistic, statistic
+from lmgeom.engine.registry import statistic
+from lmgeom.engine.statistics import ROWS, Statistic
 from lmgeom.engine.loop import row_range
 from lmgeom.store import RepresentationStore
 

@@ -42,7 +42,6 @@ from lmgeom.engine.statistics import (
     layer_record,
     mean_defined,
     per_word,
-    register_statistic,
     row_number_labels,
 )
 from lmgeom.engine.selection import RowSelection
@@ -124,7 +123,11 @@ def _sample_columns(v: LayerValues) -> dict[str, np.ndarray]:
     return {"mev_svd_ratio_released": released_mev(v["mev_svd_ratio"])} if "mev_svd_ratio" in v else {}
 
 
-register_statistic(Statistic(
+# the statistics this module declares (`lmgeom.engine.registry` gathers them)
+STATISTICS: list[Statistic] = []
+
+
+STATISTICS.append(Statistic(
     "released_sample", ROWS, _sample_accumulator, _sample_values,
     description="the released code's sampled baselines and IntraSim", labels=row_number_labels,
     records=_sample_records, word_columns=_sample_columns,
@@ -159,7 +162,7 @@ def _self_similarity_columns(v: LayerValues) -> dict[str, np.ndarray]:
     return {"self_similarity_released": v["self_similarity_released"]}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "self_similarity_released", WORD_GROUPS, per_word(WordRowsAccumulator), _self_similarity_values,
     description="the released code's self-similarity needs two occurrences", stored_rows=True, spool=True,
     requires=("released_sample",), min_contexts=2, records=_self_similarity_records, word_columns=_self_similarity_columns,

@@ -1,5 +1,7 @@
-"""The registry of per-layer statistics: each is registered once, here (or by a caller with
-`register_statistic`), and every executor computes it the same way.
+"""The per-layer statistics: each is declared once, here (`STATISTICS`; the released code's in
+`released.py`, the bootstrap's in `bootstrap.py`), with its presentation (`Measure`), and gathered by
+`lmgeom.engine.registry`, where a caller adds its own (`register_statistic`). Every executor
+computes a statistic the same way.
 
 A `Statistic` names its accumulator (in `lmgeom.metrics`), which rows it takes, how the merged
 accumulator becomes values (`finish`), and its section of the result files: its `records` in
@@ -13,7 +15,7 @@ per-layer `counts`. Scopes:
   occurrence matrices in memory at a time).
 `finish` and the result hooks get the layer's values: a dict of every statistic's values by name.
 
-Pair statistics (`PairStatistic`, `register_pair_statistic`) are the statistics of two aligned row
+Pair statistics (`PairStatistic`, `PAIR_STATISTICS`) are the statistics of two aligned row
 streams that similarity measures need (CKA and the Procrustes distance: `CrossMoments`); the tasks
 of `lmgeom.engine.pairs` compute them.
 
@@ -39,11 +41,12 @@ from lmgeom.metrics.contextuality import (
     RowSampleAccumulator,
     SelfSimilarityAccumulator,
     WordMeanAccumulator,
+    WordRowsAccumulator,
     average_cosine,
     occurrence_spectrum,
     row_norms,
 )
-from lmgeom.metrics.isotropy import MomentAccumulator, isotropy_report, local_isotropy
+from lmgeom.metrics.isotropy import MomentAccumulator, effective_rank, isotropy_report, local_isotropy
 from lmgeom.metrics.similarity import STREAMED_MEASURES, CrossMoments, streamed_measures
 from lmgeom.metrics.outliers import MagnitudeAccumulator, TransformedAccumulator, standardizing
 from lmgeom.metrics.spectrum import MEV_VARIANTS
@@ -54,6 +57,33 @@ if TYPE_CHECKING:
 ROWS = "rows"
 WORD_GROUPS = "word_groups"
 LayerValues = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How one per-layer number of a statistic (a `metric` of its records) is named and shown, declared
+    with the statistic and read by the CLI's tables, the report's charts, `compare` and the bootstrap:
+    `label` (a table column; `adjusted_label`, default label + " adj", for raw − baseline), `title` and
+    `estimator` (a chart's title: what is averaged over what), `y_label`, what its records' `n` counts
+    (`counted`: "words", "sentences", "anisotropy" for the analysed occurrences), what its adjusted
+    value subtracts (`baseline`; None: no adjusted value), the unit the bootstrap resamples for its
+    interval (`resampled`; None: no interval), and whether `compare` and the report chart it (`chart`)."""
+
+    name: str
+    label: str
+    title: str
+    estimator: str
+    counted: str
+    y_label: str = ""
+    baseline: str | None = None
+    adjusted_label: str = ""
+    resampled: str | None = None
+    chart: bool = True
+
+    @property
+    def adjusted(self) -> str:
+        """The label of its adjusted value."""
+        return self.adjusted_label or f"{self.label} adj"
 
 
 @dataclass(frozen=True)
@@ -79,6 +109,7 @@ class Statistic:
     word_columns: Callable[[LayerValues], dict[str, np.ndarray]] | None = None
     counts: Callable[[LayerValues], dict[str, Any]] | None = None
     definitions: dict[str, str] = field(default_factory=dict)  # metric -> what it is (contextuality.json)
+    measures: tuple[Measure, ...] = ()  # how each metric of its records is named and shown
 
     def __post_init__(self) -> None:
         if self.scope not in (ROWS, WORD_GROUPS):
@@ -98,23 +129,8 @@ class Statistic:
         return self.accumulator(rows, words)
 
 
-_REGISTRY: dict[str, Statistic] = {}
-
-
-def register_statistic(stat: Statistic) -> Statistic:
-    """Make `stat` computable by name (`AnalysisOptions(statistics=(..., stat.name))`)."""
-    _REGISTRY[stat.name] = stat
-    return stat
-
-
-def statistic(name: str) -> Statistic:
-    if name not in _REGISTRY:
-        raise InputError(f"unknown statistic {name!r}; registered: {', '.join(_REGISTRY)}", param="statistics")
-    return _REGISTRY[name]
-
-
-def registered_statistics() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+# every statistic declared in this module, in order (`lmgeom.engine.registry` gathers them)
+STATISTICS: list[Statistic] = []
 
 
 def layer_record(metric: str, raw: float, n: int, *, baseline: float = float("nan"), source: str = "") -> dict[str, Any]:
@@ -177,17 +193,20 @@ def _baseline_counts(v: LayerValues) -> dict[str, Any]:
     return {"zero_vectors_excluded_by_layer": v["n_zero"]}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "baseline", ROWS, fresh(AverageCosineAccumulator), _baseline_values,
     description="the exact anisotropy baseline", records=_baseline_records, counts=_baseline_counts,
     definitions={"anisotropy_exact": "mean cosine over all ordered pairs of distinct analysed occurrences (closed form, exact)"},
+    measures=(Measure("anisotropy_exact", "anisotropy (exact)", "Anisotropy baseline, exact",
+                      "mean cosine over all pairs of occurrences", "anisotropy", y_label="mean cosine similarity",
+                      resampled="sentences"),),
 ))
 
 def _norms_counts(v: LayerValues) -> dict[str, Any]:
     return {"mean_norm_by_layer": v["mean_norm"]}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "norms", ROWS, fresh(MeanNormAccumulator), partial(result_as, "mean_norm"),
     description="the mean norm of the analysed rows", counts=_norms_counts,
 ))
@@ -214,10 +233,13 @@ def _sample_records(v: LayerValues) -> list[dict[str, Any]]:
     return [layer_record("anisotropy_sampled", v["anisotropy_sampled"], v["n_sampled"])]
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "sample", ROWS, _sample_accumulator, _sample_values,
     description="the sampled baselines", labels=row_number_labels, records=_sample_records,
     definitions={"anisotropy_sampled": "the same mean over the pairs of n uniformly sampled occurrences (the paper's estimate; seeded)"},
+    measures=(Measure("anisotropy_sampled", "anisotropy (sampled)", "Anisotropy baseline, sampled",
+                      "mean cosine over the pairs of a seeded sample of occurrences", "anisotropy",
+                      y_label="mean cosine similarity", resampled="sampled occurrences", chart=False),),
 ))
 
 
@@ -235,11 +257,14 @@ def _self_similarity_records(v: LayerValues) -> list[dict[str, Any]]:
                          baseline=v["anisotropy_exact"], source="anisotropy_exact")]
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "self_similarity", WORD_GROUPS, per_word(SelfSimilarityAccumulator), _self_similarity_values,
     description="self-similarity needs two occurrences", requires=("baseline",), min_contexts=2,
     records=_self_similarity_records, word_columns=_self_similarity_columns,
     definitions={"self_similarity": "mean over words of the mean cosine between a word's occurrences; baseline = anisotropy_exact"},
+    measures=(Measure("self_similarity", "SelfSim", "Self-similarity",
+                      "mean pairwise cosine of a word's occurrences, averaged over words", "words", y_label="mean SelfSim",
+                      baseline="exact anisotropy", resampled="sentences"),),
 ))
 
 def sentence_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
@@ -252,11 +277,14 @@ def _intra_records(v: LayerValues) -> list[dict[str, Any]]:
                          baseline=v["anisotropy_exact"], source="anisotropy_exact")]
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "intra", ROWS, fresh(IntraSentenceAccumulator), partial(result_as, "intra"),
     description="intra-sentence similarity", labels=sentence_labels, requires=("baseline",), records=_intra_records,
     definitions={"intra_sentence_similarity": "mean over sentences of the mean cosine between each word and the sentence's "
                                               "mean vector; baseline = anisotropy_exact"},
+    measures=(Measure("intra_sentence_similarity", "IntraSim", "Intra-sentence similarity",
+                      "mean cosine of each word to its sentence's mean vector, averaged over sentences", "sentences",
+                      y_label="mean IntraSim", baseline="exact anisotropy", resampled="sentences"),),
 ))
 
 
@@ -296,7 +324,7 @@ def _mev_columns(v: LayerValues) -> dict[str, np.ndarray]:
     return columns
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "mev", WORD_GROUPS, _mev_accumulator, _mev_values,
     description="maximum explainable variance", stored_rows=True, spool=True, requires=("sample",),
     records=_mev_records, word_columns=_mev_columns,
@@ -309,8 +337,49 @@ register_statistic(Statistic(
                          "(TruncatedSVD explained_variance_ratio_[0], as for the paper's released figures); baseline = the "
                          "same on the sampled occurrences",
     },
+    measures=tuple(
+        Measure(f"mev_{variant}", f"MEV {label}", f"MEV {name}",
+                "share of a word's occurrence variance on its first principal component, averaged over words", "words",
+                y_label="mean MEV (0 to 1)", baseline="the same on sampled occurrences",
+                adjusted_label="MEV adj" if variant == "svd_ratio" else "", resampled="words")
+        for variant, label, name in (("uncentred", "uncentred", "uncentred (paper's formula)"),
+                                     ("centred", "centred", "centred (PCA share)"),
+                                     ("svd_ratio", "SVD ratio", "SVD ratio (released figures)"))),
 ))
 
+
+
+def _word_effective_rank_values(acc: WordRowsAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+    """Each word's effective rank (Roy & Vetterli 2007) of its centred occurrence matrix: exp of the
+    entropy of its normalised singular values, between 1 (the occurrences on one line about their
+    mean) and n − 1; NaN for a word with fewer than two non-zero occurrences."""
+    values = np.full(acc.n_words, np.nan)
+    for word, X in enumerate(acc.result()):
+        X = X[row_norms(X) > 0].astype(np.float64)
+        if len(X) >= 2:
+            values[word] = effective_rank(X, centered=True)
+    return {"word_effective_rank": values}
+
+
+def _word_effective_rank_records(v: LayerValues) -> list[dict[str, Any]]:
+    values = v["word_effective_rank"]
+    return [layer_record("word_effective_rank", mean_defined(values), _n_defined(values))]
+
+
+def _word_effective_rank_columns(v: LayerValues) -> dict[str, np.ndarray]:
+    return {"word_effective_rank": v["word_effective_rank"]}
+
+
+STATISTICS.append(Statistic(
+    "word_effective_rank", WORD_GROUPS, per_word(WordRowsAccumulator), _word_effective_rank_values,
+    description="the effective rank of each word's occurrences needs two occurrences", stored_rows=True, spool=True,
+    min_contexts=2, records=_word_effective_rank_records, word_columns=_word_effective_rank_columns,
+    definitions={"word_effective_rank": "mean over words of exp(entropy of the normalised singular values) of the word's "
+                                        "centred occurrence matrix (Roy & Vetterli 2007); 1 = its occurrences on one line"},
+    measures=(Measure("word_effective_rank", "eff. rank", "Effective rank of a word's occurrences",
+                      "exp of the entropy of the normalised singular values of a word's centred occurrences, averaged "
+                      "over words", "words", y_label="mean effective rank"),),
+))
 
 # ---------------------------------------------------------------------------------------------
 # static vectors (Ethayarajh 2019, section 5) and the word explorer's neighbours
@@ -329,12 +398,12 @@ def _first_pc_values(acc: MEVAccumulator, rows: PlanArrays, words: np.ndarray | 
     return {"first_pc": directions, "first_pc_mean": means, "has_vector": has_vector}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "first_pc", WORD_GROUPS, partial(_mev_accumulator, variants=MEV_VARIANTS), _first_pc_values,
     description="each word's first principal direction (its static vector)", stored_rows=True, spool=True,
 ))
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "word_mean", WORD_GROUPS, per_word(WordMeanAccumulator), partial(result_as, "word_mean"),
     description="each word's mean vector",
 ))
@@ -374,7 +443,7 @@ def _isotropy_values(acc: RowSampleAccumulator, rows: PlanArrays, words: np.ndar
             "isotropy_rows": len(X)}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "isotropy", ROWS, _isotropy_accumulator, _isotropy_values, description="global and local isotropy of a row sample",
     labels=row_number_labels,
 ))
@@ -392,11 +461,11 @@ def _keep_accumulator(name: str, acc: Any, rows: PlanArrays, words: np.ndarray |
     return {name: acc}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "moments", ROWS, partial(_moments_accumulator, True), partial(_keep_accumulator, "moments"),
     description="count, mean and covariance of the selected rows",
 ))
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "variances", ROWS, partial(_moments_accumulator, False), partial(_keep_accumulator, "variances"),
     description="count, mean and per-dimension variances of the selected rows",
 ))
@@ -423,18 +492,7 @@ class PairStatistic:
     state_bytes: Callable[[int, int], int]
 
 
-_PAIR_REGISTRY: dict[str, PairStatistic] = {}
-
-
-def register_pair_statistic(stat: PairStatistic) -> PairStatistic:
-    """Make `stat`'s measures computable (`lmgeom.stages.similarity.SimilarityOptions(measures=...)`)."""
-    _PAIR_REGISTRY[stat.name] = stat
-    return stat
-
-
-def pair_statistics_for(measures: tuple[str, ...]) -> tuple[PairStatistic, ...]:
-    """The registered pair statistics that give any of `measures`."""
-    return tuple(stat for stat in _PAIR_REGISTRY.values() if set(stat.measures) & set(measures))
+PAIR_STATISTICS: list[PairStatistic] = []
 
 
 def _cross_moments(shift_x: np.ndarray, shift_y: np.ndarray | None) -> CrossMoments:
@@ -445,7 +503,7 @@ def _cross_moments_bytes(dim_x: int, dim_y: int) -> int:
     return 8 * dim_x * dim_y  # X^T Y in float64; the sums are vectors
 
 
-register_pair_statistic(PairStatistic(
+PAIR_STATISTICS.append(PairStatistic(
     "cross_moments", STREAMED_MEASURES, _cross_moments, streamed_measures, _cross_moments_bytes,
 ))
 
@@ -478,19 +536,19 @@ def sentence_word_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
     return {"word_ids": rows.selection.sentence_ids}
 
 
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "geometry_sample", ROWS, _geometry_sample_accumulator, partial(result_as, "geometry_sample"),
     description="a seeded sample of selected rows (intrinsic dimension)", labels=row_number_labels,
 ))
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "magnitudes", ROWS, _magnitude_accumulator, partial(result_as, "magnitudes"),
     description="per-dimension mean, std and mean |h| of the selected rows", labels=row_number_labels,
 ))
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "top_activations", ROWS, _magnitude_accumulator, partial(result_as, "top_activations"),
     description="the largest |h| over every stored row, located", labels=row_number_labels, every_row=True,
 ))
-register_statistic(Statistic(
+STATISTICS.append(Statistic(
     "sentence_means", ROWS, _sentence_mean_accumulator, _sentence_mean_values,
     description="each sentence's mean selected row", labels=sentence_word_labels,
 ))
@@ -515,12 +573,12 @@ def _transformed_intra(variant: str, rows: PlanArrays, words: np.ndarray | None,
 
 TRANSFORMED_VARIANTS = ("without_outlier_dimensions", "standardized")
 for _variant in TRANSFORMED_VARIANTS:
-    register_statistic(Statistic(
+    STATISTICS.append(Statistic(
         f"self_similarity_{_variant}", WORD_GROUPS, partial(_transformed_self_similarity, _variant),
         partial(result_as, f"self_similarity_{_variant}"), description=f"self-similarity, {_variant.replace('_', ' ')}",
         min_contexts=2, takes_inputs=True,
     ))
-    register_statistic(Statistic(
+    STATISTICS.append(Statistic(
         f"intra_{_variant}", ROWS, partial(_transformed_intra, _variant), partial(result_as, f"intra_{_variant}"),
         description=f"intra-sentence similarity, {_variant.replace('_', ' ')}", labels=sentence_labels, takes_inputs=True,
     ))

@@ -24,7 +24,7 @@ from lmgeom.metrics.isotropy import isoscore, log_partition_isotropy
 ISOTROPY_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine")
 
 
-def spearman(gold: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
+def spearman_x100(gold: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
     """Spearman rank correlation x 100 (ties take their average rank)."""
     gold_scores, predicted_scores = np.asarray(gold, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
     if gold_scores.shape != predicted_scores.shape or gold_scores.ndim != 1:
@@ -43,11 +43,11 @@ def pair_cosines(vectors1: np.ndarray, vectors2: np.ndarray) -> np.ndarray:
 
 def aggregate_scores(dataset: STSDataset, predicted: np.ndarray) -> dict[str, float]:
     """{"all": Spearman of all pairs} plus, for several subsets, {"mean": unweighted mean over subsets}."""
-    scores = {"all": spearman(dataset.scores, predicted)}
+    scores = {"all": spearman_x100(dataset.scores, predicted)}
     names = dataset.subset_names
     if len(names) > 1:
         subsets = np.asarray(dataset.subsets)
-        scores["mean"] = float(np.mean([spearman(dataset.scores[subsets == s], predicted[subsets == s]) for s in names]))
+        scores["mean"] = float(np.mean([spearman_x100(dataset.scores[subsets == s], predicted[subsets == s]) for s in names]))
     return scores
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Collection, Literal, Sequence, TypeVar, Union
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 from lmgeom.errors import InputError, MissingInput
@@ -195,7 +196,7 @@ def read_rte(directory: str | os.PathLike[str]) -> SentenceTask:
     return _checked(SentenceTask("rte", "classification", True, splits, TASK_METRICS["rte"], RTE_CLASSES))
 
 
-def read_stsb(directory: str | os.PathLike[str]) -> SentenceTask:
+def read_stsb_task(directory: str | os.PathLike[str]) -> SentenceTask:
     directory = Path(directory)
     paths = _need(directory, ["train.tsv", "dev.tsv"], "STS-B (GLUE)")
     splits = {}
@@ -380,10 +381,15 @@ def pearson(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(stats.pearsonr(y_true, y_pred).statistic)
 
 
-def spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    if np.ptp(y_pred) == 0:
+def spearman(x: npt.ArrayLike, y: npt.ArrayLike) -> float:
+    """Spearman's rho (average ranks for ties, Pearson of the ranks, as scipy's); nan when a side is
+    constant or there are fewer than 2 values."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
-    return float(stats.spearmanr(y_true, y_pred).statistic)
+    ranks_a, ranks_b = stats.rankdata(a), stats.rankdata(b)
+    ranks_a, ranks_b = ranks_a - ranks_a.mean(), ranks_b - ranks_b.mean()
+    return float(ranks_a @ ranks_b / np.sqrt(float(ranks_a @ ranks_a) * float(ranks_b @ ranks_b)))
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
@@ -401,7 +407,7 @@ def score(task: Task, y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float
 def load_task(name: str, directory: str | os.PathLike[str], *, brown_test_files: Collection[str] = ()) -> Task:
     """The task `name` (one of TASKS) from its folder; `brown` needs `brown_test_files`."""
     readers: dict[str, Callable[[str | os.PathLike[str]], Task]] = {
-        "cola": read_cola, "sst2": read_sst2, "mrpc": read_mrpc, "rte": read_rte, "stsb": read_stsb, "pos": read_ud_pos,
+        "cola": read_cola, "sst2": read_sst2, "mrpc": read_mrpc, "rte": read_rte, "stsb": read_stsb_task, "pos": read_ud_pos,
     }
     key = name.lower().replace("-", "")
     if key == "brown":

@@ -16,7 +16,8 @@ from lmgeom.report.data import (
     summarise_experiments,
 )
 from lmgeom.report.explorer import read_explorer
-from lmgeom.report.figures import Chart, run_charts, run_subtitle, save_figure, sts_pivot
+from lmgeom.engine.registry import measures
+from lmgeom.report.figures import DRAWN, Chart, run_charts, run_subtitle, save_figure, sts_pivot
 from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, not_measured, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
@@ -296,6 +297,9 @@ def build_report(
                  "<p class=\"note\">Share of a word's occurrence variance explained by its first principal direction, "
                  "in three named variants; adjusted = raw minus the same variant on sampled occurrences.</p>"
                  + chart_or_note("mev") + chart_or_note("mev_adjusted"))
+    for m in measures():  # any other measure a statistic declares, where this run has it
+        if m.chart and m.name not in DRAWN and run.layers is not None and (run.layers["metric"] == m.name).any():
+            page.section(m.name.replace("_", "-"), m.title, chart_or_note(m.name))
     if run.layers is not None:
         page.section("layers", "All measures by layer",
                      f"<p class=\"note\">{esc(MEV_ADJ_NOTE)}.</p>" + table(labelled(layer_table(run)), digits=3))

@@ -9,12 +9,11 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from lmgeom.errors import InputError
-from lmgeom.metrics.contextuality import MEV_VARIANTS
+from lmgeom.engine.registry import measure, measures
 from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import (
     DEPTH_AXIS,
     LAYER_AXIS,
-    MEV_NAMES,
     Chart,
     Series,
     chart_subtitle,
@@ -26,15 +25,12 @@ from lmgeom.report.labels import MEV_ADJ_NOTE, labelled
 from lmgeom.report.similarity import models_section
 from lmgeom import rundir
 
-# (name, contextuality metric, raw or adjusted, title)
+# (name, contextuality metric, raw or adjusted, title): every charted measure its statistic declares,
+# raw, and adjusted where it has a baseline
 COMPARED = [
-    ("anisotropy", "anisotropy_exact", "raw", "Anisotropy baseline, exact"),
-    ("self_similarity", "self_similarity", "raw", "Self-similarity, raw"),
-    ("self_similarity_adjusted", "self_similarity", "adjusted", "Self-similarity, adjusted (raw − baseline)"),
-    ("intra_sentence_similarity", "intra_sentence_similarity", "raw", "Intra-sentence similarity, raw"),
-    ("intra_sentence_similarity_adjusted", "intra_sentence_similarity", "adjusted", "Intra-sentence similarity, adjusted"),
-    *((f"mev_{v}{suffix}", f"mev_{v}", column, f"MEV {MEV_NAMES[v]}, {column}")
-      for v in MEV_VARIANTS for suffix, column in (("", "raw"), ("_adjusted", "adjusted"))),
+    entry for m in measures() if m.chart
+    for entry in ((m.name, m.name, "raw", f"{m.title}, raw" if m.baseline else m.title),
+                  *(((f"{m.name}_adjusted", m.name, "adjusted", f"{m.title}, adjusted (raw − baseline)"),) if m.baseline else ()))
 ]
 
 
@@ -73,26 +69,15 @@ def wide_table(tidy: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(columns, axis=1).reset_index()
 
 
-# each compared metric's estimator, what its chart counts (`lmgeom.report.figures.CHART_COUNTS`) and
-# what its adjusted value subtracts
-ESTIMATES = {"anisotropy_exact": "mean cosine over all pairs of occurrences",
-             "self_similarity": "mean pairwise cosine of a word's occurrences, over words",
-             "intra_sentence_similarity": "mean cosine of a word to its sentence's mean, over sentences",
-             "mev": "first principal component's share of a word's occurrence variance, over words"}
-COUNTED = {"anisotropy_exact": "anisotropy", "self_similarity": "words", "intra_sentence_similarity": "sentences", "mev": "words"}
-BASELINES = {"self_similarity": "exact anisotropy", "intra_sentence_similarity": "exact anisotropy",
-             "mev": "the same on sampled occurrences"}
-
-
 def comparison_charts(tidy: pd.DataFrame, runs: Mapping[str, RunData]) -> list[Chart]:
     """Per compared metric: one chart by relative depth and one by layer index, one line per run
     (`runs`: by label), titled with the metric's estimator; its subtitle the counts of each run."""
     charts = []
     for name, metric, column, title in COMPARED:
         rows = tidy.loc[tidy["metric"] == metric]
-        key = "mev" if metric.startswith("mev_") else metric
-        estimator = ESTIMATES[key] + (f", minus {BASELINES[key]}" if column == "adjusted" else "")
-        subtitle = "; ".join(chart_subtitle(label, counts_phrase(run, COUNTED[key])) for label, run in runs.items())
+        declared = measure(metric)  # its estimator, what its chart counts (`figures.CHART_COUNTS`), its baseline
+        estimator = declared.estimator + (f", minus {declared.baseline}" if column == "adjusted" else "")
+        subtitle = "; ".join(chart_subtitle(label, counts_phrase(run, declared.counted)) for label, run in runs.items())
         for axis, x_label, suffix in (("depth", DEPTH_AXIS, "depth"), ("layer", LAYER_AXIS, "layer")):
             series = [
                 Series(run, group[axis].astype(float).tolist(), group[column].astype(float).tolist())
@@ -128,7 +113,10 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike | RunData], out: str |
                             for label, run in zip(_labels(runs), runs)])
     page.section("runs", "Runs", table(listing, text_columns=("run", "directory")))
     by_name = {chart.name: chart for chart in comparison_charts(tidy, dict(zip(_labels(runs), runs)))}
-    for name, _, _, title in COMPARED:
+    measured = set(tidy["metric"])
+    for name, metric, _, title in COMPARED:
+        if metric not in measured:  # a statistic computed only when asked for (`analyze --statistics`)
+            continue
         body = ""
         for suffix in ("depth", "layer"):
             chart = by_name.get(f"{name}_by_{suffix}")

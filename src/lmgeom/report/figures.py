@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # files only: no display, no browser
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from lmgeom.engine.registry import measure, measures  # noqa: E402
 from lmgeom.metrics.contextuality import MEV_VARIANTS  # noqa: E402
 from lmgeom.report.data import RunData  # noqa: E402
 from lmgeom.report.labels import label  # noqa: E402
@@ -33,21 +34,16 @@ DEPTH_AXIS = "relative depth (layer / last layer; 0 = embedding output)"
 TITLE_WIDTH = 64
 NOTE_WIDTH = 120
 
-MEV_NAMES = {
-    "uncentred": "uncentred (paper's formula)",
-    "centred": "centred (PCA share)",
-    "svd_ratio": "SVD ratio (released figures)",
-}
-# the estimator of each contextuality metric, as chart titles name it
-ESTIMATORS = {
-    "self_similarity": "mean pairwise cosine of a word's occurrences, averaged over words",
-    "intra_sentence_similarity": "mean cosine of each word to its sentence's mean vector, averaged over sentences",
-    "mev": "share of a word's occurrence variance on its first principal component, averaged over words",
-}
-# the unit each metric's bootstrap resamples (`lmgeom.engine.bootstrap`); MEV's adjusted value
-# subtracts a baseline resampled over the sampled occurrences
-RESAMPLED = {"anisotropy_exact": "sentences", "self_similarity": "sentences", "intra_sentence_similarity": "sentences",
-             "anisotropy_sampled": "sampled occurrences", "mev": "words"}
+# each MEV variant's name in a chart, from its measure's title ("MEV centred (PCA share)")
+MEV_NAMES = {variant: measure(f"mev_{variant}").title.removeprefix("MEV ") for variant in MEV_VARIANTS}
+# the estimator of each measure, as chart titles name it, and the unit its bootstrap resamples
+# (`lmgeom.engine.bootstrap`; MEV's adjusted value subtracts a baseline resampled over the sampled
+# occurrences): both declared with the measure's statistic
+ESTIMATORS = {m.name: m.estimator for m in measures()}
+RESAMPLED = {m.name: m.resampled for m in measures() if m.resampled}
+# the measures the charts below draw by hand; any other charted measure gets a chart of its own
+DRAWN = {"anisotropy_exact", "anisotropy_sampled", "self_similarity", "intra_sentence_similarity",
+         *(f"mev_{variant}" for variant in MEV_VARIANTS)}
 
 
 @dataclass
@@ -244,13 +240,19 @@ def run_charts(run: RunData) -> list[Chart]:
               [metric_series("raw", "intra_sentence_similarity"),
                metric_series("adjusted (raw − exact anisotropy)", "intra_sentence_similarity", "adjusted", dash=True)],
               "sentences", sentences),
-        chart("mev", f"Maximum explainable variance (MEV), raw: {ESTIMATORS['mev']}", "mean MEV (0 to 1)",
+        chart("mev", f"Maximum explainable variance (MEV), raw: {ESTIMATORS['mev_uncentred']}", "mean MEV (0 to 1)",
               [metric_series(MEV_NAMES[v], f"mev_{v}") for v in MEV_VARIANTS], "words", "words", undefined),
         chart("mev_adjusted", f"MEV adjusted: raw MEV − the same variant on {occurrences}, averaged over words",
               "mean MEV − baseline",
               [metric_series(MEV_NAMES[v], f"mev_{v}", "adjusted") for v in MEV_VARIANTS],
               "words", "words (MEV), of the sampled occurrences (baseline)", undefined),
     ]
+    for m in measures():  # a measure declared with its statistic and not drawn above: raw and adjusted by layer
+        if m.chart and m.name not in DRAWN:
+            adjusted = [metric_series(f"adjusted (raw − {m.baseline})", m.name, "adjusted", dash=True)] if m.baseline else []
+            charts.append(chart(m.name, f"{m.title}: {m.estimator}", m.y_label or m.label,
+                                [metric_series("raw", m.name), *adjusted], m.counted,
+                                resampled_units(run, m.name) if m.resampled else ""))
     charts.extend(isotropy_charts(run))
     charts.extend(calibration_charts(run))
     charts.extend(sts_charts(run))

@@ -10,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+from lmgeom.engine.registry import measures
+
 def number(value: Any, digits: int = 4) -> str:
     """A value as tables show it (the report's and the terminal's): a dash when missing (None, NaN),
     integers (and whole floats of 1,000 or more) with thousands separators, other numbers to `digits`
@@ -36,18 +38,9 @@ LABELS = {
     "layer": "layer",
     "layer_name": "layer name",
     "mean_norm": "mean norm",
-    "anisotropy_exact": "anisotropy (exact)",
-    "anisotropy_sampled": "anisotropy (sampled)",
-    "self_similarity": "SelfSim",
-    "self_similarity_adjusted": "SelfSim adj",
-    "intra_sentence_similarity": "IntraSim",
-    "intra_sentence_similarity_adjusted": "IntraSim adj",
-    "mev_uncentred": "MEV uncentred",
-    "mev_uncentred_adjusted": "MEV uncentred adj",
-    "mev_centred": "MEV centred",
-    "mev_centred_adjusted": "MEV centred adj",
-    "mev_svd_ratio": "MEV SVD ratio",
-    "mev_svd_ratio_adjusted": "MEV adj",
+    # each measure's label and its adjusted value's, as its statistic declares them
+    **{m.name: m.label for m in measures()},
+    **{f"{m.name}_adjusted": m.adjusted for m in measures() if m.baseline},
     # per word (contextuality_words.csv)
     "word": "word",
     "count": "occurrences",

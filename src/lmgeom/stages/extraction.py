@@ -36,15 +36,47 @@ def extract(
 ) -> RepresentationStore:
     """Encode `corpus` into a store at `out`; re-running the same call resumes an interrupted run.
 
-    `options` (`ExtractionOptions`, or its fields as keywords) say what is stored and how; the
-    corpus-selection fields do not apply (`corpus` is given). The corpus is cut into windows of
-    `sort_window` sentences, each encoded at once, so its forward batches are sorted by length across
-    the window (the whole corpus, where its vectors fit the memory budget), and committed in corpus
-    order in chunks of `chunk_sentences` (the unit of resuming: a resumed run encodes the window of its
-    next chunk again whole, so its batches, and vectors, are those of an uninterrupted run).
-    Progress is reported per committed chunk in sentences, with sentences and words per second
-    (`words` are the corpus words stored; special tokens kept with `keep_special` are not counted).
-    The layers' zarr chunks fit the corpus (`layout.chunk_rows`); `compress` ("zstd") compresses them.
+    The corpus is cut into windows of `sort_window` sentences, each encoded at once, so its forward
+    batches are sorted by length across the window (the whole corpus, where its vectors fit the
+    memory budget), and committed in corpus order in chunks of `chunk_sentences` (the unit of
+    resuming: a resumed run encodes the window of its next chunk again whole, so its batches, and
+    vectors, are those of an uninterrupted run). The layers' zarr chunks fit the corpus
+    (`layout.chunk_rows`).
+
+    Parameters
+    ----------
+    encoder : Encoder
+        The loaded model that encodes the sentences (`lmgeom.encoders.registry.load_encoder`).
+    corpus : Corpus
+        The sentences to encode.
+    out : str or os.PathLike
+        The store's folder, or an fsspec URL: a store on an object store is written in shards
+        committed by manifests (`lmgeom.stages.distributed.extract_sharded`).
+    options : ExtractionOptions or None, default None
+        What is stored and how (None: the defaults); the corpus-selection fields do not apply
+        (`corpus` is given). `compress` ("zstd") compresses the layers' chunks. A resumed run given
+        no `sort_window` keeps the chunk size and sort window of the run it resumes (unless given
+        another `chunk_sentences`).
+    overwrite : bool, default False
+        Replace a store of other settings at `out` (removed, with what lmgeom wrote next to it);
+        without it such a store is refused.
+    progress : Progress or None, default None
+        Told of each committed chunk, in sentences, with sentences and words per second (`words` are
+        the corpus words stored; special tokens kept with `keep_special` are not counted). None:
+        `NoProgress`.
+    **keywords : Any
+        Fields of `ExtractionOptions` by name, replacing those of `options`.
+
+    Returns
+    -------
+    RepresentationStore
+        The finished store at `out`, opened.
+
+    Raises
+    ------
+    InputError
+        An unknown keyword or a bad option value (`ExtractionOptions`); a store of other settings at
+        `out` without `overwrite`, or files lmgeom did not write there (`StoreExistsError`).
     """
     progress = progress or NoProgress()
     options = ExtractionOptions.of(options, **keywords)
@@ -110,7 +142,7 @@ def _resumed_windows(out: Path, options: ExtractionOptions) -> ExtractionOptions
     """A resumed extraction keeps the chunks and sort windows of the run it resumes (a store written
     before sort windows were recorded sorted each chunk on its own)."""
     try:
-        recorded = layout.read_json(out / layout.META).get("settings", {})
+        recorded = layout.read_store_json(out / layout.META).get("settings", {})
     except InputError:
         return options
     if not recorded.get("chunk_sentences") or (options.chunk_sentences and options.chunk_sentences != recorded["chunk_sentences"]):
@@ -165,13 +197,52 @@ def extract_model(
     progress: Progress | None = None,
     **keywords: Any,
 ) -> RepresentationStore:
-    """`lmgeom extract`: load the corpus spec `corpus` and `model`, and extract its layers into `out`
-    (a folder or an fsspec URL; default `default_run_dir`: runs/<model>-<corpus>[-limitN][-sampleN]),
-    resuming an interrupted run. `options` (`ExtractionOptions`) and `encoder` (`EncoderOptions`, for
-    `load_encoder`) say how; `keywords` are fields of either, by name (`extract_model("minilm",
-    limit=100, store_layers="0,3,6", device="cpu")`). `engine="ray"` (or an object-store `out`) encodes
-    shards of a stream of the corpus (`lmgeom.stages.distributed.extract_model_sharded`), with
-    `engine="ray"` on `num_workers` Ray actors, each loading the model."""
+    """`lmgeom extract`: load the corpus `corpus` and `model`, and extract its layers into `out`.
+
+    An interrupted run is resumed. `engine="ray"` (or an object-store `out`) encodes shards of a
+    stream of the corpus (`lmgeom.stages.distributed.extract_model_sharded`), with `engine="ray"` on
+    `num_workers` Ray actors, each loading the model.
+
+    Parameters
+    ----------
+    model : str
+        A named model (`lmgeom.encoders.registry.NAMED_MODELS`), a Hugging Face id or a local model
+        folder, loaded by `load_encoder`.
+    corpus : str, default "lee"
+        The corpus spec, as `load_corpus` reads it: lee, brown[:DIR], sts[:DIR],
+        hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file.
+    out : str or os.PathLike or None, default None
+        The store's folder or an fsspec URL. None: `default_run_dir`,
+        runs/<model>-<corpus>[-limitN][-sampleN].
+    options : ExtractionOptions or None, default None
+        What is extracted and stored and how (None: the defaults).
+    encoder : EncoderOptions or None, default None
+        How the model is loaded and run, for `load_encoder` (None: the defaults).
+    overwrite : bool, default False
+        Replace a store of other settings at `out` (removed, with what lmgeom wrote next to it);
+        without it such a store is refused.
+    progress : Progress or None, default None
+        Told of each committed chunk (None: `NoProgress`).
+    **keywords : Any
+        Fields of `ExtractionOptions` or `EncoderOptions`, by name, replacing those of `options` and
+        `encoder` (`extract_model("minilm", limit=100, store_layers="0,3,6", device="cpu")`).
+
+    Returns
+    -------
+    RepresentationStore
+        The finished store at `out`, opened.
+
+    Raises
+    ------
+    InputError
+        A keyword that is neither an extraction nor an encoder option, or a bad option value;
+        `num_workers`, `gpus_per_worker` or `shard_sentences` without `engine="ray"` (for a local
+        `out`); a corpus spec that does not read (before the model loads); a store of other settings
+        at `out` without `overwrite`, or files lmgeom did not write there (`StoreExistsError`).
+    FileNotFoundError
+        A corpus spec that names neither a built-in corpus nor an existing file (or a corpus folder
+        that is not there).
+    """
     from lmgeom.encoders.options import EncoderOptions
     from lmgeom.encoders.registry import load_encoder  # torch: only where a model is loaded
 

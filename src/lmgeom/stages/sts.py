@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from lmgeom.errors import InputError
+from lmgeom.errors import InputError, OutOfRange
+from lmgeom.layerspec import select_layers
 from lmgeom.calibrate import METHODS, Calibrator, make_calibrator
 from lmgeom.corpus import Corpus, load_corpus
 from lmgeom.evaluate.sts import best_calibration, headline_grid, markdown_table, score_dataset, summary_table
@@ -65,35 +66,29 @@ class FitSource:
 
 
 def resolve_layers(layers: Sequence[int | str | LayerSelection] | None, n_layers: int) -> list[LayerSelection]:
-    """Layer selections from ints, "all" (every layer 0..L), "first-last-avg" (layers 1 and L) or
-    ready `LayerSelection`s; None means every layer plus first-last-avg."""
+    """Layer selections from layer specs in the one grammar (`lmgeom.layerspec`: numbers, negative ones
+    from the end, ranges, 'first', 'last', 'all', 'every:K'), "first-last-avg" (layers 1 and L, averaged)
+    or ready `LayerSelection`s, in the order given; None means every layer plus first-last-avg."""
     last = n_layers - 1
     selections: list[LayerSelection] = []
     for item in ["all", FIRST_LAST_AVG] if layers is None else layers:
         if isinstance(item, LayerSelection):
-            selection = item
-        elif item == "all":
-            selections.extend(LayerSelection(str(layer), (layer,)) for layer in range(n_layers))
-            continue
+            bad = [index for index in item.indexes if not 0 <= index <= last]
+            if bad or not item.indexes:
+                raise OutOfRange(f"`layers`: the selection {item.name!r} has layer(s) {bad or '(none)'} outside the model's "
+                                 f"0..{last} (0 = embedding output)", param="layers")
+            selections.append(item)
         elif item == FIRST_LAST_AVG:
             if last < 1:
-                raise InputError("first-last-avg needs at least one transformer layer; this model has only the embedding layer")
-            selection = LayerSelection(FIRST_LAST_AVG, (1, last))
+                raise InputError("first-last-avg needs at least one transformer layer; this model has only the embedding layer",
+                                 param="layers")
+            selections.append(LayerSelection(FIRST_LAST_AVG, (1, last)))
         else:
-            try:
-                selection = LayerSelection(str(int(item)), (int(item),))
-            except (TypeError, ValueError):
-                raise InputError(f"unknown layer {item!r}; give layer numbers 0..{last}, 'all' or '{FIRST_LAST_AVG}'") from None
-        bad = [index for index in selection.indexes if not 0 <= index <= last]
-        if bad or not selection.indexes:
-            raise InputError(
-                f"layer selection {selection.name!r} has layer(s) {bad or '(none)'} outside 0..{last} "
-                f"(layer 0 is the embedding output, {last} the last block)"
-            )
-        selections.append(selection)
+            spec = [item] if isinstance(item, int) else str(item)
+            selections.extend(LayerSelection(str(layer), (layer,)) for layer in select_layers(spec, range(n_layers)))
     unique = list(dict.fromkeys(selections))
     if not unique:
-        raise InputError("no layers selected; give layer numbers, 'all' or 'first-last-avg'")
+        raise InputError("no layers selected; give layers (e.g. 'all', '0,6,-1') or 'first-last-avg'", param="layers")
     return unique
 
 

@@ -106,7 +106,7 @@ def is_store(path: str | Path) -> bool:
     return Location.of(path).exists(META)
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_store_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:

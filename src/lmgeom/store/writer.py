@@ -142,7 +142,7 @@ class StoreWriter(HoldsLock):
     def _open(self) -> None:
         meta_path = self.path / layout.META
         if meta_path.exists():
-            existing = layout.read_json(meta_path)
+            existing = layout.read_store_json(meta_path)
             stored = stored_settings(existing, self.settings)
             if stored != self.settings:
                 raise StoreExistsError(settings_mismatch(self.path, stored, self.settings, complete=bool(existing.get("complete"))),
@@ -177,7 +177,7 @@ class StoreWriter(HoldsLock):
         self._open_chunks: list[OpenChunk | None] = [None] * len(self.layers)
         # CRC32C of the chunk files this writer wrote whole, by stored layer and chunk index, for checksums.json
         self._checksums: list[dict[int, str]] = [{} for _ in self.layers]
-        self.progress = layout.read_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
+        self.progress = layout.read_store_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
         if self.complete:
             return
         self.arrays = []

@@ -43,6 +43,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from lmgeom.errors import InputError
+from lmgeom.evaluate.tasks import spearman
 from lmgeom import rundir
 
 MEASURES = {"global": "isoscore_after", "local": "local_isoscore_after"}
@@ -91,17 +92,6 @@ SETTINGS_TEXT = {
 
 
 # ---- statistics ---------------------------------------------------------------------------------
-
-
-def spearman(x: ArrayLike, y: ArrayLike) -> float:
-    """Spearman's rho (average ranks for ties, Pearson of the ranks, as scipy's); nan when a side is
-    constant or there are fewer than 2 values."""
-    from scipy.stats import rankdata
-
-    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return float("nan")
-    return _pearson(rankdata(a), rankdata(b))
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
