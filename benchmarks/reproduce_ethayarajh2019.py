@@ -246,7 +246,8 @@ def build() -> Documents:
 
 
 def first_word_table(run: Path, layers: list[int], *, n_samples: int = 1000, seed: int = 0) -> str:
-    from lmgeom.metrics.contextuality import average_cosine, intra_sentence_similarity, occurrence_spectrum, row_norms, sample_indexes
+    from lmgeom.metrics.contextuality import average_cosine, intra_sentence_similarity, row_norms, sample_indexes
+    from lmgeom.metrics.mev import occurrence_spectrum
     from lmgeom.stages.contextuality import layer_name
     from lmgeom.store import RepresentationStore
 

@@ -24,7 +24,8 @@ from lmgeom.metrics.bootstrap import (
     unit_totals,
     weighted_means,
 )
-from lmgeom.metrics.contextuality import UnitSumsAccumulator, occurrence_spectrum
+from lmgeom.metrics.contextuality import UnitSumsAccumulator
+from lmgeom.metrics.mev import occurrence_spectrum
 from lmgeom.stages.analysis import analyze_store
 from lmgeom.store.arrays import write_store_from_arrays
 

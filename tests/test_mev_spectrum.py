@@ -14,7 +14,7 @@ import pytest
 from scipy.linalg import eigh
 
 from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, first_principal_direction, mev, occurrence_spectrum
-from lmgeom.metrics.contextuality import mev_state_bytes
+from lmgeom.metrics.mev import mev_state_bytes
 from lmgeom.metrics import spectrum as spectrum_module
 from lmgeom.metrics.spectrum import OccurrenceSpectrum, moment_spectrum, rows_spectra
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from lmgeom.cli.main import app
 from lmgeom.corpus import load_corpus
 from lmgeom.errors import InputError
-from lmgeom.metrics.contextuality import occurrence_spectrum, sampled_self_similarity
+from lmgeom.metrics.contextuality import sampled_self_similarity
+from lmgeom.metrics.mev import occurrence_spectrum
 from lmgeom.stages.analysis import analyze_store
 from lmgeom.engine import AnalysisOptions, plan_analysis
 from lmgeom.engine.options import protocol_options

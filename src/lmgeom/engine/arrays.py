@@ -13,7 +13,8 @@ import numpy as np
 from lmgeom.engine.loop import stored_row_bytes
 from lmgeom.engine.options import AnalysisOptions
 from lmgeom.engine.selection import SELECTION_COLUMNS, RowSelection, WordSelection, select_rows, select_words
-from lmgeom.metrics.contextuality import mev_state_bytes, sample_indexes
+from lmgeom.metrics.contextuality import sample_indexes
+from lmgeom.metrics.mev import mev_state_bytes
 from lmgeom.store import RepresentationStore
 
 T = TypeVar("T")

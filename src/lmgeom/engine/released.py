@@ -27,13 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmgeom.metrics.contextuality import (
-    RowSampleAccumulator,
-    WordRowsAccumulator,
-    occurrence_spectrum,
-    row_norms,
-    sampled_self_similarity,
-)
+from lmgeom.metrics.contextuality import RowSampleAccumulator, WordRowsAccumulator, row_norms, sampled_self_similarity
+from lmgeom.metrics.mev import occurrence_spectrum
 from lmgeom.engine.statistics import (
     ROWS,
     WORD_GROUPS,

@@ -37,15 +37,14 @@ from lmgeom.metrics.contextuality import (
     AverageCosineAccumulator,
     IntraSentenceAccumulator,
     MeanNormAccumulator,
-    MEVAccumulator,
     RowSampleAccumulator,
     SelfSimilarityAccumulator,
     WordMeanAccumulator,
     WordRowsAccumulator,
     average_cosine,
-    occurrence_spectrum,
     row_norms,
 )
+from lmgeom.metrics.mev import MEVAccumulator, occurrence_spectrum
 from lmgeom.metrics.isotropy import MomentAccumulator, effective_rank, isotropy_report, local_isotropy
 from lmgeom.metrics.similarity import STREAMED_MEASURES, CrossMoments, streamed_measures
 from lmgeom.metrics.outliers import MagnitudeAccumulator, TransformedAccumulator, standardizing

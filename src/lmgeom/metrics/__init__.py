@@ -10,23 +10,19 @@ from __future__ import annotations
 
 from lmgeom.metrics.base import Accumulator, load_states, save_states
 from lmgeom.metrics.contextuality import (
-    MEV_VARIANTS,
     AverageCosineAccumulator,
     IntraSentenceAccumulator,
     MeanNormAccumulator,
-    MEVAccumulator,
-    OccurrenceSpectrum,
     RowSampleAccumulator,
     SelfSimilarityAccumulator,
     WordMeanAccumulator,
     average_cosine,
-    first_principal_direction,
     intra_sentence_similarity,
-    mev,
-    occurrence_spectrum,
     sampled_average_cosine,
     self_similarity,
 )
+from lmgeom.metrics.mev import MEVAccumulator, first_principal_direction, mev, occurrence_spectrum
+from lmgeom.metrics.spectrum import MEV_VARIANTS, OccurrenceSpectrum
 from lmgeom.metrics.isotropy import (
     CosineContributionAccumulator,
     LocalIsotropy,

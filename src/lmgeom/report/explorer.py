@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmgeom.metrics.contextuality import MEV_VARIANTS
+from lmgeom.metrics.spectrum import MEV_VARIANTS
 from lmgeom.rundir import EXPLORER, Where, read_json
 
 # the per-word metrics the explorer shows across layers (columns of contextuality_words.csv)

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from lmgeom.engine.registry import measure, measures  # noqa: E402
-from lmgeom.metrics.contextuality import MEV_VARIANTS  # noqa: E402
+from lmgeom.metrics.spectrum import MEV_VARIANTS  # noqa: E402
 from lmgeom.report.data import RunData  # noqa: E402
 from lmgeom.report.labels import label  # noqa: E402
 from lmgeom import rundir  # noqa: E402
