@@ -15,14 +15,42 @@ from lmgeom.calibrate._base import Calibrator, register
 
 @register
 class ClusterIsotropy(Calibrator):
-    """k-means the points; inside each cluster remove the cluster mean and the cluster's top
+    """Cluster-based isotropy enhancement, CIE (Rajaee & Pilehvar 2021).
+
+    k-means the points; inside each cluster remove the cluster mean and the cluster's top
     `n_components` principal directions. New points use their nearest centroid.
 
-    A cluster of m points has at most m - 1 directions with variance, so it removes
-    min(n_components, number of directions with non-zero variance) of them: removing a
-    zero-variance direction would act on new points along an arbitrary axis.
-    Fitted: cluster_centers_ (k, d), cluster_means_ (k, d), components_ (k, n_components, d)
-    zero-padded, n_components_per_cluster_ (k,), cluster_sizes_ (k,)."""
+    Parameters
+    ----------
+    n_clusters : int, default 27
+        k, the k-means clusters. `fit` refuses one below 1 or above the number of points
+        (`InputError`).
+    n_components : int, default 12
+        The principal directions removed inside each cluster. A cluster of m points has at most
+        m - 1 directions with variance, so it removes min(n_components, number of directions with
+        non-zero variance) of them: removing a zero-variance direction would act on new points along
+        an arbitrary axis. `fit` refuses one outside [1, d] (`InputError`).
+    random_state : int or None, default 0
+        The seed of k-means (`sklearn.cluster.KMeans`).
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray of shape (k, n_features_in_)
+        The k-means centroids, which assign new points to clusters.
+    cluster_means_ : ndarray of shape (k, n_features_in_)
+        The mean of each cluster's points (zero for an empty cluster).
+    components_ : ndarray of shape (k, n_components, n_features_in_)
+        Each cluster's removed directions in rows, zero-padded.
+    n_components_per_cluster_ : ndarray of shape (k,)
+        The directions removed in each cluster.
+    cluster_sizes_ : ndarray of shape (k,)
+        The points of each cluster.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit; defined only when `X` has feature names that are all
+        strings.
+    """
 
     collapses_on_few_rows: ClassVar[bool] = True
 

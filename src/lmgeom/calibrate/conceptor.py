@@ -28,10 +28,30 @@ DEFAULT_APERTURE = 2.0
 class ConceptorNegation(MomentCalibrator):
     """x -> (I - C) x with the conceptor C = R (R + alpha^-2 I)^-1 of the uncentred correlation R.
 
-    alpha: the aperture; larger alpha damps more (alpha -> 0 gives the identity). The points are not
-    centred, as in the paper: R = X^T X / n.
-    Fitted: correlation_eigenvalues_ (d,) descending, components_ (d, d) eigenvectors of R in rows,
-    negation_matrix_ (d, d) = I - C, symmetric, n_samples_seen_."""
+    The points are not centred, as in the paper: R = X^T X / n.
+
+    Parameters
+    ----------
+    alpha : float, default 2.0
+        The aperture (`DEFAULT_APERTURE`, Liu et al.'s); larger alpha damps more (alpha -> 0 gives
+        the identity). `fit` refuses one that is not a finite number > 0 (`InputError`).
+
+    Attributes
+    ----------
+    correlation_eigenvalues_ : ndarray of shape (n_features_in_,)
+        The eigenvalues s of R, descending.
+    components_ : ndarray of shape (n_features_in_, n_features_in_)
+        The eigenvectors of R, in rows.
+    negation_matrix_ : ndarray of shape (n_features_in_, n_features_in_)
+        I - C, symmetric.
+    n_samples_seen_ : int
+        Rows the fit has seen.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit; defined only when `X` has feature names that are all
+        strings.
+    """
 
     collapses_on_few_rows: ClassVar[bool] = True
 

@@ -174,18 +174,56 @@ def _negative_log_likelihood(z: torch.Tensor, log_det: torch.Tensor) -> torch.Te
 class FlowCalibrator(Calibrator):
     """Glow-style normalizing flow trained by maximum likelihood to map points to N(0, I).
 
-    prewhiten: first apply a fixed `Whitening` fitted in float64 (part of the bijection, counted in
-    `log_det`), so the flow learns only what whitening cannot do. Without it, a few epochs of Adam
-    do not undo the condition numbers of real layers (variances spanning 6+ orders of magnitude in
-    decoder layers), and near-dead dimensions make maximum likelihood unstable.
     The defaults (4 steps, 128 hidden units, 10 epochs of batch 512, Adam 1e-3) cost about
-    0.9 TFLOP for 10k x 384 points: seconds on a free CPU. Training is float32 on `device`
-    ("auto": CUDA when present); transform-like methods run a float64 copy of the trained flow, so
-    a row's result does not depend on how many other rows come with it (float32 matrix products
-    round differently for different batch shapes). Seeded by `random_state` (initialisation and
-    batch order).
-    Fitted: module_ (the torch flow), prewhitening_ (a fitted Whitening, or None), loss_curve_
-    (mean NLL in nats per dimension of the whitened data, per epoch), n_iter_ (epochs run), n_samples_seen_."""
+    0.9 TFLOP for 10k x 384 points: seconds on a free CPU. Transform-like methods run a float64 copy
+    of the trained flow, so a row's result does not depend on how many other rows come with it
+    (float32 matrix products round differently for different batch shapes).
+
+    Parameters
+    ----------
+    n_steps : int, default 4
+        Flow steps, each actnorm -> invertible linear map -> coupling; at least 1 (`fit` refuses
+        less: `InputError`).
+    hidden_size : int, default 128
+        Hidden units of each coupling's network; at least 1.
+    coupling : str, default "affine"
+        "affine" (shift and scale) or "additive" (shift only, volume-preserving); `fit` refuses
+        another (`InputError`).
+    n_epochs : int, default 10
+        Training epochs; at least 1.
+    batch_size : int, default 512
+        Rows per training batch; at least 1.
+    learning_rate : float, default 1e-3
+        Adam's learning rate.
+    prewhiten : bool, default True
+        First apply a fixed `Whitening` fitted in float64 (part of the bijection, counted in
+        `log_det`), so the flow learns only what whitening cannot do. Without it, a few epochs of
+        Adam do not undo the condition numbers of real layers (variances spanning 6+ orders of
+        magnitude in decoder layers), and near-dead dimensions make maximum likelihood unstable.
+    random_state : int or None, default 0
+        Seeds the initialisation and the batch order (None: numpy's global random state).
+    device : str, default "auto"
+        Where training runs, in float32 ("auto": CUDA when present).
+
+    Attributes
+    ----------
+    module_ : torch.nn.Module
+        The trained torch flow.
+    prewhitening_ : Whitening or None
+        The fitted prewhitening, or None without `prewhiten`.
+    loss_curve_ : list of float
+        Mean NLL in nats per dimension of the data the flow is trained on (whitened with
+        `prewhiten`), per epoch.
+    n_iter_ : int
+        Epochs run.
+    n_samples_seen_ : int
+        Rows the fit has seen.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit; defined only when `X` has feature names that are all
+        strings.
+    """
 
     collapses_on_few_rows: ClassVar[bool] = True
 

@@ -91,9 +91,30 @@ def default_abtt_components(dim: int) -> int:
 class AllButTheTop(MomentCalibrator):
     """Remove the mean and the top-D principal directions (Mu & Viswanath 2018).
 
-    n_components: D; None means d/100 rounded, at least 1.
-    Fitted: mean_, components_ (D, d) top principal directions, explained_variance_ (D,),
-    n_components_, n_samples_seen_."""
+    Parameters
+    ----------
+    n_components : int or None, default None
+        D, the principal directions removed; None means d/100 rounded (half up), at least 1
+        (`default_abtt_components`). `fit` refuses one outside [1, d] (`InputError`).
+
+    Attributes
+    ----------
+    mean_ : ndarray of shape (n_features_in_,)
+        The mean removed.
+    components_ : ndarray of shape (D, n_features_in_)
+        The top D principal directions, in rows.
+    explained_variance_ : ndarray of shape (D,)
+        The variances along `components_`.
+    n_components_ : int
+        D, as fitted.
+    n_samples_seen_ : int
+        Rows the fit has seen.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit; defined only when `X` has feature names that are all
+        strings.
+    """
 
     def __init__(self, n_components: int | None = None) -> None:
         self.n_components = n_components
@@ -123,13 +144,44 @@ class AllButTheTop(MomentCalibrator):
 class Whitening(MomentCalibrator):
     """Whitening (Su et al. 2021): (x - mu) U Lambda^-1/2, keeping the top `n_components` directions.
 
-    zca: rotate back, (x - mu) U Lambda^-1/2 U^T, which keeps the output closest to the input.
-    eps: eigenvalues below eps x (mean eigenvalue) are raised to that floor before inverting, so
-    N <= d or rank-deficient data gives finite output (the null directions are scaled by a large
-    but finite factor; truncate with n_components to drop them instead).
     inverse_transform exists only without truncation (n_components None or d).
-    Fitted: mean_, components_ (k, d), explained_variance_ (k,), variance_floor_,
-    whitening_matrix_ (d, k; or d, d with zca), n_components_, n_samples_seen_."""
+
+    Parameters
+    ----------
+    n_components : int or None, default None
+        The principal directions kept, k (None: every direction, k = d). `fit` refuses one outside
+        [1, d] (`InputError`).
+    eps : float, default 1e-6
+        Eigenvalues below eps x (mean eigenvalue) are raised to that floor before inverting, so
+        N <= d or rank-deficient data gives finite output (the null directions are scaled by a large
+        but finite factor; truncate with n_components to drop them instead). `fit` refuses one that
+        is not > 0 (`InputError`).
+    zca : bool, default False
+        Rotate back, (x - mu) U Lambda^-1/2 U^T, which keeps the output closest to the input.
+
+    Attributes
+    ----------
+    mean_ : ndarray of shape (n_features_in_,)
+        The mean mu removed.
+    components_ : ndarray of shape (k, n_features_in_)
+        The top k principal directions U, in rows.
+    explained_variance_ : ndarray of shape (k,)
+        The variances Lambda along `components_` (before the floor).
+    variance_floor_ : float
+        eps x (mean eigenvalue), the floor the variances are raised to before inverting.
+    whitening_matrix_ : ndarray of shape (n_features_in_, k)
+        The matrix the centred rows are multiplied by; of shape (n_features_in_, n_features_in_)
+        with `zca`.
+    n_components_ : int
+        k, as fitted.
+    n_samples_seen_ : int
+        Rows the fit has seen.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit; defined only when `X` has feature names that are all
+        strings.
+    """
 
     collapses_on_few_rows: ClassVar[bool] = True
 
@@ -183,9 +235,27 @@ class Whitening(MomentCalibrator):
 
 @register
 class Standardize(MomentCalibrator):
-    """Per-dimension z-score, (x - mean) / std with the population std (as sklearn's StandardScaler),
-    the fix for rogue dimensions (Timkey & van Schijndel 2021); constant dimensions are only centred.
-    Fitted: mean_, var_, scale_, n_samples_seen_."""
+    """Per-dimension z-score, (x - mean) / std, the fix for rogue dimensions (Timkey & van Schijndel 2021).
+
+    The std is the population std (as sklearn's StandardScaler); constant dimensions are only
+    centred. It takes no parameters.
+
+    Attributes
+    ----------
+    mean_ : ndarray of shape (n_features_in_,)
+        The per-dimension mean.
+    var_ : ndarray of shape (n_features_in_,)
+        The per-dimension population variance.
+    scale_ : ndarray of shape (n_features_in_,)
+        The per-dimension std the centred rows are divided by (1 for a constant dimension).
+    n_samples_seen_ : int
+        Rows the fit has seen.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit; defined only when `X` has feature names that are all
+        strings.
+    """
 
     full_covariance: ClassVar[bool] = False
 

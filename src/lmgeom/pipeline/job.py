@@ -201,34 +201,118 @@ def run(
     permutations: int = DEFAULT_PERMUTATIONS,
     progress: Progress | None = None,
 ) -> RunResult:
-    """The main job: extract every layer of `model` on `corpus`, analyse every layer as Ethayarajh
-    (2019) did (contextuality.json, summary.json), measure the isotropy of every layer
-    (isotropy.json), calibrate `layers` with `methods` (calibration.json), distil and score static
-    embeddings of `layers` (static/), measure the similarity of every pair of layers (similarity.json:
-    CKA, Procrustes, RSA, mutual k-NN with their permutation nulls and p-values: `permutations` shuffles
-    for CKA, RSA and mutual k-NN, `SimilarityOptions`' default for Procrustes), measure the intrinsic dimension,
-    outlier panel and uniformity of every layer (geometry.json, with the LayerNorm-weight outliers of
-    `model`), then render report.html with its figures (experiment results under RUN/experiments/ and
-    in `include` folders are shown too). Each step is recorded in run.json
-    and skipped when repeated with the same settings; an interrupted run resumes (the extraction
-    from its last committed chunk). `out` is a local folder or any fsspec URL (s3://, gs://,
-    memory://, file://): every file of the run is written there. `device` is resolved once
-    (`run_device`) and every step computes there: the model, the analysis, isotropy, calibration,
-    the static embeddings and the similarity (run.json records it). `num_workers`: layers the contextuality analysis
-    runs at once, each in a worker process (`analyze_store`: at most one per CPU, the same numbers,
-    about this many times one layer's memory); not a setting of the step, as it changes no number.
-    `corpus` defaults to lee; `sample` keeps a seeded sample of that many of its sentences. Words are
-    those of at least `min_contexts` (default 5) distinct sentences or occurrences (`count_by`,
-    default sentences). `protocol` (`ethayarajh2019`) sets every part of a paper's released code at
-    once (`protocol_extraction`: the corpus, default sts-scored, and the units; `protocol_options`:
-    the word threshold and the released code's sampled statistics beside lmgeom's, the static
-    vectors' words), recorded in run.json and every result file; a given option it sets otherwise is
-    refused, naming both. `data_dir` is the folder holding the word benchmarks of the static
-    embeddings and stsbenchmark/ for geometry's alignment (None: ../shared/data or LMGEOM_DATA); a
-    given one that is not a folder is refused before any work. What the run did not find there is in
-    `RunResult.skipped_inputs` and run.json (`lmgeom.report.missing_data`). `min_coverage`: the fewest
-    covered items a word-benchmark score needs to be a headline number (`lmgeom.evaluate.MinCoverage`;
-    below it the records keep the score with `enough_items` false)."""
+    """The main job behind `lmgeom run`: extract a model's layers on a corpus, analyse, calibrate and report.
+
+    The steps, in order: extract the layers of `model` (every layer, or `store_layers`) on `corpus`;
+    analyse every stored layer as Ethayarajh (2019) did (contextuality.json, summary.json); measure
+    the isotropy of every layer (isotropy.json); calibrate `layers` with `methods`
+    (calibration.json); distil and score static embeddings of `layers` (static/); measure the
+    similarity of every pair of layers (similarity.json: CKA, Procrustes, RSA, mutual k-NN with their
+    permutation nulls and p-values); measure the intrinsic dimension, outlier panel and uniformity of
+    every layer (geometry.json, with the LayerNorm-weight outliers of `model`); then render
+    report.html with its figures (experiment results under RUN/experiments/ and in `include` folders
+    are shown too). Each step is recorded in run.json and skipped when repeated with the same
+    settings; an interrupted run resumes (the extraction from its last committed chunk).
+
+    Parameters
+    ----------
+    model : str, default "minilm"
+        A named model (`lmgeom.encoders.registry.NAMED_MODELS`: minilm, smollm2, gemma3, elmo-brown,
+        tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id or a local model folder.
+    corpus : str or None, default None
+        The corpus spec, as for `lmgeom extract --corpus`. None: lee, or sts-scored under a
+        `protocol` (`protocol_extraction`).
+    out : str or os.PathLike or None, default None
+        A local folder or any fsspec URL (s3://, gs://, memory://, file://): every file of the run is
+        written there. None: `lmgeom.stages.extraction.default_run_dir`,
+        runs/<model>-<corpus>[-limitN][-sampleN[-seedS]].
+    limit : int or None, default None
+        Use only the first `limit` sentences of the corpus (at least 1; None: all).
+    sample : int or None, default None
+        Keep a seeded sample (`seed`) of that many of the corpus's sentences (at least 1; None: all).
+    device : str, default "auto"
+        Resolved once (`run_device`; "auto": CUDA when present) and recorded in run.json: the model,
+        the analysis, isotropy, calibration, the static embeddings, the similarity and geometry compute
+        there. A resolved device other than the CPU or CUDA (mps) runs the model and the calibration
+        there and leaves the statistics of the other steps on the CPU.
+    min_contexts : int or None, default None
+        Words analysed are those of at least `min_contexts` distinct sentences or occurrences
+        (`count_by`). None: 5, or the `protocol`'s.
+    count_by : str or None, default None
+        What `min_contexts` counts: "sentences" (distinct sentences) or "occurrences". None:
+        sentences, or the `protocol`'s.
+    protocol : str or None, default None
+        "ethayarajh2019" sets every part of a paper's released code at once (`protocol_extraction`:
+        the corpus, default sts-scored, and the units; `protocol_options`: the word threshold and the
+        released code's sampled statistics beside lmgeom's, the static vectors' words), recorded in
+        run.json and every result file; a given option it sets otherwise is refused, naming both.
+        None: lmgeom's defaults.
+    seed : int, default 0
+        The seed of the run's random draws, given to every step: the corpus `sample`; the analysis's
+        sampled statistics, bootstrap and the rows isotropy and geometry draw; the calibration's
+        subsamples, k-means and flow; the similarity's subsample and shuffles.
+    layers : str or sequence of int, default "default"
+        The layers to calibrate and distil static embeddings of (`lmgeom.layerspec.select_layers`
+        among the stored layers): "default" (the first, middle and last), or e.g. "0,3,-1", "0-3",
+        "first", "last", "all", "every:K", or layer numbers (0 = embedding output).
+    store_layers : str or sequence of int or None, default None
+        The layers the extraction stores (`ExtractionOptions.store_layers`, a
+        `lmgeom.layerspec.select_layers` spec such as "all", "last", "0,6,12", "0-3,last", "every:K",
+        or layer numbers; None: every layer).
+    methods : sequence of str, default ("whitening", "abtt")
+        The calibrators fitted on `layers` (`lmgeom.calibrate.METHOD_NAMES`: whitening, abtt, cie,
+        flow, standardize, conceptor).
+    include : sequence of str or os.PathLike, default ()
+        Folders of experiment results (a results.json, or */results.json) shown in the report beside
+        those under RUN/experiments/.
+    overwrite : bool, default False
+        Remove a store already in `out` (complete or interrupted, whatever its settings) with the
+        result files lmgeom wrote next to it, and start afresh. Without it, a store of other settings
+        there is refused and one of the same settings is resumed.
+    num_workers : int, default 2
+        Layers the contextuality analysis runs at once, each in a worker process (`analyze_store`: at
+        most one per CPU, the same numbers, about this many times one layer's memory); also the
+        similarity step's tasks at once. Not a setting of the steps, as it changes no number.
+    bootstrap : int, default 1000
+        Bootstrap resamples for the contextuality numbers' confidence intervals (0: none; below 100:
+        rough, flagged).
+    confidence : float, default 0.95
+        The level of the percentile bootstrap intervals, strictly between 0 and 1.
+    data_dir : str or os.PathLike or None, default None
+        The folder holding the word benchmarks of the static embeddings and stsbenchmark/ for
+        geometry's alignment (None: LMGEOM_DATA, else ../shared/data). A given one that is not a
+        folder is refused before any work. What the run did not find there is in
+        `RunResult.skipped_inputs` and run.json (`lmgeom.report.missing_data`).
+    min_coverage : str, default "50,10%"
+        The fewest covered items a word-benchmark score needs to be a headline number
+        (`lmgeom.evaluate.MinCoverage`: items and/or a percentage of the benchmark; "0": no minimum);
+        below it the records keep the score with `enough_items` false.
+    permutations : int, default 200
+        Shuffles of the similarity's permutation nulls of CKA, RSA and mutual k-NN (0: no null and no
+        p-value); Procrustes takes `SimilarityOptions`' default (20).
+    progress : Progress or None, default None
+        Told of each step's progress (None: `NoProgress`, nothing reported).
+
+    Returns
+    -------
+    RunResult
+        The store, the contextuality analysis, the per-layer summary, the files written, the steps run
+        and skipped, the device they computed on, the inputs not found and the static embeddings'
+        benchmark records.
+
+    Raises
+    ------
+    InputError
+        Before the extraction: a `data_dir` that is not a folder (`MissingInput`), an unknown
+        `protocol` or a given option it sets otherwise, `corpus="sts[:DIR]"` with a protocol, a
+        `limit` or `sample` below 1, an unknown `count_by`, `min_contexts` or `num_workers` below 1,
+        `bootstrap` below 0, `confidence` outside (0, 1), `permutations` below 0; a store of other
+        settings in `out` without `overwrite`, or files there that lmgeom did not write
+        (`StoreExistsError`).
+        The options of the later steps (`layers`, `methods`, `min_coverage`) are refused when their
+        step's options are built, after the extraction; an `include` folder that does not exist, when
+        the report is rendered (`MissingInput`).
+    """
     # checked before the extraction, which can take hours
     if data_dir is not None and not Path(data_dir).is_dir():
         raise MissingInput(f"`data_dir` {data_dir} is not a folder; give the folder holding the word benchmarks and "

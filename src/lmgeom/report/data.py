@@ -233,7 +233,31 @@ def _read_records(run_dir: rundir.Where, spec: rundir.ResultFile, notes: dict[st
 
 
 def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
-    """Read every result file of a run directory; missing ones are noted with the command that writes them."""
+    """Read every result file of a run directory; missing ones are noted with the command that writes them.
+
+    Parameters
+    ----------
+    run_dir : str or os.PathLike or Location
+        The run directory: a local path, an fsspec URL or a `Location` (`rundir.Where`).
+    include : sequence of str or os.PathLike, default ()
+        Folders of experiment results (each holding a results.json, or */results.json) read beside
+        RUN/experiments/*/results.json (`experiment_result_files`).
+
+    Returns
+    -------
+    RunData
+        The run's result files as frames and documents; a missing one is None, with a note naming
+        the command that writes it in `notes`.
+
+    Raises
+    ------
+    FileNotFoundError
+        `run_dir` does not exist.
+    InputError
+        `run_dir` is not a run directory (`rundir.require_run`); a result file that does not parse,
+        is of another kind or is not this run's (`ResultFileError`); an `include` folder that does
+        not exist (`MissingInput`).
+    """
     run_dir = rundir.target(run_dir)
     if not rundir.exists(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory written by `lmgeom run`")

@@ -40,16 +40,46 @@ def analyze_store(
 ) -> ContextualityResult:
     """Anisotropy baselines, self-similarity, intra-sentence similarity and MEV for every layer.
 
-    `options` (`AnalysisOptions`), or its fields as keywords (`min_contexts=2, num_workers=4`); the
-    executor is `executor_for(options)` unless `executor` is given: `engine="local"` one task after
-    another here, `"processes"` (or `"auto"` with `num_workers` > 1) worker processes (at most one
-    per layer and one per CPU; a memory:// store and layers of fewer than `POOL_MIN_LAYER_VALUES`
-    analysed values stay in this process), `"ray"` Ray tasks. Every executor gives the same numbers
-    (processes: bit for bit; Ray, which merges in another order: to float64 rounding).
-    `device`: where the closed-form statistics compute (see `lmgeom.engine.loop.tally`; MEV runs on
-    the CPU), recorded resolved in the settings.
-    `write_to`: True writes the result files next to the store, a path writes them there
-    (`result.written` names them)."""
+    Every executor gives the same numbers (processes: bit for bit; Ray, which merges in another
+    order: to float64 rounding).
+
+    Parameters
+    ----------
+    store : RepresentationStore or str or os.PathLike
+        The store, or its folder or URL (opened with `RepresentationStore.open`).
+    options : AnalysisOptions or None, default None
+        What the analysis computes and how it runs (None: the defaults). `device` is where the
+        closed-form statistics compute (see `lmgeom.engine.loop.tally`; MEV runs on the CPU),
+        recorded resolved in the settings.
+    executor : Executor or None, default None
+        Runs the analysis's tasks. None: `executor_for(options)`: `engine="local"` one task after
+        another here, `"processes"` (or `"auto"` with `num_workers` > 1) worker processes (at most
+        one per layer and one per CPU; a memory:// store and layers of fewer than
+        `POOL_MIN_LAYER_VALUES` analysed values stay in this process), `"ray"` Ray tasks.
+    progress : Progress or None, default None
+        Told of each finished task (None: `NoProgress`).
+    write_to : str or os.PathLike or bool, default False
+        True writes the result files (contextuality.json, contextuality_layers.csv,
+        contextuality_words.csv) next to the store, a path writes them there, False writes nothing
+        (`result.written` names the files written).
+    **keywords : Any
+        Fields of `AnalysisOptions` by name, replacing those of `options` (`min_contexts=2,
+        num_workers=4`).
+
+    Returns
+    -------
+    ContextualityResult
+        The per-layer tidy records (`layers`), the per word x layer values (`words`), the computed
+        findings, counts and settings.
+
+    Raises
+    ------
+    InputError
+        A bad option value (`AnalysisOptions`), e.g. `min_contexts` or `num_workers` below 1, an
+        unknown `count_by` or `engine`, or `confidence` outside (0, 1).
+    TypeError
+        A keyword that is not a field of `AnalysisOptions`.
+    """
     options = (options or AnalysisOptions()).replace(**keywords)
     store = _open(store)
     result = contextuality_result(store, run_analysis(store, options, executor=executor, progress=progress,

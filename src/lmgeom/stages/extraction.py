@@ -58,8 +58,9 @@ def extract(
         no `sort_window` keeps the chunk size and sort window of the run it resumes (unless given
         another `chunk_sentences`).
     overwrite : bool, default False
-        Replace a store of other settings at `out` (removed, with what lmgeom wrote next to it);
-        without it such a store is refused.
+        Remove a store already at `out` (complete or interrupted, whatever its settings) with what
+        lmgeom wrote next to it, and extract afresh. Without it, a store of other settings there is
+        refused and one of the same settings is resumed.
     progress : Progress or None, default None
         Told of each committed chunk, in sentences, with sentences and words per second (`words` are
         the corpus words stored; special tokens kept with `keep_special` are not counted). None:
@@ -213,14 +214,15 @@ def extract_model(
         hf:NAME:SPLIT:COLUMN, a .txt (one sentence per line) or .jsonl file.
     out : str or os.PathLike or None, default None
         The store's folder or an fsspec URL. None: `default_run_dir`,
-        runs/<model>-<corpus>[-limitN][-sampleN].
+        runs/<model>-<corpus>[-limitN][-sampleN[-seedS]].
     options : ExtractionOptions or None, default None
         What is extracted and stored and how (None: the defaults).
     encoder : EncoderOptions or None, default None
         How the model is loaded and run, for `load_encoder` (None: the defaults).
     overwrite : bool, default False
-        Replace a store of other settings at `out` (removed, with what lmgeom wrote next to it);
-        without it such a store is refused.
+        Remove a store already at `out` (complete or interrupted, whatever its settings) with what
+        lmgeom wrote next to it, and extract afresh. Without it, a store of other settings there is
+        refused and one of the same settings is resumed.
     progress : Progress or None, default None
         Told of each committed chunk (None: `NoProgress`).
     **keywords : Any
