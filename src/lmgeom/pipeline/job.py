@@ -217,7 +217,7 @@ def run(
     Parameters
     ----------
     model : str, default "minilm"
-        A named model (`lmgeom.encoders.registry.NAMED_MODELS`: minilm, smollm2, gemma3, elmo-brown,
+        A named model (`lmgeom.encoders.named.NAMED_MODELS`: minilm, smollm2, gemma3, elmo-brown,
         tiny-bert, tiny-gpt2, tiny-llama), a Hugging Face id or a local model folder.
     corpus : str or None, default None
         The corpus spec, as for `lmgeom extract --corpus`. None: lee, or sts-scored under a

@@ -21,7 +21,8 @@ from lmgeom.errors import InputError
 from lmgeom.calibrate import Calibrator, make_calibrator
 from lmgeom.corpus import Corpus, load_corpus, require_count
 from lmgeom.device import resolve_device
-from lmgeom.encoders.registry import NAMED_MODELS, minilm_path
+from lmgeom.encoders.named import NAMED_MODELS
+from lmgeom.encoders.registry import minilm_path
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import isoscore
 from lmgeom.progress import NoProgress, Progress

@@ -207,7 +207,7 @@ def extract_model(
     Parameters
     ----------
     model : str
-        A named model (`lmgeom.encoders.registry.NAMED_MODELS`), a Hugging Face id or a local model
+        A named model (`lmgeom.encoders.named.NAMED_MODELS`), a Hugging Face id or a local model
         folder, loaded by `load_encoder`.
     corpus : str, default "lee"
         The corpus spec, as `load_corpus` reads it: lee, brown[:DIR], sts[:DIR],
@@ -275,7 +275,8 @@ def open_or_extract(store_or_model: str, *, corpus: str = "lee", device: str = "
     nor a model folder is refused (a named model wins over a folder of its name)."""
     if layout.is_store(store_or_model):
         return RepresentationStore.open(store_or_model)
-    from lmgeom.encoders.registry import NAMED_MODELS, is_model_folder  # torch: only where a model may be loaded
+    from lmgeom.encoders.named import NAMED_MODELS
+    from lmgeom.encoders.registry import is_model_folder  # torch: only where a model may be loaded
 
     folder = Path(store_or_model)
     if store_or_model not in NAMED_MODELS and not is_url(store_or_model) and folder.is_dir() and not is_model_folder(folder):

@@ -184,7 +184,8 @@ def _not_at_hand(model: str) -> str | None:
     local Hugging Face cache), else why not."""
     from huggingface_hub import try_to_load_from_cache
 
-    from lmgeom.encoders.registry import NAMED_MODELS, TINY_MODELS
+    from lmgeom.encoders.named import NAMED_MODELS
+    from lmgeom.encoders.registry import TINY_MODELS
 
     if model in NAMED_MODELS or model in TINY_MODELS or Path(model).expanduser().exists():
         return None

@@ -1,0 +1,58 @@
+"""`lmgeom --version`, `lmgeom models`, and model and corpus names checked before anything loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lmgeom._version import __version__
+from lmgeom.cli.main import app
+from lmgeom.corpus.builtin import check_corpus_spec
+from lmgeom.encoders.named import NAMED_MODELS, check_model_name, is_installed
+
+
+def test_version_and_the_list_of_named_models() -> None:
+    outcome = CliRunner().invoke(app, ["--version"])
+    assert outcome.exit_code == 0 and outcome.output.strip() == f"lmgeom {__version__}"
+    listing = CliRunner().invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert listing.exit_code == 0, listing.output
+    for name in NAMED_MODELS:
+        assert name in listing.output
+    assert is_installed("tiny-bert") and is_installed("elmo-brown") and not is_installed("nope")
+
+
+def test_a_name_close_to_a_named_model_is_refused_with_the_name_it_is_close_to(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="did you mean 'minilm'"):
+        check_model_name("minlm")
+    with pytest.raises(ValueError, match="did you mean 'smollm2'"):
+        check_model_name("smolm2")
+    # a Hub id (with or without an owner), a folder that exists, a named model: passed on
+    for name in ("gpt2", "bert-base-uncased", "someone/minlm", "minilm"):
+        assert check_model_name(name) == name
+    (tmp_path / "minlm").mkdir()
+    assert check_model_name(str(tmp_path / "minlm")) == str(tmp_path / "minlm")
+    with pytest.raises(FileNotFoundError, match=r"did you mean 'lee'\?"):
+        check_corpus_spec("leee")
+    with pytest.raises(FileNotFoundError, match="neither a built-in corpus") as refused:
+        check_corpus_spec("wikipedia.txt")
+    assert "did you mean" not in str(refused.value)
+    assert check_corpus_spec("brown") == "brown" and check_corpus_spec("hf:wikitext:test:text") == "hf:wikitext:test:text"
+
+
+@pytest.mark.parametrize("arguments", [["extract", "minlm", "--out", "OUT"], ["run", "--model", "minilm", "--corpus", "leee"]])
+def test_a_typo_is_refused_before_torch_loads(arguments: list[str], tmp_path: Path) -> None:
+    """In a fresh interpreter: exit 2 naming the close name, and torch never imported."""
+    arguments = [str(tmp_path / "out") if item == "OUT" else item for item in arguments]
+    script = ("import sys\nfrom lmgeom.cli.main import app\n"
+              "try:\n    app(sys.argv[1:])\nexcept SystemExit as end:\n"
+              "    print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n    raise\n")
+    completed = subprocess.run([sys.executable, "-c", script, *arguments, "--out", str(tmp_path / "run")]
+                               if arguments[0] == "run" else [sys.executable, "-c", script, *arguments],
+                               capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "did you mean" in completed.stdout + completed.stderr
+    assert "torch not loaded" in completed.stdout
