@@ -56,3 +56,27 @@ def test_a_typo_is_refused_before_torch_loads(arguments: list[str], tmp_path: Pa
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert "did you mean" in completed.stdout + completed.stderr
     assert "torch not loaded" in completed.stdout
+
+
+def test_results_go_to_stdout_and_progress_and_errors_to_stderr(tmp_path: Path) -> None:
+    """A command's standard output holds its results only: redirected, it gets no progress line."""
+    import json
+
+    import numpy as np
+
+    from lmgeom.store import write_store_from_arrays
+
+    data = Path(__file__).parent / "data"
+    arrays = np.load(data / "fixed_store.npz")
+    words = json.loads((data / "fixed_store_words.json").read_text())
+    store = write_store_from_arrays(tmp_path / "store", [arrays[f"layer{layer}"] for layer in range(len(arrays.files))],
+                                    words["sentences"], is_special=words["is_special"], model_id="fixed")
+    outcome = CliRunner().invoke(app, ["analyze", str(store.path), "--min-contexts", "2", "--bootstrap", "0"],
+                                 env={"COLUMNS": "100"})
+    assert outcome.exit_code == 0, outcome.output
+    assert "analyze layers: started" in outcome.stderr and "analyze layers" not in outcome.stdout
+    assert "SelfSim" in outcome.stdout and "wrote " in outcome.stdout
+    refused = CliRunner().invoke(app, ["analyze", str(store.path), "--min-contexts", "0"], env={"COLUMNS": "100"})
+    assert refused.exit_code == 2 and refused.stdout == ""
+    bad = CliRunner().invoke(app, ["analyze", str(store.path), "--statistics", "nope", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and bad.stdout == "" and bad.stderr.startswith("error: unknown statistic 'nope'")

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.calibrate import FIT_MAX_ROWS, METHOD_NAMES
-from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, warnings_console
+from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, err_console
 from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine", "effective_rank")
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         if layer:
             if layers is not None:
                 raise typer.BadParameter("give --layers only (--layer is its old spelling)", param_hint="--layer")
-            warnings_console.print("[yellow]warning:[/] --layer N (repeated) is now --layers with one spec, e.g. "
+            err_console.print("[yellow]warning:[/] --layer N (repeated) is now --layers with one spec, e.g. "
                                    "--layers 0,3; the old spelling goes in a later release", highlight=False)
             layers = ",".join(map(str, layer))
         with user_errors(), RichProgress() as progress:

@@ -47,8 +47,10 @@ class VisibleConsole(Console):
 
 
 console = VisibleConsole()
-warnings_console = VisibleConsole(stderr=True)
-"""Where `show_warning` writes: standard error, wrapped to the terminal's width."""
+"""Where results go: standard output (tables, findings, what was written)."""
+err_console = VisibleConsole(stderr=True)
+"""Where progress, warnings and errors go: standard error, wrapped to the terminal's width, so that a
+command's redirected output holds its results only."""
 T = TypeVar("T")
 
 
@@ -88,8 +90,8 @@ class RichProgress:
     end when the output is not a terminal)."""
 
     def __init__(self, *, interval: float = 10.0) -> None:
-        self._lines: LineProgress | None = None if console.is_terminal else LineProgress(interval=interval)
-        narrow = console.width < 100
+        self._lines: LineProgress | None = None if err_console.is_terminal else LineProgress(interval=interval)
+        narrow = err_console.width < 100
         # counts and times never shrink; the note (a rate, a layer) is cut to what is left of the line
         self._bars = Progress(
             TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
@@ -99,7 +101,7 @@ class RichProgress:
             TextColumn("ETA"),
             TimeRemainingColumn(table_column=Column(no_wrap=True, min_width=7)),
             _NoteColumn(table_column=Column(min_width=0)),
-            console=console,
+            console=err_console,
             transient=False,
         )
         self._tasks: dict[str, TaskID] = {}
@@ -148,7 +150,7 @@ class LineProgress:
     def start(self, stage: str, total: int, *, unit: str = "items") -> None:
         now = self._clock()
         self._stages[stage] = _LineStage(total=total, unit=unit, started=now, printed=now)
-        console.print(f"{shown(stage)}: started, {total:,} {shown(unit)}", soft_wrap=True, highlight=False)
+        err_console.print(f"{shown(stage)}: started, {total:,} {shown(unit)}", soft_wrap=True, highlight=False)
 
     def advance(self, stage: str, n: int = 1, *, note: str = "") -> None:
         state = self._stages[stage]
@@ -166,11 +168,11 @@ class LineProgress:
         if not finished and state.done > 0 and state.total > state.done:
             parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
         line, note = visible(f"{stage}: " + ", ".join(parts)), visible(note)
-        if note and len(line) + 2 + len(note) <= console.width:
+        if note and len(line) + 2 + len(note) <= err_console.width:
             line, note = f"{line}; {note}", ""
-        console.print(escape(line), soft_wrap=True, highlight=False)
+        err_console.print(escape(line), soft_wrap=True, highlight=False)
         if note:  # the note (a rate, a layer) on a line of its own rather than past the console's width
-            console.print(escape(f"  {note}"), soft_wrap=True, highlight=False)
+            err_console.print(escape(f"  {note}"), soft_wrap=True, highlight=False)
 
 
 @dataclasses.dataclass
@@ -250,7 +252,7 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
     """A warning as a `warning:` paragraph on standard error, naming the options of the parameters it
     names in backticks (a warning class's `params`), instead of Python's two lines of file and source."""
     params = tuple(getattr(category, "params", ()))
-    warnings_console.print(f"[yellow]warning:[/] {escape(cli_text(str(message), params))}", highlight=False)
+    err_console.print(f"[yellow]warning:[/] {escape(cli_text(str(message), params))}", highlight=False)
 
 
 @contextlib.contextmanager
@@ -267,10 +269,10 @@ def user_errors() -> Iterator[None]:
     except Exception as error:
         if not is_user_error(error):
             traceback.print_exc(file=sys.stderr)
-            console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}", soft_wrap=True)
+            err_console.print(f"[bold red]internal error:[/] {escape(BUG_REPORT)}", soft_wrap=True)
             raise typer.Exit(code=1) from None
         line = " ".join(part.strip() for part in user_message(error).splitlines() if part.strip())
-        console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)  # one line, for logs and grep
+        err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)  # one line, for logs and grep
         raise typer.Exit(code=2) from None
 
 
