@@ -80,3 +80,27 @@ def test_results_go_to_stdout_and_progress_and_errors_to_stderr(tmp_path: Path) 
     assert refused.exit_code == 2 and refused.stdout == ""
     bad = CliRunner().invoke(app, ["analyze", str(store.path), "--statistics", "nope", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and bad.stdout == "" and bad.stderr.startswith("error: unknown statistic 'nope'")
+
+
+def test_the_package_lists_its_public_names_and_a_store_counts_layers_from_the_end(tmp_path: Path) -> None:
+    import numpy as np
+
+    import lmgeom
+    from lmgeom.store import write_store_from_arrays
+
+    assert dir(lmgeom) == sorted(lmgeom.__all__) and "annotations" not in dir(lmgeom) and "run" in dir(lmgeom)
+    layers = [np.full((3, 4), layer, dtype=np.float32) for layer in range(3)]
+    store = write_store_from_arrays(tmp_path / "s", layers, [["a", "b", "c"]], model_id="arrays")
+    np.testing.assert_array_equal(store.layer(-1)[:], layers[2])
+    np.testing.assert_array_equal(store.layer(-3)[:], layers[0])
+    with pytest.raises(IndexError, match="out of range"):
+        store.layer(-4)
+    # an analysis and the static vectors of layer -1 are those of the last layer, recorded as it
+    from lmgeom.engine import AnalysisOptions, run_analysis
+
+    words = [["the", "bank", "the", "bank", "river"], ["the", "bank", "rates", "the", "river"]]
+    rng = np.random.default_rng(0)
+    store = write_store_from_arrays(tmp_path / "t", [rng.normal(size=(10, 4)) for _ in range(3)], words, model_id="arrays")
+    last, minus_one = (run_analysis(store, AnalysisOptions(layers=layers, min_contexts=2, bootstrap=0)) for layers in ((2,), (-1,)))
+    assert list(minus_one.layers) == [2] and minus_one.plan.layers == (2,)
+    np.testing.assert_array_equal(minus_one.layers[2]["anisotropy_exact"], last.layers[2]["anisotropy_exact"])

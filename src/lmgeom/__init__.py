@@ -35,3 +35,8 @@ def __getattr__(name: str) -> Any:
     if name in _MODULES:
         return importlib.import_module(_MODULES[name])
     return lazy.load(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    """The public names (`dir(lmgeom)`, tab completion), not the module's own imports."""
+    return sorted(__all__)

@@ -113,9 +113,11 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
         if options.min_contexts < stat.min_contexts:
             raise InputError(f"`min_contexts` must be at least {stat.min_contexts} for {stat.name} ({stat.description}); "
                              f"got {options.min_contexts}", param="min_contexts")
-    layers = tuple(store.layers if options.layers is None else options.layers)
+    # negative layers count from the model's last; a layer the store lacks is an IndexError naming the range
+    layers = tuple(store.layers if options.layers is None else
+                   (layer + store.n_model_layers if layer < 0 else layer for layer in options.layers))
     for layer in layers:
-        store.layer(layer)  # an unknown layer is an IndexError naming the range
+        store.layer(layer)
     span = row_range(store, rows)
     plan_rows = PlanArrays.of(store, options, inputs)
     n_groups = len(plan_rows.group_words) if word_statistics else 0

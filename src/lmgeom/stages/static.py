@@ -142,6 +142,7 @@ def static_embeddings(
     layer 0."""
     store = RepresentationStore.of(store)
     store.layer(layer)  # an unknown layer is an IndexError naming the range
+    layer = layer + store.n_model_layers if layer < 0 else layer
     options = options.replace(**keywords)
     vectors = first_pc_vectors(store, layer, options)
     kinds = {"first_pc": vectors.first_pc, "mean": vectors.mean}

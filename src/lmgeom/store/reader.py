@@ -108,7 +108,10 @@ class RepresentationStore:
     def layer(self, layer: int) -> zarr.Array | ShardedArray:
         """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches, each checked against its
         recorded CRC32C as it is read. Opening it checks its zarr.json (digest, data type, width, codecs)
-        and that each of its chunk files exists and has its size (Zarr would read a missing one as zeros)."""
+        and that each of its chunk files exists and has its size (Zarr would read a missing one as zeros).
+        A negative `layer` counts from the model's last layer (-1 is the last), as everywhere in lmgeom."""
+        if -self.n_model_layers <= layer < 0:
+            layer += self.n_model_layers
         if layer not in self.layers:
             if 0 <= layer < self.n_model_layers:
                 raise OutOfRange(f"layer {layer} is not stored: this store holds layers {describe_layers(self.layers, self.n_model_layers)} "
