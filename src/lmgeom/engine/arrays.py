@@ -46,6 +46,11 @@ class PlanArrays:
                                 exclude_first_word=options.exclude_first_word)
         return cls(selection, store.vocab, options, dim=store.dim, row_bytes=stored_row_bytes(store), inputs=inputs)
 
+    @property
+    def rows_read(self) -> int:
+        """Rows of each layer the plan reads (what executors size their pools by)."""
+        return int(self.selection.mask.sum())
+
     @cached_property
     def words(self) -> WordSelection:
         words = select_words(self._vocab, self.selection, min_contexts=self.options.min_contexts,

@@ -75,7 +75,7 @@ class ProcessExecutor:
     def pool_size(self, store: RepresentationStore, rows: Rows, tasks: Sequence[AnyTask]) -> int:
         """1 (no pool) for a memory:// store (it lives in this process) or layers too small to pay for
         a worker's start; else at most one worker a task and one a CPU."""
-        if store.url.startswith("memory://") or int(rows.selection.mask.sum()) * store.dim < POOL_MIN_LAYER_VALUES:
+        if store.url.startswith("memory://") or rows.rows_read * store.dim < POOL_MIN_LAYER_VALUES:
             return 1
         return min(self.num_workers, len(tasks), available_cores())
 

@@ -14,7 +14,6 @@ and the task are all a worker gets; a worker opens the second store by its URL.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -24,7 +23,6 @@ from lmgeom.errors import InputError
 from lmgeom.engine.plan import resolved_device, row_partitions, store_identity
 from lmgeom.engine.registry import pair_statistics_for
 from lmgeom.engine.statistics import PairStatistic
-from lmgeom.engine.selection import RowSelection
 from lmgeom.engine.loop import AlignedFeed, Stream, aligned_tally, read_rows
 from lmgeom.store import RepresentationStore
 
@@ -69,12 +67,15 @@ class PairPlan:
 @dataclass
 class PairRows:
     """The per-row arrays of a pair plan: each store's matched rows (ascending; row i of each the same
-    word occurrence), each side's shift, and `selection`: store a's rows the plan reads (as an
-    analysis's selection, by which executors size their pools)."""
+    word occurrence) and each side's shift."""
 
     rows: tuple[np.ndarray, np.ndarray]
     shifts: dict[Side, np.ndarray]
-    selection: RowSelection
+
+    @property
+    def rows_read(self) -> int:
+        """Rows a task of the plan reads from each side (what executors size their pools by)."""
+        return len(self.rows[0])
 
 
 @dataclass
@@ -87,11 +88,10 @@ class PairOutput:
     states: dict[Job, dict[str, Any]] = field(default_factory=dict)
 
 
-def plan_pairs(stores: Sequence[RepresentationStore], rows: tuple[np.ndarray, np.ndarray], selection: RowSelection,
-               pairs: Sequence[Job], *, measures: Sequence[str], chunk_rows: int, max_state_bytes: int,
+def plan_pairs(stores: Sequence[RepresentationStore], rows: tuple[np.ndarray, np.ndarray], pairs: Sequence[Job], *, measures: Sequence[str], chunk_rows: int, max_state_bytes: int,
                row_parts: int = 1, device: str = "cpu") -> tuple[PairPlan, PairRows]:
     """The plan of the pair statistics that give `measures` over `pairs` of sides of `stores` (one
-    store, or two) at the matched `rows` of each; `selection` is store a's row selection."""
+    store, or two) at the matched `rows` of each."""
     statistics = pair_statistics_for(tuple(measures))
     if not statistics:
         raise InputError(f"no pair statistic gives any of {list(measures)}", param="measures")
@@ -115,11 +115,9 @@ def plan_pairs(stores: Sequence[RepresentationStore], rows: tuple[np.ndarray, np
     shifts = {side: read_rows(a if side[0] == 0 else b, side[1], rows[side[0]][first]).mean(axis=0) for side in sides}
     spans = row_partitions(np.arange(n), n, row_parts) if row_parts > 1 else [(0, n)]
     tasks = tuple(PairTask(tuple(group), start, stop) for group in groups if group for start, stop in spans)
-    read = np.zeros(len(selection.mask), dtype=bool)
-    read[rows[0]] = True
     plan = PairPlan(statistics, (a.url, b.url), n, chunk_rows, resolved_device(device), (store_identity(a), store_identity(b)),
                     tasks)
-    return plan, PairRows(rows, shifts, dataclasses.replace(selection, mask=read))
+    return plan, PairRows(rows, shifts)
 
 
 def run_pair_task(store: RepresentationStore, plan: PairPlan, rows: PairRows, task: PairTask) -> PairOutput:

@@ -334,7 +334,7 @@ def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list
             progress: Progress) -> tuple[PairMerger, PairPlan, str]:
     """The pair statistics of every pair of sides (and every side's self pair) over every matched
     row: a pair plan (`lmgeom.engine.pairs`) run on the options' executor and merged."""
-    plan, rows = plan_pairs(stores, (matched.rows_a, matched.rows_b), _selection(stores[0], options), pairs,
+    plan, rows = plan_pairs(stores, (matched.rows_a, matched.rows_b), pairs,
                             measures=options.measures, chunk_rows=options.chunk_rows,
                             max_state_bytes=options.max_state_bytes, row_parts=options.row_parts, device=options.device)
     how = AnalysisOptions(engine=options.engine, num_workers=options.num_workers, ray_address=options.ray_address)
