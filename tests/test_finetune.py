@@ -16,7 +16,7 @@ from torch import nn
 from lmgeom.calibrate import make_calibrator
 from lmgeom.finetune import METHODS, CalibrationLayer, FineTuneOptions, IsoBN, finetune, torch_calibration
 from lmgeom.finetune.istar import IStar, token_points
-from lmgeom.metrics.isotropy import covariance_of, isoscore_star
+from lmgeom.metrics.isoscore_star import covariance_of, isoscore_star
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 WORDS = ["cat", "dog", "bank", "river", "money", "stone", "tree", "house"]

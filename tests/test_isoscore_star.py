@@ -9,7 +9,8 @@ import pytest
 import torch
 from IsoScore import IsoScore as isoscore_package
 
-from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, isoscore_star_torch
+from lmgeom.metrics.isotropy import isoscore
+from lmgeom.metrics.isoscore_star import covariance_of, isoscore_star, isoscore_star_torch
 
 
 def isoscore_star_reference(X: np.ndarray, C0: np.ndarray, zeta: float) -> float:

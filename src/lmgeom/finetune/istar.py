@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from lmgeom.errors import InputError
-from lmgeom.metrics.isotropy import MomentAccumulator, isoscore_star_torch
+from lmgeom.metrics.isotropy import MomentAccumulator
+from lmgeom.metrics.isoscore_star import isoscore_star_torch
 
 from lmgeom.finetune.model import Classifier, Tokenized
 

@@ -38,7 +38,7 @@ from lmgeom.finetune.calibration import CalibrationLayer
 from lmgeom.finetune.isobn import ISOBN_BETA, ISOBN_EPS, ISOBN_MOMENTUM, IsoBN
 from lmgeom.finetune.istar import IStar
 from lmgeom.finetune.model import Classifier, Inputs, Tokenized, pool
-from lmgeom.metrics.isotropy import ISOSCORE_STAR_C0_POINTS, ISOSCORE_STAR_ZETA
+from lmgeom.metrics.isoscore_star import ISOSCORE_STAR_C0_POINTS, ISOSCORE_STAR_ZETA
 from lmgeom.progress import NoProgress, Progress
 
 

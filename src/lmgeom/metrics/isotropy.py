@@ -178,11 +178,11 @@ def _gram_eigenvalues(X: np.ndarray, *, centered: bool) -> np.ndarray:
 def covariance_eigenvalues(X: Any) -> np.ndarray:
     """Eigenvalues of the sample covariance (ddof=1), descending, dim of them."""
     X = as_float64_rows(X)
-    _require_rows(X, 2, "the covariance spectrum")
+    require_rows(X, 2, "the covariance spectrum")
     return _gram_eigenvalues(X, centered=True) / (len(X) - 1)
 
 
-def _isoscore_from_variances(variances: np.ndarray) -> float:
+def isoscore_from_variances(variances: np.ndarray) -> float:
     """Rudman et al. 2022, step for step as in the IsoScore package, from the PCA variances."""
     n = variances.shape[0]
     if n < 2:
@@ -217,7 +217,7 @@ def _variance_share(variances: np.ndarray, k: int) -> float:
 
 def _spectrum_measures(variances: np.ndarray, *, top_k: tuple[int, ...]) -> dict[str, float]:
     measures = {
-        "isoscore": _isoscore_from_variances(variances),
+        "isoscore": isoscore_from_variances(variances),
         "effective_rank": _effective_rank_from_singular_values(np.sqrt(variances)),
         "participation_ratio": _participation_ratio_from_variances(variances),
         **spectrum_shape(variances),
@@ -241,14 +241,14 @@ def isoscore(X: Any) -> float:
     """IsoScore (Rudman et al. 2022) in [0, 1]: 1 for isotropic points, 0 when all lie on one line.
 
     Agrees with the PyPI package `IsoScore.IsoScore(points)` (points as (n_points, dim))."""
-    return _isoscore_from_variances(covariance_eigenvalues(X))
+    return isoscore_from_variances(covariance_eigenvalues(X))
 
 
 def effective_rank(X: Any, *, centered: bool = True) -> float:
     """Roy & Vetterli's effective rank: exp of the entropy of the normalised singular values of X
     (of X - mean when `centered`), between 1 and min(n_points, dim)."""
     X = as_float64_rows(X)
-    _require_rows(X, 2 if centered else 1, "the effective rank")
+    require_rows(X, 2 if centered else 1, "the effective rank")
     return _effective_rank_from_singular_values(np.sqrt(_gram_eigenvalues(X, centered=centered)))
 
 
@@ -347,7 +347,7 @@ def log_partition_isotropy(X: Any, centered: bool = False, *, both_signs: bool =
     to 0.0: report this number, not `partition_isotropy`. To stream rows that do not fit in memory,
     use `MomentAccumulator`, `partition_directions` and `PartitionFunctionAccumulator`."""
     W = as_float64_rows(X)
-    _require_rows(W, 2 if centered else 1, "I(W)")
+    require_rows(W, 2 if centered else 1, "I(W)")
     if not centered:
         _, directions = symmetric_eigh(W.T @ W)
         return _log_partition_range(W, directions, both_signs=both_signs)
@@ -530,7 +530,7 @@ def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_
     n_points, dim = X.shape
     if max_rows is not None:
         X = X[sample_indexes(np.arange(n_points), max_rows, seed)]
-    _require_rows(X, 3, "an isotropy report")
+    require_rows(X, 3, "an isotropy report")
     moments = MomentAccumulator().add(X).result()
     # One eigendecomposition serves the covariance spectrum and the centred I(W): W_c^T W_c = (n-1) cov.
     variances, centred_directions = symmetric_eigh(moments.covariance())
@@ -560,89 +560,6 @@ def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_
     return report
 
 
-def _require_rows(X: np.ndarray, minimum: int, what: str) -> None:
+def require_rows(X: np.ndarray, minimum: int, what: str) -> None:
     if len(X) < minimum:
         raise InputError(f"{what} needs at least {minimum} points, got n_samples = {len(X)}; pass more rows")
-
-
-# --------------------------------------------------------------------------------------------
-# IsoScore* (Rudman & Eickhoff 2024, "Stable Anisotropic Regularization", ICLR 2024)
-# --------------------------------------------------------------------------------------------
-# (This section's imports sit here so that it stays one appended block; torch is imported lazily,
-# the rest of the metrics package runs without it.)
-
-import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
-
-# The paper's shrinkage: Sigma_zeta = (1 - zeta) Sigma_batch + zeta C0, with zeta = 0.2 and C0 the
-# covariance of up to 250,000 points of the same kind (its I-STAR code, `get_ci`).
-ISOSCORE_STAR_ZETA = 0.2
-ISOSCORE_STAR_C0_POINTS = 250_000
-
-
-def _check_shrinkage(zeta: float, shrinkage_covariance_shape: tuple[int, ...] | None, dim: int) -> None:
-    if not 0.0 <= zeta <= 1.0:
-        raise InputError(f"IsoScore* zeta must be in [0, 1], got {zeta}")
-    if shrinkage_covariance_shape is None:
-        if zeta > 0:
-            raise InputError("IsoScore* with zeta > 0 needs the shrinkage covariance C0 (the covariance of a large "
-                             "sample of the same kind of points); pass it, or zeta=0 for plain IsoScore")
-    elif shrinkage_covariance_shape != (dim, dim):
-        raise InputError(f"the shrinkage covariance C0 must be ({dim}, {dim}) for points of {dim} dimensions, "
-                         f"got shape {shrinkage_covariance_shape}")
-
-
-def isoscore_star(X: Any, shrinkage_covariance: Any = None, *, zeta: float = ISOSCORE_STAR_ZETA) -> float:
-    """IsoScore* in [0, 1]: IsoScore of the shrunk covariance (1 - zeta) cov(X) + zeta C0.
-
-    The shrinkage keeps the score stable on mini-batches with fewer points than dimensions, where
-    the batch covariance alone is rank-deficient and IsoScore reads every missing direction as
-    anisotropy. zeta = 0 is IsoScore. `shrinkage_covariance` (C0) is (dim, dim), usually
-    `covariance_of(sample)` of a large sample of the same points; needed when zeta > 0.
-    The torch version with gradients is `isoscore_star_torch`."""
-    X = as_float64_rows(X)
-    _require_rows(X, 2, "IsoScore*")
-    dim = X.shape[1]
-    shape = None if shrinkage_covariance is None else tuple(np.shape(shrinkage_covariance))
-    _check_shrinkage(zeta, shape, dim)
-    covariance = MomentAccumulator().add(X).result().covariance()
-    if shrinkage_covariance is not None:
-        covariance = (1.0 - zeta) * covariance + zeta * np.asarray(shrinkage_covariance, dtype=np.float64)
-    return _isoscore_from_variances(np.clip(np.linalg.eigvalsh(covariance)[::-1], 0.0, None))
-
-
-def isoscore_star_torch(points: torch.Tensor, shrinkage_covariance: torch.Tensor | None = None, *,
-                        zeta: float = ISOSCORE_STAR_ZETA) -> torch.Tensor:
-    """IsoScore* of a (n_points, dim) tensor as a 0-d tensor that gradients flow through (I-STAR's
-    penalty). Computed in float64 whatever the input dtype (the covariance eigenvalues of a batch
-    span many orders of magnitude), returned in the input's floating dtype."""
-    import torch
-
-    if points.ndim != 2 or points.shape[0] < 2:
-        raise InputError(f"IsoScore* needs a (n_points >= 2, dim) tensor, got shape {tuple(points.shape)}")
-    dim = points.shape[1]
-    if dim < 2:
-        raise InputError("IsoScore* needs points of at least 2 dimensions (n_features = 1 given)")
-    _check_shrinkage(zeta, None if shrinkage_covariance is None else tuple(shrinkage_covariance.shape), dim)
-    covariance = torch.cov(points.double().T)
-    if shrinkage_covariance is not None:
-        covariance = (1.0 - zeta) * covariance + zeta * shrinkage_covariance.to(covariance)
-    # eigvalsh of the symmetric PSD matrix = its singular values; its gradient needs no eigenvector
-    # derivatives, so repeated eigenvalues (an isotropic batch) are fine.
-    variances = torch.linalg.eigvalsh(covariance).clamp_min(0.0)
-    n = float(dim)
-    normalised = variances * math.sqrt(n) / torch.linalg.vector_norm(variances)
-    defect = torch.linalg.vector_norm(normalised - 1.0) / math.sqrt(2 * (n - math.sqrt(n)))
-    score = ((n - defect**2 * (n - math.sqrt(n))) ** 2 - n) / (n * (n - 1))
-    return score.to(points.dtype if points.dtype.is_floating_point else torch.float64)
-
-
-def covariance_of(X: Any) -> np.ndarray:
-    """Sample covariance (ddof=1, as `np.cov` and `torch.cov`) of (n_points, dim) rows, in float64:
-    the C0 of `isoscore_star`."""
-    X = as_float64_rows(X)
-    _require_rows(X, 2, "a covariance")
-    return MomentAccumulator().add(X).result().covariance()

@@ -22,7 +22,8 @@ from lmgeom.evaluate.stats import (DETECTABLE_ALPHA, DETECTABLE_POWER, detectabl
                                   mean_std, paired_permutation_test)
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.contextuality import sample_indexes
-from lmgeom.metrics.isotropy import covariance_of, isoscore, isoscore_star, local_isotropy, log_partition_isotropy
+from lmgeom.metrics.isotropy import isoscore, local_isotropy, log_partition_isotropy
+from lmgeom.metrics.isoscore_star import covariance_of, isoscore_star
 from lmgeom.stages.experiments.features import FeatureCache, pooling_note
 from lmgeom import rundir
 from lmgeom.rundir import EXPERIMENT_CONFIG_KEYS, write_json
