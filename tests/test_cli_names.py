@@ -104,3 +104,17 @@ def test_the_package_lists_its_public_names_and_a_store_counts_layers_from_the_e
     last, minus_one = (run_analysis(store, AnalysisOptions(layers=layers, min_contexts=2, bootstrap=0)) for layers in ((2,), (-1,)))
     assert list(minus_one.layers) == [2] and minus_one.plan.layers == (2,)
     np.testing.assert_array_equal(minus_one.layers[2]["anisotropy_exact"], last.layers[2]["anisotropy_exact"])
+
+
+@pytest.mark.parametrize("option, value, named", [("methods", ("whitenin",), "whitenin"), ("min_coverage", "abc", "min_coverage"),
+                                                  ("layers", "0,lats", "layers"), ("include", ("no-such-folder",), "include")])
+def test_run_refuses_a_later_steps_option_before_the_extraction(option: str, value: object, named: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import lmgeom.pipeline.job as job
+
+    def no_extraction(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the extraction started")
+
+    monkeypatch.setattr(job, "extract_model", no_extraction)
+    with pytest.raises(ValueError, match=named):
+        job.run("tiny-bert", "lee", out=tmp_path / "run", **{option: value})

@@ -176,6 +176,9 @@ def run_device(device: str) -> str:
     return device_name(resolve_device(device))
 
 
+_ANY_LAYERS = 1_000_000  # a layer count no model reaches: `layers` checked for its grammar before the model is known
+
+
 def run(
     model: str = "minilm",
     corpus: str | None = None,
@@ -306,12 +309,11 @@ def run(
         Before the extraction: a `data_dir` that is not a folder (`MissingInput`), an unknown
         `protocol` or a given option it sets otherwise, `corpus="sts[:DIR]"` with a protocol, a
         `limit` or `sample` below 1, an unknown `count_by`, `min_contexts` or `num_workers` below 1,
-        `bootstrap` below 0, `confidence` outside (0, 1), `permutations` below 0; a store of other
-        settings in `out` without `overwrite`, or files there that lmgeom did not write
-        (`StoreExistsError`).
-        The options of the later steps (`layers`, `methods`, `min_coverage`) are refused when their
-        step's options are built, after the extraction; an `include` folder that does not exist, when
-        the report is rendered (`MissingInput`).
+        `bootstrap` below 0, `confidence` outside (0, 1), `permutations` below 0, an unknown calibration
+        method in `methods`, a `min_coverage` that does not read, `layers` outside the layer grammar, an
+        `include` folder that does not exist (`MissingInput`); a store of other settings in `out` without
+        `overwrite`, or files there that lmgeom did not write (`StoreExistsError`). A layer the model
+        does not have is refused after the extraction, when the model's layers are known.
     """
     # checked before the extraction, which can take hours
     if data_dir is not None and not Path(data_dir).is_dir():
@@ -321,7 +323,16 @@ def run(
     analysis = AnalysisOptions(**protocol_options(protocol, min_contexts=min_contexts, count_by=count_by), seed=seed,
                                num_workers=num_workers, device=device,
                                bootstrap=bootstrap, confidence=confidence)
-    SimilarityOptions(permutations=permutations)  # a bad count refused here, not after the extraction
+    # options refused here, not after the extraction: the counts, the calibration methods, the word
+    # benchmarks' coverage rule, the grammar of `layers` (which layers exist is known after it), `include`
+    SimilarityOptions(permutations=permutations)
+    CalibrationOptions(methods=tuple(methods), seed=seed)
+    StaticOptions(analysis, min_coverage=min_coverage)
+    select_layers(layers, range(_ANY_LAYERS), n_layers=_ANY_LAYERS, param="layers", default="default")
+    for folder in include:
+        if "://" not in str(folder) and not Path(folder).is_dir():
+            raise MissingInput(f"`include` {folder} is not a folder; give folders of experiment results, or leave it out",
+                               param="include")
     corpus, pooling = protocol_extraction(protocol, model, corpus)
     require_count(limit, "limit")
     progress = progress or NoProgress()
