@@ -24,7 +24,7 @@ class FakeClock:
 @pytest.fixture()
 def captured(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     out = io.StringIO()
-    monkeypatch.setattr(common, "console", Console(file=out, width=80, force_terminal=False, color_system=None))
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=80, force_terminal=False, color_system=None))
     return out
 
 
@@ -70,7 +70,7 @@ def test_lines_fit_the_console_width(captured: io.StringIO) -> None:
 
 def test_bars_fit_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
-    monkeypatch.setattr(common, "console", Console(file=out, width=80, force_terminal=True, color_system=None))
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=80, force_terminal=True, color_system=None))
     with common.RichProgress() as progress:
         progress.start("extract lee", 2680, unit="sentences")
         progress.advance("extract lee", 1024, note="47 sentences/s, 1,172 words/s, 3 chunks committed")
@@ -129,6 +129,7 @@ def test_console_and_progress_show_a_users_control_characters(monkeypatch: pytes
         out = io.StringIO()
         console = common.VisibleConsole(file=out, width=200, force_terminal=terminal, color_system=None)
         monkeypatch.setattr(common, "console", console)
+        monkeypatch.setattr(common, "err_console", console)  # progress goes to standard error: here the same buffer
         with common.RichProgress() as progress:
             for raw in ESCAPES:
                 progress.start(f"extract {raw}.txt", 2, unit="sentences")
