@@ -34,7 +34,7 @@ def one_error_line(result: Any) -> str:
 
 @pytest.fixture()
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(common.console, "width", 10_000)  # so the terminal width does not wrap the line
+    monkeypatch.setattr(common.err_console, "width", 10_000)  # so the terminal width does not wrap the line
 
 
 def lee_first_sentences(n: int) -> list[str]:

@@ -56,7 +56,7 @@ def test_good_folders_still_load(tmp_path: Path) -> None:
 
 
 def test_cli_reports_a_bad_corpus_in_one_line_with_exit_code_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(common.console, "width", 10_000)  # so the terminal width does not wrap the line
+    monkeypatch.setattr(common.err_console, "width", 10_000)  # so the terminal width does not wrap the line
     result = CliRunner().invoke(app, ["extract", "tiny-bert", "--corpus", "lee:x", "--out", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, TypeError)
@@ -67,7 +67,7 @@ def test_cli_reports_a_bad_corpus_in_one_line_with_exit_code_2(tmp_path: Path, m
 
 
 def test_cli_reports_a_bad_hf_spec_without_markup_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(common.console, "width", 10_000)
+    monkeypatch.setattr(common.err_console, "width", 10_000)
     result = CliRunner().invoke(app, ["extract", "tiny-bert", "--corpus", "hf:a:b", "--out", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [result.output.strip()]
