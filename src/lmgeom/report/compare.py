@@ -30,7 +30,7 @@ from lmgeom import rundir
 COMPARED = [
     entry for m in measures() if m.chart
     for entry in ((m.name, m.name, "raw", f"{m.title}, raw" if m.baseline else m.title),
-                  *(((f"{m.name}_adjusted", m.name, "adjusted", f"{m.title}, adjusted (raw − baseline)"),) if m.baseline else ()))
+                  *(((f"{m.name}_adjusted", m.name, "adjusted", f"{m.title}, adjusted"),) if m.baseline else ()))
 ]
 
 
