@@ -223,8 +223,8 @@ def test_no_module_imports_another_modules_private_names() -> None:
 
 
 def test_executors_only_schedule() -> None:
-    """The executors (local, processes, Ray) hold no statistic, no accumulator and no loop over rows:
-    they run `run_task` and nothing else of the analysis."""
+    """The executors (local, processes, Ray) hold no statistic, no accumulator and no loop over rows,
+    and do not know which kind of plan they run: they call a `Work`'s `run` and nothing else."""
     source = EXECUTORS.read_text(encoding="utf-8")
     imported = _lmgeom_imports(source)
     assert not [module for _, module, _ in imported if module.startswith("lmgeom.metrics")], "an executor imports metrics"
@@ -233,6 +233,9 @@ def test_executors_only_schedule() -> None:
     assert not names & {"tally", "Feed", "stored_chunks", "layer_chunks", "register_statistic", "statistic", "Statistic"}, names
     used = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
     assert not {name for name in used if name.endswith("Accumulator") or name in ("tally", "Feed")}
+    # no dispatch on plan types: nothing of the engine's plans, tasks or pairs is imported
+    assert not [module for _, module, _ in imported if module in ("lmgeom.engine.plan", "lmgeom.engine.tasks", "lmgeom.engine.pairs")], imported
+    assert "isinstance" not in used, "an executor dispatches on types"
 
 
 def test_the_ray_executor_imports_no_accumulator_or_loop_of_its_own() -> None:
@@ -241,7 +244,7 @@ def test_the_ray_executor_imports_no_accumulator_or_loop_of_its_own() -> None:
     imports = [node for node in ast.walk(ray) if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert [(node.module, [alias.name for alias in node.names]) for node in imports if isinstance(node, ast.ImportFrom)] == [
         ("lmgeom.engine.ray", ["connect_ray"])]
-    # its only code that touches rows is `run_task`, through the module's `_run_on_ray`
+    # its only code that touches rows is the work's `run`, through the module's `_run_on_ray`
     calls = {node.func.id for node in ast.walk(ray) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert calls <= {"connect_ray", "_bounded"}, calls
     distributed = (SRC / "stages" / "distributed.py").read_text(encoding="utf-8")

@@ -4,7 +4,8 @@ An analysis is a plan (`plan_analysis`: data, from the store and one `AnalysisOp
 layer, a row range, word groups); `run_task` streams a task's rows through `tally` into the
 accumulators of the registered statistics (`statistics`) and returns their states or, for what it
 covers entirely, their finished values; a `Merger` adds states up; `layer_values` gives each layer's
-values. Executors (`executors`: local, processes, Ray) only schedule the same tasks.
+values. Executors (`executors`: local, processes, Ray) only schedule the same tasks, through
+`AnalysisWork` (the plan and its rows; a pair plan's is `pairs.PairWork`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from lmgeom.engine.plan import AnalysisPlan, Task, plan_analysis
 from lmgeom.engine.selection import RowSelection, WordSelection, select_rows, select_words
 from lmgeom.engine.registry import register_statistic, statistic
 from lmgeom.engine.statistics import ROWS, WORD_GROUPS, LayerValues, Statistic
-from lmgeom.engine.tasks import AnalysisState, Merger, TaskOutput, run_task
+from lmgeom.engine.tasks import AnalysisState, AnalysisWork, Merger, TaskOutput, run_task
 from lmgeom.store import RepresentationStore
 
 
@@ -49,8 +50,7 @@ def run_analysis(store: RepresentationStore, options: AnalysisOptions, *, execut
     progress = progress or NoProgress()
     merger = Merger(plan, rows)
     progress.start(label, len(plan.tasks), unit="tasks")
-    for output in executor.run(store, plan, rows, plan.tasks):
-        assert isinstance(output, TaskOutput)
+    for output in executor.run(store, AnalysisWork(plan, rows), plan.tasks):
         merger.add(output)
         progress.advance(label, note=f"layer {output.task.layer}")
     layers = merger.layers()
@@ -60,7 +60,7 @@ def run_analysis(store: RepresentationStore, options: AnalysisOptions, *, execut
 
 __all__ = [
     "CONTEXTUALITY_STATISTICS", "DEFAULT_MEV_MEMORY_MB", "ROWS", "WORD_GROUPS", "Analysis", "AnalysisOptions", "AnalysisPlan",
-    "AnalysisState", "Executor", "Feed", "LayerValues", "LocalExecutor", "Merger", "PlanArrays", "ProcessExecutor", "RayExecutor",
+    "AnalysisState", "AnalysisWork", "Executor", "Feed", "LayerValues", "LocalExecutor", "Merger", "PlanArrays", "ProcessExecutor", "RayExecutor",
     "RowSelection", "Statistic", "Task", "TaskOutput", "executor_for", "plan_analysis", "plan_word_groups", "register_statistic",
     "run_analysis", "run_task", "select_rows", "select_words", "statistic", "tally", "WordSelection",
 ]

@@ -5,11 +5,10 @@ A side is (store 0 or 1, layer); a job is a pair of sides, or a side with itself
 which CKA's denominators need). `plan_pairs` groups the jobs so that a task's accumulator states
 fit `max_state_bytes` (each group one read of its sides) and cuts the matched rows into `row_parts`
 ranges; each side's rows are shifted by the mean of its first chunk of matched rows (the same shift
-in every task, so their states merge, and the sums stay well conditioned). `run_task` (for a
-`PairPlan`: `run_pair_task`) streams a task's sides through `aligned_tally` into one accumulator a
-job and statistic, and returns their results when it covers every row, else their states, which a
-`PairMerger` adds up. The executors run these tasks as they run an analysis's: the plan, its rows
-and the task are all a worker gets; a worker opens the second store by its URL.
+in every task, so their states merge, and the sums stay well conditioned). `run_pair_task` streams
+a task's sides through `aligned_tally` into one accumulator a job and statistic, and returns their results when it covers every row, else their states, which a
+`PairMerger` adds up. The executors run these tasks as they run an analysis's, through `PairWork`
+(the plan and its rows: all a worker gets besides the task); a worker opens the second store by its URL.
 """
 
 from __future__ import annotations
@@ -141,6 +140,21 @@ def run_pair_task(store: RepresentationStore, plan: PairPlan, rows: PairRows, ta
         output.states = {job: {name: type(acc).from_state_dict(acc.state_dict()) for name, acc in by_name.items()}
                          for job, by_name in accumulators.items()}
     return output
+
+
+@dataclass(frozen=True)
+class PairWork:
+    """A pair plan and its per-row arrays as an executor schedules them (`lmgeom.engine.executors.Work`)."""
+
+    plan: PairPlan
+    rows: PairRows
+
+    @property
+    def rows_read(self) -> int:
+        return self.rows.rows_read
+
+    def run(self, store: RepresentationStore, task: PairTask) -> PairOutput:
+        return run_pair_task(store, self.plan, self.rows, task)
 
 
 class PairMerger:

@@ -19,13 +19,12 @@ import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, overload
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from lmgeom.errors import InputError
 from lmgeom.metrics.base import load_states, save_states
-from lmgeom.engine.pairs import PairOutput, PairPlan, PairRows, PairTask, run_pair_task
 from lmgeom.engine.arrays import PlanArrays
 from lmgeom.engine.plan import AnalysisPlan, Task
 from lmgeom.engine.statistics import ROWS, WORD_GROUPS, LayerValues, Statistic
@@ -36,10 +35,6 @@ from lmgeom.store import RepresentationStore
 ROW_STATISTICS = -1  # the group of a key that holds a layer's row statistics
 Key = tuple[int, int]  # (layer, word group or ROW_STATISTICS)
 STATE_SCHEMA_VERSION = 1
-# what executors schedule: an analysis's tasks, or a pair plan's (`lmgeom.engine.pairs`)
-Plan = AnalysisPlan | PairPlan
-Rows = PlanArrays | PairRows
-AnyTask = Task | PairTask
 
 
 @dataclass
@@ -64,20 +59,9 @@ def finish_key(statistics: Iterable[Statistic], accumulators: Mapping[str, Any],
     return values
 
 
-@overload
-def run_task(store: RepresentationStore, plan: AnalysisPlan, rows: PlanArrays, task: Task, *, finish: bool = True) -> TaskOutput: ...
-@overload
-def run_task(store: RepresentationStore, plan: PairPlan, rows: PairRows, task: PairTask, *, finish: bool = True) -> PairOutput: ...
-@overload
-def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, *, finish: bool = True) -> TaskOutput | PairOutput: ...
-def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, *, finish: bool = True) -> TaskOutput | PairOutput:
+def run_task(store: RepresentationStore, plan: AnalysisPlan, rows: PlanArrays, task: Task, *, finish: bool = True) -> TaskOutput:
     """The task's statistics from one read of its rows (see the module docstring). `finish`: finish
-    the keys the task covers entirely (False: return every state, as a shard does). A pair plan's
-    task is `run_pair_task`'s."""
-    if isinstance(plan, PairPlan):
-        assert isinstance(rows, PairRows) and isinstance(task, PairTask)
-        return run_pair_task(store, plan, rows, task)
-    assert isinstance(rows, PlanArrays) and isinstance(task, Task)
+    the keys the task covers entirely (False: return every state, as a shard does)."""
     complete = finish and covers_every_row(plan, task)
     output = TaskOutput(task)
     row_statistics = plan.of_scope(ROWS) if task.rows else ()
@@ -128,6 +112,23 @@ def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, 
             del accumulators, sinks  # before the next group's rows are read from its spool: one group's state at a time
     return output
 
+
+
+@dataclass(frozen=True)
+class AnalysisWork:
+    """An analysis's plan and per-row arrays as an executor schedules them (`lmgeom.engine.executors.Work`):
+    handed to each worker once, `run` for each task."""
+
+    plan: AnalysisPlan
+    rows: PlanArrays
+    finish: bool = True
+
+    @property
+    def rows_read(self) -> int:
+        return self.rows.rows_read
+
+    def run(self, store: RepresentationStore, task: Task) -> TaskOutput:
+        return run_task(store, self.plan, self.rows, task, finish=self.finish)
 
 def merge_accumulators(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for name, accumulator in other.items():

@@ -50,7 +50,7 @@ from lmgeom import rundir
 from lmgeom.engine.selection import SELECTION_COLUMNS, select_rows
 from lmgeom.engine import AnalysisOptions, LocalExecutor, executor_for
 from lmgeom.engine.options import ENGINES
-from lmgeom.engine.pairs import Job, PairMerger, PairOutput, PairPlan, plan_pairs
+from lmgeom.engine.pairs import Job, PairMerger, PairPlan, PairWork, plan_pairs
 from lmgeom.engine.loop import DEFAULT_CHUNK_ROWS, read_rows
 from lmgeom.store import RepresentationStore
 
@@ -343,8 +343,7 @@ def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list
     executor = LocalExecutor() if in_memory else executor_for(how)
     merger = PairMerger(plan)
     progress.start("similarity", len(plan.tasks), unit="tasks")
-    for output in executor.run(stores[0], plan, rows, plan.tasks):
-        assert isinstance(output, PairOutput)
+    for output in executor.run(stores[0], PairWork(plan, rows), plan.tasks):
         merger.add(output)
         progress.advance("similarity")
     return merger, plan, executor.name
