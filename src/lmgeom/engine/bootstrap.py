@@ -103,57 +103,57 @@ class BootstrapDesign:
                 "state_cap_mb": STATE_MB, "max_units": MAX_UNITS}
 
 
-def bootstrap_design(rows: PlanArrays) -> BootstrapDesign:
+def bootstrap_design(arrays: PlanArrays) -> BootstrapDesign:
     """The units of `rows`: sentences with selected rows, in blocks of consecutive sentences when their
     sums would not fit `STATE_MB` or `MAX_UNITS` (module docstring)."""
-    options = rows.options
-    mask = rows.selection.mask
-    sentences = rows.selection.sentence_ids
+    options = arrays.options
+    mask = arrays.selection.mask
+    sentences = arrays.selection.sentence_ids
     distinct, index = np.unique(sentences[mask], return_inverse=True)
-    words = rows.words.word_index[mask] if "self_similarity" in options.statistics else np.full(int(mask.sum()), -1)
+    words = arrays.words.word_index[mask] if "self_similarity" in options.statistics else np.full(int(mask.sum()), -1)
     per_unit = 1
     while True:
         n_units = -(-len(distinct) // per_unit)
         units = index // per_unit
         pairs = len(np.unique(words[words >= 0] * max(n_units, 1) + units[words >= 0]))
-        fits = (pairs + n_units) * rows.dim * 8 <= STATE_MB * 2**20 and n_units <= MAX_UNITS
+        fits = (pairs + n_units) * arrays.dim * 8 <= STATE_MB * 2**20 and n_units <= MAX_UNITS
         if fits or n_units <= MIN_UNITS:
             break
         per_unit *= 2
     unit_of_row = np.zeros(len(mask), dtype=np.int64)
     unit_of_row[mask] = units
-    n_words = len(rows.words) if "mev" in options.statistics else 0
+    n_words = len(arrays.words) if "mev" in options.statistics else 0
     return BootstrapDesign(options, unit_of_row, distinct, n_units,
-                           per_unit, n_words, len(rows.sample(options.n_samples)) if "sample" in options.statistics else 0)
+                           per_unit, n_words, len(arrays.sample(options.n_samples)) if "sample" in options.statistics else 0)
 
 
-def design_of(rows: PlanArrays) -> BootstrapDesign:
+def design_of(arrays: PlanArrays) -> BootstrapDesign:
     """The bootstrap design of `rows`, made once and kept with them (every task of a worker shares it)."""
-    return rows.derived("bootstrap", bootstrap_design)
+    return arrays.derived("bootstrap", bootstrap_design)
 
 
 # ---------------------------------------------------------------------------------------------
 # the statistics: what the one read keeps for the bootstrap, and each layer's replicates
 
 
-def _unit_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
-    words = rows.words.word_index if "self_similarity" in rows.options.statistics else np.full(len(rows.selection.mask), -1)
-    return {"unit_ids": design_of(rows).unit_of_row, "word_ids": words}
+def _unit_labels(arrays: PlanArrays) -> dict[str, np.ndarray]:
+    words = arrays.words.word_index if "self_similarity" in arrays.options.statistics else np.full(len(arrays.selection.mask), -1)
+    return {"unit_ids": design_of(arrays).unit_of_row, "word_ids": words}
 
 
-def _unit_accumulator(rows: PlanArrays, words: np.ndarray | None) -> UnitSumsAccumulator:
-    return UnitSumsAccumulator(design_of(rows).n_units)
+def _unit_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> UnitSumsAccumulator:
+    return UnitSumsAccumulator(design_of(arrays).n_units)
 
 
-def _unit_replicates(acc: UnitSumsAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _unit_replicates(acc: UnitSumsAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     """The anisotropy baseline's and SelfSim's replicates (B each): SelfSim's is the mean over the
     words defined in the resample (two distinct occurrences drawn)."""
-    design = design_of(rows)
+    design = design_of(arrays)
     m = design.unit_draws
     summaries = acc.result()
     keys, sums, counts = summaries["unit"]
     replicates = {"anisotropy_exact": pair_mean(m[:, keys], sums, counts)}
-    if "self_similarity" in rows.options.statistics:
+    if "self_similarity" in arrays.options.statistics:
         replicates["self_similarity"] = self_similarity_replicates(m, *summaries["pair"], design.n_units)
     return {"bootstrap_replicates": replicates}
 
@@ -168,25 +168,25 @@ STATISTICS.append(Statistic(
 ))
 
 
-def _sample_accumulator(rows: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
-    return RowSampleAccumulator(rows.sample(rows.options.n_samples))
+def _sample_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(arrays.sample(arrays.options.n_samples))
 
 
-def _sample_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
-    return {"rows": rows.row_numbers}
+def _sample_labels(arrays: PlanArrays) -> dict[str, np.ndarray]:
+    return {"rows": arrays.row_numbers}
 
 
-def _sample_replicates(acc: RowSampleAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _sample_replicates(acc: RowSampleAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     """The sampled baselines' replicates: the sampled occurrences resampled (a row that is a zero
     vector at this layer is left out, its draws with it)."""
     sample = acc.result()
     nonzero = row_norms(sample) > 0
     sample = sample[nonzero]
-    m = design_of(rows).sample_draws[:, nonzero]
+    m = design_of(arrays).sample_draws[:, nonzero]
     units = sample / row_norms(sample)[:, None]
     return {"bootstrap_sample_replicates": {
         "anisotropy_sampled": pair_mean(m, units, np.ones(len(units))),
-        "mev_baseline": resampled_mev(sample, m[:MEV_BASELINE_RESAMPLES], rows.options.mev_variants),
+        "mev_baseline": resampled_mev(sample, m[:MEV_BASELINE_RESAMPLES], arrays.options.mev_variants),
     }}
 
 
@@ -200,10 +200,10 @@ STATISTICS.append(Statistic(
 # intervals and the adjacent-layer tests
 
 
-def layer_replicates(values: LayerValues, rows: PlanArrays) -> dict[str, dict[str, np.ndarray]]:
+def layer_replicates(values: LayerValues, arrays: PlanArrays) -> dict[str, dict[str, np.ndarray]]:
     """Each record metric's replicates of its raw value and, where it has a baseline, of its adjusted
     value (the baseline's replicates from the same resample, or for MEV from the resampled sample)."""
-    design = design_of(rows)
+    design = design_of(arrays)
     cosine = values.get("bootstrap_replicates", {})
     sampled = values.get("bootstrap_sample_replicates", {})
     out: dict[str, dict[str, np.ndarray]] = {}

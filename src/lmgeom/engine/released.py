@@ -63,12 +63,12 @@ def released_rows(selection: RowSelection, n: int, seed: int) -> tuple[np.ndarra
     return sentence_rows, word_rows, pairs
 
 
-def _sample(rows: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return released_rows(rows.selection, rows.options.n_samples, rows.options.seed)
+def _sample(arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return released_rows(arrays.selection, arrays.options.n_samples, arrays.options.seed)
 
 
-def _sample_accumulator(rows: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
-    return RowSampleAccumulator(_sample(rows)[0])
+def _sample_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(_sample(arrays)[0])
 
 
 def _units(X: np.ndarray) -> np.ndarray:
@@ -76,10 +76,10 @@ def _units(X: np.ndarray) -> np.ndarray:
     return np.divide(X, norms[:, None], out=np.full_like(X, np.nan), where=norms[:, None] > 0)
 
 
-def _sample_values(acc: RowSampleAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
-    sentence_rows, word_rows, pairs = _sample(rows)
+def _sample_values(acc: RowSampleAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
+    sentence_rows, word_rows, pairs = _sample(arrays)
     X = acc.result()  # the sampled sentences' rows, in row order = sentence_rows
-    sentences = rows.selection.sentence_ids[sentence_rows]
+    sentences = arrays.selection.sentence_ids[sentence_rows]
     units = _units(X)
     intra = []
     for sentence in np.unique(sentences):
@@ -138,10 +138,10 @@ STATISTICS.append(Statistic(
 ))
 
 
-def _self_similarity_values(acc: WordRowsAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _self_similarity_values(acc: WordRowsAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     assert words is not None
-    word_ids = rows.words.words["word_id"].to_numpy()[words]
-    n_pairs, seed = rows.options.n_samples, rows.options.seed
+    word_ids = arrays.words.words["word_id"].to_numpy()[words]
+    n_pairs, seed = arrays.options.n_samples, arrays.options.seed
     values = np.array([sampled_self_similarity(X, n_pairs, np.random.default_rng([seed, int(word_id)]))
                        for X, word_id in zip(acc.result(), word_ids)])
     return {"self_similarity_released": np.round(values, DECIMALS)}

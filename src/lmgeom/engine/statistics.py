@@ -118,14 +118,14 @@ class Statistic:
         if self.every_row and self.scope != ROWS:
             raise InputError("only a `rows` statistic reads every stored row (`every_row=True`)", param="every_row")
 
-    def new_accumulator(self, rows: PlanArrays, words: np.ndarray | None, layer: int) -> Any:
+    def new_accumulator(self, arrays: PlanArrays, words: np.ndarray | None, layer: int) -> Any:
         """A fresh accumulator of this statistic for `layer` (`words`: the group's, None for `rows` scope)."""
         if self.takes_inputs:
-            if layer not in rows.inputs:
+            if layer not in arrays.inputs:
                 raise InputError(f"the statistic {self.name!r} needs layer {layer}'s values of an earlier analysis "
                                  "(`run_analysis(..., inputs={layer: ...})`)", param="inputs")
-            return self.accumulator(rows, words, rows.inputs[layer])
-        return self.accumulator(rows, words)
+            return self.accumulator(arrays, words, arrays.inputs[layer])
+        return self.accumulator(arrays, words)
 
 
 # every statistic declared in this module, in order (`lmgeom.engine.registry` gathers them)
@@ -152,7 +152,7 @@ def _n_defined(values: np.ndarray) -> int:
 # a plan's statistics are pickled to worker processes)
 
 
-def _fresh(cls: type, rows: PlanArrays, words: np.ndarray | None) -> Any:
+def _fresh(cls: type, arrays: PlanArrays, words: np.ndarray | None) -> Any:
     return cls()
 
 
@@ -161,7 +161,7 @@ def fresh(cls: type) -> Callable[[PlanArrays, np.ndarray | None], Any]:
     return partial(_fresh, cls)
 
 
-def _per_word(cls: type, rows: PlanArrays, words: np.ndarray | None) -> Any:
+def _per_word(cls: type, arrays: PlanArrays, words: np.ndarray | None) -> Any:
     assert words is not None, f"{cls.__name__} counts by word: register it with scope {WORD_GROUPS!r}"
     return cls(len(words))
 
@@ -171,7 +171,7 @@ def per_word(cls: type) -> Callable[[PlanArrays, np.ndarray | None], Any]:
     return partial(_per_word, cls)
 
 
-def result_as(name: str, acc: Any, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def result_as(name: str, acc: Any, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     """`finish` (as `partial(result_as, name)`) keeping the accumulator's result under `name`."""
     return {name: acc.result()}
 
@@ -180,7 +180,7 @@ def result_as(name: str, acc: Any, rows: PlanArrays, words: np.ndarray | None) -
 # the contextuality statistics (Ethayarajh 2019)
 
 
-def _baseline_values(acc: AverageCosineAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _baseline_values(acc: AverageCosineAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     return {"anisotropy_exact": acc.result(), "n_points": acc.n_points, "n_zero": acc.n_zero}
 
 
@@ -211,21 +211,21 @@ STATISTICS.append(Statistic(
 ))
 
 
-def _sample_values(acc: RowSampleAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _sample_values(acc: RowSampleAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     sample = acc.result()
     sample = sample[row_norms(sample) > 0]
     spectrum = occurrence_spectrum(sample)
     return {"anisotropy_sampled": average_cosine(sample), "n_sampled": len(sample),
-            "mev_baseline": {variant: spectrum.mev(variant) for variant in rows.options.mev_variants}}
+            "mev_baseline": {variant: spectrum.mev(variant) for variant in arrays.options.mev_variants}}
 
 
-def _sample_accumulator(rows: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
-    return RowSampleAccumulator(rows.sample(rows.options.n_samples))
+def _sample_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(arrays.sample(arrays.options.n_samples))
 
 
-def row_number_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
+def row_number_labels(arrays: PlanArrays) -> dict[str, np.ndarray]:
     """`rows` labels: each row's number in the store (what a row sample keeps)."""
-    return {"rows": rows.row_numbers}
+    return {"rows": arrays.row_numbers}
 
 
 def _sample_records(v: LayerValues) -> list[dict[str, Any]]:
@@ -242,7 +242,7 @@ STATISTICS.append(Statistic(
 ))
 
 
-def _self_similarity_values(acc: SelfSimilarityAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _self_similarity_values(acc: SelfSimilarityAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     return {"self_similarity": acc.result(), "nonzero_occurrences": acc.counts}
 
 
@@ -266,9 +266,9 @@ STATISTICS.append(Statistic(
                       baseline="exact anisotropy", resampled="sentences"),),
 ))
 
-def sentence_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
+def sentence_labels(arrays: PlanArrays) -> dict[str, np.ndarray]:
     """`rows` labels: each row's sentence."""
-    return {"sentence_ids": rows.selection.sentence_ids}
+    return {"sentence_ids": arrays.selection.sentence_ids}
 
 
 def _intra_records(v: LayerValues) -> list[dict[str, Any]]:
@@ -287,16 +287,16 @@ STATISTICS.append(Statistic(
 ))
 
 
-def _mev_accumulator(rows: PlanArrays, words: np.ndarray | None, *, variants: tuple[str, ...] | None = None) -> MEVAccumulator:
+def _mev_accumulator(arrays: PlanArrays, words: np.ndarray | None, *, variants: tuple[str, ...] | None = None) -> MEVAccumulator:
     """An MEV accumulator of a group's words that knows their counts (the words that will outgrow the
     row budget go to X^T X from their first rows; the others' rows are never copied again), solving
     `variants` (default: the plan's)."""
     assert words is not None
-    counts = rows.words.words["count"].to_numpy()[words]
-    return MEVAccumulator(len(words), expected_counts=counts, variants=rows.options.mev_variants if variants is None else variants)
+    counts = arrays.words.words["count"].to_numpy()[words]
+    return MEVAccumulator(len(words), expected_counts=counts, variants=arrays.options.mev_variants if variants is None else variants)
 
 
-def _mev_values(acc: MEVAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _mev_values(acc: MEVAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     """Each MEV variant of each word (NaN for a word without a non-zero occurrence); only these
     numbers are kept, not a spectrum's direction and mean (2d floats a word)."""
     spectra = acc.result()
@@ -348,7 +348,7 @@ STATISTICS.append(Statistic(
 
 
 
-def _word_effective_rank_values(acc: WordRowsAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _word_effective_rank_values(acc: WordRowsAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     """Each word's effective rank (Roy & Vetterli 2007) of its centred occurrence matrix: exp of the
     entropy of its normalised singular values, between 1 (the occurrences on one line about their
     mean) and n − 1; NaN for a word with fewer than two non-zero occurrences."""
@@ -384,12 +384,12 @@ STATISTICS.append(Statistic(
 # static vectors (Ethayarajh 2019, section 5) and the word explorer's neighbours
 
 
-def _first_pc_values(acc: MEVAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _first_pc_values(acc: MEVAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     """Each word's first principal direction and mean (NaN rows, and `has_vector` False, for a word
     whose occurrences are all zero vectors: it has no direction)."""
     spectra = acc.result()
-    directions = np.full((acc.n_words, rows.dim), np.nan)
-    means = np.full((acc.n_words, rows.dim), np.nan)
+    directions = np.full((acc.n_words, arrays.dim), np.nan)
+    means = np.full((acc.n_words, arrays.dim), np.nan)
     for word, spectrum in spectra.items():
         directions[word], means[word] = spectrum.direction, spectrum.mean
     has_vector = np.zeros(acc.n_words, dtype=bool)
@@ -428,15 +428,15 @@ def _on_device(X: np.ndarray, device: str) -> Any:
     return torch.from_numpy(X).to(target)
 
 
-def _isotropy_accumulator(rows: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
-    return RowSampleAccumulator(rows.sample(rows.options.isotropy_rows))
+def _isotropy_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(arrays.sample(arrays.options.isotropy_rows))
 
 
-def _isotropy_values(acc: RowSampleAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _isotropy_values(acc: RowSampleAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     X = acc.result()
-    seed = rows.options.seed
-    measures: dict[str, float] = dict(isotropy_report(_on_device(X, rows.options.device), seed=seed, max_rows=None))
-    local = local_isotropy(X, n_clusters=min(rows.options.isotropy_clusters, len(X)), seed=seed)
+    seed = arrays.options.seed
+    measures: dict[str, float] = dict(isotropy_report(_on_device(X, arrays.options.device), seed=seed, max_rows=None))
+    local = local_isotropy(X, n_clusters=min(arrays.options.isotropy_clusters, len(X)), seed=seed)
     measures.update({f"local_{name}": value for name, value in local.weighted_mean.items()})
     return {"isotropy": {name: value for name, value in measures.items() if name not in ("n_points", "n_used", "dim")},
             "isotropy_rows": len(X)}
@@ -452,11 +452,11 @@ STATISTICS.append(Statistic(
 # moments of the selected rows (the calibrators that need only mean and covariance fit on them)
 
 
-def _moments_accumulator(full_covariance: bool, rows: PlanArrays, words: np.ndarray | None) -> MomentAccumulator:
+def _moments_accumulator(full_covariance: bool, arrays: PlanArrays, words: np.ndarray | None) -> MomentAccumulator:
     return MomentAccumulator(full_covariance=full_covariance)
 
 
-def _keep_accumulator(name: str, acc: Any, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _keep_accumulator(name: str, acc: Any, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     return {name: acc}
 
 
@@ -514,25 +514,25 @@ PAIR_STATISTICS.append(PairStatistic(
 # standardised
 
 
-def _geometry_sample_accumulator(rows: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
-    return RowSampleAccumulator(rows.sample(rows.options.geometry_rows))
+def _geometry_sample_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> RowSampleAccumulator:
+    return RowSampleAccumulator(arrays.sample(arrays.options.geometry_rows))
 
 
-def _magnitude_accumulator(rows: PlanArrays, words: np.ndarray | None) -> MagnitudeAccumulator:
-    return MagnitudeAccumulator(rows.options.top_activations)
+def _magnitude_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> MagnitudeAccumulator:
+    return MagnitudeAccumulator(arrays.options.top_activations)
 
 
-def _sentence_mean_accumulator(rows: PlanArrays, words: np.ndarray | None) -> WordMeanAccumulator:
-    return WordMeanAccumulator(int(rows.selection.sentence_ids.max(initial=-1)) + 1)
+def _sentence_mean_accumulator(arrays: PlanArrays, words: np.ndarray | None) -> WordMeanAccumulator:
+    return WordMeanAccumulator(int(arrays.selection.sentence_ids.max(initial=-1)) + 1)
 
 
-def _sentence_mean_values(acc: WordMeanAccumulator, rows: PlanArrays, words: np.ndarray | None) -> LayerValues:
+def _sentence_mean_values(acc: WordMeanAccumulator, arrays: PlanArrays, words: np.ndarray | None) -> LayerValues:
     return {"sentence_means": acc.result(), "sentence_rows": acc.counts}
 
 
-def sentence_word_labels(rows: PlanArrays) -> dict[str, np.ndarray]:
+def sentence_word_labels(arrays: PlanArrays) -> dict[str, np.ndarray]:
     """`rows` labels: each row's sentence, as the `word_ids` of a per-key accumulator."""
-    return {"word_ids": rows.selection.sentence_ids}
+    return {"word_ids": arrays.selection.sentence_ids}
 
 
 STATISTICS.append(Statistic(
@@ -560,14 +560,14 @@ def _transformed_keywords(variant: str, dim: int, inputs: Mapping[str, Any]) -> 
     return standardizing(dim, inputs["mean"], inputs["std"])
 
 
-def _transformed_self_similarity(variant: str, rows: PlanArrays, words: np.ndarray | None,
+def _transformed_self_similarity(variant: str, arrays: PlanArrays, words: np.ndarray | None,
                                  inputs: Mapping[str, Any]) -> TransformedAccumulator:
     assert words is not None
-    return TransformedAccumulator(SelfSimilarityAccumulator(len(words)), **_transformed_keywords(variant, rows.dim, inputs))
+    return TransformedAccumulator(SelfSimilarityAccumulator(len(words)), **_transformed_keywords(variant, arrays.dim, inputs))
 
 
-def _transformed_intra(variant: str, rows: PlanArrays, words: np.ndarray | None, inputs: Mapping[str, Any]) -> TransformedAccumulator:
-    return TransformedAccumulator(IntraSentenceAccumulator(), **_transformed_keywords(variant, rows.dim, inputs))
+def _transformed_intra(variant: str, arrays: PlanArrays, words: np.ndarray | None, inputs: Mapping[str, Any]) -> TransformedAccumulator:
+    return TransformedAccumulator(IntraSentenceAccumulator(), **_transformed_keywords(variant, arrays.dim, inputs))
 
 
 TRANSFORMED_VARIANTS = ("without_outlier_dimensions", "standardized")

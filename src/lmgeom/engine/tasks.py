@@ -51,24 +51,24 @@ def covers_every_row(plan: AnalysisPlan, task: Task) -> bool:
     return task.start == 0 and task.stop == plan.n_rows
 
 
-def finish_key(statistics: Iterable[Statistic], accumulators: Mapping[str, Any], rows: PlanArrays,
+def finish_key(statistics: Iterable[Statistic], accumulators: Mapping[str, Any], arrays: PlanArrays,
                words: np.ndarray | None) -> LayerValues:
     values: LayerValues = {}
     for stat in statistics:
-        values.update(stat.finish(accumulators[stat.name], rows, words))
+        values.update(stat.finish(accumulators[stat.name], arrays, words))
     return values
 
 
-def run_task(store: RepresentationStore, plan: AnalysisPlan, rows: PlanArrays, task: Task, *, finish: bool = True) -> TaskOutput:
+def run_task(store: RepresentationStore, plan: AnalysisPlan, arrays: PlanArrays, task: Task, *, finish: bool = True) -> TaskOutput:
     """The task's statistics from one read of its rows (see the module docstring). `finish`: finish
     the keys the task covers entirely (False: return every state, as a shard does)."""
     complete = finish and covers_every_row(plan, task)
     output = TaskOutput(task)
     row_statistics = plan.of_scope(ROWS) if task.rows else ()
     word_statistics = plan.of_scope(WORD_GROUPS) if task.groups else ()
-    row_accumulators = {stat.name: stat.new_accumulator(rows, None, task.layer) for stat in row_statistics}
-    feeds = [Feed(row_accumulators[stat.name], None if stat.every_row else rows.selection.mask,
-                  stat.labels(rows) if stat.labels else {}, stat.stored_rows)
+    row_accumulators = {stat.name: stat.new_accumulator(arrays, None, task.layer) for stat in row_statistics}
+    feeds = [Feed(row_accumulators[stat.name], None if stat.every_row else arrays.selection.mask,
+                  stat.labels(arrays) if stat.labels else {}, stat.stored_rows)
              for stat in row_statistics]
     with ExitStack() as cleanup:
         # a complete task spools the spooled statistics of every group but its first
@@ -76,37 +76,37 @@ def run_task(store: RepresentationStore, plan: AnalysisPlan, rows: PlanArrays, t
         scratch = Path(cleanup.enter_context(scratch_folder())) if spooled and any(s.spool for s in word_statistics) else None
         in_read: dict[int, dict[str, RowSink]] = {}
         for group in task.groups:
-            words = rows.group_words[group]
+            words = arrays.group_words[group]
             sinks: dict[str, RowSink] = {}
             for stat in word_statistics:
                 if stat.spool and group in spooled:
                     assert scratch is not None
                     sinks[stat.name] = cleanup.enter_context(RowSpool(scratch / f"group-{group}-{stat.name}.rows"))
                 else:
-                    sinks[stat.name] = stat.new_accumulator(rows, words, task.layer)
-                feeds.append(Feed(sinks[stat.name], rows.group_mask(group), {"word_ids": rows.local_of_row}, stat.stored_rows))
+                    sinks[stat.name] = stat.new_accumulator(arrays, words, task.layer)
+                feeds.append(Feed(sinks[stat.name], arrays.group_mask(group), {"word_ids": arrays.local_of_row}, stat.stored_rows))
             in_read[group] = sinks
         tally(store, task.layer, feeds, rows=(task.start, task.stop), chunk_rows=plan.options.chunk_rows, device=plan.device)
         feeds.clear()
         if row_statistics:
             key = (task.layer, ROW_STATISTICS)
             if complete:
-                output.values[key] = finish_key(row_statistics, row_accumulators, rows, None)
+                output.values[key] = finish_key(row_statistics, row_accumulators, arrays, None)
             else:
                 output.states[key] = row_accumulators
         for group in task.groups:
-            words = rows.group_words[group]
+            words = arrays.group_words[group]
             sinks = in_read.pop(group)
             accumulators: dict[str, Any] = {}
             for name, sink in sinks.items():
                 if isinstance(sink, RowSpool):
-                    accumulator = next(stat for stat in word_statistics if stat.name == name).new_accumulator(rows, words, task.layer)
+                    accumulator = next(stat for stat in word_statistics if stat.name == name).new_accumulator(arrays, words, task.layer)
                     sink.drain(accumulator)
                     accumulators[name] = accumulator
                 else:
                     accumulators[name] = sink
             if complete:
-                output.values[(task.layer, group)] = finish_key(word_statistics, accumulators, rows, words)
+                output.values[(task.layer, group)] = finish_key(word_statistics, accumulators, arrays, words)
             else:
                 output.states[(task.layer, group)] = accumulators
             del accumulators, sinks  # before the next group's rows are read from its spool: one group's state at a time
@@ -142,8 +142,8 @@ class Merger:
     """Adds up the outputs of a plan's tasks, in any order: a key's states merge as they come, and the
     key is finished (its states dropped) once every task of it is in."""
 
-    def __init__(self, plan: AnalysisPlan, rows: PlanArrays) -> None:
-        self.plan, self.rows = plan, rows
+    def __init__(self, plan: AnalysisPlan, arrays: PlanArrays) -> None:
+        self.plan, self.rows = plan, arrays
         self.values: dict[Key, LayerValues] = {}
         self.pending: dict[Key, dict[str, Any]] = {}
         self.missing: dict[Key, int] = {}
@@ -172,33 +172,33 @@ def task_keys(task: Task) -> list[Key]:
     return ([(task.layer, ROW_STATISTICS)] if task.rows else []) + [(task.layer, group) for group in task.groups]
 
 
-def finish_pending(plan: AnalysisPlan, rows: PlanArrays, key: Key, accumulators: Mapping[str, Any]) -> LayerValues:
+def finish_pending(plan: AnalysisPlan, arrays: PlanArrays, key: Key, accumulators: Mapping[str, Any]) -> LayerValues:
     layer, group = key
     if group == ROW_STATISTICS:
-        return finish_key(plan.of_scope(ROWS), accumulators, rows, None)
-    return finish_key(plan.of_scope(WORD_GROUPS), accumulators, rows, rows.group_words[group])
+        return finish_key(plan.of_scope(ROWS), accumulators, arrays, None)
+    return finish_key(plan.of_scope(WORD_GROUPS), accumulators, arrays, arrays.group_words[group])
 
 
-def finish_states(plan: AnalysisPlan, rows: PlanArrays, states: Mapping[Key, Mapping[str, Any]]) -> dict[int, LayerValues]:
+def finish_states(plan: AnalysisPlan, arrays: PlanArrays, states: Mapping[Key, Mapping[str, Any]]) -> dict[int, LayerValues]:
     """Each layer's values from states that hold every row of every key (merged shards)."""
     missing = [key for task in plan.tasks for key in task_keys(task) if key not in states]
     if missing:
         raise InputError(f"the analysis states lack layer {missing[0][0]}'s statistics; were they saved with other settings?")
-    return layer_values(plan, rows, {key: finish_pending(plan, rows, key, accumulators) for key, accumulators in states.items()})
+    return layer_values(plan, arrays, {key: finish_pending(plan, arrays, key, accumulators) for key, accumulators in states.items()})
 
 
-def layer_values(plan: AnalysisPlan, rows: PlanArrays, values: Mapping[Key, LayerValues]) -> dict[int, LayerValues]:
+def layer_values(plan: AnalysisPlan, arrays: PlanArrays, values: Mapping[Key, LayerValues]) -> dict[int, LayerValues]:
     """Each layer's values: its row statistics' as they are, its word statistics' as arrays over every
     analysed word (in the words' order), placed from their groups."""
     layers: dict[int, LayerValues] = {}
     for layer in plan.layers:
         merged: LayerValues = dict(values.get((layer, ROW_STATISTICS), {}))
         for group in range(plan.n_groups):
-            words = rows.group_words[group]
+            words = arrays.group_words[group]
             for name, part in values[(layer, group)].items():
                 part = np.asarray(part)
                 if name not in merged:
-                    merged[name] = np.zeros((len(rows.words), *part.shape[1:]), dtype=part.dtype)
+                    merged[name] = np.zeros((len(arrays.words), *part.shape[1:]), dtype=part.dtype)
                 merged[name][words] = part
         layers[layer] = merged
     return layers
