@@ -167,13 +167,15 @@ def pin_spectrum_route(monkeypatch: Any, name: str) -> str:
     """Send every word's spectrum down route `name` of `lmgeom.metrics.spectrum` ("gram-batched",
     "gram-tridiagonal", "scatter", "krylov"), with blocks small enough that the tiny test matrices
     exercise the Krylov solver's restarts."""
+    from lmgeom.metrics import lanczos as lanczos_module
     from lmgeom.metrics import spectrum as spectrum_module
 
     monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: name.split("-")[0])
     monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
     monkeypatch.setattr(spectrum_module, "BATCHED_EIGH_LIMIT", 10**6 if name == "gram-batched" else 0)
-    monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
-    monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
+    for module in (spectrum_module, lanczos_module):
+        monkeypatch.setattr(module, "BLOCK_SIZE", 3)
+    monkeypatch.setattr(lanczos_module, "MAX_BASIS", 24)
     return name
 
 

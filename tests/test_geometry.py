@@ -34,7 +34,7 @@ from lmgeom.metrics.intrinsic import (
 )
 from lmgeom.metrics.isotropy import covariance_eigenvalues, effective_rank, participation_ratio
 from lmgeom.metrics.outliers import MagnitudeAccumulator, magnitude_outliers
-from lmgeom.metrics.spectrum import numerical_rank, renyi_entropy, stable_rank
+from lmgeom.metrics.spectrum_shape import numerical_rank, renyi_entropy, stable_rank
 from lmgeom.engine import AnalysisOptions
 from lmgeom.stages.geometry import GeometryOptions, measure_geometry, probe_layer_test
 from lmgeom.store import write_store_from_arrays

@@ -15,6 +15,7 @@ from scipy.linalg import eigh
 
 from lmgeom.metrics import MEV_VARIANTS, MEVAccumulator, first_principal_direction, mev, occurrence_spectrum
 from lmgeom.metrics.mev import mev_state_bytes
+from lmgeom.metrics import lanczos as lanczos_module
 from lmgeom.metrics import spectrum as spectrum_module
 from lmgeom.metrics.spectrum import OccurrenceSpectrum, moment_spectrum, rows_spectra
 
@@ -63,8 +64,9 @@ def matrix_free(monkeypatch: pytest.MonkeyPatch) -> None:
     so restarts happen."""
     monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: "krylov")
     monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: None)
-    monkeypatch.setattr(spectrum_module, "BLOCK_SIZE", 3)
-    monkeypatch.setattr(spectrum_module, "MAX_BASIS", 24)
+    for module in (spectrum_module, lanczos_module):
+        monkeypatch.setattr(module, "BLOCK_SIZE", 3)
+    monkeypatch.setattr(lanczos_module, "MAX_BASIS", 24)
 
 
 # ---- occurrence matrices with known spectral shapes (all seeded)
@@ -217,7 +219,7 @@ def test_flat_spectrum_over_its_krylov_budget_goes_the_dense_way(monkeypatch: py
     scatter_tops = spectrum_module._scatter_tops
     monkeypatch.setattr(spectrum_module, "_scatter_tops", lambda *args: dense_solves.append(1) or scatter_tops(*args))
     monkeypatch.setattr(spectrum_module, "word_route", lambda n, dim, formed=False: "krylov")
-    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: spectrum_module.BLOCK_SIZE)
+    monkeypatch.setattr(spectrum_module, "krylov_budget", lambda n, dim, formed=False: lanczos_module.BLOCK_SIZE)
     X = flat(300, 80, seed=54)
     assert_matches(moment_spectrum(len(X), X.sum(axis=0), X.T @ X), X)
     assert dense_solves == [1]
@@ -237,10 +239,10 @@ def test_a_flat_word_gives_up_on_lanczos_as_soon_as_its_rate_projects_past_the_b
     monkeypatch.setattr(spectrum_module._ChunkedRows, "scatter_images", counted)
     n, d = 400, 512
     budget = spectrum_module.krylov_budget(n, d)
-    assert spectrum_module.word_route(n, d) == "krylov" and budget > 4 * spectrum_module.PROJECTION_MIN_STEPS * spectrum_module.BLOCK_SIZE
+    assert spectrum_module.word_route(n, d) == "krylov" and budget > 4 * lanczos_module.PROJECTION_MIN_STEPS * lanczos_module.BLOCK_SIZE
     X32, X = as_float32(flat(n, d, seed=55) + 1.0)
     assert spectrum_module._krylov_rows_spectrum(spectrum_module._ChunkedRows([X32]), budget=budget) is None
-    assert len(products) == spectrum_module.PROJECTION_MIN_STEPS and sum(products) < budget
+    assert len(products) == lanczos_module.PROJECTION_MIN_STEPS and sum(products) < budget
     assert_matches(occurrence_spectrum(X32), X)
     products.clear()
     X32, X = as_float32(anisotropic(n, d, seed=56))
@@ -364,7 +366,7 @@ def test_seeded_start_gives_identical_results(matrix_free: None) -> None:
 
 
 def test_stopping_short_of_convergence_warns(matrix_free: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spectrum_module, "MAX_MULTIPLICATIONS", 6)
+    monkeypatch.setattr(lanczos_module, "MAX_MULTIPLICATIONS", 6)
     with pytest.warns(RuntimeWarning, match="block Lanczos stopped after"):
         occurrence_spectrum(flat(80, 90, seed=14))
 
@@ -533,7 +535,7 @@ def test_float32_rows_take_float32_steps_then_float64(matrix_free: None, monkeyp
     solve = spectrum_module.top_eigenpairs
 
     def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
-        noises.append(kwargs.get("tolerances", spectrum_module.Tolerances()).noise)
+        noises.append(kwargs.get("tolerances", lanczos_module.Tolerances()).noise)
         return solve(*args, **kwargs)
 
     monkeypatch.setattr(spectrum_module, "top_eigenpairs", recording)

@@ -29,7 +29,7 @@ import numpy as np
 from lmgeom.errors import InputError
 from lmgeom.metrics.base import RowBlock, StatefulAccumulator, as_float64_rows, in_namespace_of, register_accumulator, row_ids, to_numpy
 from lmgeom.metrics.contextuality import average_cosine, sample_indexes
-from lmgeom.metrics.spectrum import spectrum_shape
+from lmgeom.metrics.spectrum_shape import spectrum_shape
 
 # Rows per block when centring or projecting points: extra memory stays at block x dim, never a
 # second n x dim copy of the points.
@@ -524,7 +524,7 @@ def isotropy_report(X: Any, *, seed: int = 0, max_rows: int | None = REPORT_MAX_
 
     Keys: n_points, n_used, dim, log_partition_isotropy(_centered), partition_isotropy(_centered),
     isoscore, average_cosine, effective_rank, participation_ratio, stable_rank, numerical_rank,
-    matrix_entropy (`lmgeom.metrics.spectrum.spectrum_shape`), top1/top10_variance_share,
+    matrix_entropy (`lmgeom.metrics.spectrum_shape`), top1/top10_variance_share,
     rogue_top_share, average_cosine_without_rogue, average_cosine_standardized."""
     X = as_float64_rows(X)
     n_points, dim = X.shape
