@@ -264,7 +264,7 @@ def test_only_the_run_directory_module_spells_a_result_file_name() -> None:
     source_root = TESTS.parent / "src" / "lmgeom"
     offences = []
     for path in sorted(source_root.rglob("*.py")):
-        if path == source_root / "rundir.py":
+        if path.parent == source_root / "rundir":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docstrings = {id(node.body[0].value) for node in ast.walk(tree)

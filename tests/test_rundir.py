@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from lmgeom.errors import InputError
 from lmgeom.cli.main import app
 from lmgeom.report import load_run
 from lmgeom.stages import calibrate_store
@@ -250,11 +251,11 @@ def test_what_lmgeom_wrote_is_told_by_kind_mark_or_place_and_nothing_else_is_ove
     for text in ('{"kind": "mine"}', '{"records": [], "kind": "sts"}', "<html>thesis</html>", "\\section{x}"):
         (tmp_path / "mine").write_text(text)
         assert not rundir.written_by_lmgeom(tmp_path / "mine")
-        with pytest.raises(rundir.InputError, match="exists and lmgeom did not write it") as raised:
+        with pytest.raises(InputError, match="exists and lmgeom did not write it") as raised:
             rundir.claim_file(tmp_path / "mine", overwrite=False)
         assert raised.value.params == ("out", "overwrite")
         rundir.claim_file(tmp_path / "mine", overwrite=True)
-    with pytest.raises(rundir.InputError, match="is a folder"):
+    with pytest.raises(InputError, match="is a folder"):
         rundir.claim_file(tmp_path, overwrite=True)
     rundir.claim_file(tmp_path / "absent.txt", overwrite=False)
     # on an object store alike

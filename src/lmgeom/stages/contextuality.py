@@ -21,7 +21,8 @@ from lmgeom.metrics.bootstrap import RoughIntervalsWarning, rough_note
 from lmgeom.metrics.spectrum import MEV_VARIANTS
 from lmgeom.engine.bootstrap import add_intervals, adjacent_layer_tests, design_of, layer_replicates
 from lmgeom.stages.findings import ANISOTROPY_THRESHOLD, STATIC_VARIANCE_THRESHOLD, StopwordCounts, findings, tested_findings
-from lmgeom.rundir import LAYER_NOTE, records_csv, write_result_set
+from lmgeom.rundir import records_csv, write_result_set
+from lmgeom.store.layout import LAYER_NOTE
 from lmgeom.store import RepresentationStore
 
 ADJUSTED_DEFINITION = "raw minus baseline, per layer"
