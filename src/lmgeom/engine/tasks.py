@@ -78,6 +78,7 @@ def run_task(store: RepresentationStore, plan: Plan, rows: Rows, task: AnyTask, 
         assert isinstance(rows, PairRows) and isinstance(task, PairTask)
         return run_pair_task(store, plan, rows, task)
     assert isinstance(rows, PlanArrays) and isinstance(task, Task)
+    store = store.at_site(plan.options.site)  # a worker opens the store by its URL, at resid_post
     complete = finish and covers_every_row(plan, task)
     output = TaskOutput(task)
     row_statistics = plan.of_scope(ROWS) if task.rows else ()
