@@ -347,6 +347,8 @@ def test_bad_sites_are_refused_naming_the_option(tmp_path, cli_store):
     assert missing.exit_code == 2 and "--sites" in flat(missing.output) and "resid_pre" in flat(missing.output)
     several = runner.invoke(app, ["analyze", str(out), "--sites", "attn_out,mlp_out", "--out", str(tmp_path / "z")])
     assert several.exit_code == 2 and "one site at a time" in flat(several.output)
+    no_out = runner.invoke(app, ["analyze", str(out), "--sites", "attn_out"])
+    assert no_out.exit_code == 2 and "give --out" in flat(no_out.output)
 
 
 # ---- real models ------------------------------------------------------------------------------------------------

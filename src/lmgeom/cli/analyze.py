@@ -250,6 +250,7 @@ def register(app: typer.Typer) -> None:
         from lmgeom.stages.contextuality import write_contextuality
         from lmgeom.engine import AnalysisOptions
         from lmgeom.engine.options import CONTEXTUALITY_STATISTICS, protocol_options
+        from lmgeom.errors import InputError
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
@@ -260,6 +261,10 @@ def register(app: typer.Typer) -> None:
             options = AnalysisOptions(**chosen, seed=seed, mev_memory_mb=mev_memory_mb, device=device, engine=engine,
                                       num_workers=num_workers, ray_address=ray_address, bootstrap=bootstrap,
                                       confidence=confidence, site=one_site(sites))
+            if options.site != "resid_post" and out is None:
+                raise InputError(f"`site` {options.site}: give `out`, a folder for this site's result files (by default "
+                                 "they go next to the store, where they would replace those of resid_post)",
+                                 param=("site", "out"))
             store = RepresentationStore.open(store_path)
             store.site_layers(options.site)  # a site the store lacks is refused before anything runs
             result = analyze_store(store, options, progress=progress)
