@@ -209,6 +209,17 @@ def print_intervals(result: ContextualityResult) -> None:
         console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
 
 
+def one_site(sites: str) -> str:
+    """The one capture site of `--sites` that `analyze` reads (its results are of one site)."""
+    from lmgeom.errors import InputError
+
+    names = split_list(sites)
+    if len(names) != 1:
+        raise InputError(f"`site`: analyze reads one site at a time; got {', '.join(names) or 'none'}; run it once per "
+                         "site, each with its own --out", param="site")
+    return names[0]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_command(
@@ -231,12 +242,15 @@ def register(app: typer.Typer) -> None:
         bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
         statistics: Optional[str] = typer.Option(None, metavar="<names>", help=STATISTICS_HELP),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help="the capture site to analyse, one of "
+                                  "those the store holds (resid_post, the default; see `lmgeom extract --sites`)"),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
         from lmgeom.stages.analysis import analyze_store
         from lmgeom.stages.contextuality import write_contextuality
         from lmgeom.engine import AnalysisOptions
         from lmgeom.engine.options import CONTEXTUALITY_STATISTICS, protocol_options
+        from lmgeom.errors import InputError
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
@@ -246,10 +260,17 @@ def register(app: typer.Typer) -> None:
                                       statistics=(*CONTEXTUALITY_STATISTICS, *split_list(statistics)) if statistics else None)
             options = AnalysisOptions(**chosen, seed=seed, mev_memory_mb=mev_memory_mb, device=device, engine=engine,
                                       num_workers=num_workers, ray_address=ray_address, bootstrap=bootstrap,
-                                      confidence=confidence)
+                                      confidence=confidence, site=one_site(sites))
+            if options.site != "resid_post" and out is None:
+                raise InputError(f"`site` {options.site}: give `out`, a folder for this site's result files (by default "
+                                 "they go next to the store, where they would replace those of resid_post)",
+                                 param=("site", "out"))
             store = RepresentationStore.open(store_path)
+            store.site_layers(options.site)  # a site the store lacks is refused before anything runs
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
+        if options.site != "resid_post":
+            console.print(f"site {shown(options.site)}: layers {', '.join(map(str, store.site_layers(options.site)))}")
         print_contextuality(result)
         console.print("wrote " + ", ".join(map(shown, written)))
 

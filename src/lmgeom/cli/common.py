@@ -192,7 +192,7 @@ def _clock_time(seconds: float) -> str:
 
 _NEGATED_FLAGS = {"include_punct": "--exclude-punct"}
 """Parameters whose False is a flag of its own rather than `--no-NAME`."""
-_FLAGS = {"include_punct": "--include-punct", "explorer_neighbours": "--neighbours", "text_path": "--out", "benchmarks": "--benchmark"}
+_FLAGS = {"include_punct": "--include-punct", "site": "--sites", "explorer_neighbours": "--neighbours", "text_path": "--out", "benchmarks": "--benchmark"}
 """Parameters whose option is not `--` + the name with dashes (`min_contexts` -> `--min-contexts`)."""
 _PARAMETER = re.compile(r"`(\w+)(?:=([^`]*))?`")
 _USER_OS_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM})

@@ -47,6 +47,17 @@ def last_layer_clause(meta: dict[str, Any]) -> str:
     return f", layer {layer} {last['position'].replace('final norm', 'the final norm')} ({last['final_norm']})"
 
 
+def sites_clause(store: RepresentationStore) -> str:
+    """The capture sites a store holds besides resid_post, with which tensor its last layer's
+    resid_post is (`site_last_layer`) and the family's sum rule; empty for a store of resid_post only."""
+    if store.sites == ["resid_post"]:
+        return ""
+    meta = store.meta
+    rule = f"; {meta['site_family']} family, {meta['site_rule']}" if meta.get("site_family") else ""
+    return (f"; sites {', '.join(store.sites)} (read one with `store.layer(l, site=...)`, analyse one with "
+            f"--sites): {meta.get('site_last_layer', '')}{rule}")
+
+
 def print_store(store: RepresentationStore) -> None:
     meta = store.meta
     console.print(
@@ -58,6 +69,7 @@ def print_store(store: RepresentationStore) -> None:
            + (f", {meta['n_truncated_words']} words longer than a window pooled from one window's pieces"
               if meta.get("n_truncated_words") else "") if meta.get("max_length") else
            "words are the model's own tokens")
+        + sites_clause(store)
     )
 
 
@@ -68,6 +80,9 @@ def stored_layers_phrase(store: RepresentationStore) -> str:
     return f"layers {', '.join(map(str, store.layers))} of {store.n_model_layers}"
 
 
+SITES_HELP = ("where in each block to capture, comma-separated: resid_post (default, always stored), resid_pre, "
+              "attn_out, mlp_out, resid_mid, or a module path with {i} for the block index (h.{i}.mlp; "
+              "PATH:input for a module's input); see docs/models.md, Capture sites")
 STORE_LAYERS_HELP = f"{LAYERS_HELP.replace('layers:', 'layers to store:')} (every:K keeps 0 and the last)"
 
 
@@ -88,6 +103,7 @@ def register(app: typer.Typer) -> None:
         skip_unaligned: bool = typer.Option(False, help="leave out words whose characters the tokenizer drops (counted in meta.json) instead of stopping"),
         storage_dtype: str = typer.Option("float32", "--storage-dtype", "--dtype", help="dtype of the stored vectors: float32 or float16"),
         store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
+        sites: Optional[str] = typer.Option(None, help=SITES_HELP),
         compute_dtype: Optional[str] = typer.Option(None, help="dtype the model computes in: default float32 on CPU, float16 on CUDA"),
         device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
         max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
@@ -120,7 +136,7 @@ def register(app: typer.Typer) -> None:
         with user_errors(), RichProgress() as progress:
             options = ExtractionOptions(
                 field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed, storage_dtype=storage_dtype,
-                store_layers=store_layers, compress=compress, chunk_sentences=chunk_sentences, sort_window=sort_window,
+                store_layers=store_layers, sites=sites, compress=compress, chunk_sentences=chunk_sentences, sort_window=sort_window,
                 engine=engine, ray_address=ray_address, num_workers=num_workers, gpus_per_worker=gpus_per_worker,
                 shard_sentences=shard_sentences,
             )

@@ -18,6 +18,8 @@ from lmgeom.corpus.segment import Word
 from lmgeom.encoders.alignment import ChunkWindows, TokenizedChunk, chunk_windows, concat_ranges, tokenize_chunk, unit_windows
 from lmgeom.encoders.base import EncodedSentence
 from lmgeom.encoders.options import POOLINGS, EncoderOptions
+from lmgeom.encoders.sites import Capture, SiteCapture, resolve_sites, site_settings
+from lmgeom.sitespec import DEFAULT_SITE
 
 __all__ = ["POOLINGS", "EncoderOptions", "HFEncoder"]
 # Config entries that say where or how a model was loaded, not what it is (the compute dtype is
@@ -182,11 +184,36 @@ class HFEncoder:
             "last_layer": self.last_layer,
         }
 
+    def site_captures(self, sites: Sequence[str], layers: Sequence[int] | None = None) -> list[SiteCapture]:
+        """The capture sites (`lmgeom.sitespec.parse_sites`' output) resolved on this model, each with
+        the layers it fills among `layers` (None: every layer); see `lmgeom.encoders.sites.resolve_sites`."""
+        return resolve_sites(self.model, sites, range(self.n_layers) if layers is None else layers)
+
+    def site_settings(self, sites: Sequence[str], layers: Sequence[int] | None = None) -> dict[str, Any]:
+        """What a store of these sites and layers records about them (`lmgeom.encoders.sites.site_settings`):
+        each site's folder, layers, module, and the family's sum rule.
+
+        Parameters
+        ----------
+        sites : sequence of str
+            The sites, `resid_post` first (`lmgeom.sitespec.parse_sites`).
+        layers : sequence of int or None, default None
+            The stored layers (None: every layer).
+
+        Returns
+        -------
+        dict
+            The settings entries `sites`, `site_family`, `site_rule` and `site_last_layer`.
+        """
+        return site_settings(self.model, self.site_captures(sites, layers), self.last_layer)
+
     # ---- public encoding API ------------------------------------------------------------------
     def encode(self, sentences: Sequence[Sentence], *, first_index: int = 0,
-               layers: Sequence[int] | None = None) -> list[EncodedSentence]:
+               layers: Sequence[int] | None = None, sites: Sequence[str] | None = None) -> list[EncodedSentence]:
         """Per-layer vectors for each sentence's words (plus special tokens when `keep_special`): of
-        every layer, or of `layers` only (the model's numbering, ascending), in that order."""
+        every layer, or of `layers` only (the model's numbering, ascending), in that order. With `sites`
+        (`lmgeom.sitespec.parse_sites`' output), the vectors are those of each site's layers
+        (`site_captures`), site after site in the order given."""
         if self.pooling == "none":
             sentences = self.piece_sentences(sentences)
         chunk = tokenize_chunk(
@@ -196,7 +223,7 @@ class HFEncoder:
         word_sentence = np.repeat(np.arange(len(sentences)), np.diff(chunk.word_bounds))
         units = self._units(chunk, windows, word_sentence, chunk.piece_bounds, chunk.pieces,
                             specials=np.full(len(sentences), self.keep_special))
-        pooled = self._pool(windows, units, "first" if self.pooling == "none" else self.pooling, layers)
+        pooled = self._pool(windows, units, "first" if self.pooling == "none" else self.pooling, layers, sites)
         n_pieces = units.counts.astype(np.int16)
         word_pieces = np.diff(chunk.piece_bounds)  # a word's pieces; more than it pooled when longer than a window
         encoded = []
@@ -311,10 +338,15 @@ class HFEncoder:
         )
 
     @torch.inference_mode()
-    def _pool(self, windows: ChunkWindows, units: _Units, pooling: str, layers: Sequence[int] | None = None) -> np.ndarray:
+    def _pool(self, windows: ChunkWindows, units: _Units, pooling: str, layers: Sequence[int] | None = None,
+              sites: Sequence[str] | None = None) -> np.ndarray:
         """Run the windows in length-sorted, dynamically padded batches and pool each unit's positions,
-        of every layer or of `layers` only: (number of layers, units, dim)."""
+        of every layer or of `layers` only, or of each of `sites`' layers (site after site): (number of
+        layers, units, dim)."""
         chosen = list(range(self.n_layers)) if layers is None else [int(layer) for layer in layers]
+        captures = self.site_captures(sites, chosen) if sites is not None else []
+        targets = ([(capture.site, layer) for capture in captures for layer in capture.layers] if captures
+                   else [(DEFAULT_SITE, layer) for layer in chosen])
         if pooling == "mean":
             counts, positions = units.counts, units.positions
         else:
@@ -344,37 +376,39 @@ class HFEncoder:
         # divided (x / 1 == x); only units of several pieces are zeroed, summed into and divided.
         # On a wide model each of those passes over every layer of the chunk costs a few per cent.
         shared_units = torch.as_tensor(np.flatnonzero(~alone), device=self.device)
-        shape = (len(chosen), len(counts), self.dim)
+        shape = (len(targets), len(counts), self.dim)
         pooled = self._output(shape)
         sums = (torch.from_numpy(pooled) if self.device.type == "cpu"
                 else torch.empty(shape, dtype=torch.float32, device=self.device))
         sums.index_fill_(1, shared_units, 0.0)
         column = np.arange(len(windows.ids)) - np.repeat(windows.bounds[:-1], lengths)
-        for index, batch in enumerate(batches):
-            length = int(batch_length[index])
-            tokens = concat_ranges(windows.bounds[batch], lengths[batch])
-            rows, columns = np.repeat(np.arange(len(batch)), lengths[batch]), column[tokens]
-            input_ids = np.full((len(batch), length), self.pad_id, dtype=np.int64)
-            attention_mask = np.zeros((len(batch), length), dtype=np.int64)
-            input_ids[rows, columns], attention_mask[rows, columns] = windows.ids[tokens], 1
-            hidden = self.model(
-                input_ids=torch.from_numpy(input_ids).to(self.device),
-                attention_mask=torch.from_numpy(attention_mask).to(self.device),
-                output_hidden_states=True,
-                use_cache=False,
-            ).hidden_states
-            if self._final_norm is not None:  # --before-final-norm: the norm's input, caught by its hook
-                hidden = (*hidden[:-1], self._norm_input.pop())
-            first, middle, last = bounds[2 * index : 2 * index + 3]
-            if first == last:
-                continue
-            flat_alone, flat_shared = flat_rows[first:middle], flat_rows[middle:last]
-            slots_alone, slots_shared = slots[first:middle], slots[middle:last]
-            for index, layer in enumerate(chosen):
-                layer_rows = hidden[layer].reshape(-1, self.dim)
-                sums[index].index_copy_(0, slots_alone, layer_rows[flat_alone].float())
-                if middle < last:
-                    sums[index].index_add_(0, slots_shared, layer_rows[flat_shared].float())
+        with Capture(self.model, captures) as capture:
+            for index, batch in enumerate(batches):
+                length = int(batch_length[index])
+                tokens = concat_ranges(windows.bounds[batch], lengths[batch])
+                rows, columns = np.repeat(np.arange(len(batch)), lengths[batch]), column[tokens]
+                input_ids = np.full((len(batch), length), self.pad_id, dtype=np.int64)
+                attention_mask = np.zeros((len(batch), length), dtype=np.int64)
+                input_ids[rows, columns], attention_mask[rows, columns] = windows.ids[tokens], 1
+                hidden = self.model(
+                    input_ids=torch.from_numpy(input_ids).to(self.device),
+                    attention_mask=torch.from_numpy(attention_mask).to(self.device),
+                    output_hidden_states=True,
+                    use_cache=False,
+                ).hidden_states
+                if self._final_norm is not None:  # --before-final-norm: the norm's input, caught by its hook
+                    hidden = (*hidden[:-1], self._norm_input.pop())
+                caught = capture.pop((len(batch), length, self.dim))
+                first, middle, last = bounds[2 * index : 2 * index + 3]
+                if first == last:
+                    continue
+                flat_alone, flat_shared = flat_rows[first:middle], flat_rows[middle:last]
+                slots_alone, slots_shared = slots[first:middle], slots[middle:last]
+                for target, (site, layer) in enumerate(targets):
+                    layer_rows = (hidden[layer] if site == DEFAULT_SITE else caught[site, layer]).reshape(-1, self.dim)
+                    sums[target].index_copy_(0, slots_alone, layer_rows[flat_alone].float())
+                    if middle < last:
+                        sums[target].index_add_(0, slots_shared, layer_rows[flat_shared].float())
         if len(shared_units):
             divisors = torch.as_tensor(counts[~alone], dtype=torch.float32, device=self.device)[None, :, None]
             sums[:, shared_units] = sums[:, shared_units] / divisors

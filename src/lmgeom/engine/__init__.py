@@ -45,6 +45,7 @@ def run_analysis(store: RepresentationStore, options: AnalysisOptions, *, execut
     """Plan `options` on `store`, run its tasks on `executor` (default `executor_for(options)`), merge
     and finish them: each layer's values. `inputs`: each layer's values of an earlier analysis, which
     the statistics of a second stage (`Statistic.takes_inputs`) are made from."""
+    store = store.at_site(options.site)
     plan, rows = plan_analysis(store, options, inputs=inputs)
     executor = executor or executor_for(options)
     progress = progress or NoProgress()

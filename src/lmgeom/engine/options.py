@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
 from lmgeom.errors import InputError
+from lmgeom.sitespec import DEFAULT_SITE, check_site
 from lmgeom.metrics.bootstrap import check_options as check_bootstrap
 from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
 from lmgeom.metrics.spectrum import MEV_VARIANTS, mev_variants
@@ -51,7 +52,8 @@ class AnalysisOptions:
     selected rows (drawn with `seed`) the intrinsic dimension, and `top_activations` the largest |h|
     of a layer located (`lmgeom.stages.geometry`); `bootstrap` resamples (0: none) give each
     contextuality number a `confidence` percentile interval (`lmgeom.engine.bootstrap`, seeded
-    with `seed`).
+    with `seed`). `site`: the capture site read (`lmgeom.sitespec`; a store's `sites`), by default
+    `resid_post`, the residual stream every store holds.
     How: `device` where block statistics compute (cpu, cuda, cuda:N, auto, torch:cpu); `engine`
     (`auto`: `processes` when `num_workers` > 1, else `local`; `ray`); `num_workers` tasks at once;
     `row_parts` row ranges per layer (None: 1, or 2 per worker on Ray; more than 1 gives a task per
@@ -82,8 +84,10 @@ class AnalysisOptions:
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     ray_address: str | None = None
     protocol: str | None = None
+    site: str = DEFAULT_SITE
 
     def __post_init__(self) -> None:
+        check_site(self.site, param="site")
         # sequences given as lists (from JSON or a caller) become tuples: the options stay hashable
         for name in ("layers", "mev_variants", "statistics"):
             value = getattr(self, name)
@@ -131,6 +135,8 @@ class AnalysisOptions:
         for name in ("layers", "mev_variants", "statistics"):
             if settings[name] is not None:
                 settings[name] = list(settings[name])
+        if settings["site"] == DEFAULT_SITE:  # the settings of an analysis of resid_post, as before sites
+            del settings["site"]
         return settings
 
     @classmethod
@@ -159,7 +165,8 @@ class StepOptions:
     """The options of one step of `lmgeom run` over a store, passed whole: `analysis`, how the step
     reads the store (the rows and words, the seed, the device and executor; `AnalysisOptions`), and
     the step's own fields (a subclass's). `to_settings()` is what changes the step's numbers: the
-    analysis fields of `ANALYSIS_FIELDS` and the step's own, never how it runs; result files record it
+    analysis fields of `ANALYSIS_FIELDS` (and its `site`, when not `resid_post`) and the step's own,
+    never how it runs; result files record it
     (`lmgeom.rundir.write_result_set`) and `run` compares it to skip a finished step."""
 
     analysis: AnalysisOptions = AnalysisOptions()
@@ -172,7 +179,8 @@ class StepOptions:
         analysis = self.analysis.to_settings()
         own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "analysis"}
         own = {name: list(value) if isinstance(value, tuple) else value for name, value in own.items()}
-        return {**{name: analysis[name] for name in self.ANALYSIS_FIELDS}, **own}
+        site = {"site": analysis["site"]} if "site" in analysis else {}  # the site read, when not resid_post
+        return {**{name: analysis[name] for name in self.ANALYSIS_FIELDS}, **site, **own}
 
 
 # Protocols: named sets of options that reproduce a paper's released code. `ethayarajh2019`: the

@@ -99,6 +99,7 @@ def plan_analysis(store: RepresentationStore, options: AnalysisOptions = Analysi
                   inputs: Mapping[int, Any] | None = None) -> tuple[AnalysisPlan, PlanArrays]:
     """The plan of `options` on `store` (over store `rows`, default all: a shard's) and its per-row
     arrays (with `inputs`: each layer's values of an earlier analysis, for second-stage statistics)."""
+    store = store.at_site(options.site)  # the layers of the site analysed (`resid_post` unless asked)
     statistics = tuple(statistic(name) for name in options.statistics + bootstrap_statistics(options))
     if not statistics:
         raise InputError("give at least one statistic to compute", param="statistics")

@@ -62,6 +62,7 @@ def finish_key(statistics: Iterable[Statistic], accumulators: Mapping[str, Any],
 def run_task(store: RepresentationStore, plan: AnalysisPlan, arrays: PlanArrays, task: Task, *, finish: bool = True) -> TaskOutput:
     """The task's statistics from one read of its rows (see the module docstring). `finish`: finish
     the keys the task covers entirely (False: return every state, as a shard does)."""
+    store = store.at_site(plan.options.site)  # a worker opens the store by its URL, at resid_post
     complete = finish and covers_every_row(plan, task)
     output = TaskOutput(task)
     row_statistics = plan.of_scope(ROWS) if task.rows else ()

@@ -82,6 +82,8 @@ def extract(
     progress = progress or NoProgress()
     options = ExtractionOptions.of(options, **keywords)
     location = Location.of(out)
+    if options.captures_sites and not location.is_local:
+        raise _sharded_sites(options)
     if not location.is_local:  # object stores have no atomic rename: shards committed by manifests
         from lmgeom.stages.distributed import extract_sharded
 
@@ -91,7 +93,15 @@ def extract(
         options = _resumed_windows(Path(out), options)
     options = options.resolve(encoder.n_layers, encoder.dim, len(corpus))
     layers = [int(layer) for layer in options.store_layers or ()]
-    subset: dict[str, list[int]] = {"layers": layers} if len(layers) < encoder.n_layers else {}  # asked for some only
+    subset: dict[str, Any] = {"layers": layers} if len(layers) < encoder.n_layers else {}  # asked for some only
+    sites: dict[str, Any] = {}
+    if options.captures_sites:
+        site_settings = getattr(encoder, "site_settings", None)
+        if site_settings is None:
+            raise InputError(f"`sites`: {encoder.model_id} is encoded without forward hooks, so it stores resid_post only; "
+                             "leave `sites` out", param="sites")
+        sites = site_settings(options.sites, layers)
+        subset = {"layers": layers, "sites": options.sites}
     chunk, window = int(options.chunk_sentences or 0), int(options.sort_window or 0)
     settings = {
         **encoder.settings(),
@@ -101,6 +111,7 @@ def extract(
         "n_corpus_sentences": len(corpus),
         "pretokenized": corpus.pretokenized,
         **options.to_settings(),
+        **sites,
     }
     with StoreWriter(Path(out), settings=settings, overwrite=overwrite, foreign=rundir.foreign_entries,
                      expected_rows=layout.expected_rows(corpus.sentences)) as writer:  # its lock is released however this ends
@@ -137,6 +148,12 @@ def extract(
                 raise
         writer.finalize()
     return RepresentationStore.open(out)
+
+
+def _sharded_sites(options: ExtractionOptions) -> InputError:
+    return InputError(f"`sites` {','.join(options.sites or ())}: sites besides resid_post are stored by a local extraction only "
+                      "(`engine='local'` into a local folder); leave `sites` out of a sharded one",
+                      param=("sites", "engine", "out"))
 
 
 def _resumed_windows(out: Path, options: ExtractionOptions) -> ExtractionOptions:
@@ -254,6 +271,8 @@ def extract_model(
     if out is None:
         out = default_run_dir(model, corpus, limit=options.limit, sample=options.sample, seed=options.seed)
     if options.engine != "local" or not Location.of(out).is_local:
+        if options.captures_sites:
+            raise _sharded_sites(options)
         from lmgeom.stages.distributed import extract_model_sharded
 
         # shards cut from a stream of the corpus: the driver never holds it whole

@@ -13,6 +13,7 @@ from lmgeom.corpus import require_count
 from lmgeom.errors import InputError
 from lmgeom.store import layout
 from lmgeom.layerspec import select_layers
+from lmgeom.sitespec import DEFAULT_SITE, parse_sites
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class ExtractionOptions:
     Which sentences: `field`, `pretokenized`, `limit`, `sample`, `seed` (as `load_corpus`). What is
     stored: `storage_dtype` (float32 or float16: the dtype of the stored vectors; the model computes in
     `EncoderOptions.compute_dtype`), `store_layers` (`lmgeom.layerspec.select_layers`: None or "all", "last",
-    "0,6,12", "0-3,last", "every:K"; the model's numbering, layer 0 = embedding output), `compress`.
+    "0,6,12", "0-3,last", "every:K"; the model's numbering, layer 0 = embedding output), `sites` (where
+    in each block the vectors are taken, `lmgeom.sitespec.parse_sites`: "resid_post", the default, or
+    several, "resid_pre,attn_out,mlp_out"; `resid_post` is always stored), `compress`.
     How: `chunk_sentences` (sentences per committed chunk, the unit of resuming; default
     `default_chunk_sentences`), `sort_window` (sentences sorted by length together into the forward
     batches, a multiple of `chunk_sentences`; default `default_sort_window`: the whole corpus when its
@@ -39,6 +42,7 @@ class ExtractionOptions:
     seed: int = 0
     storage_dtype: str = "float32"
     store_layers: str | tuple[int, ...] | None = None
+    sites: str | tuple[str, ...] | None = None
     compress: str | None = None
     chunk_sentences: int | None = None
     sort_window: int | None = None
@@ -60,6 +64,7 @@ class ExtractionOptions:
         if self.chunk_sentences and self.sort_window and self.sort_window % self.chunk_sentences:
             raise InputError(f"`sort_window` ({self.sort_window}) must be a multiple of `chunk_sentences` "
                              f"({self.chunk_sentences})", param=("sort_window", "chunk_sentences"))
+        object.__setattr__(self, "sites", parse_sites(self.sites))
         if not isinstance(self.store_layers, (str, type(None))):
             object.__setattr__(self, "store_layers", tuple(int(layer) for layer in self.store_layers))
 
@@ -104,8 +109,16 @@ class ExtractionOptions:
         recorded = cls(pretokenized=bool(settings.get("pretokenized", False)), storage_dtype=str(settings["dtype"]),
                        store_layers=tuple(layout.stored_layers(settings)), compress=settings.get("compressor"),
                        chunk_sentences=settings.get("chunk_sentences"), sort_window=window,
-                       shard_sentences=settings.get("shard_sentences"))
+                       shard_sentences=settings.get("shard_sentences"),
+                       sites=tuple(settings["sites"]) if isinstance(settings.get("sites"), dict) else None)
         return cls.of(recorded, **keywords)
+
+
+    @property
+    def captures_sites(self) -> bool:
+        """Whether these options store sites besides `resid_post` (a store of `resid_post` only is
+        written, and records its settings, as it always was)."""
+        return self.sites != (DEFAULT_SITE,)
 
 
 EXTRACTION_OPTIONS = tuple(field.name for field in fields(ExtractionOptions))

@@ -63,6 +63,7 @@ from zarr.storage import WrapperStore
 from lmgeom.errors import InputError
 from lmgeom.store import layout
 from lmgeom.store.location import Location
+from lmgeom.sitespec import DEFAULT_SITE
 
 DIGEST = "crc32c"
 ZARR_JSON = "zarr.json"
@@ -136,7 +137,7 @@ def chunk_files(array: zarr.Array, folder: str) -> list[tuple[str, int | None]]:
 
 
 def chunk_problems(store: Location, files: Mapping[str, int], array: zarr.Array, folder: str, *,
-                   layer: int, recorded: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
+                   layer: int | str, recorded: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
     """(path, problem) for each chunk file of a layer's array that is missing, not its size, or (when
     the store records checksums: `recorded`) without a recorded checksum."""
     for path, size in chunk_files(array, folder):
@@ -325,19 +326,31 @@ def layout_problems(store: Location, meta: Mapping[str, Any]) -> Iterator[tuple[
     if not layers or layers != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] < n_layers:
         yield layout.META, (f"{where} records stored_layers {layers}, not distinct layers among the model's "
                             f"0..{n_layers - 1} (n_layers = {n_layers})")
-    listed = {str(layer) for layer in layers}
-    try:
-        folders = layers_folders(store, meta)
-    except CorruptStore as error:
-        yield error.path or layout.META, error.problem
-        return
-    for folder in folders:
-        for name in sorted(set(store.listdir(*folder.split("/"))) - listed):
-            yield f"{folder}/{name}", (f"{store.child(folder, name)} is not among the layers meta.json's stored_layers "
-                                       f"{layers} lists: meta.json was edited or damaged, or the folder is not the store's")
+    sites = layout.stored_sites(meta)
+    for site, entry in sites.items():
+        site_layers = [int(layer) for layer in entry.get("layers", [])]
+        if site != DEFAULT_SITE and (not site_layers or not set(site_layers) <= set(layers) - {0}):
+            yield layout.META, (f"{where} records the layers {site_layers} for site {site}, not stored layers from 1 "
+                                f"(stored_layers {layers})")
+        listed = {str(layer) for layer in site_layers}
+        what = "the layers meta.json's stored_layers" if site == DEFAULT_SITE else f"the layers meta.json's sites records for {site}"
+        try:
+            folders = layers_folders(store, meta, site)
+        except CorruptStore as error:
+            yield error.path or layout.META, error.problem
+            return
+        for folder in folders:
+            for name in sorted(set(store.listdir(*folder.split("/"))) - listed):
+                yield f"{folder}/{name}", (f"{store.child(folder, name)} is not among {what} {site_layers} lists: meta.json "
+                                           "was edited or damaged, or the folder is not the store's")
+    recorded_sites = {str(entry.get("folder", "")).split("/", 1)[-1] for site, entry in sites.items() if site != DEFAULT_SITE}
+    if store.exists(layout.SITES):
+        for name in sorted(set(store.listdir(layout.SITES)) - recorded_sites):
+            yield f"{layout.SITES}/{name}", (f"{store.child(layout.SITES, name)} is not among the sites meta.json records "
+                                             f"({', '.join(sites)}): meta.json was edited or damaged, or the folder is not the store's")
 
 
-def array_problem(store: Location, meta: Mapping[str, Any], array: zarr.Array, folder: str, *, layer: int) -> str | None:
+def array_problem(store: Location, meta: Mapping[str, Any], array: zarr.Array, folder: str, *, layer: int | str) -> str | None:
     """What in a layer's array metadata (its zarr.json) disagrees with meta.json or with how lmgeom
     stores layers: the data type, the row width, and the codecs (raw little-endian bytes, optionally
     zstd-compressed: `layout.COMPRESSORS`); None when nothing does."""
@@ -395,7 +408,7 @@ class VerifiedStore(WrapperStore[Store]):
     A recorded file that is missing is refused too (Zarr would read a missing chunk as zeros)."""
 
     def __init__(self, store: Store, *, location: Location, folder: str, digests: Mapping[str, str],
-                 meta: Mapping[str, Any], layer: int) -> None:
+                 meta: Mapping[str, Any], layer: int | str) -> None:
         super().__init__(store)
         self._where = (location, folder, digests, meta, layer)
 
@@ -429,47 +442,56 @@ class VerifiedStore(WrapperStore[Store]):
             yield key, await self.get(key, prototype, byte_range)
 
 
-def layers_folders(store: Location, meta: Mapping[str, Any]) -> list[str]:
-    """The folders (below the store) holding its layer arrays: `layers`, or each shard part's."""
+def layers_folders(store: Location, meta: Mapping[str, Any], site: str = DEFAULT_SITE) -> list[str]:
+    """The folders (below the store) holding a site's layer arrays: `layers` (`resid_post`), the site's
+    recorded folder, or each shard part's `layers` (a store written in shards holds `resid_post` only)."""
     if "shards" not in meta:
-        return [layout.LAYERS]
+        if site == DEFAULT_SITE:
+            return [layout.LAYERS]
+        folder = layout.stored_sites(meta)[site].get("folder")
+        return [inside(store, folder, what=f"folder of site {site}", meta=meta)]
     parts = [inside(store, entry["part"], what="shard part", meta=meta) for entry in meta["shards"]]
     return [posixpath.join(layout.SHARDS, part, layout.LAYERS) for part in parts]
 
 
-def layer_arrays(location: Location, meta: Mapping[str, Any], layer: int, manifest: Manifest) -> list[tuple[str, zarr.Array]]:
-    """(folder below the store, array) of each array holding layer `layer`: one, or one per shard part,
-    each opened on a `VerifiedStore` of the digests the store's `manifest` records: its zarr.json is
-    checked as it is opened, its chunk files as they are read."""
+def layer_arrays(location: Location, meta: Mapping[str, Any], layer: int, manifest: Manifest,
+                 site: str = DEFAULT_SITE) -> list[tuple[str, zarr.Array]]:
+    """(folder below the store, array) of each array holding layer `layer` of `site`: one, or one per
+    shard part, each opened on a `VerifiedStore` of the digests the store's `manifest` records: its
+    zarr.json is checked as it is opened, its chunk files as they are read."""
     arrays = []
-    for folder in (posixpath.join(layers, str(layer)) for layers in layers_folders(location, meta)):
+    label = layout.array_label(site, layer).removeprefix("layer ")
+    for folder in (posixpath.join(layers, str(layer)) for layers in layers_folders(location, meta, site)):
         recorded = manifest.below(folder)
         if manifest.metadata and ZARR_JSON not in recorded:
-            raise CorruptStore(location, f"layer {layer}: {location.child(folder, ZARR_JSON)} has no checksum in "
+            raise CorruptStore(location, f"layer {label}: {location.child(folder, ZARR_JSON)} has no checksum in "
                                          f"{layout.CHECKSUMS}", meta, path=f"{folder}/{ZARR_JSON}")
         zarr_store = VerifiedStore(location.zarr_store(*folder.split("/"), read_only=True), location=location,
-                                   folder=folder, digests=recorded, meta=meta, layer=layer)
+                                   folder=folder, digests=recorded, meta=meta, layer=label)
         try:
             arrays.append((folder, zarr.open_array(zarr_store, mode="r")))
         except CorruptStore:
             raise
         except Exception as error:  # zarr raises several types for a missing or broken array
-            raise CorruptStore(location, f"layer {layer} ({location.child(folder)}) cannot be opened ({error})", meta,
+            raise CorruptStore(location, f"layer {label} ({location.child(folder)}) cannot be opened ({error})", meta,
                                path=f"{folder}/{ZARR_JSON}") from None
     return arrays
 
 
-def open_checked_layer(location: Location, meta: Mapping[str, Any], layer: int, manifest: Manifest) -> list[zarr.Array]:
-    """The arrays of layer `layer` (as `layer_arrays`, reading through the `manifest`'s checks),
-    refused when their metadata disagrees with meta.json (`array_problem`) or a chunk file is missing,
-    not its size, or without a recorded checksum: one listing of each array's folder, no read of a chunk."""
-    arrays = layer_arrays(location, meta, layer, manifest)
+def open_checked_layer(location: Location, meta: Mapping[str, Any], layer: int, manifest: Manifest,
+                       site: str = DEFAULT_SITE) -> list[zarr.Array]:
+    """The arrays of layer `layer` of `site` (as `layer_arrays`, reading through the `manifest`'s
+    checks), refused when their metadata disagrees with meta.json (`array_problem`) or a chunk file is
+    missing, not its size, or without a recorded checksum: one listing of each array's folder, no read
+    of a chunk."""
+    arrays = layer_arrays(location, meta, layer, manifest, site)
     recorded = manifest.files if isinstance(meta.get("integrity"), dict) else None
+    label = layout.array_label(site, layer).removeprefix("layer ")
     for folder, array in arrays:
-        if (problem := array_problem(location, meta, array, folder, layer=layer)) is not None:
+        if (problem := array_problem(location, meta, array, folder, layer=label)) is not None:
             raise CorruptStore(location, problem, meta, path=f"{folder}/{ZARR_JSON}")
         files = {f"{folder}/{name}": size for name, size in location.child(*folder.split("/")).files().items()}
-        for path, problem in chunk_problems(location, files, array, folder, layer=layer, recorded=recorded):
+        for path, problem in chunk_problems(location, files, array, folder, layer=label, recorded=recorded):
             raise CorruptStore(location, problem, meta, path=path)
     return [array for _, array in arrays]
 
@@ -518,16 +540,22 @@ def verify_store(path: str | os.PathLike[str] | Location) -> Verification:
         found[layout.CHECKSUMS] = error.problem
         manifest = Manifest({})
     recorded_chunks = manifest.files if layout.CHECKSUMS not in found and result.checksums else None
-    for layer in layout.stored_layers(meta):
+    try:
+        arrays_of_sites = layout.stored_arrays(meta)
+    except (KeyError, TypeError, ValueError) as error:
+        found.setdefault(layout.META, f"{location.child(layout.META)} records unreadable sites ({error})")
+        arrays_of_sites = []
+    for site, layer, site_folder in arrays_of_sites:
+        label = layout.array_label(site, layer).removeprefix("layer ")
         try:
-            arrays = layer_arrays(location, meta, layer, manifest)
+            arrays = layer_arrays(location, meta, layer, manifest, site)
         except CorruptStore as error:
-            found.setdefault(error.path or f"{layout.LAYERS}/{layer}", error.problem)
+            found.setdefault(error.path or site_folder, error.problem)
             continue
         for folder, array in arrays:
-            if (problem := array_problem(location, meta, array, folder, layer=layer)) is not None:
+            if (problem := array_problem(location, meta, array, folder, layer=label)) is not None:
                 found.setdefault(f"{folder}/{ZARR_JSON}", problem)
-            for chunk, problem in chunk_problems(location, files, array, folder, layer=layer, recorded=recorded_chunks):
+            for chunk, problem in chunk_problems(location, files, array, folder, layer=label, recorded=recorded_chunks):
                 found.setdefault(chunk, problem)
     if result.checksums:
         recorded = {inside(location, name, what="checksummed file", meta=meta): str(entry["digest"])

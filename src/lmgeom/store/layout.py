@@ -13,7 +13,9 @@ RUN/
   progress.json        committed chunks while an extraction runs (removed when complete)
   parts/               per-chunk token and sentence tables while an extraction runs
   layers/<l>/          one zarr array per stored layer (meta.json's "stored_layers"), in the model's numbering:
-                       rows = stored tokens, layer 0 = embedding output
+                       rows = stored tokens, layer 0 = embedding output (the capture site resid_post)
+  sites/<site>/<l>/    the other capture sites' arrays, when meta.json's "sites" names them (`lmgeom.sitespec`):
+                       the same rows, layers 1..L (each site's "layers"), in the folder its entry records
   tokens.parquet       sentence_id, position, word, word_id, is_punct, is_special, n_pieces
   sentences.parquet    sentence_id, text, n_words, n_tokens, n_windows, first_row
   vocab.parquet        word_id, word, count, n_contexts, is_punct
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lmgeom.errors import InputError
+from lmgeom.sitespec import DEFAULT_SITE, SITES_FOLDER, site_folder
 
 STORE_SCHEMA_VERSION = 1
 LAYER_NOTE = "layer 0 is the embedding output; layer l >= 1 is the output of transformer block l"
@@ -45,7 +48,8 @@ VOCAB = "vocab.parquet"
 CHECKSUMS = "checksums.json"
 META_DIGEST = "meta.json.crc32c"
 SHARDS = "shards"
-STORE_NAMES = frozenset({META, META_DIGEST, PROGRESS, LOCK, PARTS, LAYERS, TOKENS, SENTENCES, VOCAB, CHECKSUMS, SHARDS})
+SITES = SITES_FOLDER
+STORE_NAMES = frozenset({META, META_DIGEST, PROGRESS, LOCK, PARTS, LAYERS, SITES, TOKENS, SENTENCES, VOCAB, CHECKSUMS, SHARDS})
 """The names a store's writer puts at the top of its folder (the lock's temporary files aside:
 `lmgeom.store.lock.is_lock_file`)."""
 STORAGE_DTYPES = ("float32", "float16")
@@ -89,6 +93,28 @@ def stored_layers(meta: Mapping[str, Any]) -> list[int]:
     for a store written before they were recorded)."""
     recorded = meta.get("stored_layers")
     return [int(layer) for layer in recorded] if recorded is not None else list(range(int(meta["n_layers"])))
+
+
+def stored_sites(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The capture sites a store holds, by name, each with its `folder` (below the store) and its
+    `layers`: meta.json's "sites", or `resid_post` alone (in `layers/`, every stored layer) for a store
+    that records none, as every store written before sites and every store of `resid_post` only."""
+    recorded = meta.get("sites")
+    if isinstance(recorded, dict):
+        return {str(name): dict(entry) for name, entry in recorded.items()}
+    return {DEFAULT_SITE: {"folder": site_folder(DEFAULT_SITE), "layers": stored_layers(meta)}}
+
+
+def stored_arrays(meta: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+    """(site, layer, folder below the store) of every layer array a store holds, site after site
+    (`stored_sites`' order, `resid_post` first), layers ascending: the order an encoder hands them out."""
+    return [(site, int(layer), f"{entry['folder']}/{int(layer)}")
+            for site, entry in stored_sites(meta).items() for layer in entry["layers"]]
+
+
+def array_label(site: str, layer: int) -> str:
+    """How messages name a stored array: "layer 3", or "layer 3 (attn_out)" for a site but `resid_post`."""
+    return f"layer {layer}" if site == DEFAULT_SITE else f"layer {layer} ({site})"
 
 
 def layer_path(root: Path, layer: int) -> Path:

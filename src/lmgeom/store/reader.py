@@ -12,6 +12,7 @@ import pandas as pd
 import zarr
 
 from lmgeom.errors import InputError, OutOfRange
+from lmgeom.sitespec import DEFAULT_SITE
 from lmgeom.store import layout
 from lmgeom.store.integrity import (CorruptStore, Manifest, layout_problems, load_manifest, open_checked_layer, read_meta,
                                     read_table, rewritten, table_problems)
@@ -29,11 +30,16 @@ class RepresentationStore:
     Everything read is checked against the checksums the store records (`lmgeom.store.integrity`):
     meta.json on `open`, each layer's zarr.json when it is opened, each chunk file and table as it is
     read; a mismatch is a `CorruptStore` naming the file.
+
+    A store may hold several capture sites (`sites`, `lmgeom.sitespec`): `layer(l, site="attn_out")`
+    reads one; `at_site(site)` is the same store read at another site by default (its `layers`,
+    `layer`, `rows` and `iter_chunks`), which is how an analysis reads a site.
     """
 
-    def __init__(self, path: Path | Location, meta: dict[str, Any]) -> None:
+    def __init__(self, path: Path | Location, meta: dict[str, Any], site: str = DEFAULT_SITE) -> None:
         self.location = Location.of(path)
         self.meta = meta
+        self.site = site
 
     @property
     def path(self) -> Path:
@@ -75,17 +81,75 @@ class RepresentationStore:
             raise CorruptStore(self.location, problem, self.meta, path=path)
         for name, problem in table_problems(self.location, self.meta, self.location.files(recursive=False)):
             raise CorruptStore(self.location, problem, self.meta, path=name)
-        for layer in self.layers:
-            shape = self.layer(layer).shape
+        for site, layer, _ in layout.stored_arrays(self.meta):
+            shape = self.layer(layer, site=site).shape
             if shape != (self.n_tokens, self.dim):
-                raise CorruptStore(self.location, f"layer {layer} has shape {shape}, expected ({self.n_tokens}, {self.dim})",
-                                   self.meta)
+                raise CorruptStore(self.location, f"{layout.array_label(site, layer)} has shape {shape}, expected "
+                                   f"({self.n_tokens}, {self.dim})", self.meta)
 
     # ---- shape ------------------------------------------------------------------------------
     @property
     def layers(self) -> list[int]:
-        """The stored layers, ascending, in the model's numbering (every layer unless the extraction chose some)."""
-        return layout.stored_layers(self.meta)
+        """The stored layers of this store's site (`site`, by default `resid_post`), ascending, in the model's
+        numbering (every layer unless the extraction chose some; a site but resid_post has no layer 0)."""
+        return self.site_layers(self.site)
+
+    @property
+    def sites(self) -> list[str]:
+        """The capture sites the store holds, `resid_post` first (`lmgeom.sitespec`)."""
+        return list(layout.stored_sites(self.meta))
+
+    def site_layers(self, site: str) -> list[int]:
+        """The stored layers of capture site `site`, ascending.
+
+        Parameters
+        ----------
+        site : str
+            One of `sites`.
+
+        Returns
+        -------
+        list of int
+            Its layers in the model's numbering.
+
+        Raises
+        ------
+        InputError
+            A site the store does not hold, naming those it holds.
+        """
+        sites = layout.stored_sites(self.meta)
+        if site not in sites:
+            raise InputError(f"`site` {site!r} is not stored: this store holds the sites {', '.join(sites)}; choose one of "
+                             "those, or extract again capturing it (`sites`)", param=("site", "sites"))
+        return [int(layer) for layer in sites[site]["layers"]]
+
+    def at_site(self, site: str) -> RepresentationStore:
+        """This store read at capture site `site` by default: a store object of the same files, whose
+        `layers`, `layer`, `rows` and `iter_chunks` are the site's (itself when it is at `site` already).
+
+        Parameters
+        ----------
+        site : str
+            One of `sites`.
+
+        Returns
+        -------
+        RepresentationStore
+            The store at that site; its tables are shared once read.
+
+        Raises
+        ------
+        InputError
+            A site the store does not hold.
+        """
+        if site == self.site:
+            return self
+        self.site_layers(site)  # an unknown site is refused here
+        view = RepresentationStore(self.location, self.meta, site)
+        for name in ("tokens", "sentences", "vocab", "_manifest", "_arrays"):
+            if name in self.__dict__:
+                view.__dict__[name] = self.__dict__[name]
+        return view
 
     @property
     def n_model_layers(self) -> int:
@@ -101,33 +165,43 @@ class RepresentationStore:
         return int(self.meta["dim"])
 
     def __repr__(self) -> str:
+        sites = f", sites={','.join(self.sites)}, site={self.site}" if self.sites != [DEFAULT_SITE] else ""
         return (f"RepresentationStore({self.url!r}, model={self.meta.get('model_id')!r}, "
-                f"layers={describe_layers(self.layers, self.n_model_layers)} (0 = embeddings), tokens={self.n_tokens}, dim={self.dim})")
+                f"layers={describe_layers(self.layers, self.n_model_layers)} (0 = embeddings), tokens={self.n_tokens}, "
+                f"dim={self.dim}{sites})")
 
     # ---- arrays -----------------------------------------------------------------------------
-    def layer(self, layer: int) -> zarr.Array | ShardedArray:
-        """Lazy (n_tokens, dim) array; slicing reads only the chunks it touches, each checked against its
-        recorded CRC32C as it is read. Opening it checks its zarr.json (digest, data type, width, codecs)
-        and that each of its chunk files exists and has its size (Zarr would read a missing one as zeros).
-        A negative `layer` counts from the model's last layer (-1 is the last), as everywhere in lmgeom."""
+    def layer(self, layer: int, site: str | None = None) -> zarr.Array | ShardedArray:
+        """Lazy (n_tokens, dim) array of a layer at a capture site (None: the store's `site`, by default
+        `resid_post`); slicing reads only the chunks it touches, each checked against its recorded CRC32C
+        as it is read. Opening it checks its zarr.json (digest, data type, width, codecs) and that each of
+        its chunk files exists and has its size (Zarr would read a missing one as zeros). A negative
+        `layer` counts from the model's last layer (-1 is the last), as everywhere in lmgeom."""
+        site = self.site if site is None else site
         if -self.n_model_layers <= layer < 0:
             layer += self.n_model_layers
-        if layer not in self.layers:
+        stored = self.site_layers(site)
+        if layer not in stored:
+            if site != DEFAULT_SITE and 0 <= layer < self.n_model_layers:
+                raise OutOfRange(f"layer {layer} of site {site} is not stored: the store holds it at layers "
+                                 f"{describe_layers(stored, self.n_model_layers)} (layer 0, the embedding output, holds "
+                                 "resid_post only); choose one of those", param="layer")
             if 0 <= layer < self.n_model_layers:
                 raise OutOfRange(f"layer {layer} is not stored: this store holds layers {describe_layers(self.layers, self.n_model_layers)} "
                                  f"of the model's 0..{self.n_model_layers - 1} (0 = embeddings); choose one of those, or extract "
                                  "again storing it (`store_layers`)", param="layer")
             raise OutOfRange(f"layer {layer} out of range: this store holds layers "
                              f"{describe_layers(self.layers, self.n_model_layers)} (0 = embeddings)", param="layer")
-        if layer not in self._arrays:
+        key = (site, layer)
+        if key not in self._arrays:
             if "shards" in self.meta:  # written in shards: the parts the shard index names
-                self._arrays[layer] = open_sharded_layer(self.location, self.meta, layer, self._manifest)
+                self._arrays[key] = open_sharded_layer(self.location, self.meta, layer, self._manifest)
             else:
-                self._arrays[layer] = open_checked_layer(self.location, self.meta, layer, self._manifest)[0]
-        return self._arrays[layer]
+                self._arrays[key] = open_checked_layer(self.location, self.meta, layer, self._manifest, site)[0]
+        return self._arrays[key]
 
     @cached_property
-    def _arrays(self) -> dict[int, zarr.Array | ShardedArray]:
+    def _arrays(self) -> dict[tuple[str, int], zarr.Array | ShardedArray]:
         return {}
 
     @cached_property
@@ -135,21 +209,22 @@ class RepresentationStore:
         """checksums.json (checked against meta.json), read once: what each layer's reads are checked against."""
         return load_manifest(self.location, self.meta)
 
-    def iter_chunks(self, layer: int, *, chunk_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
-        """(start_row, rows) in bounded-memory blocks, in row order."""
-        array = self.layer(layer)
+    def iter_chunks(self, layer: int, *, chunk_rows: int = 65536, site: str | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(start_row, rows) in bounded-memory blocks, in row order (of `site`; None: the store's)."""
+        array = self.layer(layer, site)
         for start in range(0, self.n_tokens, chunk_rows):
             yield start, np.asarray(array[start : start + chunk_rows])
 
-    def rows(self, layer: int, rows: np.ndarray) -> np.ndarray:
-        """The given rows of a layer, in the given order."""
+    def rows(self, layer: int, rows: np.ndarray, site: str | None = None) -> np.ndarray:
+        """The given rows of a layer (of `site`; None: the store's), in the given order."""
         rows = np.asarray(rows, dtype=np.int64)
+        array = self.layer(layer, site)
         if rows.size == 0:
-            return np.empty((0, self.dim), dtype=self.layer(layer).dtype)
+            return np.empty((0, self.dim), dtype=array.dtype)
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
-        out = np.empty((rows.size, self.dim), dtype=self.layer(layer).dtype)
-        out[order] = self.layer(layer).get_orthogonal_selection((sorted_rows, slice(None)))
+        out = np.empty((rows.size, self.dim), dtype=array.dtype)
+        out[order] = array.get_orthogonal_selection((sorted_rows, slice(None)))
         return out
 
     # ---- tables -----------------------------------------------------------------------------

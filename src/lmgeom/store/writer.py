@@ -25,7 +25,7 @@ from lmgeom._version import __version__
 from lmgeom.corpus.corpus import Vocabulary
 from lmgeom.atomic import atomic_write, atomic_write_text, is_temporary
 from lmgeom.store import layout
-from lmgeom.store.integrity import checksum, chunk_files, digests, layer_metadata_files, record, write_meta
+from lmgeom.store.integrity import ZARR_JSON, checksum, chunk_files, digests, record, write_meta
 from lmgeom.store.location import Location
 from lmgeom.store.lock import HoldsLock, StoreLock, is_lock_file
 
@@ -136,6 +136,9 @@ class StoreWriter(HoldsLock):
         self.n_layers = int(self.settings["n_layers"])
         self.layers = layout.stored_layers(self.settings)
         self.settings["stored_layers"] = self.layers  # recorded always: every layer unless given
+        # (site, layer, folder) of every array, in the order the encoder hands them out: the stored layers
+        # of resid_post (in layers/), then each other capture site's (settings["sites"])
+        self.slots = layout.stored_arrays(self.settings)
         self.dim = int(self.settings["dim"])
         self._hold(claim_out(Location.of(self.path), overwrite=overwrite, foreign=foreign), self._open)
 
@@ -155,8 +158,8 @@ class StoreWriter(HoldsLock):
             self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self.generation = uuid.uuid4().hex
             self._write_meta()
-            for layer in self.layers:
-                _create_layer_array(layout.layer_path(self.path, layer), rows=self.chunk_rows, dim=self.dim,
+            for _, _, folder in self.slots:
+                _create_layer_array(self.path / folder, rows=self.chunk_rows, dim=self.dim,
                                     dtype=self.settings["dtype"], compressor=self.settings.get("compressor"))
         self._recover()
 
@@ -174,18 +177,18 @@ class StoreWriter(HoldsLock):
         progress_path = self.path / layout.PROGRESS
         # the tables of the chunks this writer commits, kept for `finalize` (a few MB per million words)
         self._tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
-        self._open_chunks: list[OpenChunk | None] = [None] * len(self.layers)
+        self._open_chunks: list[OpenChunk | None] = [None] * len(self.slots)
         # CRC32C of the chunk files this writer wrote whole, by stored layer and chunk index, for checksums.json
-        self._checksums: list[dict[int, str]] = [{} for _ in self.layers]
+        self._checksums: list[dict[int, str]] = [{} for _ in self.slots]
         self.progress = layout.read_store_json(progress_path) if progress_path.exists() else {"chunks": 0, "n_sentences": 0, "n_tokens": 0}
         if self.complete:
             return
         self.arrays = []
-        for layer in self.layers:
+        for site, layer, folder in self.slots:
             try:
-                array = zarr.open_array(str(layout.layer_path(self.path, layer)), mode="r+")
+                array = zarr.open_array(str(self.path / folder), mode="r+")
             except Exception as error:  # zarr raises several types for a missing or broken array
-                raise InputError(f"corrupt store: layer {layer} of {self.path} cannot be opened ({error}); re-run with `overwrite=True`", param="overwrite") from None
+                raise InputError(f"corrupt store: {layout.array_label(site, layer)} of {self.path} cannot be opened ({error}); re-run with `overwrite=True`", param="overwrite") from None
             if array.shape[0] != self.progress["n_tokens"]:
                 array.resize((self.progress["n_tokens"], self.dim))
             self.arrays.append(_without_empty_chunk_scan(array))
@@ -208,13 +211,15 @@ class StoreWriter(HoldsLock):
         self.lock.require_held()
         first_sentence, first_row = self.progress["n_sentences"], self.progress["n_tokens"]
         n_rows = sum(len(e.words) for e in encoded)
-        require_storable(encoded, self.settings["dtype"], first_sentence=first_sentence, layers=self.layers)
-        n_vectors = encoded[0].vectors.shape[0] if encoded else len(self.layers)  # every layer, or the stored ones
-        blocks = stored_blocks(_chunk_rows(encoded, n_vectors, self.dim), self.layers, self.n_layers)
-        for index, (layer, array, block) in enumerate(zip(self.layers, self.arrays, blocks)):
+        labels = [layout.array_label(site, layer).removeprefix("layer ") for site, layer, _ in self.slots]
+        require_storable(encoded, self.settings["dtype"], first_sentence=first_sentence,
+                         layers=self.layers if len(self.slots) == len(self.layers) else labels)
+        n_vectors = encoded[0].vectors.shape[0] if encoded else len(self.slots)  # every layer, or the stored arrays
+        blocks = stored_blocks(_chunk_rows(encoded, n_vectors, self.dim), [layer for _, layer, _ in self.slots], self.n_layers)
+        for index, (label, array, block) in enumerate(zip(labels, self.arrays, blocks)):
             if not np.isfinite(block).all():
                 bad = first_row + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
-                raise InputError(f"layer {layer}, row {bad}: the model produced NaN/inf; use `compute_dtype='float32'`", param="compute_dtype")
+                raise InputError(f"layer {label}, row {bad}: the model produced NaN/inf; use `compute_dtype='float32'`", param="compute_dtype")
             array.resize((first_row + n_rows, self.dim))
             self._open_chunks[index] = _write_rows(array, first_row, block.astype(self.settings["dtype"], copy=False),
                                                    self._open_chunks[index], self._checksums[index])
@@ -264,9 +269,9 @@ class StoreWriter(HoldsLock):
         _write_parquet_atomic(vocab, self.path / layout.VOCAB)
         # chunk files written whole by this writer were checksummed as written; others (an earlier,
         # interrupted run's, or written through Zarr) and the layers' zarr.json are read once here
-        location, chunks, unread = Location.of(self.path), {}, layer_metadata_files(self.layers)
-        for layer, array, written in zip(self.layers, self.arrays, self._checksums):
-            for index, (path, _) in enumerate(chunk_files(array, f"{layout.LAYERS}/{layer}")):
+        location, chunks, unread = Location.of(self.path), {}, [f"{folder}/{ZARR_JSON}" for _, _, folder in self.slots]
+        for (_, _, folder), array, written in zip(self.slots, self.arrays, self._checksums):
+            for index, (path, _) in enumerate(chunk_files(array, folder)):
                 if index in written:
                     chunks[path] = written[index]
                 else:
@@ -309,7 +314,7 @@ def stored_blocks(blocks: list[np.ndarray], layers: Sequence[int], n_layers: int
 
 
 def require_storable(encoded: Sequence[EncodedSentence], dtype: str, *, first_sentence: int,
-                     layers: Sequence[int] | None = None) -> None:
+                     layers: Sequence[Any] | None = None) -> None:
     """Refuse float16 storage of a chunk holding values beyond float16's range (|x| > 65,504), which
     it would store as inf, naming the first such layer (in the model's numbering: `layers`, when the
     chunk holds only the stored layers), its largest absolute value and its sentence."""
