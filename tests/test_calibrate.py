@@ -339,18 +339,18 @@ def test_calibrate_store_records_and_files(small_store):
 
 
 def test_cli_calibrate(small_store):
-    result = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", "abtt,standardize", "--layers", "0,1"])
+    result = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--methods", "abtt,standardize", "--layers", "0,1"])
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())  # rich wraps long lines at the terminal width
     assert "IsoScore" in output and "layer 0 is the embedding output" in output
     records = json.loads((small_store.path / "calibration.json").read_text())["records"]
     assert {(r["layer"], r["method"]) for r in records} == {(0, "abtt"), (1, "abtt"), (0, "standardize"), (1, "standardize")}
-    bad = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", "pca"])
+    bad = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--methods", "pca"])
     assert bad.exit_code == 2 and "unknown calibration method" in bad.output
     # the old spelling, --layer repeated, still works one release and warns; -1 is the last layer
-    old = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", "abtt", "--layer", "0", "--layer", "1"])
-    assert old.exit_code == 0 and "--layer N (repeated) is now --layers" in " ".join(old.output.split())
-    last = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", "abtt", "--layers", "-1"])
+    old = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--methods", "abtt", "--layer", "0", "--layer", "1"])
+    assert old.exit_code == 0 and "read as --layers 0,1" in " ".join(old.stderr.split())
+    last = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--methods", "abtt", "--layers", "-1"])
     fits = json.loads((small_store.path / "calibration.json").read_text())["fits"]
     assert last.exit_code == 0 and max(fit["layer"] for fit in fits) == max(small_store.layers)
     both = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--layers", "0", "--layer", "1"])
@@ -360,7 +360,7 @@ def test_cli_calibrate(small_store):
 def test_cli_calibrate_extracts_a_model_given_instead_of_a_store(tmp_path, monkeypatch, lee_corpus_file):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(
-        app, ["calibrate", "tiny-bert", "--corpus", str(lee_corpus_file), "--method", "abtt", "--layers", "3", "--device", "cpu"]
+        app, ["calibrate", "tiny-bert", "--corpus", str(lee_corpus_file), "--methods", "abtt", "--layers", "3", "--device", "cpu"]
     )
     assert result.exit_code == 0, result.output
     records = json.loads((tmp_path / "runs" / "tiny-bert-lee40" / "calibration.json").read_text())["records"]

@@ -23,7 +23,7 @@ def flat(output: str) -> str:
 def test_extract_command_writes_a_store(tmp_path):
     corpus = tmp_path / "s.txt"
     corpus.write_text("The bank of the river.\nThe bank raised rates.\n")
-    result = runner.invoke(app, ["extract", "tiny-llama", "--corpus", str(corpus), "--out", str(tmp_path / "run"), "--keep-special", "--dtype", "float16"])
+    result = runner.invoke(app, ["extract", "tiny-llama", "--corpus", str(corpus), "--out", str(tmp_path / "run"), "--include-special", "--storage-dtype", "float16"])
     assert result.exit_code == 0, result.output
     assert "layer 0 = embedding output" in flat(result.output)
     store = RepresentationStore.open(tmp_path / "run")

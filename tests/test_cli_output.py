@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.cli.main import app
-from lmgeom.cli.sts import column_groups
+from lmgeom.cli.common import table_columns as column_groups
 
 STS_PAIRS = 40  # enough sentences for every calibrator's fit on a 4-layer tiny model
 
@@ -41,7 +41,7 @@ def test_sts_all_methods_fit_the_terminal(tmp_path, single_torch_thread, width):
     write_stsb(tmp_path)
     out = tmp_path / "sts.json"
     result = CliRunner().invoke(app, [
-        "sts", "tiny-bert", "--data", str(tmp_path), "--method", "all", "--layers", "0,first-last-avg",
+        "sts", "tiny-bert", "--data-dir", str(tmp_path), "--methods", "all", "--layers", "0,first-last-avg",
         "--device", "cpu", "--out", str(out),
     ], env={"COLUMNS": str(width)}, terminal_width=width)
     assert result.exit_code == 0, result.output
@@ -209,7 +209,7 @@ def test_calibrate_reports_seconds_per_method(small_store):
     calibrate_store(small_store, CalibrationOptions(methods=("abtt",), layers=(0,)))
     assert holds_fits(small_store.path, result.fits)
 
-    cli = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--method", ",".join(methods), "--layers", "1"],
+    cli = CliRunner().invoke(app, ["calibrate", str(small_store.path), "--methods", ",".join(methods), "--layers", "1"],
                              env={"COLUMNS": "80"}, terminal_width=80)
     assert cli.exit_code == 0, cli.output
     line = next(line for line in cli.output.splitlines() if line.startswith("fit seconds per method (layer 1): "))

@@ -82,7 +82,7 @@ def test_cli_calibrate_accepts_conceptor(tmp_path):
     words = [[f"w{(s * 5 + i) % 17}" for i in range(6)] for s in range(30)]
     layers = [anisotropic(180, 8, seed=layer) for layer in range(2)]
     store = write_store_from_arrays(tmp_path / "store", layers, words)
-    result = CliRunner().invoke(app, ["calibrate", str(store.path), "--method", "conceptor", "--layers", "1"])
+    result = CliRunner().invoke(app, ["calibrate", str(store.path), "--methods", "conceptor", "--layers", "1"])
     assert result.exit_code == 0, result.output
     records = json.loads((store.path / "calibration.json").read_text())["records"]
     by_measure = {r["measure"]: r for r in records if r["method"] == "conceptor"}

@@ -397,7 +397,7 @@ def test_cli_analyze(small_store, tmp_path):
     app = typer.Typer()
     register(app)
     runner = CliRunner()
-    arguments = ["analyze", str(store.path), "--min-contexts", "3", "--samples", "10", "--out", str(tmp_path / "o")]
+    arguments = ["analyze", str(store.path), "--min-contexts", "3", "--rows", "10", "--out", str(tmp_path / "o")]
     outcome = runner.invoke(app, arguments, env={"COLUMNS": "200"})
     assert outcome.exit_code == 0, outcome.output
     assert "Findings" in outcome.output and "layer 0 = embedding output" in outcome.output

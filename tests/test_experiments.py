@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,13 +170,13 @@ def test_layers_on_pos_report_mix_weights_and_test_against_top(shared_data: Path
     assert "trained on en_ewt-ud-dev" in result.notes[0]
 
 
-def test_cli_runs_the_experiment_with_the_alias_spellings(cola: Path, tmp_path: Path) -> None:
+def test_cli_runs_the_experiment_with_the_list_spellings(cola: Path, tmp_path: Path) -> None:
     from lmgeom.cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "cli"
     result = runner.invoke(app, ["experiment", "calibration", "--model", MODEL, "--task", "cola", "--data", str(cola),
-                                 "--method", "none,standardize", "--seed", "0,3", "--head", "logreg", "--max-train", "50",
+                                 "--methods", "none,standardize", "--seeds", "0,3", "--heads", "logreg", "--max-train", "50",
                                  "--max-eval", "30", "--out", str(out), "--device", "cpu"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     document = json.loads((out / "results.json").read_text())
@@ -189,7 +190,7 @@ def test_cli_runs_the_experiment_with_the_alias_spellings(cola: Path, tmp_path: 
     assert unknown.exit_code == 2 and "layer:9" in unknown.output
     for command in ("calibrate", "sts"):
         help_text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
-        assert "--methods" in help_text and "--method" in help_text
+        assert "--methods" in help_text and not re.search(r"--method(?![\w-])", help_text)  # the old spelling is hidden
 
 
 def test_the_report_reads_the_experiment_per_head_and_split(calibration: Path) -> None:

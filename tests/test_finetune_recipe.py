@@ -387,7 +387,7 @@ def test_the_calibration_command_takes_the_prechecked_setting(shared_data, tmp_p
     result = CliRunner().invoke(app, [
         "experiment", "calibration", "--model", "tiny-bert", "--task", "cola", "--data", str(shared_data / "GLUE" / "CoLA"),
         "--regime", "finetune", "--methods", "none", "--seeds", "1", "--max-train", "40", "--max-eval", "10",
-        "--max-steps", "2", "--max-length", "32", "--workers", "1", "--device", "cpu", "--precheck", str(precheck),
+        "--max-steps", "2", "--max-length", "32", "--num-workers", "1", "--device", "cpu", "--precheck", str(precheck),
         "--out", str(out)])
     assert result.exit_code == 0, result.output
     document = json.loads((out / "results.json").read_text())
@@ -408,7 +408,7 @@ def test_the_calibration_command_takes_the_prechecked_setting(shared_data, tmp_p
     taken = CliRunner().invoke(app, [
         "experiment", "calibration", "--model", "tiny-bert", "--task", "cola", "--data", str(shared_data / "GLUE" / "CoLA"),
         "--regime", "finetune", "--methods", "none", "--seeds", "1", "--max-eval", "10", "--max-steps", "2",
-        "--max-length", "32", "--workers", "1", "--device", "cpu", "--precheck", str(precheck), "--out", str(out)])
+        "--max-length", "32", "--num-workers", "1", "--device", "cpu", "--precheck", str(precheck), "--out", str(out)])
     assert taken.exit_code == 0, taken.output
     document = json.loads((out / "results.json").read_text())
     (cell,) = document["cells"]

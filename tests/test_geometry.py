@@ -327,13 +327,13 @@ def test_stable_rank_numerical_rank_and_matrix_entropy():
 def test_geometry_command_writes_and_prints_within_80_columns(tmp_path):
     store = _planted_store(tmp_path)
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["geometry", str(store.path), "--out", str(out), "--points", "300", "--boot", "10",
+    result = CliRunner().invoke(app, ["geometry", str(store.path), "--out", str(out), "--rows", "300", "--bootstrap", "10",
                                       "--data-dir", str(tmp_path / "no-data")], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80
     assert "layer 0 = embedding output" in result.output and "TwoNN" in result.output and "massive" in result.output
     document = json.loads((out / "geometry.json").read_text())
     assert document["settings"]["intrinsic_dimension"]["n_boot"] == 10
-    bad = CliRunner().invoke(app, ["geometry", str(store.path), "--points", "300", "--device", "cuda:7"], env={"COLUMNS": "80"})
+    bad = CliRunner().invoke(app, ["geometry", str(store.path), "--rows", "300", "--device", "cuda:7"], env={"COLUMNS": "80"})
     if bad.exit_code != 0:  # no such GPU here: one error line naming the option
         assert bad.exit_code == 2 and "error:" in bad.output and "device" in bad.output

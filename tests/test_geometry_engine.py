@@ -214,7 +214,7 @@ def test_layernorm_outliers_say_why_they_are_not_computed(tmp_path: Path, store:
 
 def test_the_geometry_command_reads_the_weights_of_the_store_s_model(scaled_model: Path, tmp_path: Path) -> None:
     store = _planted_store(tmp_path / "store", model_id=str(scaled_model))
-    result = CliRunner().invoke(app, ["geometry", str(store.path), "--points", "100", "--boot", "0", "--model-weights",
+    result = CliRunner().invoke(app, ["geometry", str(store.path), "--rows", "100", "--bootstrap", "0", "--model-weights",
                                       "--data-dir", str(tmp_path)], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "encoder.layer.1.output.LayerNorm" in result.output

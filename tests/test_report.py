@@ -295,9 +295,9 @@ def test_report_is_self_contained(full_run: Path) -> None:
 
 def test_missing_optional_files_give_the_command_that_makes_them(shallow_run: Path, tmp_path: Path) -> None:
     html = build_report(shallow_run, out=tmp_path / "report.html").read_text()
-    assert "lmgeom calibrate RUN --method whitening,abtt" in html
+    assert "lmgeom calibrate RUN --methods whitening,abtt" in html
     assert "lmgeom static-embeddings RUN --layer L" in html
-    assert "lmgeom sts MODEL --data DIR --out RUN/sts.json" in html
+    assert "lmgeom sts MODEL --data-dir DIR --out RUN/sts.json" in html
     assert "experiments/*/results.json" in html
 
     bare = synthetic_run(tmp_path / "bare", n_layers=2, seed=3, analyse=False)

@@ -43,7 +43,7 @@ def test_calibrate_after_run_keeps_every_record_and_a_refit_replaces_only_its_ow
     from_run = _by_fit(json.loads(rundir.CALIBRATION.at(a_run).read_text())["records"])
     assert set(from_run) == {(0, "whitening"), (0, "abtt"), (3, "whitening"), (3, "abtt")}
 
-    outcome = CliRunner().invoke(app, ["calibrate", str(a_run), "--layers", "2", "--method", "whitening"])
+    outcome = CliRunner().invoke(app, ["calibrate", str(a_run), "--layers", "2", "--methods", "whitening"])
     assert outcome.exit_code == 0, outcome.output
     document = read_calibration(a_run)
     merged = _by_fit(document["records"])

@@ -344,7 +344,7 @@ def test_every_command_prints_tables_readable_at_80_columns(fixed_store, tiny_cl
     run_folder, run_output = tiny_cli_run  # `lmgeom run`, printed at 80 columns
     commands = [
         ["analyze", str(fixed_store.path), "--min-contexts", "3", "--out", str(tmp_path / "a")],
-        ["calibrate", str(fixed_store.path), "--method", "whitening,abtt,standardize,cie"],
+        ["calibrate", str(fixed_store.path), "--methods", "whitening,abtt,standardize,cie"],
         ["static-embeddings", str(fixed_store.path), "--layer", "2"],
         ["report", shutil.copytree(run_folder, tmp_path / "r")],
     ]

@@ -417,7 +417,7 @@ def test_cli_prints_the_cka_table_within_80_columns_and_writes_its_files(tmp_pat
     from lmgeom.cli.main import app
 
     a, b, _ = synthetic_pair(tmp_path, rotate=True)
-    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), str(tmp_path / "b"), "--sample", "30", "--k", "3"],
+    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), str(tmp_path / "b"), "--rows", "30", "--k", "3"],
                                  terminal_width=80)
     assert outcome.exit_code == 0, outcome.output
     assert "linear CKA" in outcome.output and "L1" in outcome.output
@@ -436,11 +436,11 @@ def test_cli_prints_the_cka_table_within_80_columns_and_writes_its_files(tmp_pat
     table = lines[lines.index(next(line for line in lines if "each measure over the pairs of layers" in line)):]
     assert max(map(len, table[:-1])) <= 80 and "largest p" in outcome.output and "0.1034" in outcome.output
     assert "p-values on the sampled rows (the smallest possible 0.005)" in outcome.output
-    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measure", "cka,nonsense"])
+    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measures", "cka,nonsense"])
     assert outcome.exit_code == 2 and "nonsense" in outcome.output and "--measures" in outcome.output
     outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--layers", "0,9"])
     assert outcome.exit_code == 2 and "--layers '0,9': layer 9 is not among" in " ".join(outcome.output.split())
-    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measure", "cka", "--layers", "0,2",
+    outcome = CliRunner().invoke(app, ["similarity", str(tmp_path / "a"), "--measures", "cka", "--layers", "0,2",
                                        "--out", str(tmp_path / "within")], terminal_width=80)
     assert outcome.exit_code == 0 and "layer x layer" in outcome.output
     within = json.loads((tmp_path / "within" / "similarity.json").read_text())
@@ -465,7 +465,7 @@ def test_cli_defaults_match_the_library():
     from lmgeom.stages.similarity import DEFAULT_SAMPLE, SimilarityOptions
 
     params = {param.name: param.default for param in typer.main.get_command(app).commands["similarity"].params}  # type: ignore[attr-defined]
-    assert (params["sample"], params["k"], params["measure"]) == (DEFAULT_SAMPLE, DEFAULT_K, ",".join(MEASURES))
+    assert (params["rows"], params["k"], params["measure"]) == (DEFAULT_SAMPLE, DEFAULT_K, ",".join(MEASURES))
     assert (params["permutations"], params["seed"]) == (SimilarityOptions().permutations, SimilarityOptions().seed)
     assert params["procrustes_permutations"] == SimilarityOptions().procrustes_permutations
     assert (SimilarityOptions().permutations, SimilarityOptions().procrustes_permutations) == (200, 20)

@@ -359,7 +359,7 @@ def test_the_cli_hands_device_engine_and_workers_to_the_engine(stores, tmp_path)
     from lmgeom.cli.main import app
 
     a, b = stores
-    result = CliRunner().invoke(app, ["similarity", str(a.url), str(b.url), "--measure", "cka_debiased", "--device", "torch:cpu",
+    result = CliRunner().invoke(app, ["similarity", str(a.url), str(b.url), "--measures", "cka_debiased", "--device", "torch:cpu",
                                       "--engine", "local", "--num-workers", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     settings = json.loads((tmp_path / "similarity.json").read_text())["settings"]

@@ -299,8 +299,8 @@ def test_cli_end_to_end_on_tiny_data(tmp_path, tiny_bert):
     write_tiny_data(tmp_path)
     out = tmp_path / "sts.json"
     result = CliRunner().invoke(app, [
-        "sts", "tiny-bert", "--data", str(tmp_path), "--out", str(out), "--layers", "0,first-last-avg",
-        "--method", "whitening,abtt,standardize", "--markdown", str(tmp_path / "sts.md"), "--device", "cpu",
+        "sts", "tiny-bert", "--data-dir", str(tmp_path), "--out", str(out), "--layers", "0,first-last-avg",
+        "--methods", "whitening,abtt,standardize", "--markdown", str(tmp_path / "sts.md"), "--device", "cpu",
     ], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     # readable at 80 columns: no cell cut short, and the grid's numbers are the records' means
@@ -332,10 +332,10 @@ def test_cli_end_to_end_on_tiny_data(tmp_path, tiny_bert):
 
 
 def test_cli_bad_data_folder_and_unknown_method(tmp_path):
-    result = CliRunner().invoke(app, ["sts", "tiny-bert", "--data", str(tmp_path)])
+    result = CliRunner().invoke(app, ["sts", "tiny-bert", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2
     for looked_for in ("sts-<split>.csv", "STS.input.<subset>.txt", "SICK"):
         assert looked_for in result.output.replace("\n", "")
-    result = CliRunner().invoke(app, ["sts", "tiny-bert", "--data", str(tmp_path), "--method", "whitening,pca"])
+    result = CliRunner().invoke(app, ["sts", "tiny-bert", "--data-dir", str(tmp_path), "--methods", "whitening,pca"])
     assert result.exit_code == 2
     assert all(m in result.output for m in CALIBRATION_METHODS)

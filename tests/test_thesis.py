@@ -373,7 +373,7 @@ def test_thesis_command_writes_the_tests_and_the_plot(tmp_path):
     source = tmp_path / "results.json"
     source.write_text(json.dumps({"records": records, "summaries": summaries}))
     result = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(tmp_path / "thesis"),
-                                      "--resamples", "200"])
+                                      "--bootstrap", "200"])
     assert result.exit_code == 0, result.output
     document = json.loads((tmp_path / "thesis" / "thesis.json").read_text())
     frozen_local = next(t for t in document["tests"] if t["regime"] == "frozen" and t["measure"] == "local")

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 METHOD_NAMES = ("whitening", "abtt", "cie", "flow", "standardize", "conceptor")
 """The calibrators' CLI names, in the order `METHODS` holds them (known without importing torch)."""
 
+DEFAULT_METHODS = ("whitening", "abtt")
+"""The calibrators fitted when none are named (`lmgeom run`, `lmgeom calibrate`, `CalibrationOptions`):
+the two that stream over every row and fit in seconds a layer; cie, flow, standardize and conceptor
+are asked for by name (or all of them with `all`)."""
+
 FIT_MAX_ROWS = 100_000
 """Rows (a seeded subsample) that the calibrators which do not stream (cie, flow) fit on by default."""
 

@@ -15,11 +15,14 @@ from lmgeom.cli.common import (
     MIN_CONTEXTS_HELP,
     MIN_COVERAGE_HELP,
     PROTOCOL_HELP,
+    ROWS_HELP,
+    DATA_DIR_HELP,
     RichProgress,
     above,
     console,
     cli_text,
     interval_cell,
+    old_spellings,
     shown,
     split_list,
     url_form,
@@ -221,7 +224,7 @@ def one_site(sites: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("analyze")
+    @app.command("analyze", cls=old_spellings({"--samples": "--rows"}))
     def analyze_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract` (a folder or an fsspec URL)"),
         min_contexts: Optional[int] = typer.Option(None, min=1, metavar="<int>", help=MIN_CONTEXTS_HELP),
@@ -231,7 +234,7 @@ def register(app: typer.Typer) -> None:
         exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word (decoders without BOS put outliers there)"),
         include_special: bool = typer.Option(False, "--include-special", help="also analyse special tokens (CLS/SEP/BOS) the store kept"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the sampled baselines"),
-        samples: Optional[int] = typer.Option(None, min=2, metavar="<int>", help="occurrences sampled for the anisotropy and MEV baselines (default 1000)"),
+        rows: Optional[int] = typer.Option(None, min=2, metavar="<int>", help=f"{ROWS_HELP} for the anisotropy and MEV baselines (default 1000)"),
         out: Optional[str] = typer.Option(None, callback=url_form, help="folder or fsspec URL for the result files (default: the store)"),
         mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
@@ -254,7 +257,7 @@ def register(app: typer.Typer) -> None:
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
-            chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, n_samples=samples,
+            chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, n_samples=rows,
                                       include_punct=include_punct or None, include_special=include_special or None,
                                       exclude_first_word=exclude_first_word or None,
                                       statistics=(*CONTEXTUALITY_STATISTICS, *split_list(statistics)) if statistics else None)
@@ -266,7 +269,8 @@ def register(app: typer.Typer) -> None:
                                  "they go next to the store, where they would replace those of resid_post)",
                                  param=("site", "out"))
             store = RepresentationStore.open(store_path)
-            store.site_layers(options.site)  # a site the store lacks is refused before anything runs
+            if options.site != "resid_post":
+                store.site_layers(options.site)  # a site the store lacks is refused before anything runs
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
         if options.site != "resid_post":
@@ -288,8 +292,7 @@ def register(app: typer.Typer) -> None:
         count_by: Optional[str] = typer.Option(None, metavar="<unit>", help=COUNT_BY_HELP),
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help="ethayarajh2019: the words of the released code (at least 5 occurrences, no punctuation)"),
         include_punct: Optional[bool] = typer.Option(None, "--include-punct/--exclude-punct", help="also export punctuation (default: not)"),
-        data_dir: Optional[Path] = typer.Option(None, help="folder holding the word benchmarks "
-                                                      "(default ../shared/data or LMGEOM_DATA)"),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: the word benchmarks"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write, "
                                                                "or the layer's benchmark scores with fewer"),
         min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
 
-from lmgeom.calibrate import FIT_MAX_ROWS, METHOD_NAMES
-from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, err_console
+from lmgeom.calibrate import DEFAULT_METHODS, FIT_MAX_ROWS, METHOD_NAMES
+from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, old_spellings, split_list, user_errors
 from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine", "effective_rank")
@@ -46,41 +46,46 @@ def print_fit_times(fits: list[dict[str, Any]]) -> None:
                   highlight=False)
 
 
+METHODS_HELP = (f"comma-separated calibrators: {', '.join(METHOD_NAMES)}, or all (default: the two that "
+                "stream and fit fast, as run fits)")
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """`--methods`: a comma list of calibrators, or `all` for every one."""
+    return METHOD_NAMES if text.strip() == "all" else tuple(split_list(text))
+
+
 # isotropy_report's row cap (lmgeom.metrics.isotropy.REPORT_MAX_ROWS, a test checks it), written here so
 # that `--help` does not import the metrics
 EVAL_ROWS_DEFAULT = "20,000"
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("calibrate")
+    @app.command("calibrate", cls=old_spellings(
+        {"--method": "--methods", "--layer": "--layers", "-l": "--layers", "--no-include-punct": "",
+         "--no-include-special": ""}, joined=["--layers"]))
     def calibrate_command(
         store: str = typer.Argument(..., metavar="STORE-OR-MODEL", help="a store written by `lmgeom extract`, or a model (then --corpus is extracted into runs/<model>-<corpus> first)"),
         corpus: str = typer.Option("lee", help="corpus to extract when a model is given instead of a store"),
         device: str = typer.Option("auto", help="device for that extraction and the flow: auto, cpu, cuda"),
-        method: str = typer.Option(",".join(METHOD_NAMES), "--methods", "--method", "-m", help=f"comma-separated methods: {', '.join(METHOD_NAMES)}"),
+        method: str = typer.Option(",".join(DEFAULT_METHODS), "--methods", "-m", help=METHODS_HELP),
         layers: Optional[str] = typer.Option(None, "--layers", help=f"{LAYERS_HELP} (default: all)"),
-        layer: Optional[List[int]] = typer.Option(None, "--layer", "-l", hidden=True, help="old spelling of --layers (repeatable)"),
-        include_punct: bool = typer.Option(False, help="also fit and measure on punctuation tokens"),
-        include_special: bool = typer.Option(False, help="also fit and measure on special tokens (CLS/SEP/BOS), when stored"),
+        include_punct: bool = typer.Option(False, "--include-punct", help="also fit and measure on punctuation tokens"),
+        include_special: bool = typer.Option(False, "--include-special", help="also fit and measure on special tokens (CLS/SEP/BOS), when stored"),
         eval_rows: Optional[int] = typer.Option(None, min=2, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
-        fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample that cie and flow fit on (the others stream over all rows)"),
+        fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample of rows that cie and flow fit on (the others stream over all rows)"),
         seed: int = typer.Option(0, min=0, help="seed for subsamples, k-means and the flow"),
     ) -> None:
-        """Fit whitening / all-but-the-top / CIE / flow / standardisation per layer; merges the records
+        """Fit isotropy calibrators per layer (whitening and all-but-the-top unless --methods names
+        others: cie, flow, standardize, conceptor, or all); merges the records
         into STORE/calibration.json + .csv by (layer, method) and saves STORE/calibrators/<method>-L<layer>.*"""
         from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
         from lmgeom.stages import calibrate_store
         from lmgeom.stages.calibration import CalibrationOptions
 
-        if layer:
-            if layers is not None:
-                raise typer.BadParameter("give --layers only (--layer is its old spelling)", param_hint="--layer")
-            err_console.print("[yellow]warning:[/] --layer N (repeated) is now --layers with one spec, e.g. "
-                                   "--layers 0,3; the old spelling goes in a later release", highlight=False)
-            layers = ",".join(map(str, layer))
         with user_errors(), RichProgress() as progress:
             options = CalibrationOptions(
-                methods=tuple(split_list(method)), layers=layers, include_punct=include_punct,
+                methods=parse_methods(method), layers=layers, include_punct=include_punct,
                 include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows,
                 fit_rows=fit_rows, seed=seed, device=device,
             )

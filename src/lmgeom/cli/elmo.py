@@ -7,14 +7,14 @@ from typing import Optional
 
 import typer
 
-from lmgeom.cli.common import RichProgress, above, below, console, user_errors, url_form
+from lmgeom.cli.common import RichProgress, above, below, console, old_spellings, user_errors, url_form
 
 
 def register(app: typer.Typer) -> None:
     elmo_app = typer.Typer(help="ELMo biLMs: train one here; extract any with `lmgeom extract`.", no_args_is_help=True)
     app.add_typer(elmo_app, name="elmo")
 
-    @elmo_app.command("train")
+    @elmo_app.command("train", cls=old_spellings({"--no-overwrite": ""}))
     def train_command(
         out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="folder for checkpoint.pt, options.json, weights.hdf5, training.json"),
         corpus: str = typer.Option("brown", "--corpus", "-c", help="brown[:DIR] (fixed file split) or any corpus spec (every tenth sentence held out)"),
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         max_steps: Optional[int] = typer.Option(None, min=1, help="stop after this many steps in all (checkpointed; re-run to continue)"),
         checkpoint_every: int = typer.Option(200, min=1, help="steps between checkpoints"),
         threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for torch (default: torch's choice)"),
-        overwrite: bool = typer.Option(False, help="discard a run with other settings in --out"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="discard a run with other settings in --out"),
     ) -> None:
         """Train a biLM (resumes from --out's checkpoint), then report held-out perplexity."""
         from lmgeom.elmo.train import TrainConfig, train

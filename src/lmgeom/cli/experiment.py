@@ -1,7 +1,8 @@
 """`lmgeom experiment calibration|layers`: downstream experiments with seeds and paired tests.
 
-Option names follow the CLI's convention: plural for lists (`--methods`, `--seeds`, `--features`),
-with the singular spellings accepted as aliases."""
+Option names follow the CLI's convention: plural for lists (`--methods`, `--seeds`, `--heads`,
+`--tasks`), singular for one value (`--task`, `--seed` elsewhere); `--num-workers` for worker processes
+and `--bootstrap` for bootstrap resamples, as in every command."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import LAYERS_HELP, RichProgress, above, console, split_list, user_errors, url_form
+from lmgeom.cli.common import (DATA_DIR_HELP, LAYERS_HELP, RichProgress, above, console, old_spellings, print_grouped, split_list,
+                               user_errors, url_form)
 from lmgeom.errors import InputError
 
 experiment_app = typer.Typer(help="Downstream experiments: isotropy calibration (Ding et al. 2022), layers and WSD (Peters et al. 2018), static baselines (Ethayarajh 2019).",
@@ -33,20 +35,21 @@ def parse_seed_option(text: str) -> int | tuple[int, ...]:
 def print_summaries(summaries: list[dict[str, Any]], varying: str, title: str,
                     trivial: list[dict[str, Any]] | None = None) -> None:
     """Mean ± std over seeds per configuration, its Holm-corrected p against the baseline and its test
-    against the trivial baselines, which follow the table."""
+    against the trivial baselines, which follow the table (split into parts, each with the configuration's
+    columns, where the terminal is too narrow for the whole)."""
     from lmgeom.stages.experiments.core import trivial_lines, trivial_verdict
 
-    table = Table(title=title)
-    for column in ("split", "head", varying, "metric", "mean ± std", "seeds", "Δ", "p (Holm)", "vs trivial"):
-        table.add_column(column, justify="right" if column in ("mean ± std", "seeds", "Δ", "p (Holm)") else "left")
+    header = ["split", "head", varying, "metric", "mean ± std", "seeds", "Δ", "p (Holm)", "vs trivial"]
+    rows = []
     for s in summaries:
         p = "" if s.get("p_holm") is None else f"{s['p_holm']:.3g}{' *' if s.get('significant') else ''}"
         if s.get("holm_duplicate_of"):
             p = f"= {s['holm_duplicate_of']}"
         delta = "degenerate" if s.get("degenerate") else ("" if s.get("difference") is None else f"{s['difference']:+.4f}")
-        table.add_row(str(s["split"]), str(s.get("head", "")), str(s[varying]), str(s["metric"]),
-                      f"{s['mean']:.4f} ± {s['std']:.4f}", str(s["n_seeds"]), delta, p, trivial_verdict(s))
-    console.print(table)
+        rows.append([str(s["split"]), str(s.get("head", "")), str(s[varying]), str(s["metric"]),
+                     f"{s['mean']:.4f} ± {s['std']:.4f}", str(s["n_seeds"]), delta, p, trivial_verdict(s)])
+    # the configuration's columns repeat in each part, so that no cell is cut at any width
+    print_grouped(title, header, rows, labels=4, left=(0, 1, 2, 3, 8))
     for line in trivial_lines(trivial or []):
         console.print(f"trivial baseline: {line}")
 
@@ -70,31 +73,35 @@ def parse_on_off(text: str, option: str) -> list[bool]:
     return [choices[item.lower()] for item in split_list(text)]
 
 
-@experiment_app.command("calibration")
+FINETUNE_PANEL, REFIT_PANEL = "Fine-tuning regime", "Fine-tuning regime: the calibrator's last re-fit"
+
+
+@experiment_app.command("calibration", cls=old_spellings(
+    {"--method": "--methods", "--seed": "--seeds", "--head": "--heads", "--workers": "--num-workers"}))
 def calibration_command(
     model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),
     task: str = typer.Option(..., "--task", help="cola, sst2, mrpc, rte, stsb, pos or brown"),
     data: Path = typer.Option(..., "--data", help="the task's folder, e.g. ../shared/data/GLUE/CoLA"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder: results.json, results.md, figures, feature cache, finished cells"),
-    methods: str = typer.Option("none,abtt,cie,whitening,flow", "--methods", "--method", help="comma list: none and calibrators; isobn/istar run only in fine-tuning"),
-    seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
+    methods: str = typer.Option("none,abtt,cie,whitening,flow", "--methods", help="comma list: none and calibrators; isobn/istar run only in fine-tuning"),
+    seeds: str = typer.Option("3", "--seeds", help="a count (3 = seeds 0,1,2) or a comma list"),
     regime: str = typer.Option("frozen", "--regime", help="frozen, finetune or both"),
     features: str = typer.Option("top", "--features", help="frozen features: top, static (layer 0), layer:N or mix"),
-    heads: str = typer.Option("logreg,mlp", "--heads", "--head", help="frozen heads: logreg (ridge for regression), mlp"),
+    heads: str = typer.Option("logreg,mlp", "--heads", help="frozen heads: logreg (ridge for regression), mlp"),
     pooling: str = typer.Option("mean", "--pooling", help="sentence vector: mean of pieces, last piece, or cls (first position; fine-tuning regime)"),
     max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training examples (per seed; fine-tuning: one subsample for all seeds)"),
     max_eval: Optional[int] = typer.Option(None, "--max-eval", min=1, help="seeded subsample of N evaluation examples (the same for every seed)"),
-    epochs: int = typer.Option(3, "--epochs", min=1, help="fine-tuning regime: epochs"),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="fine-tuning regime: sentences per step"),
-    learning_rate: float = typer.Option(2e-5, "--learning-rate", callback=above(0), help="fine-tuning regime: AdamW learning rate"),
-    warmup_fraction: float = typer.Option(0.06, "--warmup-fraction", help="fine-tuning regime: share of the steps with linear warm-up"),
-    max_length: int = typer.Option(128, "--max-length", min=2, help="fine-tuning regime: tokens per input (truncated)"),
-    recalibrate_every: int = typer.Option(100, "--recalibrate-every", min=1, help="fine-tuning regime: steps between re-fits of a calibrator"),
-    refit_after_last: bool = typer.Option(True, "--refit-after-last/--no-refit-after-last", help="fine-tuning regime: re-fit the calibrator once more after the last step"),
-    validation_fraction: Optional[float] = typer.Option(None, "--validation-fraction", help="fine-tuning regime: share of the training data held out as the `validation` split (0.1, or the pre-check's)"),
-    workers: int = typer.Option(2, "--workers", min=1, help="fine-tuning regime: single-thread worker processes, one cell each"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="fine-tuning regime: stop every run after N steps (smoke tests)"),
-    precheck: Optional[Path] = typer.Option(None, "--precheck", help="fine-tuning regime: take the learning rate and epochs chosen for the task in this pre-check folder's precheck.json"),
+    epochs: int = typer.Option(3, "--epochs", min=1, metavar="<int>", help="epochs", rich_help_panel=FINETUNE_PANEL),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, metavar="<int>", help="sentences per step", rich_help_panel=FINETUNE_PANEL),
+    learning_rate: float = typer.Option(2e-5, "--learning-rate", callback=above(0), help="AdamW learning rate", rich_help_panel=FINETUNE_PANEL),
+    warmup_fraction: float = typer.Option(0.06, "--warmup-fraction", help="share of the steps with linear warm-up", rich_help_panel=FINETUNE_PANEL),
+    max_length: int = typer.Option(128, "--max-length", min=2, metavar="<int>", help="tokens per input (truncated)", rich_help_panel=FINETUNE_PANEL),
+    recalibrate_every: int = typer.Option(100, "--recalibrate-every", min=1, metavar="<int>", help="steps between re-fits of a calibrator", rich_help_panel=FINETUNE_PANEL),
+    refit_after_last: bool = typer.Option(True, "--refit-after-last/--no-refit-after-last", show_default=False, help="re-fit once more after the last step (default)", rich_help_panel=REFIT_PANEL),
+    validation_fraction: Optional[float] = typer.Option(None, "--validation-fraction", help="share of the training data held out as the `validation` split (0.1, or the pre-check's)", rich_help_panel=FINETUNE_PANEL),
+    num_workers: int = typer.Option(2, "--num-workers", min=1, metavar="<int>", help="single-thread worker processes, one cell each", rich_help_panel=FINETUNE_PANEL),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, metavar="<int>", help="stop every run after N steps (smoke tests)", rich_help_panel=FINETUNE_PANEL),
+    precheck: Optional[Path] = typer.Option(None, "--precheck", help="take the learning rate and epochs chosen for the task in this pre-check folder's precheck.json", rich_help_panel=FINETUNE_PANEL),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
 ) -> None:
     """Does isotropy calibration help the task? Writes OUT/results.json (records + summaries), results.md and figures."""
@@ -123,7 +130,7 @@ def calibration_command(
                                        device=device)
         result = run_calibration(model, task, data, out=out, options=experiment, methods=split_list(methods),
                                  regime=regime, features=features, heads=split_list(heads), progress=progress,
-                                 finetune_options=options, workers=workers,
+                                 finetune_options=options, workers=num_workers,
                                  validation_fraction=0.1 if validation_fraction is None else validation_fraction)
     print_summaries(result.summaries, "method", f"{model} on {task}: calibration ({regime}, {features})",
                     result.trivial_baselines)
@@ -165,18 +172,18 @@ def parse_task_rates(text: str) -> dict[str, list[float]]:
     return parse_task_values(text, "--task-learning-rates", float, "cola=5e-5/1e-4/2e-4")
 
 
-@experiment_app.command("finetune-precheck")
+@experiment_app.command("finetune-precheck", cls=old_spellings({"--task": "--tasks", "--workers": "--num-workers"}))
 def finetune_precheck_command(
     model: str = typer.Option("minilm", "--model", help="a transformers model name or folder"),
     data: Path = typer.Option(..., "--data", help="the GLUE folder (with CoLA/, SST-2/, MRPC/, RTE/), e.g. ../shared/data/GLUE"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="pre-check folder: precheck.json, precheck.md, finished cells"),
-    tasks: str = typer.Option("cola,rte,mrpc,sst2", "--tasks", "--task", help="comma list, run in this order"),
+    tasks: str = typer.Option("cola,rte,mrpc,sst2", "--tasks", help="comma list, run in this order"),
     learning_rates: str = typer.Option("3e-5,5e-5,1e-4", "--learning-rates", help="comma list of AdamW learning rates"),
     task_learning_rates: str = typer.Option("cola=3e-5/5e-5/1e-4/2e-4", "--task-learning-rates",
                                             help="per task, replacing --learning-rates: task=R/R/...,..."),
     epochs: str = typer.Option("cola=3,sst2=3,mrpc=3/5,rte=3/5", "--epochs", help="epochs to try per task: task=N/M,..."),
     validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="share of the training data held out to choose on"),
-    workers: int = typer.Option(2, "--workers", min=1, help="single-thread worker processes, one cell each"),
+    num_workers: int = typer.Option(2, "--num-workers", min=1, help="single-thread worker processes, one cell each"),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="sentences per step"),
     max_length: int = typer.Option(128, "--max-length", min=2, help="tokens per input (truncated)"),
     warmup_fraction: float = typer.Option(0.06, "--warmup-fraction", help="share of the steps with linear warm-up"),
@@ -196,7 +203,7 @@ def finetune_precheck_command(
                                learning_rates=parse_floats(learning_rates, "--learning-rates"),
                                task_learning_rates=parse_task_rates(task_learning_rates),
                                epochs={**PRECHECK_EPOCHS, **parse_task_epochs(epochs)},
-                               validation_fraction=validation_fraction, options=options, workers=workers,
+                               validation_fraction=validation_fraction, options=options, workers=num_workers,
                                progress=progress)
     for name, entry in summary["tasks"].items():
         chosen = entry.get("chosen")
@@ -206,14 +213,14 @@ def finetune_precheck_command(
     console.print(f"wrote {out / 'precheck.json'} and {out / 'precheck.md'}")
 
 
-@experiment_app.command("thesis")
+@experiment_app.command("thesis", cls=old_spellings({"--resamples": "--bootstrap"}))
 def thesis_command(
     results: list[Path] = typer.Argument(..., help="calibration experiments' results.json files (frozen and fine-tuning)"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="folder for thesis.json and thesis.png"),
     keep_unverified: bool = typer.Option(False, "--keep-unverified",
                                          help="also keep configurations whose results.json carries no trivial-baseline "
                                               "verdict (listed as unverified); by default they are dropped"),
-    resamples: int = typer.Option(2000, "--resamples", min=100, help="cluster-bootstrap draws"),
+    bootstrap: int = typer.Option(2000, "--bootstrap", min=100, help="cluster-bootstrap resamples"),
     permutations: int = typer.Option(10000, "--permutations", min=100,
                                      help="permutations of the cluster permutation test (all of them when fewer)"),
     seed: int = typer.Option(0, "--seed", help="seed of the bootstrap and of the random permutations"),
@@ -224,7 +231,7 @@ def thesis_command(
     from lmgeom.stages.experiments.thesis import run_thesis
 
     with user_errors():
-        document = run_thesis(results, out, keep_unverified=keep_unverified, n_resamples=resamples,
+        document = run_thesis(results, out, keep_unverified=keep_unverified, n_resamples=bootstrap,
                               n_permutations=permutations, seed=seed)
     console.print(f"{document['n_pairs_formed']} pairs formed, {document['n_pairs_kept']} kept")
     for drop in document["dropped"]:
@@ -241,14 +248,14 @@ def thesis_command(
     console.print(f"wrote {Path(out) / 'thesis.json'}" + (f" and {document['figure']}" if document["figure"] else ""))
 
 
-@experiment_app.command("layers")
+@experiment_app.command("layers", cls=old_spellings({"--seed": "--seeds"}))
 def layers_command(
     model: str = typer.Option(..., "--model", help="a named model (minilm, smollm2, elmo-brown, tiny-bert, ...) or a folder"),
     task: str = typer.Option(..., "--task", help="pos, brown, cola, sst2, mrpc, rte or stsb"),
     data: Path = typer.Option(..., "--data", help="the task's folder, e.g. ../shared/data/UD_English-EWT"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder"),
     features: str = typer.Option("layer:all,top,mix,static", "--features", help="comma list: layer:all, layer:N, top, mix, static"),
-    seeds: str = typer.Option("3", "--seeds", "--seed", help="a count (3 = seeds 0,1,2) or a comma list"),
+    seeds: str = typer.Option("3", "--seeds", help="a count (3 = seeds 0,1,2) or a comma list"),
     pooling: str = typer.Option("mean", "--pooling", help="sentence vector for sentence tasks: mean of pieces, or last piece"),
     max_train: Optional[int] = typer.Option(None, "--max-train", min=1, help="seeded subsample of N training sentences (per seed)"),
     max_eval: Optional[int] = typer.Option(None, "--max-eval", min=1, help="seeded subsample of N evaluation sentences"),
@@ -303,17 +310,17 @@ def wsd_command(
     console.print(f"wrote {rundir.EXPERIMENT_JSON.at(out)} and {rundir.WSD_PREDICTIONS.at(out)}")
 
 
-@experiment_app.command("static-baselines")
+@experiment_app.command("static-baselines", cls=old_spellings({"--method": "--methods"}))
 def static_baselines_command(
     corpus: str = typer.Option(..., "--corpus", help="lee, brown or brown:DIR, or any corpus spec `lmgeom extract` takes"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="experiment folder: results.json, results.md, vectors/<method>.bin"),
-    methods: str = typer.Option("word2vec,fasttext", "--methods", "--method", help="comma list: word2vec, fasttext (both skip-gram)"),
+    methods: str = typer.Option("word2vec,fasttext", "--methods", help="comma list: word2vec, fasttext (both skip-gram)"),
     dim: int = typer.Option(300, "--dim", min=1, help="vector dimensions"),
     window: int = typer.Option(5, "--window", min=1, help="context window (words each side)"),
     min_count: Optional[int] = typer.Option(None, "--min-count", min=1, help="keep words with at least N occurrences (default 1 on lee, else 5)"),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="passes over the corpus (default 20 on lee, else 5)"),
     seed: int = typer.Option(0, "--seed", help="gensim's seed (training runs on one worker: deterministic)"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks (default ../shared/data or LMGEOM_DATA)"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: the word benchmarks"),
 ) -> None:
     """Stand-ins for GloVe / FastText (Ethayarajh 2019, Table 1): word2vec and fastText trained on a corpus, scored as static-embeddings scores a layer."""
     from lmgeom.stages.experiments.standins import covered_score, default_settings, run_static_baselines

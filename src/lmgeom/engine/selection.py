@@ -1,7 +1,7 @@
 """Which rows of a store an analysis uses: the one row selection of every driver function.
 
 A store row is a stored token: a word of the corpus, or a special token (CLS/SEP/BOS) when the
-store was extracted with `--keep-special`.
+store was extracted with `--include-special`.
 - Special tokens are left out unless `include_special` (they are not words of the corpus).
 - Punctuation (every character a Unicode punctuation mark or symbol) is left out unless
   `include_punct`, as Ethayarajh (2019) did.

@@ -20,7 +20,7 @@ from lmgeom.stages.analysis import analyze_store
 from lmgeom.stages.contextuality import ContextualityResult
 from lmgeom.engine import AnalysisOptions
 from lmgeom.engine.options import protocol_options
-from lmgeom.stages.calibration import CalibrationOptions, calibrate_store, holds_fits
+from lmgeom.stages.calibration import DEFAULT_METHODS, CalibrationOptions, calibrate_store, holds_fits
 from lmgeom.stages.extraction import extract_model
 from lmgeom.stages.geometry import GeometryOptions, measure_geometry
 from lmgeom.stages.isotropy import IsotropyOptions, measure_isotropy
@@ -54,9 +54,6 @@ def layer_summary(store: RepresentationStore, contextuality: ContextualityResult
                                 {"seed": contextuality.settings["seed"], "layers": records}, store_meta=store.meta,
                                 settings=contextuality.options)
     return records
-
-
-DEFAULT_CALIBRATION_METHODS = ("whitening", "abtt")
 
 
 class _Steps:
@@ -193,7 +190,7 @@ def run(
     seed: int = 0,
     layers: str | Sequence[int] = "default",
     store_layers: str | Sequence[int] | None = None,
-    methods: Sequence[str] = DEFAULT_CALIBRATION_METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     include: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     num_workers: int = 2,

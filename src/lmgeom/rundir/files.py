@@ -101,7 +101,7 @@ CONTEXTUALITY_WORDS = ResultFile("contextuality_words.csv", "lmgeom analyze RUN 
 ISOTROPY = ResultFile("isotropy.json", "lmgeom run (writes isotropy.json: global and local isotropy of every layer)",
                       "isotropy", ("settings", "records"))
 ISOTROPY_CSV = ResultFile("isotropy.csv", ISOTROPY.producer)
-CALIBRATION = ResultFile("calibration.json", "lmgeom calibrate RUN --method whitening,abtt", "calibration",
+CALIBRATION = ResultFile("calibration.json", "lmgeom calibrate RUN --methods whitening,abtt", "calibration",
                          ("settings", "records"))
 CALIBRATION_CSV = ResultFile("calibration.csv", CALIBRATION.producer)
 CALIBRATORS = ResultFile("calibrators", CALIBRATION.producer)
@@ -114,7 +114,7 @@ STATIC_BENCHMARKS_CSV = ResultFile("static/{layer}.benchmarks.csv", STATIC.produ
 GEOMETRY = ResultFile("geometry.json", "lmgeom geometry RUN (or lmgeom run)", "geometry", ("settings", "counts", "layers"))
 GEOMETRY_CSV = ResultFile("geometry.csv", GEOMETRY.producer)
 STS_CSV_SUFFIX = ".csv"  # an STS results JSON's records as a table beside it: NAME.json -> NAME.csv
-STS = ResultFile("sts.json", "lmgeom sts MODEL --data DIR --out RUN/sts.json", "sts", ("settings", "records"))
+STS = ResultFile("sts.json", "lmgeom sts MODEL --data-dir DIR --out RUN/sts.json", "sts", ("settings", "records"))
 EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experiments/NAME/results.json")
 EXPERIMENT_RESULTS = ResultFile("experiments/{name}/results.json", EXPERIMENTS.producer)
 EXPERIMENT_CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "method", "head", "pooling", "split", "metric")

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from lmgeom.errors import InputError
 from lmgeom.layerspec import LayerSpec, select_layers
-from lmgeom.calibrate import FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
+from lmgeom.calibrate import DEFAULT_METHODS, FIT_MAX_ROWS, METHODS, Calibrator, make_calibrator
 from lmgeom.calibrate.linear import MomentCalibrator
 from lmgeom.metrics.base import as_float64_rows
 from lmgeom.metrics.contextuality import sample_indexes
@@ -46,14 +46,14 @@ class CalibrationOptions:
     """What a calibration fits and measures, as one object (built by `lmgeom calibrate` from its flags
     and by `run` from its keywords, and passed whole).
 
-    `methods` to fit on each of `layers` (a `lmgeom.layerspec` spec, resolved against the store's
-    layers when it is calibrated; None: every layer of the store); the rows selected as
-    `lmgeom.engine.selection` documents (`include_punct`, `include_special`); isotropy measured on a
+    `methods` to fit on each of `layers` (default `lmgeom.calibrate.DEFAULT_METHODS`; `layers` a
+    `lmgeom.layerspec` spec, resolved against the store's layers when it is calibrated; None: every
+    layer of the store); the rows selected as `lmgeom.engine.selection` documents (`include_punct`, `include_special`); isotropy measured on a
     seeded subsample of `eval_rows` rows, the subsampling methods (cie, flow) fitted on `fit_rows`;
     `seed` for subsamples, k-means and the flow. `device`: where the calibrators that train (the
     flow) compute, as `lmgeom.device.resolve_device` reads it; it changes no recorded setting."""
 
-    methods: tuple[str, ...] = tuple(METHODS)
+    methods: tuple[str, ...] = DEFAULT_METHODS
     layers: LayerSpec = None
     include_punct: bool = False
     include_special: bool = False
