@@ -469,6 +469,20 @@ def test_extract_writes_embed_sentences_rows(tmp_path):
     assert store.meta["model_fingerprint"] != ElmoEncoder(small_model(seed=1)).model_fingerprint
 
 
+def test_an_elmo_store_and_its_results_say_its_layers_are_biLSTM_layers(tmp_path):
+    """The store and every result of it carry ELMo's own layer note, not the transformer's."""
+    from lmgeom.engine import AnalysisOptions
+    from lmgeom.stages import analyze_store
+    from lmgeom.stages.contextuality import write_contextuality
+    from lmgeom.store.layout import LAYER_NOTE
+
+    store = extract(ElmoEncoder(small_model(), model_id="elmo-small"), Corpus.from_list(SENTENCES * 3), tmp_path / "s")
+    assert "biLSTM layer l" in store.meta["layer_note"] and "transformer" not in store.meta["layer_note"]
+    written = write_contextuality(analyze_store(store, AnalysisOptions(min_contexts=2)), store, tmp_path / "s")
+    document = json.loads(next(open(path).read() for path in written if path.endswith("contextuality.json")))
+    assert document["layer_note"] == store.meta["layer_note"] != LAYER_NOTE
+
+
 def test_encoder_rows_equal_the_layers_of_the_same_batches():
     # several batches, sentences reordered by length within them: each sentence's rows must be the
     # `layers()` rows of its own batch row, token layer in both halves

@@ -28,7 +28,10 @@ class Encoder(Protocol):
 
     `settings()` is what a store records about how its vectors were made; it must include a
     `model_fingerprint` that changes whenever the weights, tokenizer or configuration do, since a
-    resumed extraction is refused when the settings differ."""
+    resumed extraction is refused when the settings differ. An encoder whose layers are not an embedding
+    output and transformer blocks may say what they are in a `layer_note` attribute (ELMo's: its
+    character-CNN layer and biLSTM layers); the store and every result of it record that note, else
+    `lmgeom.store.layout.LAYER_NOTE`."""
 
     model_id: str
     n_layers: int

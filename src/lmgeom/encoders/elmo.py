@@ -44,6 +44,8 @@ class ElmoEncoder:
         self.n_layers = model.config.n_layers + 1
         self.dim = model.config.output_dim
         self.model_fingerprint = model_fingerprint(model)
+        self.layer_note = ("layer 0 is the character-CNN token embedding (ELMo's embedding output); layer l >= 1 is "
+                           "the output of biLSTM layer l, forward and backward concatenated")
 
     @property
     def device(self) -> torch.device:

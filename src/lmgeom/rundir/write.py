@@ -42,7 +42,7 @@ def header_fields(store_meta: Mapping[str, Any] | None = None, *, kind: str | No
         "lmgeom_version": __version__,
         "model_id": meta.get("model_id"),
         "corpus_fingerprint": meta.get("corpus_fingerprint"),
-        "layer_note": LAYER_NOTE,
+        "layer_note": meta.get("layer_note") or LAYER_NOTE,
     }
 
 

@@ -92,7 +92,7 @@ class ContextualityResult:
     def to_json(self) -> dict[str, Any]:
         """The JSON payload (provenance is added by `write`)."""
         return {
-            "layer_note": LAYER_NOTE,
+            "layer_note": self.store_meta.get("layer_note") or LAYER_NOTE,
             "settings": self.settings,
             "definitions": self.definitions,
             "counts": self.counts,

@@ -140,6 +140,9 @@ class ShardWorker:
     def settings(self) -> dict[str, Any]:
         return self.encoder.settings()
 
+    def layer_note(self) -> str:
+        return str(getattr(self.encoder, "layer_note", layout.LAYER_NOTE))
+
     def encode_shard(self, url: str, settings: dict[str, Any], shard: int, first_sentence: int,
                      sentences: Sequence[Sentence]) -> dict[str, Any]:
         return encode_shard(self.encoder, url, settings, shard, first_sentence, sentences)
@@ -194,9 +197,11 @@ def extract_sharded(
                                                 max_task_retries=max_retries)
         workers = [actor.remote(make_encoder) for _ in range(num_workers)]
         encoder_settings = ray.get(workers[0].settings.remote())
+        layer_note = ray.get(workers[0].layer_note.remote())
     else:
         encoder = cast(Encoder, make_encoder) if hasattr(make_encoder, "encode") else cast(EncoderFactory, make_encoder)()
         encoder_settings = encoder.settings()
+        layer_note = str(getattr(encoder, "layer_note", layout.LAYER_NOTE))
     if not overwrite and location.exists(layout.META):
         # a resumed run keeps its shards (whatever the number of workers now), chunks and windows
         recorded = location.read_json(layout.META).get("settings", {})
@@ -207,7 +212,8 @@ def extract_sharded(
     options = resolve_shards(options, int(encoder_settings["n_layers"]), int(encoder_settings["dim"]), summary.n_sentences,
                              num_workers=num_workers)
     settings = store_settings(encoder_settings, source, summary, options)
-    with ShardedStoreWriter(location, settings=settings, overwrite=overwrite, foreign=rundir.foreign_entries) as writer:  # its lock is released however this ends
+    with ShardedStoreWriter(location, settings=settings, overwrite=overwrite, foreign=rundir.foreign_entries,
+                            layer_note=layer_note) as writer:  # its lock is released however this ends
         stage = f"extract {source.name}"
         progress.start(stage, summary.n_sentences, unit="sentences")
         if not writer.complete:

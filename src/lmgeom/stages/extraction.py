@@ -114,7 +114,8 @@ def extract(
         **sites,
     }
     with StoreWriter(Path(out), settings=settings, overwrite=overwrite, foreign=rundir.foreign_entries,
-                     expected_rows=layout.expected_rows(corpus.sentences)) as writer:  # its lock is released however this ends
+                     expected_rows=layout.expected_rows(corpus.sentences),
+                     layer_note=getattr(encoder, "layer_note", layout.LAYER_NOTE)) as writer:  # its lock is released however this ends
         stage = f"extract {corpus.name}"
         progress.start(stage, len(corpus), unit="sentences")
         if writer.complete:

@@ -57,9 +57,10 @@ def shard_ranges(n_sentences: int, shard_sentences: int) -> list[range]:
     return [range(first, min(first + shard_sentences, n_sentences)) for first in range(0, n_sentences, shard_sentences)]
 
 
-def store_meta(settings: dict[str, Any], *, created: str, generation: str, complete: bool, **extra: Any) -> dict[str, Any]:
+def store_meta(settings: dict[str, Any], *, created: str, generation: str, complete: bool,
+               layer_note: str = layout.LAYER_NOTE, **extra: Any) -> dict[str, Any]:
     return {
-        "schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__, "layer_note": layout.LAYER_NOTE,
+        "schema_version": layout.STORE_SCHEMA_VERSION, "lmgeom_version": __version__, "layer_note": layer_note,
         "layout": LAYOUT_NAME, **settings, "settings": settings, "created": created, "generation": generation,
         "complete": complete, **extra,
     }
@@ -152,10 +153,11 @@ class ShardedStoreWriter(HoldsLock):
     The driver holds the store's lock (`claim_out`) until `finalize` or `close`; shard workers write parts under it."""
 
     def __init__(self, location: Location, *, settings: dict[str, Any], overwrite: bool = False,
-                 foreign: Foreign = foreign_entries) -> None:
+                 foreign: Foreign = foreign_entries, layer_note: str = layout.LAYER_NOTE) -> None:
         if settings.get("dtype") not in layout.STORAGE_DTYPES:
             raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {settings.get('dtype')!r}")
         self.location = location
+        self.layer_note = layer_note
         self.settings = {**settings, "stored_layers": layout.stored_layers(settings)}
         self._hold(claim_out(location, overwrite=overwrite, foreign=foreign), self._open)
 
@@ -175,7 +177,8 @@ class ShardedStoreWriter(HoldsLock):
             self.complete = False
             self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self.generation = uuid.uuid4().hex
-            location.write_json(store_meta(self.settings, created=self.created, generation=self.generation, complete=False),
+            location.write_json(store_meta(self.settings, created=self.created, generation=self.generation, complete=False,
+                                           layer_note=self.layer_note),
                                 layout.META)
 
     @property
@@ -227,7 +230,8 @@ class ShardedStoreWriter(HoldsLock):
         integrity = record(self.location, chunks)
         self.complete = True
         write_meta(self.location, store_meta(
-            self.settings, created=self.created, generation=self.generation, complete=True, shards=index, **counts,
+            self.settings, created=self.created, generation=self.generation, complete=True, layer_note=self.layer_note,
+            shards=index, **counts,
             integrity=integrity, **extra_meta,
         ))
         named = {entry["part"] for entry in index} | {shard_manifest_name(shard) for shard in manifests}

@@ -126,9 +126,11 @@ class StoreWriter(HoldsLock):
     """
 
     def __init__(self, path: str | Path, *, settings: dict[str, Any], overwrite: bool = False,
-                 expected_rows: int | None = None, foreign: Foreign = foreign_entries) -> None:
+                 expected_rows: int | None = None, foreign: Foreign = foreign_entries,
+                 layer_note: str = layout.LAYER_NOTE) -> None:
         self.path = Path(path)
         self.settings = dict(settings)
+        self.layer_note = layer_note  # what layer 0 and layer l are, in the encoder's words (not a setting)
         self.expected_rows = expected_rows
         if self.settings.get("dtype") not in layout.STORAGE_DTYPES:
             raise InputError(f"storage dtype must be one of {layout.STORAGE_DTYPES}, got {self.settings.get('dtype')!r}")
@@ -292,7 +294,7 @@ class StoreWriter(HoldsLock):
         meta = {
             "schema_version": layout.STORE_SCHEMA_VERSION,
             "lmgeom_version": __version__,
-            "layer_note": layout.LAYER_NOTE,
+            "layer_note": self.layer_note,
             **self.settings,
             "settings": self.settings,
             "created": self.created,
