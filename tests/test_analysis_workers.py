@@ -63,7 +63,9 @@ def test_layers_in_worker_processes_give_the_numbers_of_one_process(tmp_path: An
     one = analyze_store(store, **options)
     progress = RecordedProgress()
     parallel = analyze_store(store, **options, num_workers=2, progress=progress)
-    assert pools == [2] and sorted(progress.notes) == ["layer 0", "layer 1", "layer 2"]
+    # what runs first, said at once, then each layer as it is done
+    assert pools == [2] and progress.notes[0] == "layer 0 first, 3 tasks on processes"
+    assert sorted(progress.notes[1:]) == ["layer 0", "layer 1", "layer 2"]
     assert list(os.scandir(scratch)) == []  # every worker removed its spools
 
     pd.testing.assert_frame_equal(parallel.summary(), one.summary(), check_exact=True)

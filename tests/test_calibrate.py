@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import warnings
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from sklearn.cluster import KMeans
@@ -21,8 +24,10 @@ from lmgeom.calibrate import (
     Whitening,
     load_calibrator,
 )
+from lmgeom.calibrate.conceptor import ConceptorNegation
 from lmgeom.calibrate.linear import default_abtt_components
 from lmgeom.cli.main import app
+from lmgeom.errors import InputError
 from lmgeom.metrics.contextuality import average_cosine
 from lmgeom.metrics.isotropy import MomentAccumulator, isoscore
 from lmgeom.stages import calibrate_store, fit_store
@@ -374,3 +379,54 @@ def lee_corpus_file(tmp_path):
     path = tmp_path / "lee40.txt"
     path.write_text("\n".join(s.text for s in lee().head(40)) + "\n")
     return path
+
+
+# ---- set_output: DataFrames in and out ------------------------------------------------------------
+
+SET_OUTPUT_CASES = [
+    (lambda: Whitening(), [f"whitening{i}" for i in range(4)]),  # principal axes: names made
+    (lambda: Whitening(n_components=2), ["whitening0", "whitening1"]),
+    (lambda: Whitening(zca=True), ["a", "b", "c", "d"]),  # rotated back: the input's coordinates
+    (lambda: AllButTheTop(n_components=1), ["a", "b", "c", "d"]),
+    (lambda: Standardize(), ["a", "b", "c", "d"]),
+    (lambda: ConceptorNegation(), ["a", "b", "c", "d"]),
+    (lambda: ClusterIsotropy(n_clusters=2, n_components=1), ["a", "b", "c", "d"]),
+    (lambda: FlowCalibrator(n_steps=1, hidden_size=8, n_epochs=1, device="cpu"), [f"flowcalibrator{i}" for i in range(4)]),
+]
+
+
+@pytest.mark.filterwarnings("ignore:X does not have valid feature names")  # sklearn's: fitted on a frame, given an array
+@pytest.mark.parametrize("make, columns", SET_OUTPUT_CASES)
+def test_set_output_pandas_gives_frames_with_kept_or_made_names(make: Any, columns: list[str]) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 4)) @ rng.normal(size=(4, 4))
+    frame = pd.DataFrame(X, columns=list("abcd"), index=np.arange(1000, 1300))
+    calibrator = make().set_output(transform="pandas")
+    out = calibrator.fit_transform(frame)
+    assert isinstance(out, pd.DataFrame) and list(out.columns) == columns
+    assert list(calibrator.get_feature_names_out()) == columns
+    assert list(calibrator.feature_names_in_) == list("abcd")
+    pd.testing.assert_index_equal(out.index, frame.index)  # the rows keep their labels
+    tensor = calibrator.transform(torch.tensor(X))  # a tensor too: a DataFrame of its values
+    assert isinstance(tensor, pd.DataFrame)
+    np.testing.assert_allclose(tensor.to_numpy(), out.to_numpy(), atol=1e-9)
+
+    calibrator.set_output(transform="default")  # arrays again, tensors for tensors, the same numbers
+    array = calibrator.transform(X)
+    assert type(array) is np.ndarray and array.shape == out.shape
+    np.testing.assert_allclose(array, out.to_numpy(), atol=1e-9)
+    back = calibrator.transform(torch.tensor(X, dtype=torch.float32))
+    assert isinstance(back, torch.Tensor) and back.dtype == torch.float32
+
+
+def test_inverse_transform_takes_the_frame_transform_returned() -> None:
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame(rng.normal(size=(200, 3)) @ rng.normal(size=(3, 3)), columns=["x", "y", "z"])
+    for calibrator in (Whitening(), Standardize()):
+        calibrator.set_output(transform="pandas")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no feature-name warning: the output's names are not the input's
+            restored = calibrator.inverse_transform(calibrator.fit_transform(frame))
+        np.testing.assert_allclose(restored, frame.to_numpy(), atol=1e-8)
+    with pytest.raises(InputError, match=r"Whitening.inverse_transform takes rows of 3 columns \(what transform returns\), got 2"):
+        Whitening().fit(frame).inverse_transform(np.zeros((2, 2)))

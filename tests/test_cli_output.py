@@ -193,10 +193,13 @@ def test_calibrate_reports_seconds_per_method(small_store):
     started = time.perf_counter()
     result = calibrate_store(small_store, CalibrationOptions(methods=tuple(methods), layers=(0, 1)), progress=progress)
     elapsed = time.perf_counter() - started
-    # a note names each fit as it starts, then its time when done (one count per fit)
+    # a note names each layer's isotropy before calibration and each fit as it starts, then its time when done (one
+    # count per fit)
     notes = [(n, note) for stage, n, note in progress.events if stage == "calibrate"]
     expected = []
     for fit in result.fits:
+        if fit["method"] == methods[0]:  # a layer's isotropy before calibration, then its fits
+            expected.append((0, f"isotropy of L{fit['layer']} before calibration"))
         expected += [(0, f"fitting L{fit['layer']} {fit['method']}"),
                      (1, f"L{fit['layer']} {fit['method']} fitted in {fit['seconds']:.1f} s")]
     assert notes == expected

@@ -18,6 +18,11 @@ ENTRY_POINTS = [
     "lmgeom.stages.extraction.extract_model",
     "lmgeom.stages.analysis.analyze_store",
     "lmgeom.report.data.load_run",
+    "lmgeom.plot.contextuality",
+    "lmgeom.plot.isotropy",
+    "lmgeom.plot.calibration",
+    "lmgeom.plot.similarity",
+    "lmgeom.plot.geometry",
 ]
 CALIBRATORS = [
     "lmgeom.calibrate.linear.Whitening",

@@ -77,6 +77,7 @@ ALLOWED = {
     "report": {"metrics", "evaluate", "rundir", "engine"},
     "stages": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine"},
     "pipeline": {"corpus", "encoders", "store", "metrics", "evaluate", "rundir", "engine", "report", "stages"},
+    "plot": {"rundir", "report"},
     "cli": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine",
             "report", "stages", "pipeline"},
 }

@@ -84,7 +84,7 @@ def sts_records() -> pd.DataFrame:
 
 
 def run_data(tmp_path: Path, **parts: Any) -> RunData:
-    given = {"summary": None, "contextuality": {"settings": {"n_samples": 100}}, "layers": contextuality_records(),
+    given = {"summary": None, "contextuality_document": {"settings": {"n_samples": 100}}, "contextuality": contextuality_records(),
              "words": None, "calibration": None, "calibration_settings": {}, "isotropy": None, "static": None,
              "sts": None, "experiments": None, "experiment_tests": None, **parts}
     return RunData(path=tmp_path, meta={"model_id": "m", "corpus_name": "c"}, **given)
@@ -167,7 +167,7 @@ def test_layer_table_headers_are_labels_and_its_values_the_records(tmp_path: Pat
 
 
 def test_mev_charts_say_why_a_variant_has_no_value_at_layer_0(tmp_path: Path) -> None:
-    run = run_data(tmp_path, layers=contextuality_records(undefined_at_0=True))
+    run = run_data(tmp_path, contextuality=contextuality_records(undefined_at_0=True))
     note = undefined_note(run, {"mev_uncentred": "uncentred", "mev_centred": "centred", "mev_svd_ratio": "SVD ratio"})
     assert note.startswith("centred and SVD ratio: undefined at layer 0 (each word's occurrences are one vector")
     assert "SelfSim 1.000" in note
@@ -256,7 +256,7 @@ def assert_text_inside(fig: Any) -> None:
 
 
 def test_png_titles_subtitles_and_labels_stay_inside_the_figure(tmp_path: Path) -> None:
-    run = run_data(tmp_path, layers=contextuality_records(undefined_at_0=True), isotropy=isotropy_records(),
+    run = run_data(tmp_path, contextuality=contextuality_records(undefined_at_0=True), isotropy=isotropy_records(),
                    calibration=calibration_records([0, 1, 3], {"whitening": 10, "abtt": 10}), sts=sts_records())
     long = Chart("long", "A title far longer than one line of a seven-inch figure holds, " * 2, "model on corpus " * 12,
                  "layer", "a y label", [layer_series("s", [0, 1], [0.1, 0.2])], note="note " * 40)
@@ -317,7 +317,7 @@ def banded_records(width: float = 0.02) -> pd.DataFrame:
 
 def banded_run(tmp_path: Path, *, per_unit: int = 1, **parts: Any) -> RunData:
     contextuality = {"settings": {"n_samples": 1000}, "counts": COUNTS, "bootstrap": {**DESIGN, "sentences_per_unit": per_unit}}
-    return run_data(tmp_path, contextuality=contextuality, layers=banded_records(), isotropy=isotropy_records(),
+    return run_data(tmp_path, contextuality_document=contextuality, contextuality=banded_records(), isotropy=isotropy_records(),
                     calibration=calibration_records([0, 1, 3], {"whitening": 10}), sts=sts_records(), **parts)
 
 

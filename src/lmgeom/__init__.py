@@ -1,6 +1,7 @@
 """lmgeom: how contextual are a language model's representations, and how is their space shaped?
 
-Top-level names are imported on first use, so `import lmgeom.metrics` does not load torch.
+Top-level names are imported on first use, so `import lmgeom.metrics` does not load torch, and
+`from lmgeom import load_run` (a run's results as DataFrames) loads neither torch nor matplotlib.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ _EXPORTS = {
     "write_store_from_arrays": "lmgeom.store",
     "extract": "lmgeom.stages",
     "run": "lmgeom.pipeline",
+    "RunResult": "lmgeom.pipeline",
+    "load_run": "lmgeom.report.data",
+    "RunData": "lmgeom.report.data",
     "analyze_store": "lmgeom.stages",
     "run_calibration": "lmgeom.stages.experiments",
     "run_layers": "lmgeom.stages.experiments",
 }
 # the sub-packages a user reaches for by name: `lmgeom.experiments.run_calibration(...)`
-_MODULES = {"experiments": "lmgeom.stages.experiments"}
+_MODULES = {"experiments": "lmgeom.stages.experiments", "plot": "lmgeom.plot"}
 
 __all__ = ["__version__", *_EXPORTS, *_MODULES]
 

@@ -15,9 +15,10 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, TransformerMixin
+import sklearn
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import Tags
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from lmgeom._version import __version__
 from lmgeom.atomic import atomic_write
@@ -41,7 +42,13 @@ class Calibrator(TransformerMixin, BaseEstimator):
     """Base of the calibrators: a scikit-learn transformer that also takes and returns torch tensors.
 
     Numpy float32 stays float32 and float64 stays float64 (the maths runs in float64); a torch
-    tensor comes back as a tensor of its own dtype on its own device."""
+    tensor comes back as a tensor of its own dtype on its own device. A pandas DataFrame is taken as
+    its values (its column names recorded in `feature_names_in_`); `set_output(transform="pandas")`
+    makes `transform` and `fit_transform` return DataFrames (of any input, a tensor's values copied
+    to the CPU), with the input's column names where the output keeps the input's coordinates
+    (`keeps_features`) and `<class name><i>` where it does not (whitening's principal axes, the
+    flow's latent space): `get_feature_names_out`. `set_output(transform="default")` returns arrays
+    (tensors for tensors) again."""
 
     _save_format: ClassVar[str] = "npz"
     # Attribute whose presence means "fitted": partial_fit on a single row sets n_features_in_
@@ -50,6 +57,42 @@ class Calibrator(TransformerMixin, BaseEstimator):
 
     collapses_on_few_rows: ClassVar[bool] = False
     """Whether the fit degenerates below `FEW_ROWS_PER_DIMENSION` rows per dimension (and so warns)."""
+
+    @property
+    def keeps_features(self) -> bool:
+        """Whether `transform`'s output columns are the input's coordinates (so keep their names)."""
+        return True
+
+    @property
+    def _n_features_out(self) -> int:
+        """The columns `transform` returns (`ClassNamePrefixFeaturesOutMixin` names that many)."""
+        return int(self.n_features_in_)
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """The names of `transform`'s output columns (what `set_output(transform="pandas")` names them).
+
+        Parameters
+        ----------
+        input_features : array-like of str or None, default None
+            The input's column names; None: `feature_names_in_` when the fit saw a DataFrame, else
+            "x0", "x1", ... Given ones must equal `feature_names_in_` where the fit recorded it.
+
+        Returns
+        -------
+        ndarray of str
+            The input's names where the output keeps the input's coordinates (`keeps_features`),
+            else "<lowercase class name><i>" for each output column (e.g. "whitening0").
+        """
+        check_is_fitted(self)
+        if self.keeps_features:
+            return OneToOneFeatureMixin.get_feature_names_out(self, input_features)
+        return ClassNamePrefixFeaturesOutMixin.get_feature_names_out(self, input_features)
+
+    def _output_container(self) -> str:
+        """What `transform` returns, as `set_output` (or sklearn's global `transform_output`) asks:
+        "default", "pandas" or "polars"."""
+        configured = getattr(self, "_sklearn_output_config", {}).get("transform")
+        return str(configured or sklearn.get_config()["transform_output"])
 
     @classmethod
     def too_few_rows(cls, n_rows: int, dim: int) -> bool:
@@ -74,12 +117,19 @@ class Calibrator(TransformerMixin, BaseEstimator):
 
     def _validate(self, X: Any, *, reset: bool, min_samples: int = 1) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
         """(checked float array, function turning a result back into X's kind: numpy or torch)."""
+        return self._validate_array(X, lambda array: validate_data(self, array, reset=reset, dtype=[np.float64, np.float32],
+                                                                   ensure_min_samples=min_samples))
+
+    @staticmethod
+    def _validate_array(X: Any, check: Callable[[Any], np.ndarray] | None = None) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+        """(X checked by `check` (default `check_array` to float32 or float64), function turning a result back into
+        X's kind: numpy or torch)."""
         torch_kind = None
         if isinstance(X, torch.Tensor):
             torch_kind = (X.dtype, X.device)
             X = X.detach().cpu()
             X = (X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float64)).numpy()
-        X = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32], ensure_min_samples=min_samples)
+        X = check(X) if check is not None else check_array(X, dtype=[np.float64, np.float32])
         input_dtype = X.dtype
 
         def restore(result: np.ndarray) -> Any:
@@ -91,10 +141,30 @@ class Calibrator(TransformerMixin, BaseEstimator):
 
         return X, restore
 
-    def _checked_input(self, X: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
-        """Fitted check + validation for transform-like methods; the array is float32 or float64."""
+    def _checked_input(self, X: Any, *, inverse: bool = False) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+        """Fitted check + validation for transform-like methods; the array is float32 or float64.
+        `inverse`: X is in the output's coordinates (`inverse_transform`), so a DataFrame's column
+        names are those of `get_feature_names_out`, not the input's, and are not compared."""
         check_is_fitted(self)
+        if inverse:
+            return self._validate_output_coordinates(X)
+        if isinstance(X, torch.Tensor) and self._output_container() != "default":
+            # `set_output` wraps `transform`'s result in a DataFrame: its values as numpy, not a tensor
+            X = X.detach().cpu()
+            X = (X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float64)).numpy()
         return self._validate(X, reset=False)
+
+    def _validate_output_coordinates(self, Z: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+        """`_validate` of rows in the output's coordinates (what `inverse_transform` takes): a
+        DataFrame's column names are not compared with the input's, its width is checked against the
+        output's."""
+        if hasattr(Z, "columns"):
+            Z = Z.to_numpy()
+        Z, restore = self._validate_array(Z)
+        if Z.shape[1] != self._n_features_out:
+            raise InputError(f"{type(self).__name__}.inverse_transform takes rows of {self._n_features_out} columns (what "
+                             f"transform returns), got {Z.shape[1]}; pass the output of transform", param="X")
+        return Z, restore
 
     @staticmethod
     def _map_rows(X: np.ndarray, function: Callable[[np.ndarray], np.ndarray], n_out: int) -> np.ndarray:

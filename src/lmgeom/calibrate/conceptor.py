@@ -78,6 +78,6 @@ class ConceptorNegation(MomentCalibrator):
 
     def inverse_transform(self, X: Any) -> Any:
         """(I - C)^-1 z = U diag(1 + alpha^2 s) U^T z: I - C has no zero eigenvalue, so nothing is lost."""
-        Z, restore = self._checked_input(X)
+        Z, restore = self._checked_input(X, inverse=True)
         inverse = (self.components_.T / self._shrinkage()) @ self.components_
         return restore(self._map_rows(Z, lambda block: block @ inverse, Z.shape[1]))

@@ -299,16 +299,23 @@ class FlowCalibrator(Calibrator):
         self.n_samples_seen_ = n_points
         return self
 
+    @property
+    def keeps_features(self) -> bool:
+        """The flow's output is its latent space, not the input's coordinates."""
+        return False
+
     def _set_module(self, flow: _Flow) -> None:
         self.module_ = flow.eval()
         self._module64 = copy.deepcopy(self.module_).double()
 
     def _prewhitened(self, X: np.ndarray) -> np.ndarray:
-        return X if self.prewhitening_ is None else self.prewhitening_.transform(X.astype(np.float64, copy=False))
+        if self.prewhitening_ is None:
+            return X
+        return np.asarray(self.prewhitening_.transform(X.astype(np.float64, copy=False)))  # an array whatever `set_output` says
 
     @torch.no_grad()
     def _apply(self, X: Any, method: str) -> tuple[np.ndarray, np.ndarray | None, Any]:
-        X, restore = self._checked_input(X)
+        X, restore = self._checked_input(X, inverse=method == "inverse")
         if method == "forward":
             X = self._prewhitened(X)
         device = next(self._module64.parameters()).device

@@ -209,6 +209,15 @@ class Whitening(MomentCalibrator):
         self.n_components_ = n_components
         self.n_samples_seen_ = moments.count
 
+    @property
+    def keeps_features(self) -> bool:
+        """ZCA rotates back into the input's coordinates; plain whitening returns principal axes."""
+        return bool(self.zca)
+
+    @property
+    def _n_features_out(self) -> int:
+        return int(self.whitening_matrix_.shape[1])
+
     def _floored_variance(self) -> np.ndarray:
         return np.maximum(self.explained_variance_, self.variance_floor_)
 
@@ -223,7 +232,7 @@ class Whitening(MomentCalibrator):
                 f"Whitening kept {self.n_components_} of {self.n_features_in_} directions, so the others are lost "
                 "and inverse_transform is not defined; fit with n_components=None to invert"
             )
-        Z, restore = self._checked_input(X)
+        Z, restore = self._checked_input(X, inverse=True)
         scale = np.sqrt(self._floored_variance())
 
         def unwhiten(block: np.ndarray) -> np.ndarray:
@@ -274,5 +283,5 @@ class Standardize(MomentCalibrator):
         return restore(self._map_rows(X, lambda block: (block - self.mean_) / self.scale_, X.shape[1]))
 
     def inverse_transform(self, X: Any) -> Any:
-        Z, restore = self._checked_input(X)
+        Z, restore = self._checked_input(X, inverse=True)
         return restore(self._map_rows(Z, lambda block: block * self.scale_ + self.mean_, Z.shape[1]))

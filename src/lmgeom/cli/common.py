@@ -34,7 +34,7 @@ from rich.progress import (
 )
 
 from lmgeom.errors import InputError, MissingDependency, Unavailable
-from lmgeom.progress import visible
+from lmgeom.progress import progress_line, visible
 
 
 class VisibleConsole(Console):
@@ -161,17 +161,12 @@ class LineProgress:
         state.done += n
         now = self._clock()
         finished = state.total > 0 and state.done >= state.total
-        if not finished and now - state.printed < self.interval:
+        # a note without an advance says what the stage does now (a flow starting its fit): shown at once
+        if not finished and not (n == 0 and note) and now - state.printed < self.interval:
             return
         state.printed = now
-        elapsed = now - state.started
-        parts = [f"{state.done:,}/{state.total:,} {state.unit}"]
-        if state.total > 0:
-            parts[0] += f" ({100 * min(state.done / state.total, 1):.0f} %)"
-        parts.append(f"{_clock_time(elapsed)} elapsed")
-        if not finished and state.done > 0 and state.total > state.done:
-            parts.append(f"ETA {_clock_time(elapsed * (state.total - state.done) / state.done)}")
-        line, note = visible(f"{stage}: " + ", ".join(parts)), visible(note)
+        line = visible(progress_line(stage, state.done, state.total, state.unit, now - state.started))
+        note = visible(note)
         if note and len(line) + 2 + len(note) <= err_console.width:
             line, note = f"{line}; {note}", ""
         err_console.print(escape(line), soft_wrap=True, highlight=False)
@@ -186,12 +181,6 @@ class _LineStage:
     started: float
     printed: float
     done: int = 0
-
-
-def _clock_time(seconds: float) -> str:
-    """h:mm:ss, as rich's bars show times."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 _NEGATED_FLAGS = {"include_punct": "--exclude-punct", "include_special": "--exclude-special",

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
                 path = render_report(run_dir, include=include, out=out, explorer_words=explorer_words,
                                      explorer_neighbours=neighbours, overwrite=overwrite, progress=progress)
             run = load_run(run_dir)
-            if run.layers is not None:
+            if run.contextuality is not None:
                 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE
 
                 table = Table(title=f"{shown(run.label)} (layer 0 = embedding output)")

@@ -7,8 +7,9 @@ import importlib.util
 import json
 import pickle
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -26,6 +27,25 @@ COMPUTE_DTYPES = {
     "gemma3": ("bfloat16", "its activations at BOS reach 68,000-104,000 in layers 8-17, beyond float16's 65,504, and "
                            "would turn into inf and spread to every position through attention"),
 }
+
+
+@contextmanager
+def hub_progress_bars_off() -> Iterator[None]:
+    """Within it, Hugging Face's own progress bars (transformers' weight loading, the Hub's downloads)
+    are off, so that only the caller's progress shows; each is restored as it was on exit."""
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as transformers_logging
+
+    hub_off, transformers_on = hub.are_progress_bars_disabled(), transformers_logging.is_progress_bar_enabled()
+    hub.disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not hub_off:
+            hub.enable_progress_bars()
+        if transformers_on:
+            transformers_logging.enable_progress_bar()
 
 
 def elmo_brown_path() -> Path:

@@ -51,6 +51,8 @@ def run_analysis(store: RepresentationStore, options: AnalysisOptions, *, execut
     progress = progress or NoProgress()
     merger = Merger(plan, rows)
     progress.start(label, len(plan.tasks), unit="tasks")
+    if plan.tasks:  # the first task may read a whole layer before anything advances: say so at once
+        progress.advance(label, 0, note=f"layer {plan.tasks[0].layer} first, {len(plan.tasks)} tasks on {executor.name}")
     for output in executor.run(store, AnalysisWork(plan, rows), plan.tasks):
         merger.add(output)
         progress.advance(label, note=f"layer {output.task.layer}")

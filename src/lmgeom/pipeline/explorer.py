@@ -84,7 +84,7 @@ def compute_explorer(run: RunData, *, top_n: int = DEFAULT_TOP_WORDS, k: int = D
         return payload
     store = RepresentationStore.open(run.path)
     # the analysis's own rows and words, with the options it recorded (its seed, samples and memory budget too)
-    options = AnalysisOptions.from_settings((run.contextuality or {}).get("settings", {}), device="cpu")  # MEV runs on the CPU
+    options = AnalysisOptions.from_settings((run.contextuality_document or {}).get("settings", {}), device="cpu")  # MEV runs on the CPU
     index = {word: i for i, word in enumerate(chosen)}
     progress = progress or NoProgress()
     progress.start("word explorer", len(payload["layers"]), unit="layers")

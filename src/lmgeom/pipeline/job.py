@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 
 from lmgeom.errors import InputError, MissingInput
 from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
 from lmgeom.corpus import require_count
-from lmgeom.progress import NoProgress, Progress
+from lmgeom.progress import NoProgress, Progress, StderrProgress
+from lmgeom.report.data import RunData, load_run
 from lmgeom.report.missing_data import skipped_inputs
 from lmgeom.stages.analysis import analyze_store
 from lmgeom.stages.contextuality import ContextualityResult
@@ -129,11 +132,15 @@ class _Steps:
                                       "steps": self.document["steps"], **inputs}, store_meta=self.store.meta)
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What `run` did: the store, the analyses, the files written (local paths, or URLs for a run on
     another filesystem), which steps ran or were skipped, the device they computed on, and the inputs
-    it did not find (`skipped_inputs`: run.json's entries, each with the `message` `lmgeom run` prints)."""
+    it did not find (`skipped_inputs`: run.json's entries, each with the `message` `lmgeom run` prints).
+
+    `run` holds every result of the run as pandas DataFrames, read back from its files as
+    `lmgeom.load_run` reads them (`RunData`: `contextuality`, `words`, `isotropy`, `calibration`,
+    `static`, `similarity`, `geometry`, `settings`, `store`); a notebook shows its summary."""
 
     store: RepresentationStore
     contextuality: ContextualityResult
@@ -144,6 +151,17 @@ class RunResult:
     device: str = "cpu"
     skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
     benchmarks: pd.DataFrame | None = None  # the static step's records of every distilled layer (static/<layer>.benchmarks.json)
+    run: RunData | None = None  # the run's results as DataFrames (`lmgeom.load_run`)
+
+    def __repr__(self) -> str:
+        steps = (f"RunResult: steps run {', '.join(self.steps_run) or 'none'}; skipped {', '.join(self.steps_skipped) or 'none'}; "
+                 f"on {self.device}")
+        return steps + ("" if self.run is None else "\n" + repr(self.run))
+
+    def _repr_html_(self) -> str:
+        steps = html.escape(f"steps run: {', '.join(self.steps_run) or 'none'}; skipped: "
+                            f"{', '.join(self.steps_skipped) or 'none'}; on {self.device}")
+        return f"<div>{steps}</div>" + ("" if self.run is None else self.run._repr_html_())
 
 
 def protocol_extraction(protocol: str | None, model: str, corpus: str | None) -> tuple[str, str | None]:
@@ -173,6 +191,8 @@ def run_device(device: str) -> str:
     return device_name(resolve_device(device))
 
 
+STEPS = ("extract", "contextuality", "isotropy", "calibration", "static_embeddings", "similarity", "geometry", "report")
+"""The steps of `run`, in order (run.json's names)."""
 _ANY_LAYERS = 1_000_000  # a layer count no model reaches: `layers` checked for its grammar before the model is known
 
 
@@ -199,7 +219,7 @@ def run(
     data_dir: str | os.PathLike[str] | None = None,
     min_coverage: str = str(DEFAULT_MIN_COVERAGE),
     permutations: int = DEFAULT_PERMUTATIONS,
-    progress: Progress | None = None,
+    progress: bool | Progress | None = True,
 ) -> RunResult:
     """The main job behind `lmgeom run`: extract a model's layers on a corpus, analyse, calibrate and report.
 
@@ -290,15 +310,18 @@ def run(
     permutations : int, default 200
         Shuffles of the similarity's permutation nulls of CKA, RSA and mutual k-NN (0: no null and no
         p-value); Procrustes takes `SimilarityOptions`' default (20).
-    progress : Progress or None, default None
-        Told of each step's progress (None: `NoProgress`, nothing reported).
+    progress : bool or Progress or None, default True
+        True: each step's progress on standard error (`lmgeom.progress.StderrProgress`: bars in a
+        notebook or on a terminal, a line every 10 s in a log), Hugging Face's own bars off while a
+        model loads; False or None: nothing reported; or any object with the `Progress` methods
+        (`start`, `advance`), told of each step's progress.
 
     Returns
     -------
     RunResult
         The store, the contextuality analysis, the per-layer summary, the files written, the steps run
-        and skipped, the device they computed on, the inputs not found and the static embeddings'
-        benchmark records.
+        and skipped, the device they computed on, the inputs not found, the static embeddings'
+        benchmark records, and `run`: every result as pandas DataFrames (`lmgeom.load_run`).
 
     Raises
     ------
@@ -308,7 +331,8 @@ def run(
         `limit` or `sample` below 1, an unknown `count_by`, `min_contexts` or `num_workers` below 1,
         `bootstrap` below 0, `confidence` outside (0, 1), `permutations` below 0, an unknown calibration
         method in `methods`, a `min_coverage` that does not read, `layers` outside the layer grammar, an
-        `include` folder that does not exist (`MissingInput`); a store of other settings in `out` without
+        `include` folder that does not exist (`MissingInput`), a `progress` that is neither a bool nor a
+        `Progress`; a store of other settings in `out` without
         `overwrite`, or files there that lmgeom did not write (`StoreExistsError`). A layer the model
         does not have is refused after the extraction, when the model's layers are known.
     """
@@ -332,7 +356,59 @@ def run(
                                param="include")
     corpus, pooling = protocol_extraction(protocol, model, corpus)
     require_count(limit, "limit")
-    progress = progress or NoProgress()
+    shown = run_progress(progress)
+    try:
+        with hub_bars_off_while(shown is not None):
+            return _run(model, corpus, pooling, out=out, limit=limit, sample=sample, device=device, analysis=analysis,
+                        protocol=protocol, seed=seed, layers=layers, store_layers=store_layers, methods=methods,
+                        include=include, overwrite=overwrite, num_workers=num_workers, data=data,
+                        min_coverage=min_coverage, permutations=permutations, progress=shown or NoProgress())
+    finally:
+        if isinstance(shown, StderrProgress):
+            shown.close()
+
+
+def run_progress(progress: bool | Progress | None) -> Progress | None:
+    """What `run(progress=...)` reports to: a `StderrProgress` for True, None (nothing) for False or
+    None, the object itself when it has the `Progress` methods; anything else is refused."""
+    if progress is True:
+        return StderrProgress()
+    if progress is False or progress is None:
+        return None
+    if callable(getattr(progress, "start", None)) and callable(getattr(progress, "advance", None)):
+        return progress
+    raise InputError(f"`progress={progress!r}` is neither True, False nor an object with the `start` and `advance` methods "
+                     "of `lmgeom.progress.Progress`; pass True (progress on standard error), False (none) or such an object",
+                     param="progress")
+
+
+@contextmanager
+def hub_bars_off_while(shown: bool) -> Iterator[None]:
+    """Hugging Face's own progress bars off (`hub_progress_bars_off`) while ours are shown."""
+    if not shown:
+        yield
+        return
+    from lmgeom.encoders.registry import hub_progress_bars_off  # transformers: a run loads a model anyway
+
+    with hub_progress_bars_off():
+        yield
+
+
+def _run(model: str, corpus: str, pooling: str | None, *, out: str | os.PathLike[str] | None, limit: int | None,
+         sample: int | None, device: str, analysis: AnalysisOptions, protocol: str | None, seed: int,
+         layers: str | Sequence[int], store_layers: str | Sequence[int] | None, methods: Sequence[str],
+         include: Sequence[str | os.PathLike[str]], overwrite: bool, num_workers: int, data: str | None,
+         min_coverage: str, permutations: int, progress: Progress) -> RunResult:
+    """`run` once its arguments are checked: every step, in order, each announced on the "run" stage
+    of `progress` as it begins (`STEPS`)."""
+    progress.start("run", len(STEPS), unit="steps")
+
+    def begin(step: str) -> None:  # the previous step done, this one shown as it begins
+        if step != STEPS[0]:
+            progress.advance("run")
+        progress.advance("run", 0, note=step)
+
+    begin("extract")
     resolved = run_device(device)
     # the statistics compute on the CPU or a CUDA device; a model on another device (mps) leaves them on the CPU
     analysis_device = resolved if resolved.startswith(("cpu", "cuda")) else "cpu"
@@ -362,6 +438,7 @@ def run(
     # (LMGEOM_DATA set, or another folder given) redoes them
     looked_in = {"data_folder": str(Path(DEFAULT_DATA_DIR if data is None else data).resolve())}
 
+    begin("contextuality")
     settings = analysis.analysis_settings()
     contextuality: ContextualityResult | None = None
     if steps.done("contextuality", settings):
@@ -377,12 +454,14 @@ def run(
     paths += [spec.at(store.url) for spec in
               (rundir.SUMMARY, rundir.CONTEXTUALITY, rundir.CONTEXTUALITY_LAYERS, rundir.CONTEXTUALITY_WORDS)]
 
+    begin("isotropy")
     settings = isotropy.to_settings()
     if not steps.done("isotropy", settings):
         started = time.perf_counter()
         steps.record("isotropy", settings, started, measure_isotropy(store, isotropy, progress=progress).paths)
     paths.append(rundir.ISOTROPY.at(store.url))
 
+    begin("calibration")
     # calibration.json also takes the fits of `lmgeom calibrate`: the step is done while the file
     # still holds the fits it made (merged, never replaced, by a later calibration of other layers)
     settings = calibration.to_settings()
@@ -392,6 +471,7 @@ def run(
         steps.record("calibration", settings, started, calibrated.paths, holds=calibrated.fits)
     paths.append(rundir.CALIBRATION.at(store.url))
 
+    begin("static_embeddings")
     settings = {**static.to_settings(), "layers": per_layer, **looked_in}
     if not steps.done("static_embeddings", settings, file_settings=static.to_settings()):
         started = time.perf_counter()
@@ -401,12 +481,14 @@ def run(
     paths += [rundir.STATIC_BENCHMARKS.at(store.url, layer=layer) for layer in per_layer]
     benchmarks = read_benchmark_records(store.url, per_layer)
 
+    begin("similarity")
     settings = similarity.to_settings()
     if not steps.done("similarity", settings):
         started = time.perf_counter()
         steps.record("similarity", settings, started,
                      write_similarity(similarity_matrix(store, None, similarity, progress=progress), store.url))
     paths.append(rundir.SIMILARITY.at(store.url))
+    begin("geometry")
     settings = {**geometry.to_settings(), **looked_in}
     if not steps.done("geometry", settings, file_settings=geometry.to_settings()):
         started = time.perf_counter()
@@ -416,10 +498,12 @@ def run(
     # read from the result files: the same whether the steps ran now or were found done
     steps.skipped_inputs = [entry.record() for entry in skipped_inputs(store.url)]
 
+    begin("report")
     # the explorer caches itself (explorer.json, by its own settings); the page is always re-rendered
     started = time.perf_counter()
     report = render_report(store.url, include=include, progress=progress)
     steps.record("report", {"include": [str(path) for path in include]}, started, [report])
     paths.append(report)
+    progress.advance("run", note="done")
     return RunResult(store, contextuality, summary, paths, steps.ran, steps.skipped, resolved, steps.skipped_inputs,
-                     benchmarks)
+                     benchmarks, load_run(store.url, include=include))

@@ -42,7 +42,7 @@ def _count(value: Any) -> str:
 
 
 def _metadata(run: RunData) -> list[tuple[str, Any]]:
-    meta, contextuality = run.meta, run.contextuality or {}
+    meta, contextuality = run.meta, run.contextuality_document or {}
     settings = contextuality.get("settings", {})
     items: list[tuple[str, Any]] = [
         ("model", run.model_id),
@@ -71,12 +71,12 @@ def _metadata(run: RunData) -> list[tuple[str, Any]]:
 def layer_table(run: RunData) -> pd.DataFrame:
     """One row per layer: its mean norm and every contextuality measure, raw and (as
     `<metric>_adjusted`, the column names of contextuality_words.csv) adjusted where it has a baseline."""
-    assert run.layers is not None
-    wide = run.layers.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
+    assert run.contextuality is not None
+    wide = run.contextuality.pivot(index="layer", columns="metric", values=["raw", "adjusted"])
     columns: dict[str, Any] = {"layer": wide.index}
-    for metric in dict.fromkeys(run.layers["metric"]):
+    for metric in dict.fromkeys(run.contextuality["metric"]):
         columns[metric] = wide[("raw", metric)].to_numpy()
-        if run.layers.loc[run.layers["metric"] == metric, "adjusted"].notna().any():
+        if run.contextuality.loc[run.contextuality["metric"] == metric, "adjusted"].notna().any():
             columns[f"{metric}_adjusted"] = wide[("adjusted", metric)].to_numpy()
     frame = pd.DataFrame(columns)
     if run.summary is not None:
@@ -274,7 +274,7 @@ def build_report(
 
     page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.name}")
     page.section("run", "Run", definition_list(_metadata(run)))
-    contextuality = run.contextuality
+    contextuality = run.contextuality_document
     if contextuality is None:
         page.section("findings", "Findings", missing(run.notes["contextuality"]))
     else:
@@ -298,9 +298,9 @@ def build_report(
                  "in three named variants; adjusted = raw minus the same variant on sampled occurrences.</p>"
                  + chart_or_note("mev") + chart_or_note("mev_adjusted"))
     for m in measures():  # any other measure a statistic declares, where this run has it
-        if m.chart and m.name not in DRAWN and run.layers is not None and (run.layers["metric"] == m.name).any():
+        if m.chart and m.name not in DRAWN and run.contextuality is not None and (run.contextuality["metric"] == m.name).any():
             page.section(m.name.replace("_", "-"), m.title, chart_or_note(m.name))
-    if run.layers is not None:
+    if run.contextuality is not None:
         page.section("layers", "All measures by layer",
                      f"<p class=\"note\">{esc(MEV_ADJ_NOTE)}.</p>" + table(labelled(layer_table(run)), digits=3))
     page.section("words", "Least and most context-specific words", _words_section(run))

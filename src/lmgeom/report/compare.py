@@ -44,9 +44,9 @@ def comparison_table(runs: Sequence[RunData]) -> pd.DataFrame:
     """Tidy rows: run, run_dir, model, corpus, layer, depth (layer / last layer), metric, raw, baseline, adjusted."""
     frames = []
     for label, run in zip(_labels(runs), runs):
-        if run.layers is None:
+        if run.contextuality is None:
             raise InputError(f"{run.path} has no {rundir.CONTEXTUALITY.name}; run `lmgeom analyze {run.path}` before comparing")
-        frame = run.layers[["layer", "metric", "raw", "baseline", "adjusted"]].copy()
+        frame = run.contextuality[["layer", "metric", "raw", "baseline", "adjusted"]].copy()
         last = int(frame["layer"].max())
         frame.insert(0, "depth", frame["layer"] / last if last > 0 else 0.0)
         frame.insert(0, "corpus", run.corpus)

@@ -7,6 +7,7 @@ writes it; a file of the wrong kind is an error naming the file.
 
 from __future__ import annotations
 
+import html
 import math
 import os
 from dataclasses import dataclass, field
@@ -29,19 +30,81 @@ PRODUCERS = {
     "experiments": rundir.EXPERIMENTS.producer,
     "explorer": rundir.EXPLORER.producer,
     "isotropy": rundir.ISOTROPY.producer,
+    "similarity": rundir.SIMILARITY.producer,
+    "geometry": rundir.GEOMETRY.producer,
 }
 LAYER0_MEAN = "layer0_mean"  # the static vectors of layer-0 means (`lmgeom.stages.static.STATIC_KINDS`)
 
 
-@dataclass
+# the results a run directory may hold, as `RunData` attributes (each a DataFrame, None when missing)
+RESULTS = ("contextuality", "words", "isotropy", "calibration", "static", "similarity", "geometry", "sts", "experiments")
+# the per-layer headline numbers of `RunData.headline`: (column, result, measure); contextuality's raw value
+HEADLINE = (("anisotropy", "contextuality", "anisotropy_exact"), ("self_similarity", "contextuality", "self_similarity"),
+            ("intra_sentence_similarity", "contextuality", "intra_sentence_similarity"),
+            ("mev", "contextuality", "mev_uncentred"), ("isoscore", "isotropy", "isoscore"),
+            ("intrinsic_dimension", "geometry", "id_twonn"))
+
+
+@dataclass(repr=False)
 class RunData:
-    """Everything the report shows about one run directory."""
+    """One run directory's results as pandas DataFrames: what `lmgeom.load_run` returns and what the
+    report shows. Layer 0 is the embedding output everywhere.
+
+    A result the run does not hold is None, and `notes` names the command that writes it; `present`
+    lists the results that are there. Every frame is read through `lmgeom.rundir`'s checked readers
+    (`load_run`), so a result of another store, corpus or settings is refused, never shown.
+
+    Attributes
+    ----------
+    path : Path or str
+        The run directory: a local `Path`, or its fsspec URL.
+    meta : dict
+        The store's meta.json ({} when the store is not in the directory); `store` is its summary.
+    summary : DataFrame or None
+        summary.json: layer, n_occurrences, mean_norm, sampled_average_cosine, average_cosine.
+    contextuality : DataFrame or None
+        contextuality.json's records, one row per layer and measure: layer, layer_name, metric, raw,
+        baseline, adjusted (raw - baseline), n, and the bootstrap interval of each (`raw_lo`, `raw_hi`,
+        `adjusted_lo`, `adjusted_hi`) when the analysis had one.
+    contextuality_document : dict or None
+        contextuality.json itself: settings, counts, findings, statements, bootstrap design.
+    words : DataFrame or None
+        contextuality_words.csv: one row per analysed word and layer (word, layer, count, contexts,
+        self_similarity, ...).
+    calibration : DataFrame or None
+        calibration.json's records: layer, method, measure, before, after, n_fit_rows, n_eval_rows.
+    calibration_settings : dict
+        calibration.json's settings ({} without it).
+    isotropy : DataFrame or None
+        isotropy.json's records: layer, measure, value, n_rows.
+    static : DataFrame or None
+        The static-embedding benchmark records of every distilled layer (static/<layer>.benchmarks.json):
+        layer, vectors, benchmark, score, coverage, ...
+    sts : DataFrame or None
+        The records of every STS results JSON at the top of the run directory.
+    experiments : DataFrame or None
+        Tidy experiment records (RUN/experiments/*/results.json and `include` folders).
+    experiment_tests : DataFrame or None
+        Each experiment configuration's test against its baseline (p-values).
+    notes : dict
+        Section -> why it is empty (the command that writes the missing file).
+    similarity : DataFrame or None
+        similarity.json's records, tidy: layer_a, layer_b, measure, value, sample_value, null,
+        null_sd, p_value, permutations, chance.
+    geometry : DataFrame or None
+        geometry.csv, tidy: layer, measure (id_twonn, id_mle, id_gride_<n2>, uniformity, median_abs,
+        ...), value, low, high.
+    settings : dict
+        Each step's settings: run.json's record of the steps of `lmgeom run` (extract, contextuality,
+        isotropy, calibration, static_embeddings, similarity, geometry, report), else what each result
+        document's provenance records.
+    """
 
     path: rundir.Target  # the run directory: a local Path, or its fsspec URL
     meta: dict[str, Any]
     summary: pd.DataFrame | None  # layer, n_occurrences, mean_norm, sampled_average_cosine, average_cosine
-    contextuality: dict[str, Any] | None  # the JSON document (settings, counts, findings, statements)
-    layers: pd.DataFrame | None  # contextuality records: layer x metric (raw, baseline, adjusted)
+    contextuality_document: dict[str, Any] | None  # the JSON document (settings, counts, findings, statements)
+    contextuality: pd.DataFrame | None  # contextuality records: layer x metric (raw, baseline, adjusted)
     words: pd.DataFrame | None  # contextuality_words.csv: word x layer
     calibration: pd.DataFrame | None  # layer x method x measure: before, after
     calibration_settings: dict[str, Any]
@@ -51,10 +114,13 @@ class RunData:
     experiments: pd.DataFrame | None  # tidy experiment records
     experiment_tests: pd.DataFrame | None  # per-configuration tests against the baseline (p-values)
     notes: dict[str, str] = field(default_factory=dict)  # section -> why it is empty
+    similarity: pd.DataFrame | None = None  # similarity.json's records: layer_a x layer_b x measure
+    geometry: pd.DataFrame | None = None  # geometry.csv: layer x measure (value, low, high)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> its settings
 
     @property
     def model_id(self) -> str:
-        for source in (self.meta, self.contextuality or {}):
+        for source in (self.meta, self.contextuality_document or {}):
             if source.get("model_id"):
                 return str(source["model_id"])
         return self.name
@@ -75,15 +141,37 @@ class RunData:
 
     @property
     def counts(self) -> dict[str, Any]:
-        return dict((self.contextuality or {}).get("counts", {}))
+        return dict((self.contextuality_document or {}).get("counts", {}))
 
     @property
     def layer_numbers(self) -> list[int]:
-        if self.layers is not None:
-            return sorted(int(layer) for layer in self.layers["layer"].unique())
+        if self.contextuality is not None:
+            return sorted(int(layer) for layer in self.contextuality["layer"].unique())
         if self.summary is not None:
             return sorted(int(layer) for layer in self.summary["layer"])
         return list(range(int(self.meta.get("n_layers", 0))))
+
+    @property
+    def store(self) -> dict[str, Any]:
+        """What the run's store is: model_id, corpus, corpus_fingerprint, n_layers (the model's, layer 0
+        included), layers (those stored), dim, n_sentences, n_tokens, n_vocab and layer_note (layer 0
+        is the embedding output); None for what meta.json does not record (no store in the folder)."""
+        meta = self.meta
+        return {"model_id": self.model_id, "corpus": self.corpus,
+                "corpus_fingerprint": meta.get("corpus_fingerprint") or (self.contextuality_document or {}).get("corpus_fingerprint"),
+                "n_layers": meta.get("n_layers"), "layers": meta.get("stored_layers", self.layer_numbers or None),
+                "dim": meta.get("dim"), "n_sentences": meta.get("n_sentences"), "n_tokens": meta.get("n_tokens"),
+                "n_vocab": meta.get("n_vocab"), "layer_note": meta.get("layer_note") or rundir.LAYER_NOTE}
+
+    @property
+    def present(self) -> list[str]:
+        """The results (`RESULTS`) this run holds, in that order."""
+        return [name for name in RESULTS if getattr(self, name) is not None]
+
+    @property
+    def missing(self) -> dict[str, str]:
+        """The results this run does not hold, each with why (the command that writes it)."""
+        return {name: self.notes.get(name, "not read") for name in RESULTS if getattr(self, name) is None}
 
     def counts_caption(self) -> str:
         """'N words, M tokens, S sentences' of the analysis (or of the store when not analysed)."""
@@ -101,10 +189,64 @@ class RunData:
 
     def metric(self, metric: str, column: str = "raw") -> pd.Series:
         """One contextuality metric by layer (empty when the run was not analysed)."""
-        if self.layers is None:
+        if self.contextuality is None:
             return pd.Series(dtype=float)
-        rows = self.layers.loc[self.layers["metric"] == metric].sort_values("layer")
+        rows = self.contextuality.loc[self.contextuality["metric"] == metric].sort_values("layer")
         return pd.Series(rows[column].to_numpy(dtype=float), index=rows["layer"].to_numpy(dtype=int), name=metric)
+
+    def headline(self) -> pd.DataFrame:
+        """One row per layer (the index; 0 = embedding output) of the run's headline numbers, where it
+        has them: anisotropy (exact mean cosine), self_similarity, intra_sentence_similarity, mev
+        (uncentred), all raw; isoscore (isotropy.json); intrinsic_dimension (TwoNN, geometry.csv)."""
+        columns: dict[str, pd.Series] = {}
+        for column, result, measure in HEADLINE:
+            frame = getattr(self, result)
+            if frame is None or frame.empty:
+                continue
+            if result == "contextuality":
+                values = self.metric(measure)
+            else:
+                rows = frame.loc[frame["measure"] == measure]
+                values = pd.Series(rows["value"].to_numpy(dtype=float), index=rows["layer"].to_numpy(dtype=int))
+            if not values.empty:
+                columns[column] = values
+        table = pd.DataFrame(columns)
+        table.index.name = "layer"
+        return table.sort_index()
+
+    def __repr__(self) -> str:
+        store = self.store
+        layers = store["layers"]
+        lines = [f"RunData: {self.label} ({rundir.target(self.path)})",
+                 f"  layers: {_layer_list(layers)} ({store['layer_note']})",
+                 f"  results: {', '.join(self.present) or 'none'}"]
+        lines += [f"  missing {name}: {why}" for name, why in self.missing.items()]
+        headline = self.headline()
+        if not headline.empty:
+            lines += ["", headline.to_string(float_format=lambda v: f"{v:.3f}")]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """The run in a notebook: model, corpus, layers, the results present and missing, the headline numbers."""
+        store = self.store
+        missing = "".join(f"<li><code>{html.escape(name)}</code>: {html.escape(why)}</li>" for name, why in self.missing.items())
+        headline = self.headline()
+        return (f"<div><strong>{html.escape(self.label)}</strong> <small>({html.escape(str(self.path))})</small><br>"
+                f"layers {html.escape(_layer_list(store['layers']))} ({html.escape(store['layer_note'])})<br>"
+                f"results: {html.escape(', '.join(self.present) or 'none')}"
+                + (f"<details><summary>missing</summary><ul>{missing}</ul></details>" if missing else "")
+                + (headline.to_html(float_format=lambda v: f"{v:.3f}", na_rep="—") if not headline.empty else "")
+                + "</div>")
+
+
+def _layer_list(layers: Sequence[int] | None) -> str:
+    """'0-3' for consecutive layers, else '0, 6, 12'."""
+    if not layers:
+        return "none"
+    values = sorted(int(layer) for layer in layers)
+    if values == list(range(values[0], values[-1] + 1)) and len(values) > 2:
+        return f"{values[0]}-{values[-1]}"
+    return ", ".join(map(str, values))
 
 
 def _frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -112,13 +254,23 @@ def _frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(records)).fillna(value=math.nan) if records else pd.DataFrame(list(records))
 
 
-def read_static(run_dir: rundir.Where) -> pd.DataFrame | None:
-    frames = []
+def _static_documents(run_dir: rundir.Where) -> list[tuple[rundir.Target, dict[str, Any]]]:
+    """(path, document) of every static/<layer>.benchmarks.json of the run, each checked (`rundir.check_result`)."""
+    documents = []
     for path in rundir.STATIC_BENCHMARKS.find(run_dir):
         document = read_json(path, rundir.STATIC_BENCHMARKS.kind)
         assert document is not None
         rundir.check_result(run_dir, path, rundir.STATIC_BENCHMARKS, document,
                             settings=rundir.run_settings(run_dir, rundir.STATIC_BENCHMARKS))
+        documents.append((path, document))
+    return documents
+
+
+def read_static(run_dir: rundir.Where, documents: Sequence[tuple[rundir.Target, dict[str, Any]]] | None = None) -> pd.DataFrame | None:
+    """The static-embedding benchmark records of every distilled layer of a run (the layer-0 means
+    once, under layer 0), or None when it has none; `documents`: those already read (`_static_documents`)."""
+    frames = []
+    for _, document in _static_documents(run_dir) if documents is None else documents:
         settings = (document.get(rundir.PROVENANCE) or {}).get("settings") or {}
         frame = _frame(document.get("records", []))
         if "min_coverage" in settings:  # the rule `enough_items` applied
@@ -233,7 +385,14 @@ def _read_records(run_dir: rundir.Where, spec: rundir.ResultFile, notes: dict[st
 
 
 def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()) -> RunData:
-    """Read every result file of a run directory; missing ones are noted with the command that writes them.
+    """A run directory's results as pandas DataFrames (`RunData`).
+
+    A missing result is None, noted with the command that writes it.
+
+    Every file is read through `lmgeom.rundir`'s checked readers: a result of another store
+    generation or corpus, one written with other settings than run.json records for its step, or
+    one whose companion tables are not those written with it is refused (`ResultFileError`). Reading
+    a run loads neither torch nor a model.
 
     Parameters
     ----------
@@ -246,8 +405,14 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
     Returns
     -------
     RunData
-        The run's result files as frames and documents; a missing one is None, with a note naming
-        the command that writes it in `notes`.
+        The run's results as frames (`contextuality`, `words`, `isotropy`, `calibration`, `static`,
+        `similarity`, `geometry`, ...), each step's `settings` and the `store`'s description; a
+        missing result is None, with a note naming the command that writes it in `notes`.
+
+    Examples
+    --------
+    >>> run = lmgeom.load_run("runs/minilm-lee")  # doctest: +SKIP
+    >>> run.contextuality.query("metric == 'self_similarity'")[["layer", "raw"]]  # doctest: +SKIP
 
     Raises
     ------
@@ -277,9 +442,10 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
 
     calibration_doc, calibration = _read_records(run_dir, rundir.CALIBRATION, notes, section="calibration")
 
-    _, isotropy = _read_records(run_dir, rundir.ISOTROPY, notes, section="isotropy")
+    isotropy_doc, isotropy = _read_records(run_dir, rundir.ISOTROPY, notes, section="isotropy")
 
-    static = read_static(run_dir)
+    static_documents = _static_documents(run_dir)
+    static = read_static(run_dir, static_documents)
     if static is None:
         notes["static"] = f"no {rundir.STATIC_BENCHMARKS.name} in {run_dir}; run `{PRODUCERS['static']}`"
     sts = _read_sts(run_dir)
@@ -291,12 +457,26 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
     if experiments is None:
         notes["experiments"] = f"no readable {rundir.EXPERIMENT_RESULTS.pattern} in {run_dir} (nor in --include folders)"
 
+    similarity_doc, similarity = _read_records(run_dir, rundir.SIMILARITY, notes, section="similarity")
+
+    geometry_doc = rundir.read_result(run_dir, rundir.GEOMETRY)
+    geometry = None
+    if geometry_doc is None:
+        notes["geometry"] = f"no {rundir.GEOMETRY.name} in {run_dir}; run `{PRODUCERS['geometry']}`"
+    else:  # its companion, whose digest the document records (checked by `read_result`)
+        geometry = rundir.read_csv(rundir.GEOMETRY_CSV.at(run_dir), rundir.GEOMETRY_CSV)
+        if geometry is None:
+            notes["geometry"] = f"no {rundir.GEOMETRY_CSV.name} beside {rundir.GEOMETRY.name}; run `{PRODUCERS['geometry']}`"
+
+    documents = {"contextuality": contextuality, "isotropy": isotropy_doc, "calibration": calibration_doc,
+                 "static_embeddings": static_documents[0][1] if static_documents else None,
+                 "similarity": similarity_doc, "geometry": geometry_doc}
     return RunData(
         path=run_dir,
         meta=rundir.read_store_meta(run_dir),
         summary=summary,
-        contextuality=contextuality,
-        layers=layers,
+        contextuality_document=contextuality,
+        contextuality=layers,
         words=words,
         calibration=calibration,
         calibration_settings=dict((calibration_doc or {}).get("settings", {})),
@@ -306,7 +486,30 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
         experiments=experiments,
         experiment_tests=experiment_tests,
         notes=notes,
+        similarity=similarity,
+        geometry=geometry,
+        settings=step_settings(run_dir, documents),
     )
+
+
+def step_settings(run_dir: rundir.Where,
+                  documents: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, dict[str, Any]]:
+    """Each step's settings: what RUN/run.json records for the steps of `lmgeom run`, and for a step it
+    does not record (a result written by `lmgeom analyze`, `calibrate`, ...) what the result document
+    `documents[step]` records in its provenance."""
+    try:
+        run = read_json(rundir.RUN.at(run_dir), rundir.RUN.kind)
+    except rundir.ResultFileError:
+        run = None
+    settings: dict[str, dict[str, Any]] = {}
+    for step, record in ((run or {}).get("steps") or {}).items():
+        if isinstance(record, Mapping) and isinstance(record.get("settings"), Mapping):
+            settings[step] = dict(record["settings"])
+    for step, document in (documents or {}).items():
+        recorded = ((document or {}).get(rundir.PROVENANCE) or {}).get("settings")
+        if step not in settings and isinstance(recorded, Mapping):
+            settings[step] = dict(recorded)
+    return settings
 
 
 def context_specific_words(words: pd.DataFrame, layer: int, *, n: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -1,6 +1,8 @@
 """Charts of a run, described once (`Chart`) and drawn twice: Plotly for the page, matplotlib for papers.
 
-The matplotlib copies (PNG and SVG) use the Agg backend, so no display or browser is needed.
+The matplotlib copies (PNG and SVG) are figures on their own Agg canvas (`new_figure`), never pyplot's,
+so no display or browser is needed and a notebook's own backend is left as it is. `draw_chart` draws
+a chart on any matplotlib Axes: the report's figures and `lmgeom.plot` share it.
 """
 
 from __future__ import annotations
@@ -12,19 +14,16 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import matplotlib
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")  # files only: no display, no browser
-
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from lmgeom.engine.registry import measure, measures  # noqa: E402
-from lmgeom.metrics.spectrum import MEV_VARIANTS  # noqa: E402
-from lmgeom.report.data import RunData  # noqa: E402
-from lmgeom.report.labels import label  # noqa: E402
-from lmgeom import rundir  # noqa: E402
+from lmgeom.engine.registry import measure, measures
+from lmgeom.metrics.spectrum import MEV_VARIANTS
+from lmgeom.report.data import RunData
+from lmgeom.report.labels import label
+from lmgeom import rundir
 
 LAYER_AXIS = "layer (layer 0 = embedding output)"
 DEPTH_AXIS = "relative depth (layer / last layer; 0 = embedding output)"
@@ -133,7 +132,7 @@ def layer_series(name: str, layers: Sequence[Any], values: Sequence[Any], *, das
 def bands_phrase(run: RunData, resampled: str) -> str:
     """What a chart's bands are: the bootstrap's level and resamples, of the units `resampled` names
     (empty when the run's analysis had no bootstrap)."""
-    design = (run.contextuality or {}).get("bootstrap")
+    design = (run.contextuality_document or {}).get("bootstrap")
     if not design:
         return ""
     rough = " (rough: fewer than 100)" if design.get("rough") else ""
@@ -144,7 +143,7 @@ def resampled_units(run: RunData, metric: str) -> str:
     """The units the bootstrap of `metric` resamples (`RESAMPLED`), in words: sentences in blocks where
     the analysis grouped them."""
     unit = RESAMPLED[metric]
-    per_unit = int(((run.contextuality or {}).get("bootstrap") or {}).get("sentences_per_unit", 1))
+    per_unit = int(((run.contextuality_document or {}).get("bootstrap") or {}).get("sentences_per_unit", 1))
     return f"blocks of {per_unit} consecutive sentences" if unit == "sentences" and per_unit > 1 else unit
 
 
@@ -180,7 +179,7 @@ def _layer_range(run: RunData) -> tuple[float, float] | None:
 
 def undefined_note(run: RunData, metrics: dict[str, str]) -> str:
     """Why a metric (named as `metrics` says) has no value at some layers, from the run's records."""
-    if run.layers is None:
+    if run.contextuality is None:
         return ""
     selfsim = run.metric("self_similarity")
     by_layers: dict[tuple[int, ...], list[str]] = {}
@@ -204,11 +203,21 @@ def undefined_note(run: RunData, metrics: dict[str, str]) -> str:
 
 def run_charts(run: RunData) -> list[Chart]:
     """The figures of the papers that this run's files support (none for a run not analysed)."""
-    if run.layers is None:
+    if run.contextuality is None:
+        return []
+    charts = [*contextuality_charts(run), *isotropy_charts(run), *calibration_charts(run), *sts_charts(run)]
+    return [chart for chart in charts if chart.has_data]
+
+
+def contextuality_charts(run: RunData) -> list[Chart]:
+    """The contextuality measures by layer (contextuality.json): anisotropy, self-similarity,
+    intra-sentence similarity, MEV raw and adjusted, and any other charted measure of the registry
+    (none for a run not analysed)."""
+    if run.contextuality is None:
         return []
     x_range = _layer_range(run)
 
-    bands = run.layers is not None and "raw_lo" in run.layers
+    bands = run.contextuality is not None and "raw_lo" in run.contextuality
 
     def metric_series(name: str, metric: str, column: str = "raw", *, dash: bool = False) -> Series:
         values = run.metric(metric, column)
@@ -221,7 +230,7 @@ def run_charts(run: RunData) -> list[Chart]:
         subtitle = chart_subtitle(run.label, counts_phrase(run, counted), bands_phrase(run, resampled) if drawn else "")
         return Chart(name, title, subtitle, LAYER_AXIS, y_label, series, note=note, x_range=x_range)
 
-    n_samples = (run.contextuality or {}).get("settings", {}).get("n_samples")
+    n_samples = (run.contextuality_document or {}).get("settings", {}).get("n_samples")
     sampled = f"sampled ({n_samples:,} occurrences, seeded)" if n_samples else "sampled"
     occurrences = f"{n_samples:,} sampled occurrences" if n_samples else "sampled occurrences"
     undefined = undefined_note(run, {f"mev_{v}": MEV_NAMES[v] for v in MEV_VARIANTS})
@@ -253,10 +262,7 @@ def run_charts(run: RunData) -> list[Chart]:
             charts.append(chart(m.name, f"{m.title}: {m.estimator}", m.y_label or m.label,
                                 [metric_series("raw", m.name), *adjusted], m.counted,
                                 resampled_units(run, m.name) if m.resampled else ""))
-    charts.extend(isotropy_charts(run))
-    charts.extend(calibration_charts(run))
-    charts.extend(sts_charts(run))
-    return [chart for chart in charts if chart.has_data]
+    return charts
 
 
 # (chart, title, y-axis label, {measure: series name}, note)
@@ -461,31 +467,29 @@ def one_line(fig: Any, text: Any, width: float) -> None:
         text.set_fontsize(text.get_fontsize() * width * fig.bbox.width / drawn)
 
 
-def draw_figure(chart: Chart) -> Any:
-    """The matplotlib figure of a chart (7 inches wide): the title (bold, wrapped), one line of
-    metadata (`Chart.subtitle`), the plot (a note above it where bands are narrower than the line)
-    and the chart's note under it. Close it with `plt.close`."""
-    titles, notes = chart.title_lines, chart.note_lines
-    title_size, subtitle_size, line_width = 10, 7, 1.5
-    header = (6 + 1.3 * title_size * len(titles) + 1.35 * subtitle_size + 6) / POINTS_PER_INCH
-    footer = (4 + 1.35 * subtitle_size * len(notes)) / POINTS_PER_INCH if notes else 0.0
-    height = 3.7 + header + footer
-    fig, ax = plt.subplots(figsize=(7.0, height), dpi=DPI)
+def new_figure(width: float, height: float, **options: Any) -> Figure:
+    """A matplotlib figure of `width` x `height` inches at `DPI` on its own Agg canvas (not pyplot's:
+    nothing to close, and the user's backend untouched); `options` as for `Figure`."""
+    fig = Figure(figsize=(width, height), dpi=DPI, **options)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+BAND_EDGE = "_band"  # the label of a band's edge lines: a leading underscore keeps them out of the legend
+
+
+def draw_chart(chart: Chart, ax: Any, *, line_width: float = 1.5, legend_size: float | None = 8) -> Any:
+    """Draw `chart` on the matplotlib Axes `ax`: one line per series (dashed where the series is), its
+    interval as a band with thin edges (labelled `BAND_EDGE`), the axis labels, integer layer ticks
+    over the chart's x range, a grid and the legend. The one drawing of a line chart: the report's
+    figures (`draw_figure`) and `lmgeom.plot` call it. Returns `ax`."""
     for series in chart.series:
         (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linewidth=line_width,
                           linestyle="--" if series.dash else "-", label=series.name)
         if series.band is not None:
             ax.fill_between(series.x, series.band[0], series.band[1], color=line.get_color(), alpha=0.2, linewidth=0)
             for bound in series.band:  # the band's edges, so that a band little wider than the line shows
-                ax.plot(series.x, bound, color=line.get_color(), linewidth=0.5, alpha=0.6)
-    top = 1 - 6 / POINTS_PER_INCH / height
-    fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15,
-             gid="title")
-    subtitle = fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, chart.subtitle,
-                        fontsize=subtitle_size, va="top", ha="left", color="#444", gid="subtitle")
-    if notes:
-        fig.text(0.01, 2 / POINTS_PER_INCH / height, "\n".join(notes), fontsize=subtitle_size, va="bottom", ha="left",
-                 color="#444", linespacing=1.2, gid="note")
+                ax.plot(series.x, bound, color=line.get_color(), linewidth=0.5, alpha=0.6, label=BAND_EDGE)
     ax.set_xlabel(chart.x_label)
     ax.set_ylabel(chart.y_label)
     extent = _x_extent(chart)
@@ -494,7 +498,31 @@ def draw_figure(chart: Chart) -> Any:
         if extent is not None:
             ax.set_xlim(extent[0] - 0.3, extent[1] + 0.3)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if chart.series:
+        ax.legend(fontsize=legend_size)
+    return ax
+
+
+def draw_figure(chart: Chart) -> Figure:
+    """The matplotlib figure of a chart (7 inches wide): the title (bold, wrapped), one line of
+    metadata (`Chart.subtitle`), the plot (`draw_chart`; a note above it where bands are narrower
+    than the line) and the chart's note under it."""
+    titles, notes = chart.title_lines, chart.note_lines
+    title_size, subtitle_size, line_width = 10, 7, 1.5
+    header = (6 + 1.3 * title_size * len(titles) + 1.35 * subtitle_size + 6) / POINTS_PER_INCH
+    footer = (4 + 1.35 * subtitle_size * len(notes)) / POINTS_PER_INCH if notes else 0.0
+    height = 3.7 + header + footer
+    fig = new_figure(7.0, height)
+    ax = fig.add_subplot()
+    draw_chart(chart, ax, line_width=line_width)
+    top = 1 - 6 / POINTS_PER_INCH / height
+    fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15,
+             gid="title")
+    subtitle = fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, chart.subtitle,
+                        fontsize=subtitle_size, va="top", ha="left", color="#444", gid="subtitle")
+    if notes:
+        fig.text(0.01, 2 / POINTS_PER_INCH / height, "\n".join(notes), fontsize=subtitle_size, va="bottom", ha="left",
+                 color="#444", linespacing=1.2, gid="note")
     layout = (0, footer / height, 1, 1 - header / height)
     fig.tight_layout(rect=layout)
     one_line(fig, subtitle, 0.98)
@@ -516,15 +544,9 @@ def save_figure(chart: Chart, folder: rundir.Where) -> list[rundir.Target]:
 
 def write_figure(fig: Any, name: str, folder: rundir.Where) -> list[rundir.Target]:
     """`figures/<name>.png` (150 dpi) and `.svg` of the matplotlib figure `fig` in `folder`, each
-    written whole; the figure is closed."""
-    try:
-        written = []
-        for ext in ("png", "svg"):
-            written.append(rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"),
-                                              rundir.figure_bytes(fig, ext, DPI)))
-        return written
-    finally:
-        plt.close(fig)
+    written whole."""
+    return [rundir.write_bytes(rundir.FIGURE.at(folder, name=f"{safe_name(name)}.{ext}"), rundir.figure_bytes(fig, ext, DPI))
+            for ext in ("png", "svg")]
 
 
 def safe_name(name: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lmgeom.report.figures import DPI, chart_subtitle, one_line, plt, safe_name, write_figure
+from lmgeom.report.figures import chart_subtitle, new_figure, one_line, safe_name, write_figure
 from lmgeom.report.html import Page, esc, missing, table
 from lmgeom.report.labels import number
 from lmgeom import rundir
@@ -110,34 +110,40 @@ def heatmap(page: Page, name: str, what: str, document: Mapping[str, Any], folde
 
 def draw_heatmap(matrix: np.ndarray, title: str, subtitle: str, ys: list[str], xs: list[str], y_title: str, x_title: str,
                  bounded: bool) -> Any:
-    """The matplotlib figure of a heatmap: the title (wrapped to the figure), one line of `subtitle`, and
-    each cell's value (2 decimals, black on light cells and white on dark ones) when the matrix has at
-    most `ANNOTATED` rows and columns. Close it with `plt.close`."""
+    """The matplotlib figure of a heatmap (`heatmap_on`): the title (wrapped to the figure), one line of
+    `subtitle` and a colour bar."""
     width = max(4.5, 1.6 + 0.4 * len(xs))
-    fig, axis = plt.subplots(figsize=(width, 1.8 + 0.4 * len(ys)), dpi=DPI, constrained_layout=True)
-    try:
-        image = axis.imshow(matrix, vmin=0, vmax=1 if bounded else np.pi / 2, cmap="viridis")
-        axis.set_xticks(range(len(xs)), xs)
-        axis.set_yticks(range(len(ys)), ys)
-        axis.set_xlabel(x_title)
-        axis.set_ylabel(y_title)
-        # about 14 characters of 9 pt bold text per inch
-        fig.suptitle(textwrap.fill(title, max(20, int(width * 14))), fontsize=9, weight="bold", gid="title")
-        line = axis.set_title(subtitle, fontsize=7, color="#444", loc="left", gid="subtitle")
-        fig.colorbar(image, ax=axis)
-        if len(ys) <= ANNOTATED and len(xs) <= ANNOTATED:
-            for (row, column), value in np.ndenumerate(matrix):
-                if np.isfinite(value):
-                    red, green, blue, _ = image.cmap(image.norm(value))
-                    light = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.5
-                    axis.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                              color="black" if light else "white", gid="cell")
-        fig.canvas.draw()  # the layout: where the axes start
-        one_line(fig, line, 0.98 - axis.bbox.x0 / fig.bbox.width)
-    except BaseException:
-        plt.close(fig)
-        raise
+    fig = new_figure(width, 1.8 + 0.4 * len(ys), layout="constrained")
+    axis = fig.add_subplot()
+    image = heatmap_on(axis, matrix, ys, xs, y_title, x_title, bounded)
+    # about 14 characters of 9 pt bold text per inch
+    fig.suptitle(textwrap.fill(title, max(20, int(width * 14))), fontsize=9, weight="bold", gid="title")
+    line = axis.set_title(subtitle, fontsize=7, color="#444", loc="left", gid="subtitle")
+    fig.colorbar(image, ax=axis)
+    fig.canvas.draw()  # the layout: where the axes start
+    one_line(fig, line, 0.98 - axis.bbox.x0 / fig.bbox.width)
     return fig
+
+
+def heatmap_on(axis: Any, matrix: np.ndarray, ys: Sequence[str], xs: Sequence[str], y_title: str, x_title: str,
+               bounded: bool) -> Any:
+    """Draw a similarity matrix on the matplotlib Axes `axis`: rows `ys`, columns `xs`, viridis from 0 to 1
+    (to pi / 2 unless `bounded`: the Procrustes distance), and each cell's value (2 decimals, black on
+    light cells and white on dark ones) when the matrix has at most `ANNOTATED` rows and columns. The
+    one drawing of a heatmap: the report's figures and `lmgeom.plot.similarity` call it. Returns the image."""
+    image = axis.imshow(matrix, vmin=0, vmax=1 if bounded else np.pi / 2, cmap="viridis")
+    axis.set_xticks(range(len(xs)), list(xs))
+    axis.set_yticks(range(len(ys)), list(ys))
+    axis.set_xlabel(x_title)
+    axis.set_ylabel(y_title)
+    if len(ys) <= ANNOTATED and len(xs) <= ANNOTATED:
+        for (row, column), value in np.ndenumerate(matrix):
+            if np.isfinite(value):
+                red, green, blue, _ = image.cmap(image.norm(value))
+                light = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.5
+                axis.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                          color="black" if light else "white", gid="cell")
+    return image
 
 
 def summary_table(document: Mapping[str, Any]) -> str:

@@ -46,7 +46,7 @@ lmgeom wrote, and the refusal to overwrite what it did not). Every public name i
 from __future__ import annotations
 
 from lmgeom.rundir.files import (  # noqa: F401
-    SCHEMA_VERSION, Target, Where, layer_name, target, relative_to, exists, link, name_of, ResultFile, RUN,
+    SCHEMA_VERSION, LAYER_NOTE, Target, Where, layer_name, target, relative_to, exists, link, name_of, ResultFile, RUN,
     SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, CALIBRATION,
     CALIBRATION_CSV, CALIBRATORS, CALIBRATOR, STATIC, STATIC_VECTORS, STATIC_TEXT, STATIC_BENCHMARKS,
     STATIC_BENCHMARKS_CSV, GEOMETRY, GEOMETRY_CSV, STS_CSV_SUFFIX, STS, EXPERIMENTS, EXPERIMENT_RESULTS,
@@ -72,7 +72,7 @@ from lmgeom.rundir.ownership import (  # noqa: F401
 )
 
 __all__ = [
-    "SCHEMA_VERSION", "Target", "Where", "layer_name", "target", "relative_to", "exists", "link", "name_of",
+    "SCHEMA_VERSION", "LAYER_NOTE", "Target", "Where", "layer_name", "target", "relative_to", "exists", "link", "name_of",
     "ResultFile", "RUN", "SUMMARY", "CONTEXTUALITY", "CONTEXTUALITY_LAYERS", "CONTEXTUALITY_WORDS", "ISOTROPY",
     "ISOTROPY_CSV", "CALIBRATION", "CALIBRATION_CSV", "CALIBRATORS", "CALIBRATOR", "STATIC", "STATIC_VECTORS",
     "STATIC_TEXT", "STATIC_BENCHMARKS", "STATIC_BENCHMARKS_CSV", "GEOMETRY", "GEOMETRY_CSV", "STS_CSV_SUFFIX",

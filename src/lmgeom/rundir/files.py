@@ -18,6 +18,9 @@ from lmgeom.store.location import Location, is_url
 
 SCHEMA_VERSION = 1
 
+LAYER_NOTE = layout.LAYER_NOTE
+"""What the layer numbers are (layer 0 the embedding output), as every document records it."""
+
 Target = Union[Path, str]
 """Where a result file is: a local `Path`, or the file's fsspec URL in a run on another filesystem."""
 Where = Union[str, "os.PathLike[str]", Location]

@@ -230,6 +230,7 @@ def calibrate_store(
     records: list[dict[str, Any]] = []
     fits: list[dict[str, Any]] = []
     for layer in layers:
+        progress.advance("calibrate", 0, note=f"isotropy of L{layer} before calibration")
         X_eval = as_float64_rows(store.rows(layer, eval_sample), name="store rows", layer=layer)
         before = isotropy_report(X_eval, seed=seed, max_rows=None)
         for method in methods:
