@@ -194,6 +194,9 @@ def _clock_time(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+SITES_READ_HELP = ("the capture site to read, one of those the store holds (resid_post, the default; see "
+                   "`lmgeom extract --sites`); another site needs --out")
+
 _NEGATED_FLAGS = {"include_punct": "--exclude-punct", "include_special": "--exclude-special",
                   "exclude_first_word": "--exclude-first-word"}
 """Parameters whose False is a flag of its own rather than `--no-NAME` (`exclude_first_word=False` is
