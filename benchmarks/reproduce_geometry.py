@@ -1,5 +1,6 @@
 """The geometry tables of docs/metrics.md (similarity between layers and models, the intrinsic-
-dimension profile over depth, and whether it picks the best probing layer) from committed files.
+dimension profile over depth, whether it picks the best probing layer, and the controls beside the
+trained model) from committed files.
 
     python benchmarks/reproduce_geometry.py           writes the marked blocks into the doc and
                                                       the CKA heatmaps into docs/reproduction/figures/
@@ -7,7 +8,9 @@ dimension profile over depth, and whether it picks the best probing layer) from 
 
 Sources: `lmgeom similarity` results (docs/reproduction/results/similarity-*/similarity.json),
 `lmgeom geometry` results (docs/reproduction/results/geometry-*/geometry.json) and the layer
-experiments' results (docs/reproduction/results/layers-*/results.json);
+experiments' results (docs/reproduction/results/layers-*/results.json), the controls' `lmgeom run
+--control` results (docs/reproduction/results/controls-minilm-lee/*/) beside the main job's
+(docs/reproduction/results/ethayarajh-minilm-lee/);
 docs/reproduction/results/COMMANDS.md lists the command of each run.
 """
 
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown  # noqa: E402
+from reproduce_common import ROOT, RESULTS, Documents, load_json, main, markdown, number  # noqa: E402
 
 DOC = "docs/metrics.md"
 FIGURES = ROOT / "docs" / "reproduction" / "figures"
@@ -156,6 +159,45 @@ def probe_tables() -> str:
     return table + "\n\n" + "\n".join(lines)
 
 
+# MiniLM x Lee: the main job's run and its controls (`lmgeom run --control`), (results folder, column label)
+CONTROLS = (("ethayarajh-minilm-lee", "trained"), ("controls-minilm-lee/random-init", "random-init"),
+            ("controls-minilm-lee/shuffled", "shuffled"))
+# (file, metric or measure, value column, table label): the contextuality and isotropy numbers compared
+CONTROL_MEASURES = (("contextuality", "anisotropy_exact", "raw", "anisotropy (mean cosine)"),
+                    ("contextuality", "self_similarity", "adjusted", "SelfSim adj"),
+                    ("contextuality", "intra_sentence_similarity", "adjusted", "IntraSim adj"),
+                    ("contextuality", "mev_svd_ratio", "adjusted", "MEV svd_ratio adj"),
+                    ("isotropy", "isoscore", "value", "IsoScore"),
+                    ("isotropy", "top1_variance_share", "value", "top-1 variance share"))
+
+
+def _control_values(run: str) -> dict[tuple[str, int], float | None]:
+    """(metric or measure, layer) -> value, from a run's contextuality.json and isotropy.json."""
+    values: dict[tuple[str, int], float | None] = {}
+    for record in load_json(RESULTS / run / "contextuality.json")["records"]:
+        for column in ("raw", "adjusted"):
+            values[f"{record['metric']}:{column}", int(record["layer"])] = record[column]
+    for record in load_json(RESULTS / run / "isotropy.json")["records"]:
+        values[f"{record['measure']}:value", int(record["layer"])] = record["value"]
+    return values
+
+
+def controls_tables() -> dict[str, str]:
+    """Per measure, MiniLM x Lee layer by layer: the trained model, its random-init control and its
+    shuffled-words control (one table per measure, the three side by side), and the controls' settings."""
+    runs = {label: _control_values(run) for run, label in CONTROLS}
+    for run, label in CONTROLS[1:]:
+        control = load_json(RESULTS / run / "contextuality.json").get("control") or {}
+        if control.get("name") != label:
+            raise SystemExit(f"{run}: its contextuality.json records control {control.get('name')!r}, not {label!r}")
+    layers = sorted({layer for _, layer in runs["trained"]})
+    blocks = {}
+    for _, metric, column, label in CONTROL_MEASURES:
+        rows = [[layer, *[number(runs[name].get((f"{metric}:{column}", layer))) for _, name in CONTROLS]] for layer in layers]
+        blocks[f"controls-{metric}"] = markdown([f"{label}: layer", *[name for _, name in CONTROLS]], rows)
+    return blocks
+
+
 def build() -> Documents:
     blocks = {run: within_table(run) for run, _ in WITHIN}
     for run, label_a, label_b in ACROSS:
@@ -165,6 +207,7 @@ def build() -> Documents:
     blocks["model-matrix"] = model_matrix()
     blocks.update({f"id-{run}": profile_table(run) for run, _ in PROFILES})
     blocks["id-probes"] = probe_tables()
+    blocks.update(controls_tables())
     return {DOC: blocks}
 
 

@@ -324,3 +324,19 @@ def test_fewer_than_100_resamples_warn_once_and_are_flagged_rough(tmp_path):
     assert flat.count("warning:") == 1 and warning in flat  # once
     assert "B=5 — rough, fewer than 100 resamples" in outcome.stdout
     assert any(line.startswith("note: rough intervals: --bootstrap 5") for line in outcome.stdout.splitlines())
+
+
+def test_lanczos_that_reaches_its_last_step_ends_with_the_exact_top_eigenpair() -> None:
+    """Rows whose spectrum is nearly flat (a random-init model's): no resample converges before the last
+    Lanczos step, which must end the iteration (not index a basis vector past it) and hand the resamples
+    to the exact solution."""
+    from lmgeom.metrics.bootstrap import DENSE_DIM, _scatter, _top_eigenpairs
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, DENSE_DIM + 16))
+    m = rng.poisson(1.0, size=(3, len(X))).astype(np.float64)
+    values, vectors = _top_eigenpairs(X, m, X.sum(axis=0), centred=False, max_steps=5)
+    for b in range(len(m)):
+        eigenvalues, eigenvectors = np.linalg.eigh(_scatter(X, m[b], False))
+        assert values[b] == pytest.approx(eigenvalues[-1], rel=1e-10)
+        assert abs(vectors[b] @ eigenvectors[:, -1]) == pytest.approx(1.0, abs=1e-8)

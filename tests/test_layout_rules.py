@@ -81,7 +81,7 @@ ALLOWED = {
     "cli": {"corpus", "encoders", "elmo", "mix", "store", "metrics", "calibrate", "evaluate", "finetune", "rundir", "engine",
             "report", "stages", "pipeline"},
 }
-SHARED = {"_lazy", "_version", "atomic", "device", "errors", "layerspec", "progress", "sitespec", "threads"}
+SHARED = {"_lazy", "_version", "atomic", "controlspec", "device", "errors", "layerspec", "progress", "sitespec", "threads"}
 PURE = {"metrics", "calibrate", "evaluate"}
 
 

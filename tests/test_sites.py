@@ -351,6 +351,78 @@ def test_bad_sites_are_refused_naming_the_option(tmp_path, cli_store):
     assert no_out.exit_code == 2 and "give --out" in flat(no_out.output)
 
 
+def test_geometry_command_reads_a_site(cli_store, tmp_path):
+    out, _ = cli_store
+    common = ["--bootstrap", "0", "--rows", "300", "--min-contexts", "2", "--device", "cpu", "--max-sentences", "40"]
+    result = runner.invoke(app, ["geometry", str(out), "--sites", "attn_out", "--out", str(tmp_path / "attn"), *common])
+    assert result.exit_code == 0, result.output
+    document = json.loads((tmp_path / "attn" / "geometry.json").read_text())
+    assert document["provenance"]["settings"]["site"] == "attn_out"
+    assert sorted(int(layer) for layer in (record["layer"] for record in document["layers"])) == [1, 2, 3]
+    post = runner.invoke(app, ["geometry", str(out), "--out", str(tmp_path / "post"), *common])
+    assert post.exit_code == 0, post.output
+    resid = json.loads((tmp_path / "post" / "geometry.json").read_text())
+    assert "site" not in resid["provenance"]["settings"]
+    assert sorted(record["layer"] for record in resid["layers"]) == [0, 1, 2, 3]
+    by_layer = {record["layer"]: record for record in resid["layers"]}
+    assert all(by_layer[r["layer"]]["median_abs"] != r["median_abs"] for r in document["layers"])
+    no_out = runner.invoke(app, ["geometry", str(out), "--sites", "attn_out", *common])
+    assert no_out.exit_code == 2 and "--out" in flat(no_out.output) and "--sites" in flat(no_out.output)
+    missing = runner.invoke(app, ["geometry", str(out), "--sites", "resid_mid", "--out", str(tmp_path / "m"), *common])
+    assert missing.exit_code == 2 and "--sites" in flat(missing.output)
+
+
+@pytest.mark.parametrize("command", ["calibrate", "similarity"])
+def test_commands_that_read_resid_post_only_refuse_another_site(cli_store, command):
+    out, _ = cli_store
+    result = runner.invoke(app, [command, str(out), "--sites", "attn_out"])
+    assert result.exit_code == 2
+    text = flat(result.output)
+    assert "--sites" in text and f"{command} reads resid_post only" in text and "lmgeom geometry" in text
+
+
+def test_run_analyses_each_site_in_a_folder_of_its_own(tmp_path):
+    from lmgeom.pipeline import run
+
+    options = dict(limit=30, device="cpu", min_contexts=2, layers="0,3", num_workers=1, bootstrap=0, permutations=0,
+                   methods=("whitening",))
+    out = tmp_path / "run"
+    result = run("tiny-gpt2", "lee", out=out, sites="attn_out", **options)
+    assert result.store.sites == ["resid_post", "attn_out"]
+    assert {"contextuality@attn_out", "isotropy@attn_out"} <= set(result.steps_run)
+    site = json.loads((out / "site_results" / "attn_out" / "contextuality.json").read_text())
+    assert site["settings"]["site"] == "attn_out" and sorted({r["layer"] for r in site["records"]}) == [1, 2, 3]
+    isotropy = json.loads((out / "site_results" / "attn_out" / "isotropy.json").read_text())
+    assert isotropy["provenance"]["settings"]["site"] == "attn_out"
+    assert sorted({r["layer"] for r in isotropy["records"]}) == [1, 2, 3]
+    # the default outputs stay resid_post's, with no site in their settings
+    main = json.loads((out / "contextuality.json").read_text())
+    assert "site" not in main["settings"] and sorted({r["layer"] for r in main["records"]}) == [0, 1, 2, 3]
+    by_layer = {(r["layer"], r["metric"]): r["raw"] for r in main["records"]}
+    assert all(by_layer[r["layer"], r["metric"]] != r["raw"] for r in site["records"] if r["metric"] == "self_similarity")
+    # the site's numbers are those of `analyze --sites` at the same options
+    store = RepresentationStore.open(out)
+    from lmgeom.engine import AnalysisOptions
+    from lmgeom.stages.analysis import analyze_store
+
+    alone = analyze_store(store, AnalysisOptions(min_contexts=2, bootstrap=0, num_workers=1, device="cpu", site="attn_out"))
+    expected = alone.contextuality.set_index(["layer", "metric"])["raw"]
+    for record in site["records"]:
+        assert record["raw"] == pytest.approx(expected[record["layer"], record["metric"]], rel=1e-12, nan_ok=True)
+    page = (out / "report.html").read_text()
+    assert "Capture sites" in page and "attn_out: Self-similarity" in page
+    assert (out / "figures" / "site_attn_out_self_similarity.png").exists()
+    again = run("tiny-gpt2", "lee", out=out, sites="attn_out", **options)
+    assert {"contextuality@attn_out", "isotropy@attn_out"} <= set(again.steps_skipped)
+
+
+def test_run_refuses_a_bad_site_before_extracting(tmp_path):
+    result = runner.invoke(app, ["run", "--model", "tiny-gpt2", "--limit", "5", "--out", str(tmp_path / "r"),
+                                 "--sites", "attn"])
+    assert result.exit_code == 2 and "--sites" in flat(result.output)
+    assert not (tmp_path / "r").exists()
+
+
 # ---- real models ------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

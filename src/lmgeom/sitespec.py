@@ -83,10 +83,16 @@ def is_module_path(site: str) -> bool:
     return site not in NAMED_SITES
 
 
+def site_name(site: str) -> str:
+    """A site's name as a folder name: every character but letters, digits, `.`, `_` and `-` written
+    `_` (`h._i_.mlp` for `h.{i}.mlp`); the last part of `site_folder`."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", site)
+
+
 def site_folder(site: str) -> str:
     """The folder, below a store, holding a site's layer arrays: `layers` for `resid_post`, else
     `sites/<name>` with every character but letters, digits, `.`, `_` and `-` written `_`
     (`sites/h._i_.mlp` for `h.{i}.mlp`)."""
     if site == DEFAULT_SITE:
         return "layers"
-    return f"{SITES_FOLDER}/{re.sub(r'[^A-Za-z0-9._-]', '_', site)}"
+    return f"{SITES_FOLDER}/{site_name(site)}"

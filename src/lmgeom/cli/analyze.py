@@ -212,15 +212,28 @@ def print_intervals(result: ContextualityResult) -> None:
         console.print(f"note: {shown(cli_text(design['rough'], ('bootstrap',)))}", soft_wrap=True, highlight=False)
 
 
-def one_site(sites: str) -> str:
-    """The one capture site of `--sites` that `analyze` reads (its results are of one site)."""
+def one_site(sites: str, command: str = "analyze") -> str:
+    """The one capture site of `--sites` that `command` reads (its results are of one site)."""
     from lmgeom.errors import InputError
 
     names = split_list(sites)
     if len(names) != 1:
-        raise InputError(f"`site`: analyze reads one site at a time; got {', '.join(names) or 'none'}; run it once per "
+        raise InputError(f"`site`: {command} reads one site at a time; got {', '.join(names) or 'none'}; run it once per "
                          "site, each with its own --out", param="site")
     return names[0]
+
+
+def resid_post_only(sites: str, command: str) -> None:
+    """`command` reads `resid_post` only (its reads do not go through the engine's `site`): any other
+    `--sites` is refused, naming the commands that read a site."""
+    from lmgeom.errors import InputError
+    from lmgeom.sitespec import DEFAULT_SITE
+
+    names = split_list(sites)
+    if names != [DEFAULT_SITE]:
+        raise InputError(f"`site` {','.join(names) or 'none'}: {command} reads resid_post only; analyse another capture "
+                         "site with `lmgeom analyze STORE --sites SITE --out DIR` or `lmgeom geometry STORE --sites SITE "
+                         "--out DIR`, or leave --sites out", param="site")
 
 
 def register(app: typer.Typer) -> None:

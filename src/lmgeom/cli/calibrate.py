@@ -75,6 +75,8 @@ def register(app: typer.Typer) -> None:
         eval_rows: Optional[int] = typer.Option(None, min=2, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
         fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample of rows that cie and flow fit on (the others stream over all rows)"),
         seed: int = typer.Option(0, min=0, help="seed for subsamples, k-means and the flow"),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help="the capture site: resid_post only "
+                                  "(calibrate reads no other; analyze and geometry do)"),
     ) -> None:
         """Fit isotropy calibrators per layer (whitening and all-but-the-top unless --methods names
         others: cie, flow, standardize, conceptor, or all); merges the records
@@ -83,7 +85,10 @@ def register(app: typer.Typer) -> None:
         from lmgeom.stages import calibrate_store
         from lmgeom.stages.calibration import CalibrationOptions
 
+        from lmgeom.cli.analyze import resid_post_only
+
         with user_errors(), RichProgress() as progress:
+            resid_post_only(sites, "calibrate")
             options = CalibrationOptions(
                 methods=parse_methods(method), layers=layers, include_punct=include_punct,
                 include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows,

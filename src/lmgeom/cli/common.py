@@ -183,6 +183,9 @@ class _LineStage:
     done: int = 0
 
 
+SITES_READ_HELP = ("the capture site to read, one of those the store holds (resid_post, the default; see "
+                   "`lmgeom extract --sites`); another site needs --out")
+
 _NEGATED_FLAGS = {"include_punct": "--exclude-punct", "include_special": "--exclude-special",
                   "exclude_first_word": "--exclude-first-word"}
 """Parameters whose False is a flag of its own rather than `--no-NAME` (`exclude_first_word=False` is

@@ -74,7 +74,7 @@ def print_store(store: RepresentationStore) -> None:
            + (f", {meta['n_truncated_words']} words longer than a window pooled from one window's pieces"
               if meta.get("n_truncated_words") else "") if meta.get("max_length") else
            "words are the model's own tokens")
-        + sites_clause(store)
+        + sites_clause(store) + control_clause(meta)
     )
 
 
@@ -90,6 +90,18 @@ SITES_HELP = ("where in each block to capture, comma-separated: resid_post (defa
               "PATH:input for a module's input); see docs/models.md, Capture sites")
 STORE_LAYERS_HELP = f"{LAYERS_HELP.replace('layers:', 'layers to store:')} (every:K keeps 0 and the last)"
 CORPUS_PANEL, MODEL_PANEL, STORE_PANEL, RAY_PANEL = "Corpus", "Model", "Store", "Ray (--engine ray)"
+CONTROL_PANEL = "Control"
+CONTROL_HELP = ("a control instead of the model: random-init (its config and tokenizer, seeded random weights) or "
+                "shuffled (each sentence's words shuffled, seeded); see docs/metrics.md, Controls")
+CONTROL_SEED_HELP = "seed of the control's random weights or shuffles"
+
+
+def control_clause(meta: dict[str, Any]) -> str:
+    """"; control: random-init (seed 0)" for a control's store (`lmgeom.controlspec`), else ""."""
+    from lmgeom.controlspec import control_label
+
+    label = control_label(meta.get("control"))
+    return f"; {label}" if label else ""
 
 
 def register(app: typer.Typer) -> None:
@@ -130,6 +142,8 @@ def register(app: typer.Typer) -> None:
         num_workers: int = typer.Option(1, min=1, help="--engine ray: actors, each holding one model", rich_help_panel=RAY_PANEL),
         gpus_per_worker: float = typer.Option(0.0, min=0.0, help="--engine ray: GPUs per actor", rich_help_panel=RAY_PANEL),
         shard_sentences: Optional[int] = typer.Option(None, min=1, help="--engine ray or an object-store --out: sentences per shard (default: 4 shards a worker, 1-16 chunks)", rich_help_panel=RAY_PANEL),
+        control: Optional[str] = typer.Option(None, metavar="<control>", help=CONTROL_HELP, rich_help_panel=CONTROL_PANEL),
+        control_seed: int = typer.Option(0, min=0, metavar="<int>", help=CONTROL_SEED_HELP, rich_help_panel=CONTROL_PANEL),
     ) -> None:
         """Encode a corpus with every layer of a model into a resumable store."""
         from lmgeom.corpus.builtin import check_corpus_spec
@@ -148,7 +162,7 @@ def register(app: typer.Typer) -> None:
                 field=field, pretokenized=pretokenized, limit=limit, sample=sample, seed=seed, storage_dtype=storage_dtype,
                 store_layers=store_layers, sites=sites, compress=compress, chunk_sentences=chunk_sentences, sort_window=sort_window,
                 engine=engine, ray_address=ray_address, num_workers=num_workers, gpus_per_worker=gpus_per_worker,
-                shard_sentences=shard_sentences,
+                shard_sentences=shard_sentences, control=control, control_seed=control_seed,
             )
             encoder = EncoderOptions(
                 device=device, compute_dtype=compute_dtype, pooling=pooling, keep_special=include_special,
@@ -197,6 +211,10 @@ def register(app: typer.Typer) -> None:
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: the word benchmarks, and "
                                                 "stsbenchmark/ for alignment"),
         min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),
+        control: Optional[str] = typer.Option(None, metavar="<control>", help=CONTROL_HELP),
+        control_seed: int = typer.Option(0, min=0, metavar="<int>", help=CONTROL_SEED_HELP),
+        sites: Optional[str] = typer.Option(None, metavar="<sites>", help=f"{SITES_HELP}; each is analysed too "
+                                            "(contextuality, isotropy) into RUN/site_results/<site>/"),
     ) -> None:
         """The main job: extract every layer of a model (--model) on a corpus (--corpus), measure how
         contextual and how isotropic each layer is, calibrate, distil static embeddings, and write
@@ -218,7 +236,8 @@ def register(app: typer.Typer) -> None:
                          count_by=count_by, protocol=protocol, seed=seed,
                          layers=layers, store_layers=store_layers, methods=parse_methods(methods), include=include,
                          overwrite=overwrite, num_workers=num_workers, bootstrap=bootstrap, confidence=confidence,
-                         data_dir=data_dir, min_coverage=min_coverage, permutations=permutations, progress=progress)
+                         data_dir=data_dir, min_coverage=min_coverage, permutations=permutations, control=control,
+                         control_seed=control_seed, sites=sites, progress=progress)
         print_store(result.store)
         meta = result.store.meta
         summary = result.contextuality.summary().set_index("layer")
@@ -228,7 +247,8 @@ def register(app: typer.Typer) -> None:
         below = (f"; below a value: its {design['level']:.0%} percentile bootstrap interval (B={design['B']:,}"
                  f"{', rough: fewer than 100 resamples' if design.get('rough') else ''})"
                  if intervals is not None and design else "")
-        table = Table(title=f"{shown(meta['model_id'])} on {shown(meta['corpus_name'])} (layer 0 = embedding output; adj = minus baseline{below})")
+        table = Table(title=f"{shown(meta['model_id'])} on {shown(meta['corpus_name'])}{shown(control_clause(meta))} (layer 0 = "
+                            f"embedding output; adj = minus baseline{below})")
 
         def cell(layer: int, column: str) -> str:
             value = summary.loc[layer, column]

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 import typer
 from rich.table import Table
 
-from lmgeom.cli.common import DATA_DIR_HELP, ROWS_HELP, RichProgress, cli_text, console, old_spellings, user_errors, url_form
+from lmgeom.cli.common import (DATA_DIR_HELP, ROWS_HELP, SITES_READ_HELP, RichProgress, cli_text, console, old_spellings,
+                               user_errors, url_form)
 
 if TYPE_CHECKING:
     from lmgeom.stages.geometry import GeometryResult
@@ -145,18 +146,27 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", help="where the k-NN search runs: cpu, cuda, cuda:N or auto"),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: stsbenchmark/ for alignment"),
         model_weights: bool = typer.Option(False, "--model-weights", help="also the LayerNorm-weight outliers of the store's model (loads it)"),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help=SITES_READ_HELP),
     ) -> None:
         """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
         uniformity and alignment of every layer, written to geometry.json and geometry.csv."""
+        from lmgeom.cli.analyze import one_site
         from lmgeom.engine import AnalysisOptions
+        from lmgeom.errors import InputError
         from lmgeom.stages.geometry import GeometryOptions, measure_geometry
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
-            store = RepresentationStore.open(store_path)
+            site = one_site(sites, "geometry")
             analysis = AnalysisOptions(geometry_rows=rows, top_activations=top_k, min_contexts=min_contexts,
                                        include_punct=include_punct, include_special=include_special,
-                                       exclude_first_word=exclude_first_word, seed=seed, device=device)
+                                       exclude_first_word=exclude_first_word, seed=seed, device=device, site=site)
+            if site != "resid_post" and out is None:
+                raise InputError(f"`site` {site}: give `out`, a folder for this site's geometry.json (by default it goes "
+                                 "next to the store, where it would replace that of resid_post)", param=("site", "out"))
+            store = RepresentationStore.open(store_path)
+            if site != "resid_post":
+                store.site_layers(site)  # a site the store lacks is refused before anything runs
             options = GeometryOptions(analysis, n_boot=bootstrap, max_sentences=max_sentences,
                                       data_dir=None if data_dir is None else str(data_dir), model_weights=model_weights or None)
             result = measure_geometry(store, options, out=out, progress=progress)

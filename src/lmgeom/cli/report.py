@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
         explorer_words: int = typer.Option(2000, min=1, help="words in the word explorer (the most frequent analysed ones)"),
         neighbours: int = typer.Option(10, min=1, help="nearest neighbours per word and layer in the word explorer"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write"),
+        control: Optional[Path] = typer.Option(None, metavar="RUN_CONTROL", help="a control run of the same model "
+                                               "(`lmgeom run --control`), drawn beside RUN in the contextuality and "
+                                               "isotropy figures: dashed, same colour"),
     ) -> None:
         """Re-render a run's report from its result files (no model needed): RUN/report.html and RUN/figures/."""
         from lmgeom.report import load_run
@@ -32,7 +35,8 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             with RichProgress() as progress:
                 path = render_report(run_dir, include=include, out=out, explorer_words=explorer_words,
-                                     explorer_neighbours=neighbours, overwrite=overwrite, progress=progress)
+                                     explorer_neighbours=neighbours, overwrite=overwrite, control=control,
+                                     progress=progress)
             run = load_run(run_dir)
             if run.contextuality is not None:
                 from lmgeom.report.labels import MEV_ADJ_COLUMN, MEV_ADJ_NOTE

@@ -77,6 +77,8 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", help="where CKA and Procrustes accumulate: cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu"),
         engine: str = typer.Option("auto", help="local, processes, ray, or auto (processes with more than one worker)"),
         num_workers: int = typer.Option(1, min=1, metavar="<int>", help="tasks at once (groups of layer pairs)"),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help="the capture site: resid_post only "
+                                  "(similarity reads no other; analyze and geometry do)"),
     ) -> None:
         """Layer x layer similarity: linear CKA (biased and debiased) and the Procrustes distance over
         every row, RSA and mutual k-NN on a seeded subsample, each with a permutation null and
@@ -86,7 +88,10 @@ def register(app: typer.Typer) -> None:
 
         from lmgeom.stages.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
+        from lmgeom.cli.analyze import resid_post_only
+
         with user_errors({"sample": "--rows"}):
+            resid_post_only(sites, "similarity")
             options = SimilarityOptions(measures=tuple(split_list(measure)), layers=layers, layers_b=layers_b,
                                         sample=rows, seed=seed, k=k,
                                         permutations=permutations, procrustes_permutations=procrustes_permutations,

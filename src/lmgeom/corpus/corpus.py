@@ -178,6 +178,36 @@ class Corpus:
         corpus = self if sample is None else self.sample(sample, seed=seed)
         return corpus if limit is None else corpus.head(limit)
 
+    def shuffle_words(self, seed: int = 0) -> "Corpus":
+        """The `shuffled` control's corpus: each sentence's words (as this corpus segments them) in a
+        seeded random order, joined by single spaces, as a pre-tokenized corpus.
+
+        Sentence `i` is permuted by `numpy.random.default_rng([seed, i])`, uniformly among all orders
+        (so a sentence may keep its order, a one-word sentence always does), the same in every process
+        and whatever the other sentences are. Each sentence keeps its multiset of words, so the
+        word-level statistics (self-similarity, MEV) still apply; the word order, and the text's own
+        spacing, are gone.
+
+        Parameters
+        ----------
+        seed : int, default 0
+            The seed of the shuffles (at least 0).
+
+        Returns
+        -------
+        Corpus
+            The shuffled sentences, named ``<name>[words shuffled, seed S]``, pre-tokenized, with the
+            source of this corpus.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise InputError(f"`control_seed` must be a whole number of at least 0; got {seed!r}", param="control_seed")
+        shuffled = []
+        for index, sentence in enumerate(self.sentences):
+            words = [word.text for word in sentence.words]
+            order = np.random.default_rng([int(seed), index]).permutation(len(words))
+            shuffled.append(Sentence.from_words([words[i] for i in order]))
+        return Corpus(f"{self.name}[words shuffled, seed {seed}]", shuffled, True, self.source)
+
     # ---- constructors ------------------------------------------------------------------
     @classmethod
     def from_list(cls, items: Iterable[Item], *, name: str = "list") -> "Corpus":

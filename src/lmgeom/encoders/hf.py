@@ -103,6 +103,10 @@ class HFEncoder:
     hook) where Hugging Face returns it after; `last_layer` says which tensor the last layer is.
     """
 
+    random_init_seed: int | None = None
+    """The seed of the `random-init` control when the weights are seeded random ones
+    (`lmgeom.encoders.registry.load_encoder(..., random_init=seed)`), else None: the loaded weights."""
+
     def __init__(
         self,
         model: torch.nn.Module,

@@ -212,10 +212,66 @@ def uses_wordpiece(name_or_path: str) -> bool:
     return backend is not None and type(backend.model).__name__ == "WordPiece"
 
 
-def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **keywords: Any) -> Encoder:
+def random_init_seed(seed: int) -> int:
+    """The torch seed of the `random-init` control of seed `seed`: the first 8 bytes of
+    sha256("lmgeom random-init <seed>"), so that a control's weights never equal a model that was
+    itself made from a small seed (the tiny models are drawn under `torch.manual_seed(0)`)."""
+    digest = hashlib.sha256(f"lmgeom random-init {int(seed)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 2**63
+
+
+def random_init_model(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The `random-init` control of a loaded transformers model: its own configuration with seeded random
+    weights, on its device and in its dtype.
+
+    The model is built again from a copy of `model.config` by the call `AutoModel.from_config` makes,
+    on the loaded model's class (so the architecture is the loaded one, GGUF-converted models
+    included: their config is the one the loader made), under `torch.manual_seed(random_init_seed(seed))`
+    in a forked RNG (the caller's generator is left as it was). Its `post_init` draws every parameter
+    by the model's own `_init_weights`: the embeddings and every linear weight from the configuration's
+    initialiser (a normal of `initializer_range` for BERT, GPT-2 and Llama), norms at 1, biases at 0.
+    The same seed gives the same weights in every process.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A loaded transformers model (`PreTrainedModel`).
+    seed : int
+        The control's seed (at least 0).
+
+    Returns
+    -------
+    torch.nn.Module
+        The random model, in eval mode.
+
+    Raises
+    ------
+    InputError
+        A model without a transformers configuration (ELMo), naming `control`.
+    """
+    import copy
+
+    config = getattr(model, "config", None)
+    build = getattr(type(model), "_from_config", None)
+    if config is None or build is None:
+        raise InputError(f"`control='random-init'` draws a transformers model's weights from its configuration; "
+                         f"{type(model).__name__} has none; leave `control` out or use `control='shuffled'`", param="control")
+    reference = next(model.parameters())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(random_init_seed(seed))
+        fresh = build(copy.deepcopy(config))
+    return fresh.to(device=reference.device, dtype=reference.dtype).eval()
+
+
+def load_encoder(name_or_path: str, options: EncoderOptions | None = None, *, random_init: int | None = None,
+                 **keywords: Any) -> Encoder:
     """Load a named model (see `NAMED_MODELS`), a Hugging Face id, or a local folder (a transformers
     model, or an ELMo options JSON + HDF5 weights), with `options` (`EncoderOptions`, or its fields as
     keywords: `load_encoder("tiny-bert", device="cpu")`).
+
+    `random_init` (a seed) loads the `random-init` control instead: the model's configuration and
+    tokenizer with seeded random weights (`random_init_model`); its fingerprint hashes those weights
+    and the encoder's `random_init_seed` is the seed (an ELMo model is refused).
 
     `compute_dtype` is float32 on CPU by default, float16 on CUDA (bfloat16 on request), but bfloat16 on
     CUDA for the models of `COMPUTE_DTYPES`, which refuse float16.
@@ -238,10 +294,17 @@ def load_encoder(name_or_path: str, options: EncoderOptions | None = None, **key
                              "no norm and no pieces)",
                              param=("keep_special", "prepend_bos", "gguf_file", "revision", "before_final_norm", "compute_dtype",
                                     "pooling"))
+        if random_init is not None:
+            raise InputError("`control='random-init'` draws a transformers model's weights from its configuration; an "
+                             "ELMo model has none: leave `control` out or use `control='shuffled'`", param="control")
         folder = elmo_brown_path() if name_or_path == "elmo-brown" else Path(name_or_path)
         return load_elmo_encoder(folder, device=str(resolved_device), model_id=name_or_path)
 
     def encoder(model: torch.nn.Module, tokenizer: Any, model_id: str, weights_fingerprint: str | None) -> HFEncoder:
+        if random_init is not None:  # the control: the same config, random weights (fingerprinted by their hash)
+            random = HFEncoder(random_init_model(model, random_init), tokenizer, model_id=model_id, options=options)
+            random.random_init_seed = int(random_init)
+            return random
         return HFEncoder(model, tokenizer, model_id=model_id, weights_fingerprint=weights_fingerprint, options=options)
 
     if name_or_path in TINY_MODELS:

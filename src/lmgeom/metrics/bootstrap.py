@@ -180,11 +180,11 @@ def _top_eigenpairs(X: np.ndarray, m: np.ndarray, start: np.ndarray, centred: bo
             values[finished] = top[done]
             vectors[finished] = np.einsum("bk,bki->bi", ritz_vectors[done, :, -1], kept[done])
             going = ~done
-            basis[active[going], j + 1] = w[going] / norms[going, None]
-            beta[active[going], j] = norms[going]
             active = active[going]
-            if not len(active):
+            if not len(active):  # every resample done (at the last step, always): no next basis vector
                 break
+            basis[active, j + 1] = w[going] / norms[going, None]
+            beta[active, j] = norms[going]
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         residuals = np.linalg.norm(_apply(X, m, vectors, centred) - values[:, None] * vectors, axis=1)
         todo = np.flatnonzero(~(residuals <= RESIDUAL_TOLERANCE * np.abs(values)))

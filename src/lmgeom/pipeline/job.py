@@ -32,6 +32,8 @@ from lmgeom.stages.similarity import DEFAULT_PERMUTATIONS, SimilarityOptions, si
 from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
 from lmgeom.stages.static import StaticOptions, export_static_embeddings, read_benchmark_records
 from lmgeom.layerspec import select_layers
+from lmgeom.controlspec import check_control, check_control_seed
+from lmgeom.sitespec import parse_sites, site_name
 from lmgeom import rundir
 from lmgeom.rundir import Target, write_json
 from lmgeom.store import RepresentationStore, layout
@@ -219,6 +221,9 @@ def run(
     data_dir: str | os.PathLike[str] | None = None,
     min_coverage: str = str(DEFAULT_MIN_COVERAGE),
     permutations: int = DEFAULT_PERMUTATIONS,
+    control: str | None = None,
+    control_seed: int = 0,
+    sites: str | Sequence[str] | None = None,
     progress: bool | Progress | None = True,
 ) -> RunResult:
     """The main job behind `lmgeom run`: extract a model's layers on a corpus, analyse, calibrate and report.
@@ -310,6 +315,21 @@ def run(
     permutations : int, default 200
         Shuffles of the similarity's permutation nulls of CKA, RSA and mutual k-NN (0: no null and no
         p-value); Procrustes takes `SimilarityOptions`' default (20).
+    control : str or None, default None
+        A control run instead of the model's (`lmgeom.controlspec`): "random-init" (the model's
+        configuration and tokenizer with seeded random weights) or "shuffled" (each sentence's words
+        shuffled, seeded, before tokenisation). The store records it (meta.json's ``control``, a
+        different model or corpus fingerprint), every result file and the report say it, and the
+        default `out` gets -<control>-seedS. Compare it with the model's run in `lmgeom report RUN
+        --control CONTROL_RUN` or `lmgeom compare`. None: the model itself.
+    control_seed : int, default 0
+        The seed of the control's random weights or shuffles (at least 0).
+    sites : str or sequence of str or None, default None
+        Capture sites to extract besides resid_post (`lmgeom.sitespec.parse_sites`: "attn_out,mlp_out",
+        a local extraction only); each is analysed too: its contextuality and isotropy (the analysis's
+        options at that site) in RUN/site_results/<site>/ (`rundir.SITE_RESULTS`), recorded in
+        run.json as the steps contextuality@<site> and isotropy@<site>, and drawn in the report's
+        "Capture sites" section. The other steps read resid_post. None: resid_post only.
     progress : bool or Progress or None, default True
         True: each step's progress on standard error (`lmgeom.progress.StderrProgress`: bars in a
         notebook or on a terminal, a line every 10 s in a log), Hugging Face's own bars off while a
@@ -332,7 +352,8 @@ def run(
         `bootstrap` below 0, `confidence` outside (0, 1), `permutations` below 0, an unknown calibration
         method in `methods`, a `min_coverage` that does not read, `layers` outside the layer grammar, an
         `include` folder that does not exist (`MissingInput`), a `progress` that is neither a bool nor a
-        `Progress`; a store of other settings in `out` without
+        `Progress`, an unknown `control` or a `control_seed` below 0, `control='random-init'` of an ELMo
+        model; a store of other settings in `out` without
         `overwrite`, or files there that lmgeom did not write (`StoreExistsError`). A layer the model
         does not have is refused after the extraction, when the model's layers are known.
     """
@@ -354,6 +375,9 @@ def run(
         if "://" not in str(folder) and not Path(folder).is_dir():
             raise MissingInput(f"`include` {folder} is not a folder; give folders of experiment results, or leave it out",
                                param="include")
+    check_control(control)
+    check_control_seed(control_seed)
+    requested_sites = parse_sites(sites)
     corpus, pooling = protocol_extraction(protocol, model, corpus)
     require_count(limit, "limit")
     shown = run_progress(progress)
@@ -362,7 +386,8 @@ def run(
             return _run(model, corpus, pooling, out=out, limit=limit, sample=sample, device=device, analysis=analysis,
                         protocol=protocol, seed=seed, layers=layers, store_layers=store_layers, methods=methods,
                         include=include, overwrite=overwrite, num_workers=num_workers, data=data,
-                        min_coverage=min_coverage, permutations=permutations, progress=shown or NoProgress())
+                        min_coverage=min_coverage, permutations=permutations, control=control,
+                        control_seed=control_seed, requested_sites=requested_sites, progress=shown or NoProgress())
     finally:
         if isinstance(shown, StderrProgress):
             shown.close()
@@ -398,7 +423,8 @@ def _run(model: str, corpus: str, pooling: str | None, *, out: str | os.PathLike
          sample: int | None, device: str, analysis: AnalysisOptions, protocol: str | None, seed: int,
          layers: str | Sequence[int], store_layers: str | Sequence[int] | None, methods: Sequence[str],
          include: Sequence[str | os.PathLike[str]], overwrite: bool, num_workers: int, data: str | None,
-         min_coverage: str, permutations: int, progress: Progress) -> RunResult:
+         min_coverage: str, permutations: int, control: str | None, control_seed: int,
+         requested_sites: Sequence[str], progress: Progress) -> RunResult:
     """`run` once its arguments are checked: every step, in order, each announced on the "run" stage
     of `progress` as it begins (`STEPS`)."""
     progress.start("run", len(STEPS), unit="steps")
@@ -417,6 +443,10 @@ def _run(model: str, corpus: str, pooling: str | None, *, out: str | os.PathLike
     extraction: dict[str, Any] = {"pooling": pooling} if pooling else {}
     if sample is not None:
         extraction.update(sample=sample, seed=seed)
+    if control is not None:
+        extraction.update(control=control, control_seed=control_seed)
+    if len(requested_sites) > 1:
+        extraction.update(sites=requested_sites)
     store = extract_model(model, corpus, out=out, limit=limit, store_layers=store_layers, device=resolved, overwrite=overwrite,
                           progress=progress, **extraction)
     steps = _Steps(store, resolved, protocol)
@@ -495,6 +525,20 @@ def _run(model: str, corpus: str, pooling: str | None, *, out: str | os.PathLike
         steps.record("geometry", settings, started, measure_geometry(store, geometry, progress=progress).paths,
                      file_settings=geometry.to_settings())
     paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
+    for site in requested_sites[1:]:  # each capture site: its contextuality and isotropy in a folder of its own
+        folder = rundir.SITE_RESULTS.at(store.url, name=site_name(site))
+        at_site = analysis.replace(site=site)
+        settings = at_site.analysis_settings()
+        if not steps.done(f"contextuality@{site}", settings):
+            started = time.perf_counter()
+            analysed = analyze_store(store, at_site, progress=progress, write_to=str(folder))
+            steps.record(f"contextuality@{site}", settings, started, list(analysed.written.values()))
+        settings = IsotropyOptions(at_site).to_settings()
+        if not steps.done(f"isotropy@{site}", settings):
+            started = time.perf_counter()
+            steps.record(f"isotropy@{site}", settings, started,
+                         measure_isotropy(store, IsotropyOptions(at_site), out=folder, progress=progress).paths)
+        paths += [spec.at(folder) for spec in (rundir.CONTEXTUALITY, rundir.ISOTROPY)]
     # read from the result files: the same whether the steps ran now or were found done
     steps.skipped_inputs = [entry.record() for entry in skipped_inputs(store.url)]
 

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from lmgeom.errors import InputError
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.report import build_comparison, build_report, load_run
+from lmgeom.report.build import require_control_of
 from lmgeom import rundir
 from lmgeom.pipeline.explorer import DEFAULT_NEIGHBOURS, DEFAULT_TOP_WORDS, explorer_data
 from lmgeom.stages.similarity import SimilarityOptions, require_same_corpus, similarity_matrix, write_similarity
@@ -26,23 +27,29 @@ def render_report(
     explorer_words: int = DEFAULT_TOP_WORDS,
     explorer_neighbours: int = DEFAULT_NEIGHBOURS,
     overwrite: bool = False,
+    control: rundir.Where | None = None,
     progress: Progress | None = None,
 ) -> rundir.Target:
     """`lmgeom report`: compute (or reuse the cached) word explorer of RUN, then render RUN/report.html
     (or `out`) and RUN/figures/ from the run's result files (read once). No model is needed; the run
     may be a local folder or an fsspec URL. An existing `out` that lmgeom did not write
-    (`rundir.written_by_lmgeom`) is refused unless `overwrite`."""
+    (`rundir.written_by_lmgeom`) is refused unless `overwrite`. `control`: a control run of the same
+    model (`lmgeom.controlspec`), drawn beside the run in the contextuality and isotropy figures
+    (`lmgeom.report.build_report`)."""
     if explorer_words < 1 or explorer_neighbours < 1:
         raise InputError("`explorer_words` and `explorer_neighbours` must be at least 1",
                          param=("explorer_words", "explorer_neighbours"))
     if out is not None:
         rundir.claim_file(rundir.target(out), overwrite=overwrite)
     run = load_run(run_dir, include=include)
+    compared = None if control is None else load_run(control)
+    if compared is not None:
+        require_control_of(run, compared)  # before the explorer's work
     if run.words is not None and not run.words.empty:
         explorer_data(run, top_n=explorer_words, k=explorer_neighbours, progress=progress)
     progress = progress or NoProgress()
     progress.start("report", 1, unit="pages")
-    path = build_report(run, out=out)
+    path = build_report(run, out=out, control=compared)
     progress.advance("report")
     return path
 

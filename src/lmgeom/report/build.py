@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Sequence
 
 import pandas as pd
 
+from lmgeom.controlspec import control_label
+from lmgeom.errors import InputError
 from lmgeom.report.data import (
     PRODUCERS,
     RunData,
@@ -17,7 +20,8 @@ from lmgeom.report.data import (
 )
 from lmgeom.report.explorer import read_explorer
 from lmgeom.engine.registry import measures
-from lmgeom.report.figures import DRAWN, Chart, run_charts, run_subtitle, save_figure, sts_pivot
+from lmgeom.report.figures import (CONTROL_STYLE, DRAWN, Chart, run_charts, run_subtitle, save_figure, sts_pivot,
+                                   takes_control)
 from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, not_measured, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
@@ -58,6 +62,7 @@ def _metadata(run: RunData) -> list[tuple[str, Any]]:
             f"{'included' if settings.get('include_punct', not settings.get('exclude_punct', True)) else 'excluded'}; "
             f"seed {settings.get('seed')}" if settings else "")),
         ("layers", "layer 0 = embedding output; layer l ≥ 1 = output of transformer block l"),
+        *([("control", f"{control_label(run.control)}: {run.control.get('what', '')}")] if run.control else []),
         ("lmgeom version", contextuality.get("lmgeom_version") or meta.get("lmgeom_version", "—")),
         ("extracted", meta.get("created", "—")),
     ]
@@ -254,26 +259,73 @@ def _min_coverage(static: pd.DataFrame) -> str:
     return " or ".join(map(str, values)) or str(DEFAULT_MIN_COVERAGE)
 
 
+def site_runs(run: RunData) -> list[tuple[str, RunData]]:
+    """(site, its results read as a run) for each capture site `lmgeom run --sites` analysed in this run
+    (`rundir.SITE_RESULTS`: RUN/site_results/<site>/), by folder name."""
+    found = []
+    documents = rundir.ResultFile(f"{rundir.SITE_RESULTS.pattern}/{rundir.CONTEXTUALITY.name}", rundir.SITE_RESULTS.producer)
+    for path in sorted(documents.find(run.path), key=str):
+        folder = rundir.target(str(path).replace(os.sep, "/").rsplit("/", 1)[0])
+        site_run = load_run(folder)
+        settings = (site_run.contextuality_document or {}).get("settings", {})
+        found.append((str(settings.get("site", rundir.name_of(folder))), site_run))
+    return found
+
+
+def _sites_section(run: RunData, page: Page, out_path: rundir.Target) -> str:
+    """Each analysed capture site's contextuality and isotropy charts (`takes_control`'s), titled with
+    the site; empty for a run of resid_post only."""
+    body = ""
+    for site, site_run in site_runs(run):
+        charts = [replace(chart, name=f"site_{site_run.name}_{chart.name}", title=f"{site}: {chart.title}")
+                  for chart in run_charts(site_run) if takes_control(chart.name)]
+        body += f"<h3>{esc(site)}</h3><p class=\"note\">{esc(site_run.counts_caption())}; layers {', '.join(map(str, site_run.layer_numbers))} (a site besides resid_post exists at layers 1..L only).</p>"
+        body += "".join(page.chart(chart, files=[rundir.link(out_path, p) for p in save_figure(chart, run.path)])
+                        for chart in charts) or missing(site_run.notes.get("contextuality", f"no results for {site}"))
+    return body
+
+
+def require_control_of(run: RunData, control: RunData) -> None:
+    """`control` must be a control run (`RunData.control`) of the model of `run`, itself a run of the
+    model: anything else is an `InputError` naming `control`."""
+    if control.control is None:
+        raise InputError(f"`control` {control.path} is not a control run: its store records no control; give the run "
+                         "directory of `lmgeom run --control random-init` (or shuffled) of this model", param="control")
+    if run.control is not None:
+        raise InputError(f"{run.path} is itself a control run ({control_label(run.control)}); give the model's run as RUN "
+                         "and the control's as `control`", param="control")
+    if control.model_id != run.model_id:
+        raise InputError(f"`control` {control.path} is a control of {control.model_id}, not of {run.model_id}; give a "
+                         "control run of this run's model", param="control")
+
+
 def build_report(
     run_dir: str | os.PathLike | RunData,
     *,
     include: Sequence[str | os.PathLike] = (),
     out: str | os.PathLike[str] | None = None,
+    control: str | os.PathLike | RunData | None = None,
 ) -> rundir.Target:
     """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files (or the run
     `load_run` read); no model is needed. The run may be a local folder or an fsspec URL.
 
     `include` adds folders of experiment results (results.json, or */results.json). The word explorer
-    shows RUN/explorer.json, which `lmgeom.pipeline.render_report` computes from the store.
+    shows RUN/explorer.json, which `lmgeom.pipeline.render_report` computes from the store. `control`:
+    a control run of the same model (`lmgeom.controlspec`; `require_control_of`), whose lines the
+    contextuality and isotropy figures draw beside the run's (`lmgeom.report.figures.with_control`).
     """
     run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir, include=include)
+    compared = None if control is None else control if isinstance(control, RunData) else load_run(control)
+    if compared is not None:
+        require_control_of(run, compared)
     out_path = rundir.target(out) if out is not None else REPORT.at(run.path)
-    charts = [(chart, save_figure(chart, run.path)) for chart in run_charts(run)]
+    charts = [(chart, save_figure(chart, run.path)) for chart in run_charts(run, compared)]
     relative = {chart.name: [rundir.link(out_path, p) for p in paths] for chart, paths in charts}
     figure_of = {chart.name: (chart, relative[chart.name]) for chart, _ in charts}
 
     page = Page(f"lmgeom report: {run.label}", run_subtitle(run) + f"; run directory {run.name}")
-    page.section("run", "Run", definition_list(_metadata(run)))
+    compared_with = [("control run shown beside it", f"{compared.label} ({compared.name}): {CONTROL_STYLE}")] if compared else []
+    page.section("run", "Run", definition_list(_metadata(run) + compared_with))
     contextuality = run.contextuality_document
     if contextuality is None:
         page.section("findings", "Findings", missing(run.notes["contextuality"]))
@@ -329,6 +381,9 @@ def build_report(
                      "item (the paper's protocol, which also charges the vectors for the words the corpus lacks).</p>"
                      + table(labelled(static_table(run.static)), text_columns=["score", "score_oov_mean", "covered"]))
     page.section("calibration", "Isotropy and calibration", _calibration_section(run, [v for v in figure_of.values()], page))
+    sites = _sites_section(run, page, out_path)
+    if sites:
+        page.section("sites", "Capture sites", sites)
     page.section("similarity", "Similarity between layers", similarity_section(page, run.path, run.label))
     page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",
                  geometry_section(run, page, out_path))

@@ -12,6 +12,7 @@ from lmgeom.errors import InputError
 from lmgeom.engine.registry import measure, measures
 from lmgeom.report.data import RunData, load_run
 from lmgeom.report.figures import (
+    CONTROL_STYLE,
     DEPTH_AXIS,
     LAYER_AXIS,
     Chart,
@@ -79,14 +80,40 @@ def comparison_charts(tidy: pd.DataFrame, runs: Mapping[str, RunData]) -> list[C
         estimator = declared.estimator + (f", minus {declared.baseline}" if column == "adjusted" else "")
         subtitle = "; ".join(chart_subtitle(label, counts_phrase(run, declared.counted)) for label, run in runs.items())
         for axis, x_label, suffix in (("depth", DEPTH_AXIS, "depth"), ("layer", LAYER_AXIS, "layer")):
-            series = [
+            series = shadow_controls([
                 Series(run, group[axis].astype(float).tolist(), group[column].astype(float).tolist())
                 for run, group in rows.sort_values("layer").groupby("run", sort=False)
-            ]
+            ], runs)
             charts.append(Chart(f"{name}_by_{suffix}",
                                 f"{title} by {'relative depth' if axis == 'depth' else 'layer'}: {estimator}",
                                 subtitle, x_label, title, series, integer_x=axis == "layer"))
     return [chart for chart in charts if chart.has_data]
+
+
+def control_partners(runs: Mapping[str, RunData]) -> dict[str, str]:
+    """Each control run's label (`RunData.control`) -> the label of the first run of the model itself
+    with the same model id among `runs` (by label), where there is one: the run whose line the
+    control's is drawn beside, in its colour (`lmgeom.report.figures.CONTROL_STYLE`)."""
+    models = [(label, run) for label, run in runs.items() if run.control is None]
+    partners = {}
+    for label, run in runs.items():
+        if run.control is not None:
+            partner = next((other for other, model in models if model.model_id == run.model_id), None)
+            if partner is not None:
+                partners[label] = partner
+    return partners
+
+
+def shadow_controls(series: list[Series], runs: Mapping[str, RunData]) -> list[Series]:
+    """`series` (one per run, named by its label) with each control run's series drawn in the colour
+    of its model's run (`control_partners`, `Series.shadows`) where that run has a series here."""
+    partners = control_partners(runs)
+    index = {item.name: position for position, item in enumerate(series)}
+    for item in series:
+        partner = partners.get(item.name)
+        if partner is not None and partner in index:
+            item.shadows = index[partner]
+    return series
 
 
 NO_MODELS = ("no model × model matrix: `lmgeom compare` (lmgeom.pipeline.render_comparison) computes it from the "
@@ -105,8 +132,10 @@ def build_comparison(run_dirs: Sequence[str | os.PathLike | RunData], out: str |
     out = Path(out)
     tidy = comparison_table(runs)
     rundir.write_text(rundir.COMPARE_CSV.at(out), tidy.to_csv(index=False))
+    partners = control_partners(dict(zip(_labels(runs), runs)))
+    controls = "".join(f"; {control} is drawn beside {model}, {CONTROL_STYLE}" for control, model in partners.items())
     caption = "; ".join(f"{label}: {run.counts_caption()}" for label, run in zip(_labels(runs), runs)) + \
-        "; layer 0 = embedding output"
+        "; layer 0 = embedding output" + controls
     page = Page("lmgeom comparison: " + ", ".join(_labels(runs)), caption)
     listing = pd.DataFrame([{"run": label, "directory": str(run.path), "layers": len(run.layer_numbers),
                              "words": run.counts.get("words_analysed"), "tokens": run.counts.get("rows_analysed")}

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from lmgeom.controlspec import control_label
 from lmgeom.errors import MissingInput
 from lmgeom import rundir
 from lmgeom.rundir import read_json
@@ -135,9 +136,20 @@ class RunData:
         return str(self.meta.get("corpus_name") or "unknown corpus")
 
     @property
+    def control(self) -> dict[str, Any] | None:
+        """The control this run is (`lmgeom.controlspec`: its store's, or its contextuality
+        document's, ``control``), or None for a run of the model itself."""
+        for source in (self.meta, self.contextuality_document or {}):
+            if isinstance(source.get("control"), dict):
+                return dict(source["control"])
+        return None
+
+    @property
     def label(self) -> str:
-        """model on corpus, the name of a run in charts and tables."""
-        return f"{self.model_id} on {self.corpus}"
+        """model on corpus, the name of a run in charts and tables; a control's says so
+        ("..., control: random-init (seed 0)")."""
+        control = control_label(self.control)
+        return f"{self.model_id} on {self.corpus}" + (f", {control}" if control else "")
 
     @property
     def counts(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from lmgeom.controlspec import control_label
 from lmgeom.engine.registry import measure, measures
 from lmgeom.metrics.spectrum import MEV_VARIANTS
 from lmgeom.report.data import RunData
@@ -52,6 +53,30 @@ class Series:
     y: list[float]
     dash: bool = False
     band: tuple[list[float], list[float]] | None = None  # (lo, hi) at each x: an interval drawn as an error band
+    # a control run's line beside the model's (`with_control`): the index, in its chart's series, of the
+    # series whose colour it takes; drawn dashed (dotted where that series is dashed), hollow markers
+    shadows: int | None = None
+
+
+CONTROL_STYLE = ("dashed in the same colour as the model's line (dotted where the model's line is dashed), "
+                 "hollow markers")
+"""How a control run's line is drawn beside the model's, in a run's report and in a comparison."""
+
+
+def palette_positions(series: Sequence[Series]) -> list[int]:
+    """Each series' position in the colour cycle: the series drawn as their own take the next colour in
+    turn (so a chart without control lines is coloured as it always was); a control's line
+    (`Series.shadows`) takes the colour of the series it shadows."""
+    positions: list[int] = []
+    own = 0
+    for item in series:
+        if item.shadows is None:
+            positions.append(own)
+            own += 1
+        else:
+            positions.append(-1)
+    return [positions[item.shadows] if item.shadows is not None else position
+            for item, position in zip(series, positions)]
 
 
 @dataclass
@@ -201,8 +226,68 @@ def undefined_note(run: RunData, metrics: dict[str, str]) -> str:
     return "; ".join(notes)
 
 
-def run_charts(run: RunData) -> list[Chart]:
-    """The figures of the papers that this run's files support (none for a run not analysed)."""
+# the contextuality charts a control run's lines are drawn in (besides every `isotropy_*` chart and the
+# chart of any other charted measure)
+CONTROL_CHARTS = ("anisotropy", "self_similarity", "intra_sentence_similarity", "mev", "mev_adjusted")
+
+
+def takes_control(name: str) -> bool:
+    """Whether the chart `name` of a run's report shows a control run's lines: the contextuality charts
+    (`CONTROL_CHARTS`, and any other charted measure's) and the isotropy charts, not calibration or STS."""
+    return name in CONTROL_CHARTS or name.startswith("isotropy_") or name in {m.name for m in measures() if m.chart}
+
+
+def with_control(charts: Sequence[Chart], control_charts: Sequence[Chart], control: RunData) -> list[Chart]:
+    """`charts` of a run with the lines of its control run beside them: in each chart that `takes_control`,
+    every series of the control's chart of the same name whose name a series of the run's has, drawn
+    in that series' colour (`Series.shadows`, `CONTROL_STYLE`), without its band, named
+    "<series>, control: random-init (seed S)"; the chart's note says so.
+
+    Parameters
+    ----------
+    charts : sequence of Chart
+        The run's charts (`run_charts` without a control).
+    control_charts : sequence of Chart
+        The control run's charts.
+    control : RunData
+        The control run (its label names it in the legend and the note).
+
+    Returns
+    -------
+    list of Chart
+        The run's charts, those with a control's lines extended by them.
+    """
+    from dataclasses import replace
+
+    theirs = {chart.name: chart for chart in control_charts}
+    tag = control_label(control.control) or control.label
+    out = []
+    for chart in charts:
+        other = theirs.get(chart.name)
+        if other is None or not takes_control(chart.name):
+            out.append(chart)
+            continue
+        own = {series.name: index for index, series in enumerate(chart.series)}
+        added = [replace(series, name=f"{series.name}, {tag}", band=None, shadows=own[series.name],
+                         dash=chart.series[own[series.name]].dash)
+                 for series in other.series if series.name in own]
+        if not added:
+            out.append(chart)
+            continue
+        note = f"{tag} ({control.label}): {CONTROL_STYLE}, no bands"
+        out.append(replace(chart, series=[*chart.series, *added], note=f"{chart.note}; {note}" if chart.note else note))
+    return out
+
+
+def run_charts(run: RunData, control: RunData | None = None) -> list[Chart]:
+    """The figures of the papers that this run's files support (none for a run not analysed); with a
+    `control` run (`lmgeom.controlspec`), its lines beside the run's in the contextuality and isotropy
+    charts (`with_control`)."""
+    charts = _run_charts(run)
+    return charts if control is None else with_control(charts, _run_charts(control), control)
+
+
+def _run_charts(run: RunData) -> list[Chart]:
     if run.contextuality is None:
         return []
     charts = [*contextuality_charts(run), *isotropy_charts(run), *calibration_charts(run), *sts_charts(run)]
@@ -423,11 +508,13 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     from plotly.colors import DEFAULT_PLOTLY_COLORS, unlabel_rgb
 
     figure = go.Figure()
-    for index, series in enumerate(chart.series):
-        color = DEFAULT_PLOTLY_COLORS[index % len(DEFAULT_PLOTLY_COLORS)]
+    for series, position in zip(chart.series, palette_positions(chart.series)):
+        color = DEFAULT_PLOTLY_COLORS[position % len(DEFAULT_PLOTLY_COLORS)]
+        control = {} if series.shadows is None else {"marker": {"symbol": "circle-open"}}
+        dash = ("dot" if series.dash else "dash") if series.shadows is not None else "dash" if series.dash else "solid"
         figure.add_trace(go.Scatter(
             x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
-            line={"dash": "dash" if series.dash else "solid", "color": color}, connectgaps=False,
+            line={"dash": dash, "color": color}, connectgaps=False, **control,
         ))
         if series.band is not None:
             # the band after its line: its upper bound, then the lower one filled up to it (outside the legend)
@@ -483,9 +570,13 @@ def draw_chart(chart: Chart, ax: Any, *, line_width: float = 1.5, legend_size: f
     interval as a band with thin edges (labelled `BAND_EDGE`), the axis labels, integer layer ticks
     over the chart's x range, a grid and the legend. The one drawing of a line chart: the report's
     figures (`draw_figure`) and `lmgeom.plot` call it. Returns `ax`."""
-    for series in chart.series:
-        (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linewidth=line_width,
-                          linestyle="--" if series.dash else "-", label=series.name)
+    shadowed = any(series.shadows is not None for series in chart.series)
+    for series, position in zip(chart.series, palette_positions(chart.series)):
+        if series.shadows is None:  # the colour cycle's next, named where a control's line takes one too
+            style: dict[str, Any] = {"linestyle": "--" if series.dash else "-", **({"color": f"C{position}"} if shadowed else {})}
+        else:  # a control's line: the colour of the line it shadows, dashed (dotted beside a dashed one), hollow
+            style = {"linestyle": ":" if series.dash else "--", "color": f"C{position}", "markerfacecolor": "none"}
+        (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linewidth=line_width, label=series.name, **style)
         if series.band is not None:
             ax.fill_between(series.x, series.band[0], series.band[1], color=line.get_color(), alpha=0.2, linewidth=0)
             for bound in series.band:  # the band's edges, so that a band little wider than the line shows

@@ -143,9 +143,13 @@ COMPARE_CSV = ResultFile("compare.csv", COMPARE_PAGE.producer)
 # the similarity of runs i and j (numbered from 1 as given): similarity.json and .csv in the folder
 COMPARE_SIMILARITY = ResultFile("similarity/{name}", "lmgeom compare RUN1 RUN2 --out DIR (runs of one corpus)")
 
+# a capture site's results (`lmgeom run --sites`): its contextuality and isotropy files, in a folder of its own
+# (not the store's `sites/<name>/`, which holds the site's layer arrays and nothing else)
+SITE_RESULTS = ResultFile("site_results/{name}", "lmgeom run --sites SITE (each site's contextuality and isotropy)")
+
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
                 GEOMETRY_CSV, CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
-                EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES)
+                EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES, SITE_RESULTS)
 KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}
 # the step of `lmgeom run` whose settings each of its result files records (`run_settings`)
 RUN_STEPS = {CONTEXTUALITY.name: "contextuality", SUMMARY.name: "contextuality", ISOTROPY.name: "isotropy",
@@ -160,4 +164,7 @@ RUN_MARKERS = (layout.META, RUN.name, SUMMARY.name, CONTEXTUALITY.name, ISOTROPY
 def spec_of(relative: str) -> ResultFile | None:
     """The result file a path relative to the run directory is (None for any other file)."""
     relative = posixpath.normpath(str(relative).replace(os.sep, "/"))
+    head, _, rest = relative.partition("/")
+    if head == SITE_RESULTS.name.split("/")[0] and rest.count("/") == 1:  # a site's result file: as at the top
+        return spec_of(rest.split("/", 1)[1])
     return next((spec for spec in (*RESULT_FILES, CALIBRATOR) if fnmatch.fnmatchcase(relative, spec.pattern)), None)

@@ -43,6 +43,8 @@ def header_fields(store_meta: Mapping[str, Any] | None = None, *, kind: str | No
         "model_id": meta.get("model_id"),
         "corpus_fingerprint": meta.get("corpus_fingerprint"),
         "layer_note": meta.get("layer_note") or LAYER_NOTE,
+        # a control's store (`lmgeom.controlspec`): every document of it says so
+        **({"control": meta["control"]} if meta.get("control") else {}),
     }
 
 

@@ -66,7 +66,11 @@ def extract(
         the corpus words stored; special tokens kept with `keep_special` are not counted). None:
         `NoProgress`.
     **keywords : Any
-        Fields of `ExtractionOptions` by name, replacing those of `options`.
+        Fields of `ExtractionOptions` by name, replacing those of `options`. `control="shuffled"`
+        shuffles each sentence's words (`Corpus.shuffle_words(control_seed)`) before encoding;
+        `control="random-init"` takes an encoder loaded with random weights of `control_seed`
+        (`load_encoder(model, random_init=control_seed)`, as `extract_model` does); the store records
+        either (`lmgeom.controlspec`).
 
     Returns
     -------
@@ -76,14 +80,20 @@ def extract(
     Raises
     ------
     InputError
-        An unknown keyword or a bad option value (`ExtractionOptions`); a store of other settings at
-        `out` without `overwrite`, or files lmgeom did not write there (`StoreExistsError`).
+        An unknown keyword or a bad option value (`ExtractionOptions`); a `control` with an `out` that is
+        not a local folder; `control='random-init'` with an encoder not loaded with
+        `random_init=control_seed`, or an encoder of random weights without that control; a store of
+        other settings at `out` without `overwrite`, or files lmgeom did not write there
+        (`StoreExistsError`).
     """
     progress = progress or NoProgress()
     options = ExtractionOptions.of(options, **keywords)
     location = Location.of(out)
     if options.captures_sites and not location.is_local:
         raise _sharded_sites(options)
+    if options.control is not None and not location.is_local:
+        raise _sharded_control(options)
+    corpus = _controlled(encoder, corpus, options)
     if not location.is_local:  # object stores have no atomic rename: shards committed by manifests
         from lmgeom.stages.distributed import extract_sharded
 
@@ -151,6 +161,32 @@ def extract(
     return RepresentationStore.open(out)
 
 
+def _controlled(encoder: Encoder, corpus: Corpus, options: ExtractionOptions) -> Corpus:
+    """The corpus the extraction encodes under `options.control`, once the encoder is checked
+    against it: a `random-init` control needs an encoder loaded with random weights of its seed
+    (`load_encoder(..., random_init=seed)`), and an encoder of random weights is never extracted as the
+    model (a store of it without the control recorded could be taken for the trained model's)."""
+    seed = getattr(encoder, "random_init_seed", None)
+    if options.control == "random-init" and seed != options.control_seed:
+        raise InputError(f"`control='random-init'` with `control_seed={options.control_seed}`: the encoder given holds "
+                         + ("its loaded weights" if seed is None else f"the random weights of seed {seed}")
+                         + f"; load it with `load_encoder(model, random_init={options.control_seed})` (as `extract_model` "
+                         "does), or leave `control` out", param=("control", "control_seed"))
+    if options.control != "random-init" and seed is not None:
+        raise InputError(f"the encoder given holds random weights (seed {seed}), not the model's; extract it with "
+                         f"`control='random-init'`, `control_seed={seed}` so that the store records it, or load the "
+                         "model without `random_init`", param="control")
+    if options.control == "shuffled":
+        return corpus.shuffle_words(options.control_seed)
+    return corpus
+
+
+def _sharded_control(options: ExtractionOptions) -> InputError:
+    return InputError(f"`control` {options.control}: a control is extracted by a local extraction only (`engine='local'` "
+                      "into a local folder); extract it locally, or leave `control` out",
+                      param=("control", "engine", "out"))
+
+
 def _sharded_sites(options: ExtractionOptions) -> InputError:
     return InputError(f"`sites` {','.join(options.sites or ())}: sites besides resid_post are stored by a local extraction only "
                       "(`engine='local'` into a local folder); leave `sites` out of a sharded one",
@@ -192,15 +228,18 @@ def _finish(pending: tuple[Future[None], int, int], progress: Progress, stage: s
 
 
 def default_run_dir(model: str, corpus: str, *, limit: int | None = None, sample: int | None = None,
-                    seed: int = 0) -> Path:
+                    seed: int = 0, control: str | None = None, control_seed: int = 0) -> Path:
     """runs/<model>-<corpus>: the model's folder name and the corpus name (a file's stem), slugged, with
     -limitN for the first N sentences and -sampleN (-sampleN-seedS for a seed other than 0) for a sample,
-    so that runs on different sentences never share a folder."""
+    so that runs on different sentences never share a folder, and -<control>-seedS for a control (never
+    the model's own folder)."""
     name = f"{Path(model).name}-{Path(corpus.split(':')[0]).stem}"
     if limit is not None:
         name += f"-limit{limit}"
     if sample is not None:
         name += f"-sample{sample}" + (f"-seed{seed}" if seed else "")
+    if control is not None:
+        name += f"-{control}-seed{control_seed}"
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
     return Path("runs") / slug
 
@@ -270,10 +309,13 @@ def extract_model(
     options = ExtractionOptions.of(options, **extraction_keywords)
     encoder_options = EncoderOptions.of(encoder, **encoder_keywords)
     if out is None:
-        out = default_run_dir(model, corpus, limit=options.limit, sample=options.sample, seed=options.seed)
+        out = default_run_dir(model, corpus, limit=options.limit, sample=options.sample, seed=options.seed,
+                              control=options.control, control_seed=options.control_seed)
     if options.engine != "local" or not Location.of(out).is_local:
         if options.captures_sites:
             raise _sharded_sites(options)
+        if options.control is not None:
+            raise _sharded_control(options)
         from lmgeom.stages.distributed import extract_model_sharded
 
         # shards cut from a stream of the corpus: the driver never holds it whole
@@ -285,7 +327,9 @@ def extract_model(
     # a bad corpus spec fails before the model loads
     sentences = load_corpus(corpus, field=options.field, pretokenized=options.pretokenized, limit=options.limit,
                             sample=options.sample, seed=options.seed)
-    return extract(load_encoder(model, encoder_options), sentences, out, options, overwrite=overwrite, progress=progress)
+    random_init = options.control_seed if options.control == "random-init" else None
+    return extract(load_encoder(model, encoder_options, random_init=random_init), sentences, out, options,
+                   overwrite=overwrite, progress=progress)
 
 
 def open_or_extract(store_or_model: str, *, corpus: str = "lee", device: str = "auto",

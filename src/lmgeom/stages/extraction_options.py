@@ -14,6 +14,7 @@ from lmgeom.errors import InputError
 from lmgeom.store import layout
 from lmgeom.layerspec import select_layers
 from lmgeom.sitespec import DEFAULT_SITE, parse_sites
+from lmgeom.controlspec import check_control, check_control_seed, control_settings
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,9 @@ class ExtractionOptions:
     `EncoderOptions.compute_dtype`), `store_layers` (`lmgeom.layerspec.select_layers`: None or "all", "last",
     "0,6,12", "0-3,last", "every:K"; the model's numbering, layer 0 = embedding output), `sites` (where
     in each block the vectors are taken, `lmgeom.sitespec.parse_sites`: "resid_post", the default, or
-    several, "resid_pre,attn_out,mlp_out"; `resid_post` is always stored), `compress`.
+    several, "resid_pre,attn_out,mlp_out"; `resid_post` is always stored), `compress`; `control` (None: the
+    model itself; "random-init": the model's configuration with random weights; "shuffled": each
+    sentence's words shuffled; `lmgeom.controlspec`) with its `control_seed`.
     How: `chunk_sentences` (sentences per committed chunk, the unit of resuming; default
     `default_chunk_sentences`), `sort_window` (sentences sorted by length together into the forward
     batches, a multiple of `chunk_sentences`; default `default_sort_window`: the whole corpus when its
@@ -51,8 +54,12 @@ class ExtractionOptions:
     num_workers: int = 1
     gpus_per_worker: float = 0.0
     shard_sentences: int | None = None
+    control: str | None = None
+    control_seed: int = 0
 
     def __post_init__(self) -> None:
+        check_control(self.control)
+        check_control_seed(self.control_seed)
         require_count(self.limit, "limit")
         require_count(self.sample, "sample")
         if self.storage_dtype not in layout.STORAGE_DTYPES:
@@ -99,6 +106,7 @@ class ExtractionOptions:
             "sort_window": self.sort_window,
             **({"compressor": self.compress} if self.compress is not None else {}),
             **({"shard_sentences": self.shard_sentences} if self.shard_sentences is not None else {}),
+            **({"control": control_settings(self.control, self.control_seed)} if self.control is not None else {}),
         }
 
     @classmethod
@@ -110,7 +118,9 @@ class ExtractionOptions:
                        store_layers=tuple(layout.stored_layers(settings)), compress=settings.get("compressor"),
                        chunk_sentences=settings.get("chunk_sentences"), sort_window=window,
                        shard_sentences=settings.get("shard_sentences"),
-                       sites=tuple(settings["sites"]) if isinstance(settings.get("sites"), dict) else None)
+                       sites=tuple(settings["sites"]) if isinstance(settings.get("sites"), dict) else None,
+                       **({"control": control["name"], "control_seed": int(control["seed"])}
+                          if isinstance(control := settings.get("control"), dict) else {}))
         return cls.of(recorded, **keywords)
 
 

@@ -280,6 +280,10 @@ def measure_geometry(
     if model_weights is None or model_weights is False:
         layernorm: dict[str, Any] = {"n_sigma": OUTLIER_SIGMAS, "computed": False, "modules": [],
                                      "note": "not computed: a store holds activations, not weights (ask with `model_weights`)"}
+    elif (store.meta.get("control") or {}).get("name") == "random-init":  # the named model's weights are not the store's
+        layernorm = {"n_sigma": OUTLIER_SIGMAS, "computed": False, "modules": [],
+                     "note": "not computed: the store is the random-init control, whose norm weights are the "
+                             "initialisation's, not those of the model it names"}
     else:
         layernorm = layernorm_outliers(model_spec(store.meta.get("model_id")) if model_weights is True else model_weights)
     settings = {

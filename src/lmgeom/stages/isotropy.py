@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from lmgeom.progress import Progress
 from lmgeom.engine import run_analysis
 from lmgeom.engine.options import ROW_FIELDS, StepOptions
-from lmgeom.rundir import ISOTROPY, ISOTROPY_CSV, Target, records_csv, write_result_set
+from lmgeom.rundir import ISOTROPY, ISOTROPY_CSV, Target, Where, records_csv, write_result_set
 from lmgeom.store import RepresentationStore
 
 
@@ -35,13 +35,15 @@ def measure_isotropy(
     options: IsotropyOptions = IsotropyOptions(),
     *,
     write: bool = True,
+    out: Where | None = None,
     progress: Progress | None = None,
 ) -> IsotropyResult:
     """Every global measure of `isotropy_report` (I(W) raw and centred, IsoScore, average cosine,
     spectra, rogue dimensions) and the size-weighted local isotropy inside `isotropy_clusters` k-means
     clusters (`local_*`), per layer, on the same seeded sample of `isotropy_rows` selected rows
     (`options.analysis`; the `isotropy` statistic of the analysis engine). Written to
-    STORE/isotropy.json and isotropy.csv with the options' settings."""
+    STORE/isotropy.json and isotropy.csv (or OUT's, a folder of this store's run: a capture site's
+    results) with the options' settings."""
     analysis_options = options.analysis.replace(statistics=("isotropy",))
     analysis = run_analysis(store, analysis_options, progress=progress, label="isotropy")
     records: list[dict[str, Any]] = [
@@ -54,8 +56,9 @@ def measure_isotropy(
     resolved = analysis.plan.device
     paths: list[Target] = []
     if write:
-        paths = write_result_set(ISOTROPY.at(store.url), ISOTROPY.kind,
+        folder = store.url if out is None else out
+        paths = write_result_set(ISOTROPY.at(folder), ISOTROPY.kind,
                                  {"settings": settings, "device": resolved, "records": records}, store_meta=store.meta,
-                                 settings=options.to_settings(), companions=[(ISOTROPY_CSV.at(store.url), records_csv(records))])
+                                 settings=options.to_settings(), companions=[(ISOTROPY_CSV.at(folder), records_csv(records))])
     return IsotropyResult(records, settings, paths, resolved)
 
