@@ -406,7 +406,7 @@ def test_run_analyses_each_site_in_a_folder_of_its_own(tmp_path):
     from lmgeom.stages.analysis import analyze_store
 
     alone = analyze_store(store, AnalysisOptions(min_contexts=2, bootstrap=0, num_workers=1, device="cpu", site="attn_out"))
-    expected = alone.contextuality.set_index(["layer", "metric"])["raw"]
+    expected = alone.layers.set_index(["layer", "metric"])["raw"]
     for record in site["records"]:
         assert record["raw"] == pytest.approx(expected[record["layer"], record["metric"]], rel=1e-12, nan_ok=True)
     page = (out / "report.html").read_text()
