@@ -339,3 +339,15 @@ def test_cli_bad_data_folder_and_unknown_method(tmp_path):
     result = CliRunner().invoke(app, ["sts", "tiny-bert", "--data-dir", str(tmp_path), "--methods", "whitening,pca"])
     assert result.exit_code == 2
     assert all(m in result.output for m in CALIBRATION_METHODS)
+
+
+def test_combined_layers_take_the_one_layer_grammar() -> None:
+    """`--combine` specs are layer specs, resolved against the model's layers: "first,last", negative
+    numbers and ranges name the layers averaged; a layer the model lacks is refused naming `combine`."""
+    from lmgeom.errors import InputError
+    from lmgeom.stages.sts import Combined, LayerSelection, resolve_layers
+
+    got = resolve_layers([Combined("first,last"), Combined("0,-1"), Combined("1-3")], n_layers=7)
+    assert got == [LayerSelection("avg(0,6)", (0, 6)), LayerSelection("avg(1,2,3)", (1, 2, 3))]  # the first two coincide
+    with pytest.raises(InputError, match="combine"):
+        resolve_layers([Combined("0,9")], n_layers=7)

@@ -10,7 +10,6 @@ import typer
 from lmgeom.calibrate import METHOD_NAMES
 from lmgeom.cli.common import (DATA_DIR_HELP, LAYERS_HELP, MODEL_OPTION_HELP, RichProgress, console, grid_table, old_spellings,
                                one_model, split_list, table_columns, user_errors, url_form)
-from lmgeom.errors import InputError
 
 
 VECTORS_PANEL = "Sentence vectors"
@@ -25,7 +24,7 @@ def register(app: typer.Typer) -> None:
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=f"{DATA_DIR_HELP}: any of stsbenchmark/, STS_raw/ (or STS/), SICK/; all found are evaluated"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", callback=url_form, help="results JSON (tidy records; a .csv of the records is written next to it)"),
         layers: str = typer.Option("all,first-last-avg", help=LAYERS_HELP + ", and first-last-avg (layers 1 and L averaged)", rich_help_panel=VECTORS_PANEL),
-        combine: list[str] = typer.Option([], "--combine", help="also evaluate the average of these layers, e.g. 0,6 (repeatable)", rich_help_panel=VECTORS_PANEL),
+        combine: list[str] = typer.Option([], "--combine", help="also evaluate the average of these layers, e.g. 0,6 or first,last (repeatable)", rich_help_panel=VECTORS_PANEL),
         method: str = typer.Option("none", "--methods", help=f"comma list of none, {', '.join(METHOD_NAMES)}, or 'all' (every one); 'none' is always included"),
         fit_on: str = typer.Option("transductive", "--fit-on", help="fit calibrators on the evaluated sentences ('transductive') or on a corpus (lee, brown, a file, ...); comma list for several"),
         split: str = typer.Option("test", help="test, dev or train (SemEval STS12-16 exist only as test; SICK dev = TRIAL)"),
@@ -38,15 +37,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Spearman x 100 between gold similarity and the cosine of mean-pooled sentence vectors, per layer and calibration."""
         from lmgeom.corpus.builtin import DEFAULT_DATA_DIR
-        from lmgeom.stages.sts import combination, run_sts
+        from lmgeom.stages.sts import Combined, run_sts
 
         model = one_model(model_argument, model_option, "sts")
         with user_errors():
             methods = list(METHOD_NAMES) if method.strip() == "all" else split_list(method)
-            try:
-                combinations = [combination([int(x) for x in split_list(text)]) for text in combine]
-            except ValueError:
-                raise InputError(f"--combine takes comma-separated layer numbers such as 0,6; got {combine}") from None
+            combinations = [Combined(text) for text in combine]
             with RichProgress() as progress:
                 result = run_sts(
                     model, DEFAULT_DATA_DIR if data_dir is None else data_dir, layers=[*split_list(layers), *combinations], methods=methods, fit_on=split_list(fit_on),

@@ -58,6 +58,14 @@ class LayerSelection:
 
 
 @dataclass(frozen=True)
+class Combined:
+    """The average of the layers a layer spec selects (`lmgeom.layerspec`: "0,6", "0,-1", "first,last",
+    "every:2"), resolved once the model's number of layers is known; named avg(i,j,...)."""
+
+    spec: str
+
+
+@dataclass(frozen=True)
 class FitSource:
     """Where calibrators are fitted: the evaluated sentences (`sentences` None) or a corpus."""
 
@@ -65,10 +73,10 @@ class FitSource:
     sentences: tuple[str, ...] | None = None
 
 
-def resolve_layers(layers: Sequence[int | str | LayerSelection] | None, n_layers: int) -> list[LayerSelection]:
+def resolve_layers(layers: Sequence[int | str | LayerSelection | Combined] | None, n_layers: int) -> list[LayerSelection]:
     """Layer selections from layer specs in the one grammar (`lmgeom.layerspec`: numbers, negative ones
-    from the end, ranges, 'first', 'last', 'all', 'every:K'), "first-last-avg" (layers 1 and L, averaged)
-    or ready `LayerSelection`s, in the order given; None means every layer plus first-last-avg."""
+    from the end, ranges, 'first', 'last', 'all', 'every:K'), "first-last-avg" (layers 1 and L, averaged),
+    `Combined` specs (the average of the layers a spec selects) or ready `LayerSelection`s, in the order given; None means every layer plus first-last-avg."""
     last = n_layers - 1
     selections: list[LayerSelection] = []
     for item in ["all", FIRST_LAST_AVG] if layers is None else layers:
@@ -78,6 +86,8 @@ def resolve_layers(layers: Sequence[int | str | LayerSelection] | None, n_layers
                 raise OutOfRange(f"`layers`: the selection {item.name!r} has layer(s) {bad or '(none)'} outside the model's "
                                  f"0..{last} (0 = embedding output)", param="layers")
             selections.append(item)
+        elif isinstance(item, Combined):
+            selections.append(combination(select_layers(item.spec, range(n_layers), param="combine")))
         elif item == FIRST_LAST_AVG:
             if last < 1:
                 raise InputError("first-last-avg needs at least one transformer layer; this model has only the embedding layer",
@@ -175,7 +185,7 @@ def evaluate_sts(
     encoder: HFEncoder,
     datasets: Sequence[STSDataset],
     *,
-    layers: Sequence[int | str | LayerSelection] | None = None,
+    layers: Sequence[int | str | LayerSelection | Combined] | None = None,
     methods: Sequence[str] = (NO_CALIBRATION,),
     fit_on: FitOn | Sequence[FitOn] = TRANSDUCTIVE,
     include_special: bool = True,
@@ -246,7 +256,7 @@ def run_sts(
     model: str,
     data: str | os.PathLike[str],
     *,
-    layers: Sequence[int | str | LayerSelection] = ("all", FIRST_LAST_AVG),
+    layers: Sequence[int | str | LayerSelection | Combined] = ("all", FIRST_LAST_AVG),
     methods: Sequence[str] = (NO_CALIBRATION,),
     fit_on: Sequence[str] = (TRANSDUCTIVE,),
     split: str = "test",
