@@ -199,6 +199,51 @@ def thesis_table() -> str:
                      "pairs dropped"], rows, align="llllrrrl")
 
 
+# each model's run on lee whose isotropy.json gives the raw-space level of its top layer: (model, results folder)
+RAW_LEVEL_RUNS = (("minilm", "ethayarajh-minilm-lee"), ("smollm2", "ethayarajh-smollm2-lee"),
+                  ("elmo-brown", "ethayarajh-elmo-brown-lee"))
+# the thesis runs whose level-test points give each configuration's mean Δ score (every configuration once)
+LEVEL_POINT_RUNS = ("ding-thesis-frozen/sensitivity-keep-unverified", "ding-thesis-finetune")
+
+
+def raw_level_table() -> str:
+    """The raw-space level of local isotropy of each model (Cai et al.'s clustered measure: IsoScore and
+    the mean cosine within k-means clusters of the top layer's word vectors, centred per cluster, from
+    the model's lee run), beside each configuration's mean Δ score of the methods against `none` and
+    `none`'s local IsoScore of the head's input (the thesis runs' level points)."""
+    levels: dict[str, tuple[int, dict[str, float], int] | None] = {}
+    for model, run in RAW_LEVEL_RUNS:
+        if not (RESULTS / run / "isotropy.json").exists():  # a run that kept no isotropy.json: not measured
+            levels[model] = None
+            continue
+        document = load_json(RESULTS / run / "isotropy.json")
+        top = max(document["settings"]["layers"])
+        at = {r["measure"]: r["value"] for r in document["records"] if r["layer"] == top}
+        levels[model] = (top, at, document["settings"]["n_clusters"])
+    rows = []
+    for run in LEVEL_POINT_RUNS:
+        document = load_json(RESULTS / run / "thesis.json")
+        kept = {(c["source"], c["head"], c["split"], c["metric"]): c for c in document["configurations"]}
+        for test in document.get("level_tests", []):
+            for point in test.get("points", []):
+                model = point["model"]
+                if model not in levels:
+                    continue
+                level = levels[model]
+                configuration = kept.get((point["source"], point["head"], point["split"], point["metric"]), {})
+                raw = (["not measured", "—", "—", "—"] if level is None else
+                       [f"{level[0]} (k = {level[2]})", number(level[1].get("local_isoscore")),
+                        number(level[1].get("local_average_cosine_centered")), number(level[1].get("isoscore"))])
+                rows.append([model, *raw, point["regime"], point["task"], point["head"],
+                             f"{point['split']} {point['metric']}", configuration.get("status", ""),
+                             number(point["level"]), f"{point['mean_delta_score']:+.3f} ± {point['sd_delta_score']:.3f}",
+                             str(point["n_pairs"]), f"`{Path(point['source']).parent.name}`"])
+    rows.sort(key=lambda row: (row[0], row[5], row[6], row[7]))
+    return markdown(["model", "top layer (clusters)", "raw local IsoScore", "raw local mean cosine (centred)", "raw IsoScore",
+                     "regime", "task", "head", "split, metric", "`none` vs trivial", "`none`'s head-input local IsoScore",
+                     "mean Δ score ± sd", "pairs", "results"], rows, align="llrrrllllrrrrl")
+
+
 def precheck_table(run: str) -> str:
     """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
     from lmgeom.stages.experiments.finetuning import precheck_status_table
@@ -211,6 +256,7 @@ def build() -> Documents:
     documents[DING]["ding-precheck-minilm"] = precheck_table("ding-precheck-minilm")
     documents[DING]["ding-isotropy-check"] = isotropy_check_table()
     documents[DING]["ding-thesis"] = thesis_table()
+    documents[DING]["ding-raw-level"] = raw_level_table()
     for grid in GRID_RUNS:
         if (RESULTS / grid / "results.json").exists():
             documents[DING][grid] = calibration_table(grid)
