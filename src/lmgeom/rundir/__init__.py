@@ -9,6 +9,7 @@ RUN/                         a store (lmgeom.store.layout) plus the result files
   contextuality_layers.csv   its records;  contextuality_words.csv: word x layer
   isotropy.json, .csv        global and local isotropy of every layer
   geometry.json              intrinsic dimension, outlier panel, uniformity/alignment of every layer
+  attribution.json, .csv     each layer's mean, variance and largest entries by the terms that write it
   calibration.json, .csv     isotropy before and after each fitted (layer, method)
   calibrators/<method>-L<layer>.npz|.pt
   static/<layer>.benchmarks.json, .csv, and the layer's static vectors
@@ -49,7 +50,7 @@ from lmgeom.rundir.files import (  # noqa: F401
     SCHEMA_VERSION, LAYER_NOTE, Target, Where, layer_name, target, relative_to, exists, link, name_of, ResultFile, RUN,
     SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, CALIBRATION,
     CALIBRATION_CSV, CALIBRATORS, CALIBRATOR, STATIC, STATIC_VECTORS, STATIC_TEXT, STATIC_BENCHMARKS,
-    STATIC_BENCHMARKS_CSV, GEOMETRY, GEOMETRY_CSV, STS_CSV_SUFFIX, STS, EXPERIMENTS, EXPERIMENT_RESULTS,
+    STATIC_BENCHMARKS_CSV, GEOMETRY, GEOMETRY_CSV, ATTRIBUTION, ATTRIBUTION_CSV, STS_CSV_SUFFIX, STS, EXPERIMENTS, EXPERIMENT_RESULTS,
     EXPERIMENT_CONFIG_KEYS, EXPERIMENT_JSON, EXPERIMENT_TABLE, EXPERIMENT_FIGURE, WSD_PREDICTIONS,
     STATIC_BASELINE_VECTORS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES, FIGURE, SITE_RESULTS,
     COMPARE_PAGE, COMPARE_CSV, COMPARE_SIMILARITY, RESULT_FILES, KINDS, RUN_STEPS, RESERVED_NAMES, RUN_MARKERS,
@@ -75,7 +76,7 @@ __all__ = [
     "SCHEMA_VERSION", "LAYER_NOTE", "Target", "Where", "layer_name", "target", "relative_to", "exists", "link", "name_of",
     "ResultFile", "RUN", "SUMMARY", "CONTEXTUALITY", "CONTEXTUALITY_LAYERS", "CONTEXTUALITY_WORDS", "ISOTROPY",
     "ISOTROPY_CSV", "CALIBRATION", "CALIBRATION_CSV", "CALIBRATORS", "CALIBRATOR", "STATIC", "STATIC_VECTORS",
-    "STATIC_TEXT", "STATIC_BENCHMARKS", "STATIC_BENCHMARKS_CSV", "GEOMETRY", "GEOMETRY_CSV", "STS_CSV_SUFFIX",
+    "STATIC_TEXT", "STATIC_BENCHMARKS", "STATIC_BENCHMARKS_CSV", "GEOMETRY", "GEOMETRY_CSV", "ATTRIBUTION", "ATTRIBUTION_CSV", "STS_CSV_SUFFIX",
     "STS", "EXPERIMENTS", "EXPERIMENT_RESULTS", "EXPERIMENT_CONFIG_KEYS", "EXPERIMENT_JSON", "EXPERIMENT_TABLE",
     "EXPERIMENT_FIGURE", "WSD_PREDICTIONS", "STATIC_BASELINE_VECTORS", "EXPLORER", "SIMILARITY",
     "SIMILARITY_CSV", "SIMILARITY_PAIRS", "REPORT", "FIGURES", "FIGURE", "SITE_RESULTS", "COMPARE_PAGE", "COMPARE_CSV",
