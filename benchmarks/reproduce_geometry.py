@@ -198,8 +198,32 @@ def controls_tables() -> dict[str, str]:
     return blocks
 
 
+# attribution runs (`lmgeom attribute`): (results folder, label)
+ATTRIBUTION_RUNS = (("attribution-smollm2-lee", "SmolLM2-135M, lee (300 sentences)"),)
+
+
+def attribution_table(run: str) -> str:
+    """Per layer of an attribution.json: each term's share of the mean direction, of the total variance
+    (trace), and of the largest |x| entry, with the layer's largest |x| and the sum rule's residual."""
+    document = load_json(RESULTS / run / "attribution.json")
+    rows = []
+    for record in document["layers"]:
+        terms = record["terms"]
+        top = record["massive"][0] if record.get("massive") else None
+        rows.append([record["layer"], record["sum"],
+                     *[number(record["mean_shares"][t], 2, signed=True) for t in terms],
+                     *[number(record["variance_shares"][t]["total"], 2, signed=True) for t in terms],
+                     *([number(top["shares"][t], 2, signed=True) for t in terms] if top else ["—"] * len(terms)),
+                     number(record["max_abs"], 1), f"{record['residual']:.1e}"])
+    terms = document["layers"][0]["terms"]
+    header = ["layer", "sum", *[f"mean: {t}" for t in terms], *[f"variance: {t}" for t in terms],
+              *[f"top |x|: {t}" for t in terms], "max |x|", "residual"]
+    return markdown(header, rows, align="ll" + "r" * (3 * len(terms) + 2))
+
+
 def build() -> Documents:
     blocks = {run: within_table(run) for run, _ in WITHIN}
+    blocks.update({run: attribution_table(run) for run, _ in ATTRIBUTION_RUNS})
     for run, label_a, label_b in ACROSS:
         blocks[run] = across_table(run, label_a, label_b)
         blocks[f"{run}-rows"] = matching_counts(run, label_a, label_b)
