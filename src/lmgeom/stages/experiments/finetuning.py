@@ -174,6 +174,30 @@ def stale_layer_reasons(checks: Sequence[dict[str, Any]]) -> list[str]:
 # ---- cells and workers ------------------------------------------------------------------------
 
 
+# FineTuneOptions fields that only a calibrator's layer reads, with their defaults.
+LAYER_OPTIONS = {"recalibrate_every": 100, "refit_after_last": True}
+
+
+def method_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` (FineTuneOptions fields) as they apply to `method`: a method without a calibration
+    layer gets the layer's options at their defaults and no `calibration`, so its cell (whose
+    configuration holds them) is the same whatever the calibrators were run with. `calibration` is
+    kept only where it differs from the defaults (a cell of the default is the cell of a run without it)."""
+    from lmgeom.finetune.calibration import CalibrationOptions
+    from lmgeom.finetune.train import CALIBRATION_METHODS
+
+    options = dict(options)
+    calibration = options.pop("calibration", None)
+    if method not in CALIBRATION_METHODS:
+        return {**options, **{key: value for key, value in LAYER_OPTIONS.items() if key in options}}
+    if calibration is not None:
+        given = calibration if isinstance(calibration, CalibrationOptions) else CalibrationOptions.from_dict(calibration)
+        changed = given.changed()
+        if changed:
+            options["calibration"] = changed
+    return options
+
+
 @dataclass
 class FinetuneJob:
     """Everything one worker needs for one (configuration, seed) cell."""
@@ -254,6 +278,7 @@ def run_job(job: FinetuneJob) -> Cell:
         "method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch, "seconds": seconds,
         "n_steps": result.n_steps, "seconds_per_step": per_step, "padding_fraction": result.padding_fraction,
         "finetune_notes": result.notes, "degenerate_reasons": reasons, "layer_checks": result.layer_checks,
+        "layer_log": result.layer_log,
         "threads": _threads()})
     regularisation = (f"AdamW weight decay 0.01, {options.epochs} epochs, lr {options.learning_rate:g}, batch "
                       f"{options.batch_size}, warm-up {options.warmup_fraction:g}, max length {options.max_length}")
