@@ -245,7 +245,7 @@ def flow_fixes_table() -> str:
             final = [r for r in reasons if not r.startswith("collapsed during training")]
             lowest = min((c["isoscore"] for c in checks), default=float("nan"))
             guard = cell["extra"].get("layer_log", {}).get("guard_refits")
-            note = "; ".join([*final, *([f"{len(guard)} guard re-fits"] if guard is not None else [])])
+            note = "; ".join([*final, *([f"{len(guard)} guard re-fits"] if guard is not None else [])]).replace("|", "\\|")
             delta = ("" if none is None else number(dev["value"] - _dev(none)["value"], 4, signed=True))
             delta_ood = ("" if none is None else number(ood["value"] - _dev(none, "dev_out_of_domain")["value"], 4, signed=True))
             rows.append([variant, cell["config"]["method"], ", ".join(changed) or "as the grid",
