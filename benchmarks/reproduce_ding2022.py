@@ -204,7 +204,8 @@ def thesis_table() -> str:
 # the order the table lists them (those not run yet are left out)
 FLOW_FIXES = "ding-flow-fixes-minilm-cola"
 FLOW_FIX_VARIANTS = ("flow-grid", "flow-joint", "flow-joint-encoder", "flow-guard", "flow-penalty", "flow-refit10",
-                     "whitening-grid", "whitening-batch", "whitening-penalty")
+                     "whitening-grid", "whitening-batch", "whitening-penalty", "abtt-grid", "abtt-batch", "conceptor-grid",
+                     "conceptor-batch", "cie-grid", "cie-guard")
 
 
 def _cells(folder: Path) -> list[dict]:

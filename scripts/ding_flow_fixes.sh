@@ -24,8 +24,15 @@ declare -A ARGS=(
   [whitening-grid]="--methods whitening"
   [whitening-batch]="--methods whitening --recalibrate-every 1 --calibration-options refit_on=batch"
   [whitening-penalty]="--methods whitening --calibration-options variance_penalty=1"
+  [abtt-grid]="--methods abtt"
+  [abtt-batch]="--methods abtt --recalibrate-every 1 --calibration-options refit_on=batch"
+  [conceptor-grid]="--methods conceptor"
+  [conceptor-batch]="--methods conceptor --recalibrate-every 1 --calibration-options refit_on=batch"
+  [cie-grid]="--methods cie"
+  [cie-guard]="--methods cie --calibration-options guard_isoscore=0.5"
 )
-ORDER=(flow-grid flow-joint flow-guard flow-penalty flow-joint-encoder flow-refit10 whitening-grid whitening-batch whitening-penalty)
+ORDER=(flow-grid flow-joint flow-guard flow-penalty flow-joint-encoder flow-refit10 whitening-grid whitening-batch whitening-penalty
+       abtt-grid abtt-batch conceptor-grid conceptor-batch cie-grid cie-guard)
 [ $# -gt 0 ] && ORDER=("$@")
 
 copy_none() {  # none's finished cell from flow-grid into folder $1
