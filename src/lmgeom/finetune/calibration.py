@@ -148,7 +148,22 @@ class CalibrationOptions:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "CalibrationOptions":
-        """Options from a mapping of field names (unknown names refused, naming them)."""
+        """Options from a mapping of field names.
+
+        Parameters
+        ----------
+        values : mapping
+            Field name -> value; the fields not named keep their defaults.
+
+        Returns
+        -------
+        CalibrationOptions
+
+        Raises
+        ------
+        InputError
+            For an unknown name (naming it) or a bad value (naming its field).
+        """
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(values) - set(names))
         if unknown:
@@ -157,7 +172,23 @@ class CalibrationOptions:
 
     @classmethod
     def parse(cls, text: str) -> "CalibrationOptions":
-        """Options from ``name=value,name=value`` (numbers, true/false, none; the rest as text)."""
+        """Options from the command line's ``name=value,name=value``.
+
+        Parameters
+        ----------
+        text : str
+            Comma-separated ``name=value`` pairs; a value is read as true/false, none, an integer,
+            a float, or else kept as text.
+
+        Returns
+        -------
+        CalibrationOptions
+
+        Raises
+        ------
+        InputError
+            For an item without ``=``, an unknown name or a bad value.
+        """
         values: dict[str, Any] = {}
         for item in (part.strip() for part in text.split(",")):
             if not item:
@@ -170,7 +201,20 @@ class CalibrationOptions:
         return cls.from_dict(values)
 
     def check_method(self, method: str) -> None:
-        """Refuse options that the calibration method `method` cannot take, naming them."""
+        """Refuse options that a calibration method cannot take.
+
+        Parameters
+        ----------
+        method : str
+            One of the fine-tuning calibration methods (abtt, cie, conceptor, whitening,
+            standardize, flow).
+
+        Raises
+        ------
+        InputError
+            Naming the option: `refit_on="batch"` for cie and the flow, a `flow_*` option for
+            another method, `guard_isoscore` with a joint flow.
+        """
         if self.refit_on == "batch" and method not in MOMENT_METHODS:
             raise InputError(f"CalibrationOptions.refit_on 'batch' fits in closed form from running moments, which "
                              f"{method} cannot (it needs more than a mean and covariance); use it with one of "
@@ -349,7 +393,14 @@ class CalibrationLayer(nn.Module):
 
     @torch.no_grad()
     def update_moments(self, batch: torch.Tensor) -> None:
-        """Move the running mean and covariance towards the batch's by `options.batch_momentum`."""
+        """Move the running moments towards a batch's.
+
+        Parameters
+        ----------
+        batch : torch.Tensor of shape (n, dim)
+            Pooled vectors (detached here); the running mean, population covariance and row
+            count each move towards the batch's by `options.batch_momentum`.
+        """
         if self._mean is None or self._covariance is None:
             raise ValueError("the running moments start from a refit(vectors); call it first")
         X = batch.detach().double().cpu().numpy()
@@ -416,7 +467,20 @@ class CalibrationLayer(nn.Module):
 
 @torch.no_grad()
 def layer_isoscore(layer: nn.Module, vectors: np.ndarray) -> float:
-    """IsoScore of `layer`'s output on `vectors` (NaN when the output is not finite)."""
+    """IsoScore of a layer's output.
+
+    Parameters
+    ----------
+    layer : torch.nn.Module
+        A (batch, dim) -> (batch, dim') module, e.g. a fitted `CalibrationLayer`.
+    vectors : ndarray of shape (n, dim)
+        Its input.
+
+    Returns
+    -------
+    float
+        IsoScore of the output, NaN when the output is not finite.
+    """
     from lmgeom.metrics.isotropy import isoscore
 
     parameter = next(iter([*layer.parameters(), *layer.buffers()]), None)

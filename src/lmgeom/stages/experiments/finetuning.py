@@ -179,10 +179,24 @@ LAYER_OPTIONS = {"recalibrate_every": 100, "refit_after_last": True}
 
 
 def method_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
-    """`options` (FineTuneOptions fields) as they apply to `method`: a method without a calibration
-    layer gets the layer's options at their defaults and no `calibration`, so its cell (whose
-    configuration holds them) is the same whatever the calibrators were run with. `calibration` is
-    kept only where it differs from the defaults (a cell of the default is the cell of a run without it)."""
+    """FineTuneOptions fields as they apply to one method (and enter its cell's configuration).
+
+    Parameters
+    ----------
+    method : str
+        The fine-tuning method.
+    options : dict
+        FineTuneOptions fields, `calibration` a `CalibrationOptions` or a dict of its fields.
+
+    Returns
+    -------
+    dict
+        For a method without a calibration layer: the layer's options (`recalibrate_every`,
+        `refit_after_last`, where given) at their defaults and no `calibration`, so its cell is the
+        same whatever the calibrators were run with. For a calibrator: `calibration` reduced to
+        the fields that differ from the defaults, and dropped when none does (a run with the
+        defaults has the cell of a run without it).
+    """
     from lmgeom.finetune.calibration import CalibrationOptions
     from lmgeom.finetune.train import CALIBRATION_METHODS
 
