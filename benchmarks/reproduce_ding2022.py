@@ -5,7 +5,8 @@ experiment) and docs/reproduction/calibration.md (STS and isotropy calibration) 
     python benchmarks/reproduce_ding2022.py --check   exits 1 if a doc differs from the files
 
 Sources: `lmgeom experiment calibration` results (docs/reproduction/results/calib-*/results.json),
-the fine-tuning pre-check (docs/reproduction/results/ding-precheck-minilm/precheck.json),
+the fine-tuning pre-check (docs/reproduction/results/ding-precheck-minilm/precheck.json), the
+cells of the flow-inside-fine-tuning diagnostic (docs/reproduction/results/ding-flow-fixes-minilm-cola/),
 `lmgeom sts` results (docs/reproduction/results/sts-<model>/sts.json, for the models STS_RUNS
 lists) and the isotropy.json and calibration.json of `lmgeom run` on Lee (the folders LEE_RUNS
 lists); docs/reproduction/results/COMMANDS.md
@@ -244,6 +245,64 @@ def raw_level_table() -> str:
                      "mean Δ score ± sd", "pairs", "results"], rows, align="llrrrllllrrrrl")
 
 
+# scripts/ding_flow_fixes.sh: one folder per variant (each holding `none`'s cell and the variant's), in
+# the order the table lists them (those not run yet are left out)
+FLOW_FIXES = "ding-flow-fixes-minilm-cola"
+FLOW_FIX_VARIANTS = ("flow-grid", "flow-joint", "flow-joint-encoder", "flow-guard", "flow-penalty", "flow-refit10",
+                     "whitening-grid", "whitening-batch", "whitening-penalty", "abtt-grid", "abtt-batch", "conceptor-grid",
+                     "conceptor-batch", "cie-grid", "cie-guard")
+
+
+def _cells(folder: Path) -> list[dict]:
+    return [load_json(path) for path in sorted((folder / "cells").glob("*.json"))]
+
+
+def _dev(cell: dict, split: str = "dev") -> dict:
+    return next(r for r in cell["records"] if r["split"] == split and r["metric"] == "matthews")
+
+
+def flow_fixes_table() -> str:
+    """The flow (and whitening) inside fine-tuning with each way of keeping the layer fitted
+    (scripts/ding_flow_fixes.sh; one seed): per variant, what differs from the grid's settings
+    (`--recalibrate-every`, `CalibrationOptions`), dev and out-of-domain MCC with Δ against `none`,
+    whether the cell is degenerate, IsoScore of the layer's input → output on dev, and the fit in
+    use's checks during training (collapsed / all, lowest IsoScore)."""
+    root = RESULTS / FLOW_FIXES
+    rows = []
+    none: dict | None = None
+    for variant in FLOW_FIX_VARIANTS:
+        cells = _cells(root / variant)
+        if not any(c["config"]["method"] != "none" for c in cells):
+            continue
+        if none is None:
+            none = next((c for c in cells if c["config"]["method"] == "none"), None)
+            if none is not None:
+                dev, ood = _dev(none), _dev(none, "dev_out_of_domain")
+                rows.append(["none", "none", "", f"{dev['value']:.4f}", "", f"{ood['value']:.4f}", "", "no",
+                             f"{dev['isoscore_after']:.4f}", "", ""])
+        for cell in (c for c in cells if c["config"]["method"] != "none"):
+            options = cell["config"]["options"]
+            changed = [f"recalibrate every {options['recalibrate_every']}"] if options.get("recalibrate_every", 100) != 100 else []
+            changed += [f"{key}={value}" for key, value in options.get("calibration", {}).items()]
+            dev, ood = _dev(cell), _dev(cell, "dev_out_of_domain")
+            reasons = cell["extra"].get("degenerate_reasons", [])
+            checks = cell["extra"].get("layer_checks", [])
+            stale = [r for r in reasons if r.startswith("collapsed during training")]
+            final = [r for r in reasons if not r.startswith("collapsed during training")]
+            lowest = min((c["isoscore"] for c in checks), default=float("nan"))
+            guard = cell["extra"].get("layer_log", {}).get("guard_refits")
+            note = "; ".join([*final, *([f"{len(guard)} guard re-fits"] if guard is not None else [])]).replace("|", "\\|")
+            delta = ("" if none is None else number(dev["value"] - _dev(none)["value"], 4, signed=True))
+            delta_ood = ("" if none is None else number(ood["value"] - _dev(none, "dev_out_of_domain")["value"], 4, signed=True))
+            rows.append([variant, cell["config"]["method"], ", ".join(changed) or "as the grid",
+                         f"{dev['value']:.4f}", delta, f"{ood['value']:.4f}", delta_ood,
+                         "yes" if reasons else "no", f"{dev['isoscore_before']:.4f} → {dev['isoscore_after']:.4f}",
+                         f"{len(stale)} / {len(checks)}, lowest IsoScore {lowest:.2g}" if checks else "", note])
+    return markdown(["variant", "method", "differs from the grid", "dev MCC", "Δ vs none", "out-of-domain MCC", "Δ vs none",
+                     "degenerate", "IsoScore in → out (dev)", "fit in use: collapsed / checks", "final-layer reasons, guard"],
+                    rows, align="lllrrrrllll")
+
+
 def precheck_table(run: str) -> str:
     """The fine-tuning pre-check's status per task (`lmgeom experiment finetune-precheck`'s precheck.json)."""
     from lmgeom.stages.experiments.finetuning import precheck_status_table
@@ -260,6 +319,8 @@ def build() -> Documents:
     for grid in GRID_RUNS:
         if (RESULTS / grid / "results.json").exists():
             documents[DING][grid] = calibration_table(grid)
+    if (RESULTS / FLOW_FIXES).exists():
+        documents[DING][FLOW_FIXES] = flow_fixes_table()
     blocks = {"isotropy-lee": isotropy_table(), "calibration-lee": lee_calibration_table()}
     for model in STS_RUNS:
         blocks[f"sts-{model}-delta"] = sts_delta_table(model)

@@ -165,8 +165,10 @@ class _Flow(nn.Module):
         return z
 
 
-def _negative_log_likelihood(z: torch.Tensor, log_det: torch.Tensor) -> torch.Tensor:
-    """-log p(x) per point under z ~ N(0, I)."""
+def negative_log_likelihood(z: torch.Tensor, log_det: torch.Tensor) -> torch.Tensor:
+    """-log p(x) per point under z ~ N(0, I), from a flow's output `z` (n x d) and the log
+    determinant of its Jacobian per point (`log_det`, n): what a flow's fit minimises, and what a
+    flow trained jointly inside fine-tuning adds to the task loss."""
     return 0.5 * (z**2).sum(dim=1) + 0.5 * z.shape[1] * math.log(2 * math.pi) - log_det
 
 
@@ -285,7 +287,7 @@ class FlowCalibrator(Calibrator):
             total = 0.0
             for start in range(0, n_points, self.batch_size):
                 batch = data[order[start : start + self.batch_size]]
-                loss = _negative_log_likelihood(*flow(batch)).mean()
+                loss = negative_log_likelihood(*flow(batch)).mean()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(flow.parameters(), _GRADIENT_CLIP_NORM)

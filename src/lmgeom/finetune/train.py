@@ -34,7 +34,7 @@ from lmgeom.errors import InputError
 from lmgeom.calibrate import METHODS as CALIBRATORS
 from lmgeom.calibrate import Calibrator
 from lmgeom.device import resolve_device
-from lmgeom.finetune.calibration import CalibrationLayer
+from lmgeom.finetune.calibration import CalibrationLayer, CalibrationOptions, guard_fires, layer_isoscore
 from lmgeom.finetune.isobn import ISOBN_BETA, ISOBN_EPS, ISOBN_MOMENTUM, IsoBN
 from lmgeom.finetune.istar import IStar
 from lmgeom.finetune.model import Classifier, Inputs, Tokenized, pool
@@ -55,6 +55,7 @@ POOLING_NOTES = {
 LENGTH_POOL_BATCHES = 50
 WEIGHT_DECAY = 0.01
 MAX_GRADIENT_NORM = 1.0
+FLOW_GRADIENT_NORM = 10.0  # the joint flow's parameters, clipped as FlowCalibrator's training clips them
 # Training inputs whose vectors each re-estimation of a calibrator is fitted on (a fixed seeded subset).
 RECALIBRATION_INPUTS = 2048
 # I-STAR's defaults: the paper's released script fine-tunes with zeta 0.2 and lambda -5 (lowering
@@ -70,7 +71,8 @@ class FineTuneOptions:
     step, so the layer the predictions go through is fitted to the final encoder. `warmup_fraction`:
     the share of the steps over which the learning rate rises linearly from 0. `length_grouped`:
     batches of similar token length (see `length_grouped_batches`). `method_params`: the method's
-    own settings (see `finetune`)."""
+    own settings (see `finetune`). `calibration`: how a calibrator's layer is kept fitted
+    (`CalibrationOptions`, or a mapping of its fields; calibration methods only)."""
 
     epochs: int = 3
     batch_size: int = 32
@@ -85,6 +87,14 @@ class FineTuneOptions:
     seed: int = 0
     device: str = "auto"
     method_params: dict[str, Any] = field(default_factory=dict)
+    calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.calibration, CalibrationOptions):
+            if not isinstance(self.calibration, dict):
+                raise InputError(f"FineTuneOptions.calibration must be CalibrationOptions or a dict of its fields, "
+                                 f"got {type(self.calibration).__name__}", param="calibration")
+            object.__setattr__(self, "calibration", CalibrationOptions.from_dict(self.calibration))
 
 
 @dataclass
@@ -105,6 +115,9 @@ class FineTuneResult:
     # calibrators: the layer's output on its fit vectors just before each re-fit (and after the last
     # step), i.e. what the stale fit did to the encoder's current vectors: step, isoscore, log_iw, finite
     layer_checks: list[dict[str, Any]] = field(default_factory=list)
+    # calibrators: re-fit steps, the guard's checks and re-fits, the joint flow's NLL and the variance
+    # penalty per epoch (means over the training batches)
+    layer_log: dict[str, Any] = field(default_factory=dict)
 
 
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, *,
@@ -212,6 +225,14 @@ def _check_options(options: FineTuneOptions, method: str, n_outputs: int) -> Non
         raise InputError(f"n_outputs must be 1 (regression) or the number of classes (>= 2), got {n_outputs}")
     if method in ("isobn", "istar") and options.batch_size < 2:
         raise InputError(f"{method} estimates statistics from each batch, so it needs batch_size >= 2")
+    if method in CALIBRATION_METHODS:
+        options.calibration.check_method(method)
+        if options.calibration.refit_on == "batch" and options.batch_size < 2:
+            raise InputError("refit_on 'batch' estimates moments from each batch, so it needs batch_size >= 2",
+                             param="batch_size")
+    elif options.calibration.changed():
+        raise InputError(f"FineTuneOptions.calibration {options.calibration.changed()} applies to the calibration "
+                         f"methods ({', '.join(CALIBRATION_METHODS)}), not {method!r}", param="calibration")
 
 
 def _targets(labels: np.ndarray, n_inputs: int, n_outputs: int) -> torch.Tensor:
@@ -286,7 +307,8 @@ def finetune(
         head = nn.Linear(dim, n_outputs).to(device)
         layer: nn.Module | None = None
         if make_calibrator is not None:
-            layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", False)))
+            layer = CalibrationLayer(make_calibrator, device=device, continue_flow=bool(settings.get("continue_refits", False)),
+                                     options=options.calibration)
         elif method == "isobn":
             layer = IsoBN(dim, momentum=settings["momentum"], beta=settings["beta"], eps=settings["eps"]).to(device)
         classifier = Classifier(encoder, head, layer, options.pooling)
@@ -299,9 +321,10 @@ def finetune(
             istar = IStar(weight=sign * float(settings["istar_lambda"]), zeta=float(settings["istar_zeta"]),
                           c0_points=int(settings["istar_c0_points"]))
         layer_checks: list[dict[str, Any]] = []
+        layer_log: dict[str, Any] = {}
         seconds_per_epoch, n_steps, padding = _train(classifier, train, targets, n_outputs, options, device, progress, istar=istar,
                                    recalibration_inputs=int(settings.get("recalibration_inputs", 0)), notes=notes,
-                                   layer_checks=layer_checks)
+                                   layer_checks=layer_checks, layer_log=layer_log)
     after = {split: _evaluate(classifier, data, batch_size, device) for split, data in evaluation.items()}
     sentence_vectors["after"] = {split: pooled for split, (pooled, _, _) in after.items()}
     if layer is not None:
@@ -316,8 +339,14 @@ def finetune(
         method_params["recalibrate_every"] = options.recalibrate_every
     if make_calibrator is not None:
         method_params["refit_after_last"] = options.refit_after_last
+        method_params["calibration"] = options.calibration.to_dict()
+        method_params["calibrator_gradient"] = (
+            "the flow's parameters trained (task loss + weighted NLL); gradients flow through it into the encoder"
+            if options.calibration.flow_training == "joint" and method == "flow" else
+            "the calibrator's statistics and parameters frozen (no gradient); gradients flow through the transform "
+            "into the encoder")
     return FineTuneResult(predictions, sentence_vectors, seconds_per_epoch, method_params, notes, n_steps, padding,
-                          layer_checks)
+                          layer_checks, layer_log)
 
 
 def _by_length(data: Tokenized, rows: Sequence[int], batch_size: int) -> tuple[list[list[int]], np.ndarray]:
@@ -372,10 +401,11 @@ def _layer_check(layer: CalibrationLayer, vectors: np.ndarray, step: int, device
 
 def _train(classifier: Classifier, train: Tokenized, targets: torch.Tensor, n_outputs: int, options: FineTuneOptions,
            device: torch.device, progress: Progress, *, istar: IStar | None, recalibration_inputs: int,
-           notes: list[str], layer_checks: list[dict[str, Any]]) -> tuple[list[float], int, float]:
+           notes: list[str], layer_checks: list[dict[str, Any]], layer_log: dict[str, Any]) -> tuple[list[float], int, float]:
     """The training loop of the module docstring; returns seconds per epoch, the number of steps and
     the padding fraction of the training batches, and appends the calibrator's checks (`_layer_check`,
-    before each re-fit and after the last step) to `layer_checks`."""
+    before each subset re-fit, every `check_every` steps where none is, and after the last step) to
+    `layer_checks` and its log (re-fits, guard, joint flow, penalty) to `layer_log`."""
     n_inputs, batch_size = len(train), options.batch_size
     total_steps = -(-n_inputs // batch_size) * options.epochs
     if options.max_steps is not None:
@@ -389,21 +419,49 @@ def _train(classifier: Classifier, train: Tokenized, targets: torch.Tensor, n_ou
     loss_function: nn.Module = nn.MSELoss() if n_outputs == 1 else nn.CrossEntropyLoss()
     order_rng = np.random.default_rng(options.seed)
     calibration = classifier.layer if isinstance(classifier.layer, CalibrationLayer) else None
+    fixes = options.calibration
+    joint = calibration is not None and fixes.flow_training == "joint"
+    flow_optimizer: torch.optim.Optimizer | None = None
     fit_rows: list[int] = []
+    probe_rows: list[int] = []
+    probe_positions = np.zeros(0, dtype=np.int64)
     if calibration is not None:
         # Its own stream, so the data order is the same as without calibration.
         subset = np.random.default_rng([options.seed, 1]).choice(n_inputs, size=min(n_inputs, recalibration_inputs), replace=False)
         fit_rows = sorted(int(row) for row in subset)
-        progress.start("recalibration", -(-total_steps // options.recalibrate_every), unit="fits")
+        probe_positions = np.sort(np.random.default_rng([options.seed, 2]).choice(
+            len(fit_rows), size=min(len(fit_rows), fixes.guard_inputs), replace=False))
+        probe_rows = [fit_rows[int(i)] for i in probe_positions]
+        progress.start("recalibration", 1 if joint else -(-total_steps // options.recalibrate_every), unit="fits")
     progress.start("fine-tuning", total_steps, unit="steps")
     classifier.train()
     seconds_per_epoch: list[float] = []
     refit_steps: list[int] = []
+    guard: dict[str, Any] = {"reference": None, "checks": 0, "refits": []}
+    nll_per_epoch: list[float] = []
+    penalty_per_epoch: list[float] = []
+
+    def subset_vectors(step: int, *, check: bool) -> np.ndarray:
+        assert calibration is not None
+        vectors = _pooled(classifier, train, fit_rows, batch_size, device)
+        if check and calibration.transform is not None:
+            layer_checks.append(_layer_check(calibration, vectors, step, device))
+        return vectors
+
+    def guard_reference(step: int, vectors: np.ndarray | None) -> None:
+        assert calibration is not None
+        if fixes.guard_isoscore is None:
+            return
+        probe = vectors[probe_positions] if vectors is not None else _pooled(classifier, train, probe_rows, batch_size, device)
+        guard["reference"] = layer_isoscore(calibration, probe)
+
     step = 0
     for _ in range(options.epochs):
         if step == total_steps:
             break
         started = time.perf_counter()
+        nll_sum = penalty_sum = 0.0
+        epoch_steps = 0
         batches = (length_grouped_batches(lengths, batch_size, order_rng) if options.length_grouped
                    else random_batches(n_inputs, batch_size, order_rng))
         if istar is not None:
@@ -413,37 +471,97 @@ def _train(classifier: Classifier, train: Tokenized, targets: torch.Tensor, n_ou
         for rows in batches:
             if step == total_steps:
                 break
-            if calibration is not None and step % options.recalibrate_every == 0:
-                vectors = _pooled(classifier, train, fit_rows, batch_size, device)
-                if calibration.transform is not None:
-                    layer_checks.append(_layer_check(calibration, vectors, step, device))
-                calibration.refit(vectors)
-                refit_steps.append(step)
-                progress.advance("recalibration", 1, note=f"step {step}")
+            if calibration is not None:
+                refit_now = step % options.recalibrate_every == 0 and (step == 0 or not joint)
+                if (not refit_now and fixes.guard_isoscore is not None and step % fixes.guard_every == 0
+                        and guard["reference"] is not None):
+                    probe = _pooled(classifier, train, probe_rows, batch_size, device)
+                    fires, iso = guard_fires(calibration, probe, guard["reference"], fixes.guard_isoscore)
+                    guard["checks"] += 1
+                    if fires:
+                        refit_now = True
+                        guard["refits"].append({"step": step, "isoscore": iso, "reference": guard["reference"]})
+                if refit_now:
+                    vectors: np.ndarray | None = None
+                    if step == 0 or fixes.refit_on == "subset":
+                        vectors = subset_vectors(step, check=True)
+                        calibration.refit(vectors)
+                    else:
+                        if step % fixes.check_every == 0:
+                            subset_vectors(step, check=True)
+                        calibration.refit_from_moments()
+                    if step == 0 and joint:
+                        flow_optimizer = torch.optim.Adam(calibration.joint_parameters(), lr=fixes.flow_learning_rate)
+                    refit_steps.append(step)
+                    guard_reference(step, vectors)
+                    progress.advance("recalibration", 1, note=f"step {step}")
+                elif (joint or fixes.refit_on == "batch") and step % fixes.check_every == 0:
+                    subset_vectors(step, check=True)
             positions += len(rows) * int(lengths[rows].max())
             content += int(lengths[rows].sum())
             batch = train.batch(rows, device)
-            logits, _, _, hidden = classifier(batch, hidden_states=istar is not None)
+            logits, pooled, features, hidden = classifier(batch, hidden_states=istar is not None)
             loss = loss_function(logits[:, 0] if n_outputs == 1 else logits, targets[torch.as_tensor(rows, device=device)])
             if istar is not None:
                 loss = loss + istar.penalty(hidden, batch.attention_mask)
+            if calibration is not None:
+                if fixes.refit_on == "batch":
+                    calibration.update_moments(pooled)
+                if fixes.variance_penalty > 0:
+                    penalty = calibration.variance_penalty(features)
+                    penalty_sum += float(penalty.detach())
+                    loss = loss + fixes.variance_penalty * penalty
+                if joint:
+                    nll = calibration.negative_log_likelihood(pooled if fixes.flow_nll_into_encoder else pooled.detach())
+                    nll_sum += float(nll.detach())
+                    loss = loss + fixes.flow_nll_weight * nll
             optimizer.zero_grad(set_to_none=True)
+            if flow_optimizer is not None:
+                flow_optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, MAX_GRADIENT_NORM)
             optimizer.step()
+            if flow_optimizer is not None and calibration is not None:
+                torch.nn.utils.clip_grad_norm_(calibration.joint_parameters(), FLOW_GRADIENT_NORM)
+                flow_optimizer.step()
             schedule.step()
             step += 1
+            epoch_steps += 1
             progress.advance("fine-tuning", 1, note=f"loss {loss.item():.4f}")
         seconds_per_epoch.append(time.perf_counter() - started)
+        if joint:
+            nll_per_epoch.append(nll_sum / max(1, epoch_steps))
+        if fixes.variance_penalty > 0:
+            penalty_per_epoch.append(penalty_sum / max(1, epoch_steps))
     if calibration is not None:
-        vectors = _pooled(classifier, train, fit_rows, batch_size, device)
-        layer_checks.append(_layer_check(calibration, vectors, step, device))
-        if options.refit_after_last:
-            calibration.refit(vectors)
+        vectors = subset_vectors(step, check=True)
+        if options.refit_after_last and not joint:
+            if fixes.refit_on == "batch":
+                calibration.refit_from_moments()
+            else:
+                calibration.refit(vectors)
             refit_steps.append(step)
+        source = (f"the pooled vectors of {len(fit_rows)} training inputs, eval mode, no gradient" if fixes.refit_on == "subset"
+                  else f"the first on the pooled vectors of {len(fit_rows)} training inputs (eval mode), the rest in "
+                       f"closed form from running moments of the training batches (momentum {fixes.batch_momentum:g})")
         notes.append(f"calibration statistics re-estimated {len(refit_steps)} times (before steps {refit_steps}"
-                     f"{', the last after the final step' if options.refit_after_last else ''}) "
-                     f"on the pooled vectors of {len(fit_rows)} training inputs, eval mode, no gradient")
+                     f"{', the last after the final step' if options.refit_after_last and not joint else ''}) on {source}")
+        layer_log.update(refit_steps=refit_steps)
+        if fixes.guard_isoscore is not None:
+            notes.append(f"guard: {guard['checks']} checks of the fit in use on {len(probe_rows)} training inputs, "
+                         f"{len(guard['refits'])} early re-fits (IsoScore below {fixes.guard_isoscore:g} x its value "
+                         f"after the last fit) at steps {[g['step'] for g in guard['refits']]}")
+            layer_log.update(guard_checks=guard["checks"], guard_refits=guard["refits"])
+        if joint:
+            notes.append("joint flow: fitted before step 0, then trained with the model (Adam, lr "
+                         f"{fixes.flow_learning_rate:g}) on the task loss + {fixes.flow_nll_weight:g} x its NLL "
+                         f"({'reaching' if fixes.flow_nll_into_encoder else 'not reaching'} the encoder); "
+                         f"NLL per dimension, mean per epoch: {[round(v, 4) for v in nll_per_epoch]}")
+            layer_log.update(nll_per_epoch=nll_per_epoch)
+        if fixes.variance_penalty > 0:
+            notes.append(f"variance penalty {fixes.variance_penalty:g} x mean log-variance ratio^2, mean per epoch: "
+                         f"{[round(v, 4) for v in penalty_per_epoch]}")
+            layer_log.update(penalty_per_epoch=penalty_per_epoch)
     notes.append(f"{step} steps ({warmup_steps} of linear warm-up), "
                  f"{'length-grouped' if options.length_grouped else 'random'} batches: "
                  f"{1 - content / positions:.1%} of the batch positions are padding")

@@ -40,7 +40,7 @@ from lmgeom.stages.experiments.core import (
     write_results,
 )
 from lmgeom.stages.experiments.features import FeatureCache, pooling_note
-from lmgeom.stages.experiments.finetuning import VALIDATION_FRACTION, WORKERS, finetune_task, job_for, run_jobs
+from lmgeom.stages.experiments.finetuning import VALIDATION_FRACTION, WORKERS, finetune_task, job_for, method_options, run_jobs
 from lmgeom.stages.experiments.heads import HEADS, combine, fit_predict_sklearn, fit_probe, head_settings
 
 FINETUNE_ONLY_METHODS = ("isobn", "istar")  # they act on the representation during fine-tuning only
@@ -273,8 +273,8 @@ def _finetuned(model: str, task: SentenceTask, store: CellStore, methods: list[s
     base = {"experiment": "calibration", "task": task.name, "model": model, "regime": "finetune", "features": "top",
             "head": "linear (fine-tuned with the model)", "pooling": pooling}
     setting = {"pooling": pooling, "device": device, **options}
-    jobs = [job_for(split.task, model, {**base, **data.sizes, "method": method, "options": options}, base, method, seed,
-                    setting, data.eval_rows)
+    jobs = [job_for(split.task, model, {**base, **data.sizes, "method": method, "options": method_options(method, options)},
+                    base, method, seed, method_options(method, setting), data.eval_rows)
             for seed in seeds for method in methods]
     cells = run_jobs(jobs, store, workers=workers, progress=progress)
     notes = [split.note, f"fine-tuning options (FineTuneOptions; the rest at their defaults): {setting}; "

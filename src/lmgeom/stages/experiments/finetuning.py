@@ -174,6 +174,44 @@ def stale_layer_reasons(checks: Sequence[dict[str, Any]]) -> list[str]:
 # ---- cells and workers ------------------------------------------------------------------------
 
 
+# FineTuneOptions fields that only a calibrator's layer reads, with their defaults.
+LAYER_OPTIONS = {"recalibrate_every": 100, "refit_after_last": True}
+
+
+def method_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """FineTuneOptions fields as they apply to one method (and enter its cell's configuration).
+
+    Parameters
+    ----------
+    method : str
+        The fine-tuning method.
+    options : dict
+        FineTuneOptions fields, `calibration` a `CalibrationOptions` or a dict of its fields.
+
+    Returns
+    -------
+    dict
+        For a method without a calibration layer: the layer's options (`recalibrate_every`,
+        `refit_after_last`, where given) at their defaults and no `calibration`, so its cell is the
+        same whatever the calibrators were run with. For a calibrator: `calibration` reduced to
+        the fields that differ from the defaults, and dropped when none does (a run with the
+        defaults has the cell of a run without it).
+    """
+    from lmgeom.finetune.calibration import CalibrationOptions
+    from lmgeom.finetune.train import CALIBRATION_METHODS
+
+    options = dict(options)
+    calibration = options.pop("calibration", None)
+    if method not in CALIBRATION_METHODS:
+        return {**options, **{key: value for key, value in LAYER_OPTIONS.items() if key in options}}
+    if calibration is not None:
+        given = calibration if isinstance(calibration, CalibrationOptions) else CalibrationOptions.from_dict(calibration)
+        changed = given.changed()
+        if changed:
+            options["calibration"] = changed
+    return options
+
+
 @dataclass
 class FinetuneJob:
     """Everything one worker needs for one (configuration, seed) cell."""
@@ -254,6 +292,7 @@ def run_job(job: FinetuneJob) -> Cell:
         "method_params": result.method_params, "seconds_per_epoch": result.seconds_per_epoch, "seconds": seconds,
         "n_steps": result.n_steps, "seconds_per_step": per_step, "padding_fraction": result.padding_fraction,
         "finetune_notes": result.notes, "degenerate_reasons": reasons, "layer_checks": result.layer_checks,
+        "layer_log": result.layer_log,
         "threads": _threads()})
     regularisation = (f"AdamW weight decay 0.01, {options.epochs} epochs, lr {options.learning_rate:g}, batch "
                       f"{options.batch_size}, warm-up {options.warmup_fraction:g}, max length {options.max_length}")
