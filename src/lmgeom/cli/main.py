@@ -38,6 +38,7 @@ from lmgeom.cli import experiment  # noqa: E402
 from lmgeom.cli import verify  # noqa: E402
 from lmgeom.cli import similarity  # noqa: E402
 from lmgeom.cli import geometry  # noqa: E402
+from lmgeom.cli import lens  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -50,3 +51,4 @@ experiment.register(app)
 verify.register(app)
 similarity.register(app)
 geometry.register(app)
+lens.register(app)
