@@ -149,3 +149,14 @@ def test_join_lens_matches_the_files(tmp_path) -> None:
     assert entry["entropy"]["n"] == len(rows) > 10
     assert entry["entropy"]["rho"] == pytest.approx(expected, abs=1e-12)
     assert result["across_layers"] is None  # no geometry.json in this run
+
+
+def test_cli_refuses_an_encoder_in_one_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    result = CliRunner().invoke(app, ["lens", "tiny-bert", "--limit", "2", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "tiny-bert is not a causal decoder" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run" / "lens.json").exists()
