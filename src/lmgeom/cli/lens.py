@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         def cell(entry: dict) -> str:
             return f"{entry['rho']:+.3f} [{entry['low']:+.3f}, {entry['high']:+.3f}]"
 
-        console.print(f"Spearman's rho with self-similarity, per layer ({result['counts']['pairs']:,} word occurrences in "
+        console.print(f"Spearman's rho with self-similarity, per layer ({result['by_layer'][0]['entropy']['n'] if result['by_layer'] else 0:,} word occurrences a layer in "
                       f"{result['counts']['sentences']} sentences; 95% bootstrap over sentences)", highlight=False)
         rows = [[str(r["layer"]), str(r["entropy"]["n"]), cell(r["entropy"]), cell(r["rank"])] for r in result["by_layer"]]
         console.print(grid_table(["layer", "n", "entropy vs self-sim", "rank vs self-sim"], rows))
