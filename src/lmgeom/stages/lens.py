@@ -338,7 +338,8 @@ def lens_table(encoder: HFEncoder, sentences: Sequence[Sentence], *, readout: Le
             word_index = np.array([words[b][t] for b, t in zip(b_index.tolist(), t_index.tolist())], dtype=np.int64)
             last_piece = np.array([words[b][t] >= 0 and (t + 1 >= len(words[b]) or words[b][t + 1] != words[b][t])
                                    for b, t in zip(b_index.tolist(), t_index.tolist())], dtype=bool)
-            store_row = (np.where(word_index >= 0, first_rows[sentence_id] + word_index, -1) if first_rows is not None
+            store_row = (np.where((word_index >= 0) & (first_rows[sentence_id] >= 0), first_rows[sentence_id] + word_index, -1)
+                         if first_rows is not None
                          else np.full(len(sentence_id), -1, dtype=np.int64))
             n_layers, n = values["entropy"].shape
             parts.append(pd.DataFrame({
@@ -401,7 +402,7 @@ def _store_rows(out: Path, encoder: HFEncoder, corpus: Any) -> tuple[dict[str, A
     words = np.array([len(s.words) for s in corpus.sentences], dtype=np.int64)
     first = sentences["first_row"].to_numpy().astype(np.int64)
     aligned = sentences["n_tokens"].to_numpy() == words
-    return meta, np.where(aligned, first, -(10**12))  # a sentence whose rows are not its words gets no store rows
+    return meta, np.where(aligned, first, -1)  # a sentence whose rows are not its words gets no store rows (-1)
 
 
 def run_lens(model: str, corpus: str, out: Path | str, options: LensOptions | None = None, *,
