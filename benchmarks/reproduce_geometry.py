@@ -11,6 +11,7 @@ Sources: `lmgeom similarity` results (docs/reproduction/results/similarity-*/sim
 experiments' results (docs/reproduction/results/layers-*/results.json), the controls' `lmgeom run
 --control` results (docs/reproduction/results/controls-minilm-lee/*/) beside the main job's
 (docs/reproduction/results/ethayarajh-minilm-lee/);
+`lmgeom lens` and `lmgeom lens-join` results (docs/reproduction/results/lens-*/lens.json, lens_join.json);
 docs/reproduction/results/COMMANDS.md lists the command of each run.
 """
 
@@ -180,6 +181,35 @@ def _control_values(run: str) -> dict[tuple[str, int], float | None]:
     for record in load_json(RESULTS / run / "isotropy.json")["records"]:
         values[f"{record['measure']}:value", int(record["layer"])] = record["value"]
     return values
+# the logit lens: (results folder, model label)
+LENS_RUNS = (("lens-smollm2-lee", "SmolLM2"),)
+
+
+def lens_table(run: str) -> str:
+    """Per layer of a committed `lmgeom lens` run: mean and median entropy and KL to the last layer
+    (nats), the median rank of the actual next token and the top-1 share."""
+    document = load_json(RESULTS / run / "lens.json")
+    rows = [[r["layer"], number(r["entropy_mean"], 2), number(r["entropy_median"], 2), number(r["kl_mean"], 2),
+             number(r["kl_median"], 2), f"{r['rank_median']:.0f}", number(r["top1"])] for r in document["layers"]]
+    return markdown(["layer", "entropy mean", "entropy median", "KL mean", "KL median", "rank median", "top-1"], rows)
+
+
+def lens_join_table(run: str) -> str:
+    """Per layer of a committed `lmgeom lens-join`: Spearman's rho of each word occurrence's lens entropy and
+    next-token rank with its word's self-similarity, with the bootstrap interval over sentences; and the
+    across-layer rho of the mean entropy with the TwoNN dimension."""
+    document = load_json(RESULTS / run / "lens_join.json")
+
+    def cell(entry: dict[str, Any]) -> str:
+        return f"{number(entry['rho'], 2, signed=True)} [{number(entry['low'], 2, signed=True)}, {number(entry['high'], 2, signed=True)}]"
+
+    rows = [[r["layer"], r["entropy"]["n"], cell(r["entropy"]), cell(r["rank"])] for r in document["by_layer"]]
+    table = markdown(["layer", "n", "entropy vs self-similarity", "rank vs self-similarity"], rows)
+    across = document.get("across_layers")
+    if across:
+        table += (f"\n\nLayer-mean entropy against the TwoNN dimension over {len(across['layers'])} layers: "
+                  f"rho {cell(across)} (interval resampling layers).")
+    return table
 
 
 def controls_tables() -> dict[str, str]:
@@ -232,6 +262,10 @@ def build() -> Documents:
     blocks.update({f"id-{run}": profile_table(run) for run, _ in PROFILES})
     blocks["id-probes"] = probe_tables()
     blocks.update(controls_tables())
+    for run, _ in LENS_RUNS:
+        blocks[run] = lens_table(run)
+        if (RESULTS / run / "lens_join.json").exists():
+            blocks[f"{run}-join"] = lens_join_table(run)
     return {DOC: blocks}
 
 

@@ -74,6 +74,7 @@ def parse_on_off(text: str, option: str) -> list[bool]:
 
 
 FINETUNE_PANEL, REFIT_PANEL = "Fine-tuning regime", "Fine-tuning regime: the calibrator's last re-fit"
+LAYER_PANEL = "Fine-tuning regime: keeping the calibration layer fitted"
 
 
 @experiment_app.command("calibration", cls=old_spellings(
@@ -98,11 +99,11 @@ def calibration_command(
     max_length: int = typer.Option(128, "--max-length", min=2, metavar="<int>", help="tokens per input (truncated)", rich_help_panel=FINETUNE_PANEL),
     recalibrate_every: int = typer.Option(100, "--recalibrate-every", min=1, metavar="<int>", help="steps between re-fits of a calibrator", rich_help_panel=FINETUNE_PANEL),
     refit_after_last: bool = typer.Option(True, "--refit-after-last/--no-refit-after-last", show_default=False, help="re-fit once more after the last step (default)", rich_help_panel=REFIT_PANEL),
-    calibration_options: str = typer.Option("", "--calibration-options", metavar="NAME=VALUE,...",
+    calibration_options: str = typer.Option("", "--calibration-options", metavar="<k=v,...>",
                                             help="how a calibrator's layer is kept fitted (CalibrationOptions, docs/finetune.md): "
                                                  "refit_on=subset|batch, batch_momentum, flow_training=refit|joint, flow_nll_weight, "
                                                  "flow_nll_into_encoder, flow_learning_rate, guard_isoscore, guard_every, guard_inputs, "
-                                                 "variance_penalty, check_every", rich_help_panel=REFIT_PANEL),
+                                                 "variance_penalty, check_every", rich_help_panel=LAYER_PANEL),
     validation_fraction: Optional[float] = typer.Option(None, "--validation-fraction", help="share of the training data held out as the `validation` split (0.1, or the pre-check's)", rich_help_panel=FINETUNE_PANEL),
     num_workers: int = typer.Option(2, "--num-workers", min=1, metavar="<int>", help="single-thread worker processes, one cell each", rich_help_panel=FINETUNE_PANEL),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, metavar="<int>", help="stop every run after N steps (smoke tests)", rich_help_panel=FINETUNE_PANEL),

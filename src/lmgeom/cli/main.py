@@ -39,6 +39,7 @@ from lmgeom.cli import verify  # noqa: E402
 from lmgeom.cli import similarity  # noqa: E402
 from lmgeom.cli import geometry  # noqa: E402
 from lmgeom.cli import attribute  # noqa: E402
+from lmgeom.cli import lens  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -52,3 +53,4 @@ verify.register(app)
 similarity.register(app)
 geometry.register(app)
 attribute.register(app)
+lens.register(app)
