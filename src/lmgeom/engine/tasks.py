@@ -122,14 +122,13 @@ class AnalysisWork:
 
     plan: AnalysisPlan
     rows: PlanArrays
-    finish: bool = True
 
     @property
     def rows_read(self) -> int:
         return self.rows.rows_read
 
     def run(self, store: RepresentationStore, task: Task) -> TaskOutput:
-        return run_task(store, self.plan, self.rows, task, finish=self.finish)
+        return run_task(store, self.plan, self.rows, task)
 
 def merge_accumulators(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for name, accumulator in other.items():
