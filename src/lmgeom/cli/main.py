@@ -40,6 +40,7 @@ from lmgeom.cli import similarity  # noqa: E402
 from lmgeom.cli import geometry  # noqa: E402
 from lmgeom.cli import attribute  # noqa: E402
 from lmgeom.cli import lens  # noqa: E402
+from lmgeom.cli import ablate  # noqa: E402
 
 extract.register(app)
 analyze.register(app)
@@ -54,3 +55,4 @@ similarity.register(app)
 geometry.register(app)
 attribute.register(app)
 lens.register(app)
+ablate.register(app)

@@ -122,6 +122,9 @@ ATTRIBUTION_CSV = ResultFile("attribution.csv", ATTRIBUTION.producer)
 LENS = ResultFile("lens.json", "lmgeom lens MODEL --corpus C --out RUN", "lens", ("settings", "counts", "layers"))
 LENS_TABLE = ResultFile("lens.parquet", LENS.producer)  # one row per (token position, layer): entropy, KL, rank
 LENS_JOIN = ResultFile("lens_join.json", "lmgeom lens-join RUN", "lens_join", ("settings", "by_layer"))
+ABLATION = ResultFile("ablation.json", "lmgeom ablate MODEL --corpus C --out RUN", "ablation",
+                      ("settings", "counts", "sites", "baseline", "configs"))
+ABLATION_CSV = ResultFile("ablation.csv", ABLATION.producer)  # one row per (ablation, measure)
 STS_CSV_SUFFIX = ".csv"  # an STS results JSON's records as a table beside it: NAME.json -> NAME.csv
 STS = ResultFile("sts.json", "lmgeom sts MODEL --data-dir DIR --out RUN/sts.json", "sts", ("settings", "records"))
 EXPERIMENTS = ResultFile("experiments", "an experiment that writes RUN/experiments/NAME/results.json")
@@ -154,7 +157,7 @@ COMPARE_SIMILARITY = ResultFile("similarity/{name}", "lmgeom compare RUN1 RUN2 -
 SITE_RESULTS = ResultFile("site_results/{name}", "lmgeom run --sites SITE (each site's contextuality and isotropy)")
 
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
-                GEOMETRY_CSV, ATTRIBUTION, ATTRIBUTION_CSV, LENS, LENS_TABLE, LENS_JOIN, CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
+                GEOMETRY_CSV, ATTRIBUTION, ATTRIBUTION_CSV, LENS, LENS_TABLE, LENS_JOIN, ABLATION, ABLATION_CSV, CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
                 EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES, SITE_RESULTS)
 KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}
 # the step of `lmgeom run` whose settings each of its result files records (`run_settings`)
