@@ -12,6 +12,7 @@ experiments' results (docs/reproduction/results/layers-*/results.json), the cont
 --control` results (docs/reproduction/results/controls-minilm-lee/*/) beside the main job's
 (docs/reproduction/results/ethayarajh-minilm-lee/);
 `lmgeom lens` and `lmgeom lens-join` results (docs/reproduction/results/lens-*/lens.json, lens_join.json);
+`lmgeom ablate` results (docs/reproduction/results/ablation-*/ablation.json);
 docs/reproduction/results/COMMANDS.md lists the command of each run.
 """
 
@@ -251,9 +252,66 @@ def attribution_table(run: str) -> str:
     return markdown(header, rows, align="ll" + "r" * (3 * len(terms) + 2))
 
 
+# ablation runs (`lmgeom ablate`): results folders
+ABLATION_RUNS = ("ablation-smollm2-lee", "ablation-gemma3-lee", "ablation-minilm-lee")
+ABLATION_MEASURES = (("loss", "loss (nats/token)"), ("attention_first_mean", "attention to 1st position"),
+                     ("sts_layer", "STS-B ρ×100, ablated layer"), ("sts_last", "STS-B ρ×100, last layer"),
+                     ("pos_layer", "POS probe, ablated layer"), ("pos_last", "POS probe, last layer"))
+
+
+def ablation_tables(run: str) -> dict[str, str]:
+    """Two blocks of a committed `lmgeom ablate` run: what the unablated pass found at each (site, layer),
+    and each ablation's effect on each measure with its interval, beside the random controls."""
+    document = load_json(RESULTS / run / "ablation.json")
+    sites = [[r["layer"], r["site"], ", ".join(map(str, r["dimensions"]["rogue"])),
+              ", ".join(map(str, r["dimensions"]["outlier"])) or "—", ", ".join(map(str, r["dimensions"]["massive"])) or "—",
+              r["massive_entries"], number(r["massive_cutoff"], 1), number(r["max_abs"], 1), number(r["median_abs"], 3)]
+             for r in document["sites"]]
+    found = markdown(["layer", "site", "rogue dims", "outlier dims", "massive dims", "massive entries", "cutoff",
+                      "max \\|h\\|", "median \\|h\\|"], sites, align="llllrrrrr")
+
+    def interval(effect: dict[str, Any], key: str) -> str:
+        low, high = effect.get(f"{key}_low"), effect.get(f"{key}_high")
+        value = effect.get(key)
+        if value is None:
+            return "—"
+        return number(value, 3, signed=True) + (f" [{number(low, 3, signed=True)}, {number(high, 3, signed=True)}]"
+                                                if low is not None else "")
+
+    rows = []
+    for config in document["configs"]:
+        for key, label in ABLATION_MEASURES:
+            effect = config["effects"].get(key)
+            if effect is None:
+                continue
+            randoms = effect.get("random") or []
+            rows.append([config["layer"], config["site"], config["dims_kind"], config["how"],
+                         f"{config['n_dims']} / {config['n_edited']:,}", label, number(effect["base"], 3),
+                         number(effect["ablated"], 3), interval(effect, "delta"),
+                         (f"{number(min(randoms) - effect['base'], 3, signed=True)} … "
+                          f"{number(max(randoms) - effect['base'], 3, signed=True)}") if randoms else "—",
+                         interval(effect, "excess")])
+    effects_table = markdown(["layer", "site", "dims", "how", "dims / entries", "measure", "unablated", "ablated",
+                              "Δ [95% CI]", "random Δ (min … max)", "Δ beyond random [95% CI]"], rows,
+                             align="llllllrrrrr")
+    trivial = document.get("trivial") or {}
+    lines = []
+    if "loss_unigram" in trivial:
+        lines.append(f"unigram model of the same tokens: {number(trivial['loss_unigram'], 3)} nats/token")
+    if "pos_most_frequent_tag" in trivial:
+        lines.append(f"most-frequent-tag baseline: {number(trivial['pos_most_frequent_tag'], 3)}")
+    counts = document["counts"]
+    lines.append(f"{counts['n_sentences']} sentences, {counts['n_predicted_tokens']:,} predicted tokens, "
+                 f"{counts['n_model_states']} model states, {document['seconds']:.0f} s")
+    return {f"{run}-sites": found, run: effects_table + "\n\nTrivial baselines and size: " + "; ".join(lines) + "."}
+
+
 def build() -> Documents:
     blocks = {run: within_table(run) for run, _ in WITHIN}
     blocks.update({run: attribution_table(run) for run, _ in ATTRIBUTION_RUNS})
+    for run in ABLATION_RUNS:
+        if (RESULTS / run / "ablation.json").exists():
+            blocks.update(ablation_tables(run))
     for run, label_a, label_b in ACROSS:
         blocks[run] = across_table(run, label_a, label_b)
         blocks[f"{run}-rows"] = matching_counts(run, label_a, label_b)

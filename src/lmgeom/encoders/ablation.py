@@ -98,9 +98,11 @@ class SiteHook:
     def __enter__(self) -> SiteHook:
         module = self.model.get_submodule(self.module)
         if self.take == "input":
-            self._handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+            self._handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True, prepend=True)
         else:
-            self._handle = module.register_forward_hook(self._hook)
+            # first among the module's hooks: transformers records hidden states with a forward hook of its own,
+            # which must see the edited output
+            self._handle = module.register_forward_hook(self._hook, prepend=True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
