@@ -103,3 +103,41 @@ def test_detectable_difference_from_the_null_spread_in_closed_form() -> None:
     assert np.mean(np.abs(draws) > stats.norm.ppf(0.975) * result.null_sd) == pytest.approx(0.80, abs=0.005)
     same = paired_permutation_test(truth, a, a, accuracy, n_resamples=2**12)
     assert same.null_sd == 0 and detectable_difference(same) == 0  # identical predictions: no spread
+
+
+def test_seed_item_draws_match_the_exact_resampling_distribution() -> None:
+    from lmgeom.evaluate.stats import seed_item_draws
+
+    y = np.array([1, 0, 1])
+    a = np.array([[1, 1, 1], [0, 0, 1]])
+    b = np.array([[1, 0, 1], [1, 0, 0]])
+    exact = []  # every (seeds, examples) draw, equally likely: 2**2 x 3**3
+    for seeds in itertools.product(range(2), repeat=2):
+        for rows in itertools.product(range(3), repeat=3):
+            r = list(rows)
+            exact.append(np.mean([accuracy(y[r], b[s, r]) - accuracy(y[r], a[s, r]) for s in seeds]))
+    draws = seed_item_draws(y, a, b, accuracy, n_resamples=20000, seed=3)
+    assert draws.mean() == pytest.approx(np.mean(exact), abs=0.01)
+    assert draws.std() == pytest.approx(np.std(exact), rel=0.03)
+
+
+def test_seed_item_bootstrap_widens_with_the_seed_spread_and_passes_the_sign_flip_floor() -> None:
+    from lmgeom.evaluate.stats import seed_item_bootstrap
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, size=2000)
+    base = np.where(rng.random((3, 2000)) < 0.70, y, 1 - y)
+    better = np.where(rng.random((3, 2000)) < 0.78, y, 1 - y)  # every seed about +0.08
+    agree = seed_item_bootstrap(y, base, better, accuracy, n_resamples=2000, seed=0)
+    assert agree.p_value < 0.01 and agree.low > 0  # below the 0.25 that a sign-flip test over 3 seeds can reach
+    assert agree.difference == pytest.approx(np.mean([accuracy(y, better[s]) - accuracy(y, base[s]) for s in range(3)]))
+    # seeds that disagree: +0.08, -0.08, +0.08 -> the seed resampling puts 0 inside the interval
+    mixed = better.copy()
+    mixed[1] = np.where(rng.random(2000) < 0.62, y, 1 - y)
+    spread = seed_item_bootstrap(y, base, mixed, accuracy, n_resamples=2000, seed=0)
+    assert spread.low < 0 < spread.high and spread.p_value > 0.05
+    # one seed, identical in both: only the examples' sampling, as a paired bootstrap of the mean difference
+    single = seed_item_bootstrap(y, base[:1], better[:1], accuracy, n_resamples=4000, seed=1)
+    d = (better[0] == y).astype(float) - (base[0] == y).astype(float)
+    half_width = 1.96 * d.std() / np.sqrt(len(d))
+    assert (single.high - single.low) / 2 == pytest.approx(half_width, rel=0.1)

@@ -19,7 +19,7 @@ from lmgeom.errors import InputError
 from lmgeom.atomic import atomic_write_text
 from lmgeom.evaluate.baselines import TrivialBaseline, beats_baseline, trivial_baselines
 from lmgeom.evaluate.stats import (DETECTABLE_ALPHA, DETECTABLE_POWER, detectable_difference, difference_of_means, holm_unique,
-                                  mean_std, paired_permutation_test)
+                                  mean_std, paired_permutation_test, seed_item_bootstrap)
 from lmgeom.evaluate.tasks import METRICS, SentenceTask, TaggingTask, Task, load_task
 from lmgeom.metrics.contextuality import sample_indexes
 from lmgeom.metrics.isotropy import isoscore, local_isotropy, log_partition_isotropy
@@ -320,8 +320,16 @@ def _test(row: dict[str, Any], reference: dict[str, Any], predictions: dict[tupl
         return {"baseline": baseline_label, "p_value": None, "test": "unknown split"}
     result = paired_permutation_test(truth, np.stack([base[s] for s in seeds]), np.stack([ours[s] for s in seeds]),
                                      METRICS[row["metric"]], n_resamples=n_resamples, seed=0)
+    crossed = seed_item_bootstrap(truth, np.stack([base[s] for s in seeds]), np.stack([ours[s] for s in seeds]),
+                                  METRICS[row["metric"]], n_resamples=n_resamples, seed=0) if len(seeds) > 1 else None
     return {"baseline": baseline_label, "pooled_difference": result.difference, "p_value": result.p_value,
             "detectable_difference": detectable_difference(result),
+            **({} if crossed is None else {
+                "seed_item": {"difference": crossed.difference, "low": crossed.low, "high": crossed.high,
+                              "p_value": crossed.p_value, "n_seeds": crossed.n_seeds, "n_resamples": crossed.n_resamples,
+                              "test": "seeds and evaluation examples drawn with replacement, crossed (the same examples "
+                                      "for every drawn seed); the mean over seeds of the per-seed difference; 95% "
+                                      "percentile interval, shifted two-sided p"}}),
             "test": f"paired {result.method} over {result.n_examples} evaluation examples, seeds {seeds} pooled "
                     f"({result.n_resamples} resamples), two-sided; detectable_difference: the smallest pooled "
                     f"difference it detects with {DETECTABLE_POWER:.0%} power at {DETECTABLE_ALPHA} (normal "
@@ -464,7 +472,8 @@ def trivial_lines(rows: list[dict[str, Any]]) -> list[str]:
 def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
     """One row per configuration and metric: mean ± std over seeds, difference to the baseline, p, Holm p."""
     header = ["task", "split", "features", "head", varying if varying != "features" else "method", "metric",
-              "mean ± std", "seeds", "Δ vs baseline", "pooled Δ", "p", "p (Holm)", "detectable Δ", "vs trivial"]
+              "mean ± std", "seeds", "Δ vs baseline", "pooled Δ", "p", "p (Holm)", "detectable Δ",
+              "seeds × examples: Δ [95% CI], p", "vs trivial"]
     header = list(dict.fromkeys(header))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
@@ -489,6 +498,10 @@ def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
                 return trivial_verdict(s)
             if name == "detectable Δ":
                 return f"±{s['detectable_difference']:.4f}" if s.get("detectable_difference") is not None else ""
+            if name == "seeds × examples: Δ [95% CI], p":
+                crossed = s.get("seed_item")
+                return (f"{crossed['difference']:+.4f} [{crossed['low']:+.4f}, {crossed['high']:+.4f}], {crossed['p_value']:.3g}"
+                        if crossed else "")
             return str(s.get(name, ""))
         lines.append("| " + " | ".join(cell(name) for name in header) + " |")
     return "\n".join(lines) + ("\n\nΔ: the difference of the per-seed means (seeds both ran); pooled Δ: the paired "
@@ -497,7 +510,9 @@ def markdown_table(summaries: list[dict[str, Any]], varying: str) -> str:
                                "once (= names the row with identical predictions it duplicates). degenerate: the "
                                "method's layer collapsed, a failure of the method, not a task result. detectable Δ: "
                                f"the smallest pooled Δ the test detects with {DETECTABLE_POWER:.0%} power at "
-                               f"{DETECTABLE_ALPHA} before Holm, given the two rows' predictions."
+                               f"{DETECTABLE_ALPHA} before Holm, given the two rows' predictions. seeds × examples: "
+                               "the mean per-seed difference with a bootstrap that draws seeds and examples (crossed), "
+                               "so the seed-to-seed spread widens its interval (two seeds or more)."
                                "\n* significant at 0.05 after Holm's correction. vs trivial: the one-sided test "
                                "against the strongest trivial baseline (p, the largest over seeds); uninformative: "
                                "the row, or its family's baseline row, does not beat it.\n")
