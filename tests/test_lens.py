@@ -149,6 +149,15 @@ def test_join_lens_matches_the_files(tmp_path) -> None:
     assert entry["entropy"]["n"] == len(rows) > 10
     assert entry["entropy"]["rho"] == pytest.approx(expected, abs=1e-12)
     assert result["across_layers"] is None  # no geometry.json in this run
+    # `lmgeom geometry` on the same run joins the lens to the geometry it writes: the across-layer correlation appears
+    from lmgeom.stages.geometry import GeometryOptions, measure_geometry
+
+    (run / "lens_join.json").unlink()
+    written = measure_geometry(store, GeometryOptions(n_boot=0, analysis=AnalysisOptions(min_contexts=2, bootstrap=0))).paths
+    joined = json.loads((run / "lens_join.json").read_text())
+    assert any(str(path).endswith("lens_join.json") for path in written)
+    assert joined["across_layers"]["layers"] == [0, 1, 2, 3]
+    assert next(e for e in joined["by_layer"] if e["layer"] == layer)["entropy"]["rho"] == pytest.approx(expected, abs=1e-12)
 
 
 def test_cli_refuses_an_encoder_in_one_line(tmp_path) -> None:

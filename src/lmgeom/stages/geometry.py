@@ -61,7 +61,7 @@ from lmgeom.progress import Progress
 from lmgeom.engine import Executor, LayerValues, run_analysis
 from lmgeom.engine.options import ROW_FIELDS, WORD_FIELDS, StepOptions
 from lmgeom.engine.statistics import TRANSFORMED_VARIANTS
-from lmgeom.rundir import GEOMETRY, GEOMETRY_CSV, Target, records_csv, write_result_set
+from lmgeom.rundir import GEOMETRY, GEOMETRY_CSV, LENS_JOIN, Target, records_csv, write_result_set
 from lmgeom.store import RepresentationStore
 from lmgeom.threads import one_thread
 
@@ -319,6 +319,11 @@ def measure_geometry(
         result.paths = write_result_set(GEOMETRY.at(target), GEOMETRY.kind, document, store_meta=store.meta,
                                         settings=step.to_settings(),
                                         companions=[(GEOMETRY_CSV.at(target), records_csv(geometry_records(result.layers)))])
+        from lmgeom.stages.lens import join_lens, lens_joinable
+
+        if lens_joinable(target):  # the run's logit lens, joined to this geometry (lens_join.json)
+            join_lens(str(target))
+            result.paths.append(LENS_JOIN.at(target))
     return result
 
 

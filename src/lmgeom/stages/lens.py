@@ -513,6 +513,18 @@ def spearman_by_sentence(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_
     return out
 
 
+def lens_joinable(run: Any) -> bool:
+    """Whether `run` is a local run directory whose lens can be joined (`join_lens`): a lens.json computed
+    with the run's store present, and the store's contextuality_words.csv."""
+    if not isinstance(run, (str, Path)) or "://" in str(run) or not Path(run).is_dir():
+        return False
+    try:
+        document = rundir.read_result(Path(run), rundir.LENS)
+    except (rundir.ResultFileError, InputError):  # a stale or foreign lens is refused where it is read; here it is not joined
+        return False
+    return bool(document and document.get("store_joined")) and rundir.read_words(Path(run)) is not None
+
+
 def join_lens(run: Path | str, *, geometry: Path | str | None = None, n_boot: int = 1000, seed: int = 0,
               confidence: float = 0.95) -> dict[str, Any]:
     """The lens joined to the run's contextuality and geometry, written to `run`/lens_join.json.
