@@ -22,9 +22,11 @@ from lmgeom.report.explorer import read_explorer
 from lmgeom.engine.registry import measures
 from lmgeom.report.figures import (CONTROL_STYLE, DRAWN, Chart, run_charts, run_subtitle, save_figure, sts_pivot,
                                    takes_control)
+from lmgeom.report.attribution import attribution_section
 from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, not_measured, table
 from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
+from lmgeom.report.lens import lens_section
 from lmgeom.report.similarity import similarity_section
 from lmgeom import rundir
 from lmgeom.report.missing_data import skipped_inputs
@@ -387,6 +389,12 @@ def build_report(
     page.section("similarity", "Similarity between layers", similarity_section(page, run.path, run.label))
     page.section("geometry", "Intrinsic dimension, outlier dimensions and massive activations",
                  geometry_section(run, page, out_path))
+    attribution = attribution_section(run, page, out_path)  # None: no attribution.json, no section
+    if attribution is not None:
+        page.section("attribution", "Attribution of each layer to the terms that write it", attribution)
+    lens = lens_section(run, page, out_path)  # None: neither lens.json nor lens_join.json, no section
+    if lens is not None:
+        page.section("lens", "Logit lens", lens)
     if run.sts is None:
         page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))
     else:

@@ -12,8 +12,9 @@ import math
 import re
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -56,6 +57,7 @@ class Series:
     # a control run's line beside the model's (`with_control`): the index, in its chart's series, of the
     # series whose colour it takes; drawn dashed (dotted where that series is dashed), hollow markers
     shadows: int | None = None
+    bars: bool = False  # `band` drawn as an error bar at each point (with caps) rather than as a shaded band
 
 
 CONTROL_STYLE = ("dashed in the same colour as the model's line (dotted where the model's line is dashed), "
@@ -94,6 +96,7 @@ class Chart:
     integer_x: bool = True
     note: str = ""  # what else the reader needs (why a value is missing), under the chart
     x_range: tuple[float, float] | None = None  # the x axis's extent (default: the data's)
+    zero_line: bool = False  # a line at y = 0 (a correlation's chart: where no relation is)
 
     @property
     def has_data(self) -> bool:
@@ -112,7 +115,8 @@ class Chart:
         behind their line."""
         narrow = []
         for series in self.series:
-            widths = [hi - lo for lo, hi in zip(*series.band) if not math.isnan(hi - lo)] if series.band else []
+            shaded = series.band is not None and not series.bars  # an error bar's caps show however short it is
+            widths = [hi - lo for lo, hi in zip(*series.band) if not math.isnan(hi - lo)] if shaded and series.band else []
             if widths and max(widths) < line:
                 narrow.append(series.name)
         return narrow
@@ -123,7 +127,7 @@ class Chart:
         narrow = self.narrow_bands(line)
         if not narrow:
             return ""
-        banded = [s.name for s in self.series if s.band is not None and any(not math.isnan(v) for v in s.band[0])]
+        banded = [s.name for s in self.series if s.band is not None and not s.bars and any(not math.isnan(v) for v in s.band[0])]
         whose = "every interval is" if narrow == banded else f"the intervals of {', '.join(narrow)} are"
         return f"bands: {whose} narrower than the line at this scale"
 
@@ -468,6 +472,47 @@ def sts_charts(run: RunData) -> list[Chart]:
                   x_range=_layer_range(run))]
 
 
+# ---- stacked bars ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """One segment of every bar of a `StackedBars`: its name (the legend's), its value in each bar (NaN:
+    none there) and its colour (a hex colour, the same on the page and in the PNG)."""
+
+    name: str
+    values: list[float]
+    color: str
+
+
+@dataclass
+class StackedBars:
+    """A titled stacked bar chart, described once and drawn twice like `Chart`: one bar per category
+    (`bars`, in order) made of its segments. A positive value stacks upward from 0 and a negative one
+    downward from 0 (Plotly's "relative" bar mode), so what is below zero is a bar's negative segments."""
+
+    name: str  # file stem under figures/
+    title: str
+    subtitle: str
+    x_label: str
+    y_label: str
+    bars: list[str]
+    segments: list[Segment] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def has_data(self) -> bool:
+        return any(any(not math.isnan(v) for v in s.values) for s in self.segments)
+
+    @property
+    def title_lines(self) -> list[str]:
+        return textwrap.wrap(self.title, TITLE_WIDTH)
+
+    @property
+    def note_lines(self) -> list[str]:
+        return textwrap.wrap(self.note, NOTE_WIDTH)
+
+
 # ---- Plotly ---------------------------------------------------------------------------------------
 
 
@@ -510,13 +555,17 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     figure = go.Figure()
     for series, position in zip(chart.series, palette_positions(chart.series)):
         color = DEFAULT_PLOTLY_COLORS[position % len(DEFAULT_PLOTLY_COLORS)]
-        control = {} if series.shadows is None else {"marker": {"symbol": "circle-open"}}
+        control: dict[str, Any] = {} if series.shadows is None else {"marker": {"symbol": "circle-open"}}
         dash = ("dot" if series.dash else "dash") if series.shadows is not None else "dash" if series.dash else "solid"
+        if series.band is not None and series.bars:  # the interval as error bars: its distances above and below the point
+            control["error_y"] = {"type": "data", "symmetric": False, "color": color, "thickness": 1.2, "width": 3,
+                                  "array": [None if math.isnan(hi - y) else hi - y for y, hi in zip(series.y, series.band[1])],
+                                  "arrayminus": [None if math.isnan(y - lo) else y - lo for y, lo in zip(series.y, series.band[0])]}
         figure.add_trace(go.Scatter(
             x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
             line={"dash": dash, "color": color}, connectgaps=False, **control,
         ))
-        if series.band is not None:
+        if series.band is not None and not series.bars:
             # the band after its line: its upper bound, then the lower one filled up to it (outside the legend)
             red, green, blue = unlabel_rgb(color)
             for bound, fill in ((series.band[1], "none"), (series.band[0], "tonexty")):
@@ -534,6 +583,28 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
     if chart.integer_x and extent is not None:
         low, high = extent
         figure.update_xaxes(tickmode="linear", tick0=0, dtick=max(1, round((high - low) / 15)), range=[low - 0.3, high + 0.3])
+    if chart.zero_line:
+        figure.add_hline(y=0, line={"color": "#444", "width": 1})
+    return figure.to_plotly_json()
+
+
+def plotly_stacked(chart: StackedBars) -> dict[str, Any]:
+    """{data, layout} of a `StackedBars` for Plotly.newPlot: one bar trace per segment in "relative" mode
+    (negative values below zero), the bars as categories, a line at 0; the page writes the title above."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    for segment in chart.segments:
+        figure.add_trace(go.Bar(x=list(chart.bars), y=[None if math.isnan(v) else v for v in segment.values],
+                                name=plotly_text(segment.name), marker={"color": segment.color},
+                                hovertemplate="%{x}: %{y:.3f}"))
+    figure.update_layout(
+        barmode="relative", xaxis_title=plotly_text(chart.x_label), yaxis_title=plotly_text(chart.y_label),
+        template="plotly_white", height=PLOT_HEIGHT + 150, margin={"t": 16, "l": 70, "r": 20, "b": 60},
+        legend={"orientation": "h", "y": -0.28, "yanchor": "top", "x": 0},
+    )
+    figure.update_xaxes(type="category")
+    figure.add_hline(y=0, line={"color": "#444", "width": 1})
     return figure.to_plotly_json()
 
 
@@ -567,8 +638,9 @@ BAND_EDGE = "_band"  # the label of a band's edge lines: a leading underscore ke
 
 def draw_chart(chart: Chart, ax: Any, *, line_width: float = 1.5, legend_size: float | None = 8) -> Any:
     """Draw `chart` on the matplotlib Axes `ax`: one line per series (dashed where the series is), its
-    interval as a band with thin edges (labelled `BAND_EDGE`), the axis labels, integer layer ticks
-    over the chart's x range, a grid and the legend. The one drawing of a line chart: the report's
+    interval as a band with thin edges (labelled `BAND_EDGE`) or as error bars (`Series.bars`), a line
+    at 0 where the chart has one, the axis labels, integer layer ticks over the chart's x range, a grid
+    and the legend. The one drawing of a line chart: the report's
     figures (`draw_figure`) and `lmgeom.plot` call it. Returns `ax`."""
     shadowed = any(series.shadows is not None for series in chart.series)
     for series, position in zip(chart.series, palette_positions(chart.series)):
@@ -577,10 +649,17 @@ def draw_chart(chart: Chart, ax: Any, *, line_width: float = 1.5, legend_size: f
         else:  # a control's line: the colour of the line it shadows, dashed (dotted beside a dashed one), hollow
             style = {"linestyle": ":" if series.dash else "--", "color": f"C{position}", "markerfacecolor": "none"}
         (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linewidth=line_width, label=series.name, **style)
-        if series.band is not None:
+        if series.band is not None and series.bars:
+            below = [y - lo for y, lo in zip(series.y, series.band[0])]
+            above = [hi - y for y, hi in zip(series.y, series.band[1])]
+            ax.errorbar(series.x, series.y, yerr=[below, above], fmt="none", ecolor=line.get_color(), elinewidth=0.9,
+                        capsize=2.5, label=BAND_EDGE)
+        elif series.band is not None:
             ax.fill_between(series.x, series.band[0], series.band[1], color=line.get_color(), alpha=0.2, linewidth=0)
             for bound in series.band:  # the band's edges, so that a band little wider than the line shows
                 ax.plot(series.x, bound, color=line.get_color(), linewidth=0.5, alpha=0.6, label=BAND_EDGE)
+    if chart.zero_line:
+        ax.axhline(0, color="#444", linewidth=0.8)
     ax.set_xlabel(chart.x_label)
     ax.set_ylabel(chart.y_label)
     extent = _x_extent(chart)
@@ -594,29 +673,42 @@ def draw_chart(chart: Chart, ax: Any, *, line_width: float = 1.5, legend_size: f
     return ax
 
 
-def draw_figure(chart: Chart) -> Figure:
-    """The matplotlib figure of a chart (7 inches wide): the title (bold, wrapped), one line of
-    metadata (`Chart.subtitle`), the plot (`draw_chart`; a note above it where bands are narrower
-    than the line) and the chart's note under it."""
-    titles, notes = chart.title_lines, chart.note_lines
-    title_size, subtitle_size, line_width = 10, 7, 1.5
+TITLE_SIZE, SUBTITLE_SIZE = 10, 7  # points, of a figure's title and of its subtitle and notes
+
+
+def framed_figure(titles: Sequence[str], subtitle: str, notes: Sequence[str],
+                  draw: Callable[[Any], Any]) -> tuple[Figure, Any, tuple[float, float, float, float]]:
+    """A 7-inch-wide figure of one plot: the title lines (bold) and one line of metadata above it,
+    the plot drawn by `draw` on its Axes, the note lines under it. Returns the figure, its Axes and
+    the rectangle the plot was laid out in (for `tight_layout` after more is added)."""
+    title_size, subtitle_size = TITLE_SIZE, SUBTITLE_SIZE
     header = (6 + 1.3 * title_size * len(titles) + 1.35 * subtitle_size + 6) / POINTS_PER_INCH
     footer = (4 + 1.35 * subtitle_size * len(notes)) / POINTS_PER_INCH if notes else 0.0
     height = 3.7 + header + footer
     fig = new_figure(7.0, height)
     ax = fig.add_subplot()
-    draw_chart(chart, ax, line_width=line_width)
+    draw(ax)
     top = 1 - 6 / POINTS_PER_INCH / height
     fig.text(0.01, top, "\n".join(titles), fontsize=title_size, weight="bold", va="top", ha="left", linespacing=1.15,
              gid="title")
-    subtitle = fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, chart.subtitle,
-                        fontsize=subtitle_size, va="top", ha="left", color="#444", gid="subtitle")
+    line = fig.text(0.01, top - 1.3 * title_size * len(titles) / POINTS_PER_INCH / height, subtitle,
+                    fontsize=subtitle_size, va="top", ha="left", color="#444", gid="subtitle")
     if notes:
         fig.text(0.01, 2 / POINTS_PER_INCH / height, "\n".join(notes), fontsize=subtitle_size, va="bottom", ha="left",
                  color="#444", linespacing=1.2, gid="note")
     layout = (0, footer / height, 1, 1 - header / height)
     fig.tight_layout(rect=layout)
-    one_line(fig, subtitle, 0.98)
+    one_line(fig, line, 0.98)
+    return fig, ax, layout
+
+
+def draw_figure(chart: Chart) -> Figure:
+    """The matplotlib figure of a chart (7 inches wide, `framed_figure`): the title (bold, wrapped), one
+    line of metadata (`Chart.subtitle`), the plot (`draw_chart`; a note above it where bands are
+    narrower than the line) and the chart's note under it."""
+    line_width, subtitle_size = 1.5, SUBTITLE_SIZE
+    fig, ax, layout = framed_figure(chart.title_lines, chart.subtitle, chart.note_lines,
+                                    lambda ax: draw_chart(chart, ax, line_width=line_width))
     # the line's width in data units: its points over the plot's height in points, times the y axis's span
     low, high = ax.get_ylim()
     band_note = chart.band_note(line_width / (ax.bbox.height * POINTS_PER_INCH / fig.dpi) * (high - low))
@@ -625,6 +717,35 @@ def draw_figure(chart: Chart) -> Figure:
         one_line(fig, note, ax.bbox.width / fig.bbox.width)
         fig.tight_layout(rect=layout)
     return fig
+
+
+def draw_stacked(chart: StackedBars, ax: Any, *, legend_size: float | None = 8) -> Any:
+    """Draw a `StackedBars` on the matplotlib Axes `ax`: each segment's positive values stacked up from 0
+    and its negative ones down from 0, in the segment's colour; a line at 0, the bars' labels (turned
+    upright where they are long), the axis labels, a grid and the legend (above the plot). Returns `ax`."""
+    positions = np.arange(len(chart.bars))
+    up, down = np.zeros(len(positions)), np.zeros(len(positions))
+    for segment in chart.segments:
+        values = np.nan_to_num(np.asarray(segment.values, dtype=float), nan=0.0)
+        ax.bar(positions, values, 0.8, bottom=np.where(values >= 0, up, down), color=segment.color, label=segment.name,
+               linewidth=0)
+        up, down = up + np.clip(values, 0, None), down + np.clip(values, None, 0)
+    ax.axhline(0, color="#444", linewidth=0.8)
+    long = max((len(bar) for bar in chart.bars), default=0) > 3
+    ax.set_xticks(positions, list(chart.bars), rotation=90 if long else 0, fontsize=7 if len(positions) > 20 or long else None)
+    ax.set_xlim(-0.6, len(positions) - 0.4)
+    ax.set_xlabel(chart.x_label)
+    ax.set_ylabel(chart.y_label)
+    ax.grid(alpha=0.3, axis="y")
+    if chart.segments:  # above the plot, where no bar is (bars of every height fill it)
+        ax.legend(fontsize=legend_size, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=2, frameon=False, borderaxespad=0)
+    return ax
+
+
+def save_stacked(chart: StackedBars, folder: rundir.Where) -> list[rundir.Target]:
+    """`figures/<name>.png` and `.svg` of a `StackedBars` in `folder` (`framed_figure`, `draw_stacked`)."""
+    fig, _, _ = framed_figure(chart.title_lines, chart.subtitle, chart.note_lines, lambda ax: draw_stacked(chart, ax))
+    return write_figure(fig, chart.name, folder)
 
 
 def save_figure(chart: Chart, folder: rundir.Where) -> list[rundir.Target]:

@@ -13,6 +13,7 @@ import pandas as pd
 from lmgeom.report.data import RunData
 from lmgeom.report.figures import LAYER_AXIS, Chart, Series, chart_subtitle, save_figure
 from lmgeom.report.html import Page, esc, missing, not_measured, table
+from lmgeom.report.labels import layer_cell
 from lmgeom import rundir
 from lmgeom.report.missing_data import missing_alignment
 
@@ -31,8 +32,8 @@ def _estimate(layer: Mapping[str, Any], method: str, n2: int | None = None) -> M
 
 
 def _layer(layer: int) -> str:
-    """A layer as the tables show it: its number, and layer 0 named (`rundir.layer_name`)."""
-    return f"0 ({rundir.layer_name(0)})" if layer == 0 else str(layer)
+    """A layer as the tables show it (`labels.layer_cell`)."""
+    return layer_cell(layer)
 
 
 def _number(value: Any) -> float:

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
-from lmgeom.report.figures import Chart, plotly_band_note, plotly_figure
+from lmgeom.report.figures import Chart, StackedBars, plotly_band_note, plotly_figure, plotly_stacked
 from lmgeom.report.labels import label, number
 from lmgeom.report.missing_data import Skipped
 from lmgeom.rundir import EXPLORER, generator_mark
@@ -90,16 +90,23 @@ class Page:
     def section(self, anchor: str, heading: str, body: str) -> None:
         self.sections.append((anchor, heading, body))
 
-    def chart(self, chart: Chart, *, files: Sequence[str] = ()) -> str:
-        """A chart's placeholder; its figure is drawn by the page script."""
-        div_id = f"chart-{chart.name}"
-        self.figures[div_id] = plotly_figure(chart)
+    def chart(self, chart: Chart | StackedBars, *, files: Sequence[str] = ()) -> str:
+        """A chart's placeholder (a line chart or a `StackedBars`); its figure is drawn by the page script."""
+        if isinstance(chart, StackedBars):
+            return self.figure(chart.name, plotly_stacked(chart), chart.title, (chart.subtitle, chart.note), files=files)
+        return self.figure(chart.name, plotly_figure(chart), chart.title, (chart.subtitle, chart.note, plotly_band_note(chart)),
+                           files=files)
+
+    def figure(self, name: str, figure: dict[str, Any], title: str, lines: Sequence[str], *, files: Sequence[str] = ()) -> str:
+        """The placeholder of the Plotly `figure` ({data, layout}) named `name`: its title and the
+        given `lines` (those not empty) as text above it, links to its `files` (PNG, SVG) under it."""
+        div_id = f"chart-{name}"
+        self.figures[div_id] = figure
         links = " · ".join(f'<a href="{esc(f)}">{esc(f.rsplit(".", 1)[-1].upper())}</a>' for f in files)
         caption = f'<p class="figure-files">for papers: {links}</p>' if links else ""
-        subtitle = "".join(f'<span class="chart-subtitle">{esc(text)}</span>'
-                           for text in (chart.subtitle, chart.note, plotly_band_note(chart)) if text)
-        return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(chart.title)}</span>{subtitle}'
-                f'</figcaption><div class="chart" id="{div_id}" data-chart="{esc(chart.name)}"></div>{caption}</figure>')
+        subtitle = "".join(f'<span class="chart-subtitle">{esc(text)}</span>' for text in lines if text)
+        return (f'<figure class="chart-box"><figcaption><span class="chart-title">{esc(title)}</span>{subtitle}'
+                f'</figcaption><div class="chart" id="{div_id}" data-chart="{esc(name)}"></div>{caption}</figure>')
 
     def render(self) -> str:
         from plotly.offline import get_plotlyjs

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from lmgeom.engine.registry import measures
+from lmgeom.rundir import layer_name
 
 def number(value: Any, digits: int = 4) -> str:
     """A value as tables show it (the report's and the terminal's): a dash when missing (None, NaN),
@@ -83,7 +84,26 @@ LABELS = {
     "aggregation": "aggregation",
     "spearman": "Spearman × 100",
     "n_pairs": "pairs",
+    # the terms a layer is written from (attribution.json; `lmgeom.stages.attribution.DECOMPOSITIONS`)
+    "resid_pre": "incoming residual (resid_pre)",
+    "resid_mid": "residual after attention (resid_mid)",
+    "attn_out": "attention output (attn_out)",
+    "mlp_out": "MLP output (mlp_out)",
+    "cross": "cross terms",
+    # the logit lens (lens.json, lens_join.json)
+    "entropy_mean": "entropy, mean (nats)",
+    "entropy_median": "entropy, median (nats)",
+    "kl_mean": "KL to the last layer, mean (nats)",
+    "kl_median": "KL to the last layer, median (nats)",
+    "rank_mean": "next token's rank, mean",
+    "rank_median": "next token's rank, median",
+    "top1": "top-1 share",
 }
+
+
+def layer_cell(layer: int) -> str:
+    """A layer as the tables show it: its number, and layer 0 named (`rundir.layer_name`: the embedding output)."""
+    return f"0 ({layer_name(0)})" if layer == 0 else str(layer)
 
 
 def label(column: str) -> str:
