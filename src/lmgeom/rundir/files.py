@@ -167,7 +167,7 @@ RUN_STEPS = {CONTEXTUALITY.name: "contextuality", SUMMARY.name: "contextuality",
 RESERVED_NAMES = frozenset({*layout.STORE_NAMES, *(spec.name.split("/")[0] for spec in RESULT_FILES)})
 # what makes a folder a run: the store's meta.json or any result file a stage writes
 RUN_MARKERS = (layout.META, RUN.name, SUMMARY.name, CONTEXTUALITY.name, ISOTROPY.name, CALIBRATION.name,
-                EXPLORER.name, STATIC.name, EXPERIMENTS.name)
+                EXPLORER.name, STATIC.name, EXPERIMENTS.name, GEOMETRY.name, ATTRIBUTION.name, LENS.name, ABLATION.name)
 
 
 def spec_of(relative: str) -> ResultFile | None:
