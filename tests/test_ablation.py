@@ -160,6 +160,15 @@ def test_effects_are_the_differences_with_paired_intervals() -> None:
     assert out["excess"] is None
 
 
+def test_affected_attention_layers() -> None:
+    from lmgeom.stages.ablation import affected_attention_layers
+
+    assert affected_attention_layers("resid_post", 2, 5) == [3, 4]
+    assert affected_attention_layers("resid_pre", 2, 5) == [2, 3, 4]
+    assert affected_attention_layers("mlp_out", 4, 5) == []
+    assert affected_attention_layers("resid_post", 0, 5) == [1, 2, 3, 4]
+
+
 def test_dims_are_checked() -> None:
     assert parse_dims("massive") == "massive" and parse_dims("7, 3,7") == [3, 7]
     with pytest.raises(InputError, match="dims"):
@@ -181,7 +190,9 @@ def test_run_ablation_on_tiny_gpt2(tmp_path: Path) -> None:
         loss = config["effects"]["loss"]
         assert loss["base"] == pytest.approx(document["baseline"]["loss"])
         assert loss["delta"] == pytest.approx(loss["ablated"] - loss["base"])
-        assert config["effects"]["attention_first_mean"]["layers"] == list(range(config["layer"], document["counts"]["n_layers"]))
+        assert config["effects"]["attention_first_mean"]["layers"] == list(range(config["layer"] + 1, document["counts"]["n_layers"]))
+        # the first layer after the edit is the first whose attention can change
+        assert set(config["effects"]["attention_first"]) == {str(layer) for layer in range(config["layer"] + 1, 4)}
     # the unablated loss is transformers' own, token-weighted over the sentences
     from transformers import GPT2LMHeadModel
 

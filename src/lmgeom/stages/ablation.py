@@ -26,10 +26,11 @@ the change beyond the random control's mean:
 - `loss` (decoders): the next-token cross-entropy of the corpus (nats per token), read out through the
   model's final norm and its unembedding (the tied input embeddings, as `lmgeom lens` reads them),
   beside a unigram model of the same tokens (the trivial baseline); intervals over sentences;
-- `attention`: each layer's attention share to the first position (mean over heads and later
-  positions; eager attention), the sink that massive activations are tied to;
+- `attention`: each later layer's attention share to the first position (mean over heads and later
+  positions; eager attention), the sink that massive activations are tied to: the layers whose
+  attention the edit can reach (`affected_attention_layers`), each and their mean;
 - `sts`: STS-B Spearman x 100 of mean-pooled sentence vectors at the ablated layer and the last layer
-  (intervals over pairs);
+  (one of them when the two are the same; intervals over pairs);
 - `pos`: a linear probe's UPOS accuracy (UD English-EWT: trained on dev sentences, tested on test
   sentences; refitted on each ablation's vectors) at the ablated layer and the last layer, beside the
   most-frequent-tag baseline (intervals over test sentences).
@@ -261,6 +262,15 @@ def edit_of(ablation: Ablation, stats: SiteStats) -> Any:
     else:
         values = np.zeros(len(dims))
     return Edit(dims, values, select=select, cutoff=stats.cutoff)
+
+
+def affected_attention_layers(site: str, layer: int, n_layers: int) -> list[int]:
+    """The layers whose attention an edit at (`site`, `layer`) can change: block l's attention is computed
+    from block l's input, so an edit of `resid_pre` (that input) reaches it, while an edit of block l's
+    output or of a site after its attention (`resid_post`, `attn_out`, `mlp_out`, `resid_mid`) reaches
+    the later blocks only; a module path is taken to reach block l too (it may sit before the attention)."""
+    first = layer + 1 if site in ("resid_post", "attn_out", "mlp_out", "resid_mid") else max(layer, 1)
+    return list(range(first, n_layers))
 
 
 # ---- the measures ------------------------------------------------------------------------------
@@ -662,8 +672,8 @@ def run_ablation(model: str, corpus: str, out: Path | str, options: AblationOpti
             if want_loss:
                 entry["effects"]["loss"] = effects("loss", None, base, measured, controls, gold=None,
                                                    n_boot=options.n_boot, seed=seed)
-            if want_attention:
-                after = list(range(max(ablation.layer, 1), n_layers))
+            after = affected_attention_layers(ablation.site, ablation.layer, n_layers)
+            if want_attention and after:
                 entry["effects"]["attention_first_mean"] = {
                     **effects("attention", [layer - 1 for layer in after], base, measured, controls, gold=None,
                               n_boot=options.n_boot, seed=seed), "layers": after}
@@ -673,7 +683,7 @@ def run_ablation(model: str, corpus: str, out: Path | str, options: AblationOpti
             for name, data in (("sts", sts), ("pos", pos)):
                 if data is None:
                     continue
-                for at, label in ((ablation.layer, "layer"), (last, "last")):
+                for at, label in ((ablation.layer, "layer"), (last, "last"))[: 1 if ablation.layer == last else 2]:
                     entry["effects"][f"{name}_{label}"] = {
                         **effects(name, at, base, measured, controls, gold=sts["gold"] if name == "sts" and sts else None,
                                   n_boot=options.n_boot, seed=seed), "at_layer": at}
