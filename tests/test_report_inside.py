@@ -1,8 +1,8 @@
-"""The report's sections on what is inside a layer: attribution.json (`lmgeom attribute`) and the
-logit lens (`lmgeom lens`, `lmgeom lens-join`), built on run folders holding copies of the committed
-results (docs/reproduction/results/attribution-smollm2-lee/, lens-smollm2-lee/): the page's tables and
-chart data equal the files' numbers, the figures are written, and a run without the files has no
-such section."""
+"""The report's sections on what is inside a layer: attribution.json (`lmgeom attribute`), the
+logit lens (`lmgeom lens`, `lmgeom lens-join`) and ablation.json (`lmgeom ablate`), built on run
+folders holding copies of the committed results (docs/reproduction/results/attribution-smollm2-lee/,
+lens-smollm2-lee/, tests/data/ablation-example/): the page's tables and chart data equal the files'
+numbers, the figures are written, and a run without the files has no such section."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 
 from lmgeom import rundir
 from lmgeom.report import build_report
+from lmgeom.report.ablation import ablation_name, effect_chart, effect_table
 from lmgeom.report.attribution import QUANTITIES, attribution_chart, share_table
 from lmgeom.report.figures import Segment, StackedBars, draw_stacked, new_figure
 from lmgeom.report.labels import number
@@ -31,6 +32,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "resul
 ATTRIBUTION = RESULTS / "attribution-smollm2-lee" / "attribution.json"
 LENS = RESULTS / "lens-smollm2-lee" / "lens.json"
 LENS_JOIN = RESULTS / "lens-smollm2-lee" / "lens_join.json"
+# SmolLM2 on lee[:40]: layer 12's massive entries set to zero, one random draw (`lmgeom ablate`)
+ABLATION = Path(__file__).resolve().parent / "data" / "ablation-example" / "ablation.json"
 TERMS = {"resid_pre": "incoming residual (resid_pre)", "attn_out": "attention output (attn_out)",
          "mlp_out": "MLP output (mlp_out)"}
 
@@ -76,6 +79,20 @@ def _lens_run(folder: Path, *, join: bool) -> Path:
 @pytest.fixture(scope="module")
 def lens_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = _lens_run(tmp_path_factory.mktemp("lens") / "run", join=True)
+    build_report(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def ablation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example ablation.json with its ablation.csv (the digest it records) in a folder of their own, as
+    `lmgeom ablate MODEL --corpus lee --out RUN` writes them (no store there); report built."""
+    run = tmp_path_factory.mktemp("ablation") / "run"
+    run.mkdir()
+    for name in ("ablation.json", "ablation.csv"):
+        shutil.copy(ABLATION.parent / name, run / name)
+    document = json.loads(ABLATION.read_text())
+    assert digest((run / "ablation.csv").read_bytes()) == document["provenance"]["companions"]["ablation.csv"]
     build_report(run)
     return run
 
@@ -265,18 +282,135 @@ def test_a_lens_without_its_table_is_refused(tmp_path: Path) -> None:
         build_report(run)
 
 
+# ---- ablations ------------------------------------------------------------------------------------
+
+
+def with_interval(effect: dict[str, Any], key: str) -> str:
+    return f"{number(effect[key], 3)} [{number(effect[f'{key}_low'], 3)}, {number(effect[f'{key}_high'], 3)}]"
+
+
+def test_ablation_tables_equal_the_file(ablation_run: Path) -> None:
+    document = json.loads(ABLATION.read_text())
+    section = section_of((ablation_run / "report.html").read_text(), "ablation")
+    text = html_module.unescape(section)
+    assert "Layers: 0 = the embedding output" in text
+    assert f"zero: {document['definitions']['zero']}" in text and f"mean: {document['definitions']['mean']}" in text
+    found, ablations, loss, attention_mean, attention = tables_of(section)
+    (site,) = document["sites"]
+    (row,) = found
+    assert (row["site"], row["layer"], row["positions"]) == ("resid_post", "12", "1,185")
+    assert [row["rogue dimensions"], row["outlier dimensions (3σ)"], row["massive dimensions"]] == \
+        [", ".join(map(str, site["dimensions"][kind])) for kind in ("rogue", "outlier", "massive")] == \
+        ["507, 247, 308", "507, 247", "247, 507"]
+    assert row["massive entries"] == "44" and row["massive entries per dimension (mean value)"] == "247: 4 (2042.6); 507: 40 (23370.9)"
+    assert (row["massive cutoff (|h| above)"], row["max |h|"], row["median |h|"]) == \
+        (number(site["massive_cutoff"], 3), number(site["max_abs"], 3), number(site["median_abs"], 3))
+    (config,) = document["configs"]
+    assert ablations == [{"ablation": "12 resid_post: massive zero", "dimensions": "247, 507", "entries edited per pass": "44",
+                          "random controls' dimensions": "243, 530"}]
+    for (shown,), name in ((loss, "loss"), (attention_mean, "attention_first_mean")):
+        effect = config["effects"][name]
+        assert shown["ablation"] == ablation_name(config) == "12 resid_post: massive zero"
+        assert (shown["unablated"], shown["ablated"]) == (number(effect["base"], 3), number(effect["ablated"], 3))
+        assert shown["Δ [95% CI]"] == with_interval(effect, "delta")
+        assert shown["random Δ"] == number(effect["random"][0] - effect["base"], 3)
+        assert shown["Δ beyond random [95% CI]"] == with_interval(effect, "excess")
+    assert loss[0]["Δ [95% CI]"] == "10.254 [9.845, 10.603]"  # zeroing 44 of the layer's 682,560 entries costs 10 nats per token
+    baseline, per_layer = document["baseline"]["attention_first"], config["effects"]["attention_first"]
+    assert [row["layer"] for row in attention] == [str(n) for n in range(1, 31)] == list(baseline)
+    for row in attention:
+        assert row["unablated"] == number(baseline[row["layer"]], 3)
+        assert row["12 resid_post: massive zero"] == (number(per_layer[row["layer"]]["ablated"], 3)
+                                                      if row["layer"] in per_layer else "—")
+    assert f"unigram loss (nats per token): {number(document['trivial']['loss_unigram'], 3)}" in text
+
+
+def test_ablation_charts_put_each_change_beside_its_controls(ablation_run: Path) -> None:
+    document = json.loads(ABLATION.read_text())
+    (config,) = document["configs"]
+    figures = page_figures((ablation_run / "report.html").read_text())
+    for name in ("loss", "attention_first_mean"):
+        effect = config["effects"][name]
+        figure = figures[f"chart-ablation_{name}"]
+        change, controls = figure["data"]
+        assert change["y"] == [effect["delta"]] and change["x"] == [0]
+        assert change["error_y"]["array"] == pytest.approx([effect["delta_high"] - effect["delta"]])
+        assert change["error_y"]["arrayminus"] == pytest.approx([effect["delta"] - effect["delta_low"]])
+        assert controls["y"] == [effect["random"][0] - effect["base"]] and controls["marker"]["color"] == "#7f7f7f"
+        assert 0 < controls["x"][0] < 0.5  # beside its ablation's point, not on it
+        assert figure["layout"]["xaxis"]["ticktext"] == ["12 resid_post: massive zero"]
+        assert [shape["y0"] for shape in figure["layout"]["shapes"]] == [0]  # the line at 0
+        assert_figure_files(ablation_run, f"ablation_{name}")
+    lines = {trace["name"]: trace for trace in figures["chart-ablation_attention_first"]["data"]}
+    baseline, per_layer = document["baseline"]["attention_first"], config["effects"]["attention_first"]
+    assert lines["unablated"]["x"] == list(range(1, 31)) and lines["unablated"]["y"] == list(baseline.values())
+    ablated = lines["ablated: 12 resid_post: massive zero"]
+    assert ablated["x"] == list(range(12, 31)) and ablated["y"] == [per_layer[str(n)]["ablated"] for n in range(12, 31)]
+    assert_figure_files(ablation_run, "ablation_attention_first")
+    for name in ("ablation_loss", "ablation_attention_first"):
+        assert "layer 0 = embedding output" in (ablation_run / "figures" / f"{name}.svg").read_text()
+
+
+def test_several_ablations_and_controls_without_intervals() -> None:
+    document = json.loads(ABLATION.read_text())
+    (config,) = document["configs"]
+    loss = config["effects"]["loss"]
+    unbooted = {key: value for key, value in loss.items() if not key.endswith(("_low", "_high"))}
+    mean = {**config, "layer": 0, "how": "mean",
+            "effects": {"loss": {**unbooted, "delta": 0.5, "random": [loss["base"] + 0.1, loss["base"] - 0.2, loss["base"]]}}}
+    document["configs"] = [config, mean]
+    chart = effect_chart(document, "loss")
+    assert [effect.name for effect in chart.effects] == ["12 resid_post: massive zero", "0 (embedding output) resid_post: massive mean"]
+    xs, ys = chart.control_points()
+    assert ys == pytest.approx([loss["random"][0] - loss["base"], 0.1, -0.2, 0])
+    assert xs[0] == pytest.approx(0.22) and 1 < xs[1] < xs[2] < xs[3] < 1.5  # three controls spread to the right of the second
+    assert math.isnan(chart.effects[1].low)  # no interval: no error bar
+    rows = effect_table(document, "loss").to_dict("records")
+    assert rows[1]["Δ [95% CI]"] == "0.500" and rows[1]["random Δ"] == "-0.200 to 0.100"
+
+
+def test_no_ablation_section_without_the_file(attribution_run: Path) -> None:
+    page = (attribution_run / "report.html").read_text()
+    assert '<section id="ablation">' not in page and not (attribution_run / "figures" / "ablation_loss.png").exists()
+
+
+def test_no_other_inside_section_in_an_ablation_run(ablation_run: Path) -> None:
+    page = (ablation_run / "report.html").read_text()
+    assert '<section id="attribution">' not in page and '<section id="lens">' not in page
+
+
+def test_ablation_of_another_store_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("ablation.json", "ablation.csv"):
+        shutil.copy(ABLATION.parent / name, run / name)
+    document = json.loads(ABLATION.read_text())
+    _store_meta(run, {**document, "provenance": {"store_generation": "another"}}, "lee")
+    with pytest.raises(ResultFileError, match="ablation.json was written from another store"):
+        build_report(run)
+
+
+def test_an_ablation_without_its_table_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(ABLATION, run / "ablation.json")
+    with pytest.raises(ResultFileError, match=f"is missing its companion {rundir.ABLATION_CSV.name}"):
+        build_report(run)
+
+
 # ---- the page in a browser, and the docs ----------------------------------------------------------
 
 
-def test_docs_list_the_figures_of_these_sections(attribution_run: Path, lens_run: Path) -> None:
+def test_docs_list_the_figures_of_these_sections(attribution_run: Path, lens_run: Path, ablation_run: Path) -> None:
     files = (Path(__file__).resolve().parents[1] / "docs" / "report.md").read_text().split("## Files", 1)[1]
     listed = set(re.findall(r"`([a-z0-9_]+)`", files.split("RUN/explorer.json", 1)[0]))
-    written = {path.stem for run in (attribution_run, lens_run) for path in (run / "figures").glob("*.png")}
-    assert len(written) == 7 and written <= listed, written - listed
+    written = {path.stem for run in (attribution_run, lens_run, ablation_run) for path in (run / "figures").glob("*.png")}
+    assert len(written) == 10 and written <= listed, written - listed
+    assert {f"ablation_{name}" for name in ("sts_layer", "sts_last", "pos_layer", "pos_last")} <= listed
 
 
 @pytest.mark.browser
-def test_the_sections_render_in_headless_chromium(attribution_run: Path, lens_run: Path) -> None:
+def test_the_sections_render_in_headless_chromium(attribution_run: Path, lens_run: Path, ablation_run: Path) -> None:
     executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if executable is None:
         pytest.skip("no Chromium found (install it: `bash scripts/install.sh --test` or `apt-get install chromium`)")
@@ -285,7 +419,7 @@ def test_the_sections_render_in_headless_chromium(attribution_run: Path, lens_ru
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
-            for run, bars, error_bars in ((attribution_run, 3 + 4 + 4 + 3, 0), (lens_run, 0, 31)):
+            for run, bars, error_bars in ((attribution_run, 3 + 4 + 4 + 3, 0), (lens_run, 0, 31), (ablation_run, 0, 2)):
                 page = browser.new_page(viewport={"width": 1200, "height": 900})
                 errors: list[str] = []
                 page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
@@ -293,7 +427,8 @@ def test_the_sections_render_in_headless_chromium(attribution_run: Path, lens_ru
                 page.goto((run / "report.html").as_uri())
                 n_figures = len(page_figures((run / "report.html").read_text()))
                 page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {n_figures}")
-                # a bar trace per segment (3 terms, and the cross terms of both variances); an error bar per layer of ρ
+                # a bar trace per segment (3 terms, and the cross terms of both variances); an error bar per layer of
+                # ρ; an error bar per ablation and measure (loss, mean attention to the first position)
                 assert page.locator(".barlayer .trace").count() == bars
                 assert page.locator(".errorbar").count() == error_bars
                 assert errors == [], errors

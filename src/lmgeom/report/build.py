@@ -22,6 +22,7 @@ from lmgeom.report.explorer import read_explorer
 from lmgeom.engine.registry import measures
 from lmgeom.report.figures import (CONTROL_STYLE, DRAWN, Chart, run_charts, run_subtitle, save_figure, sts_pivot,
                                    takes_control)
+from lmgeom.report.ablation import ablation_section
 from lmgeom.report.attribution import attribution_section
 from lmgeom.report.geometry import geometry_section
 from lmgeom.report.html import Page, definition_list, esc, explorer_section, missing, not_measured, table
@@ -395,6 +396,9 @@ def build_report(
     lens = lens_section(run, page, out_path)  # None: neither lens.json nor lens_join.json, no section
     if lens is not None:
         page.section("lens", "Logit lens", lens)
+    ablation = ablation_section(run, page, out_path)  # None: no ablation.json, no section
+    if ablation is not None:
+        page.section("ablation", "Ablations", ablation)
     if run.sts is None:
         page.section("sts", "Sentence similarity (STS)", missing(run.notes["sts"]))
     else:

@@ -513,6 +513,66 @@ class StackedBars:
         return textwrap.wrap(self.note, NOTE_WIDTH)
 
 
+# ---- changes beside their controls -----------------------------------------------------------------
+
+
+@dataclass
+class Effect:
+    """One category of an `EffectChart`: its name, its value with its interval (`low`, `high`; NaN: no
+    interval) and the values of its controls (each a point of its own)."""
+
+    name: str
+    value: float
+    low: float
+    high: float
+    controls: list[float] = field(default_factory=list)
+
+
+CONTROL_COLOUR = "#7f7f7f"  # the controls' markers, on the page and in the PNG
+CONTROL_OFFSET = 0.22  # how far right of its category's point a control sits (in categories)
+CONTROL_SPREAD = 0.16  # the width the controls of one category spread over, where it has several
+
+
+@dataclass
+class EffectChart:
+    """A titled chart of one value per category with its interval as an error bar, beside the
+    category's controls as small grey points, and a line at 0: described once and drawn twice like
+    `Chart` (an ablation's change beside the changes of its random controls)."""
+
+    name: str  # file stem under figures/
+    title: str
+    subtitle: str
+    x_label: str
+    y_label: str
+    effects: list[Effect] = field(default_factory=list)
+    value_name: str = "value, 95% interval"  # the legend's name of the categories' points
+    control_name: str = "controls"  # and of the controls'
+    note: str = ""
+
+    @property
+    def has_data(self) -> bool:
+        return any(not math.isnan(e.value) for e in self.effects)
+
+    @property
+    def title_lines(self) -> list[str]:
+        return textwrap.wrap(self.title, TITLE_WIDTH)
+
+    @property
+    def note_lines(self) -> list[str]:
+        return textwrap.wrap(self.note, NOTE_WIDTH)
+
+    def control_points(self) -> tuple[list[float], list[float]]:
+        """(x, y) of every control: category i's beside its point at x = i, spread over `CONTROL_SPREAD`."""
+        xs: list[float] = []
+        ys: list[float] = []
+        for index, effect in enumerate(self.effects):
+            n = len(effect.controls)
+            for k, value in enumerate(effect.controls):
+                xs.append(index + CONTROL_OFFSET + (CONTROL_SPREAD * (k / (n - 1) - 0.5) if n > 1 else 0.0))
+                ys.append(value)
+        return xs, ys
+
+
 # ---- Plotly ---------------------------------------------------------------------------------------
 
 
@@ -604,6 +664,43 @@ def plotly_stacked(chart: StackedBars) -> dict[str, Any]:
         legend={"orientation": "h", "y": -0.28, "yanchor": "top", "x": 0},
     )
     figure.update_xaxes(type="category")
+    figure.add_hline(y=0, line={"color": "#444", "width": 1})
+    return figure.to_plotly_json()
+
+
+def plotly_effects(chart: EffectChart) -> dict[str, Any]:
+    """{data, layout} of an `EffectChart` for Plotly.newPlot: the categories' points with their intervals
+    as error bars (one trace), the controls as small grey points beside them (one trace), the
+    categories named on the x axis, a line at 0; the page writes the title above."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    names = [plotly_text(effect.name) for effect in chart.effects]
+    values = [effect.value for effect in chart.effects]
+
+    def gap(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
+    figure.add_trace(go.Scatter(
+        x=list(range(len(values))), y=[gap(v) for v in values], name=plotly_text(chart.value_name), mode="markers",
+        marker={"color": "#1f77b4", "size": 9}, text=names, hovertemplate="%{text}: %{y:.4g}<extra></extra>",
+        error_y={"type": "data", "symmetric": False, "color": "#1f77b4", "thickness": 1.5, "width": 6,
+                 "array": [gap(e.high - e.value) for e in chart.effects],
+                 "arrayminus": [gap(e.value - e.low) for e in chart.effects]},
+    ))
+    xs, ys = chart.control_points()
+    if xs:
+        figure.add_trace(go.Scatter(
+            x=xs, y=[gap(v) for v in ys], name=plotly_text(chart.control_name), mode="markers",
+            marker={"color": CONTROL_COLOUR, "size": 5}, hovertemplate="%{y:.4g}<extra></extra>",
+        ))
+    figure.update_layout(
+        xaxis_title=plotly_text(chart.x_label), yaxis_title=plotly_text(chart.y_label), template="plotly_white",
+        height=PLOT_HEIGHT + 150, margin={"t": 16, "l": 70, "r": 20, "b": 60},
+        legend={"orientation": "h", "y": -0.28, "yanchor": "top", "x": 0},
+    )
+    figure.update_xaxes(tickmode="array", tickvals=list(range(len(names))), ticktext=names,
+                        range=[-0.6, len(names) - 0.4], zeroline=False)
     figure.add_hline(y=0, line={"color": "#444", "width": 1})
     return figure.to_plotly_json()
 
@@ -740,6 +837,42 @@ def draw_stacked(chart: StackedBars, ax: Any, *, legend_size: float | None = 8) 
     if chart.segments:  # above the plot, where no bar is (bars of every height fill it)
         ax.legend(fontsize=legend_size, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=2, frameon=False, borderaxespad=0)
     return ax
+
+
+def draw_effects(chart: EffectChart, ax: Any, *, legend_size: float | None = 8) -> Any:
+    """Draw an `EffectChart` on the matplotlib Axes `ax`: each category's point with its interval as an
+    error bar (with caps), its controls as small grey points to its right, a line at 0, the categories
+    named under the axis (turned upright where they are long), the axis labels, a grid and the legend
+    (above the plot). Returns `ax`."""
+    positions = np.arange(len(chart.effects))
+    values = np.array([e.value for e in chart.effects], dtype=float)
+    below = np.array([e.value - e.low for e in chart.effects], dtype=float)
+    above = np.array([e.high - e.value for e in chart.effects], dtype=float)
+    ax.errorbar(positions, values, yerr=[np.nan_to_num(below), np.nan_to_num(above)], fmt="o", color="#1f77b4",
+                markersize=5, elinewidth=1.2, capsize=3, label=chart.value_name)
+    xs, ys = chart.control_points()
+    if xs:
+        ax.scatter(xs, ys, s=10, color=CONTROL_COLOUR, zorder=3, label=chart.control_name)
+    ax.axhline(0, color="#444", linewidth=0.8)
+    names = [effect.name for effect in chart.effects]
+    long = sum(len(name) for name in names) > 60
+    ax.set_xticks(positions, names, rotation=90 if long else 0, fontsize=7)
+    ax.set_xlim(-0.6, len(positions) - 0.4)
+    ax.set_xlabel(chart.x_label)
+    ax.set_ylabel(chart.y_label)
+    ax.grid(alpha=0.3, axis="y")
+    if chart.effects:  # above the plot, where no point is: the categories' points first, then the controls
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+        names = [name for name in (chart.value_name, chart.control_name) if name in handles]
+        ax.legend([handles[name] for name in names], names, fontsize=legend_size, loc="lower left",
+                  bbox_to_anchor=(0, 1.01), frameon=False, borderaxespad=0)
+    return ax
+
+
+def save_effects(chart: EffectChart, folder: rundir.Where) -> list[rundir.Target]:
+    """`figures/<name>.png` and `.svg` of an `EffectChart` in `folder` (`framed_figure`, `draw_effects`)."""
+    fig, _, _ = framed_figure(chart.title_lines, chart.subtitle, chart.note_lines, lambda ax: draw_effects(chart, ax))
+    return write_figure(fig, chart.name, folder)
 
 
 def save_stacked(chart: StackedBars, folder: rundir.Where) -> list[rundir.Target]:

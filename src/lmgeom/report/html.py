@@ -9,7 +9,8 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from lmgeom.report.explorer import CHART_COLUMNS, WORD_COLUMNS
-from lmgeom.report.figures import Chart, StackedBars, plotly_band_note, plotly_figure, plotly_stacked
+from lmgeom.report.figures import (Chart, EffectChart, StackedBars, plotly_band_note, plotly_effects, plotly_figure,
+                                   plotly_stacked)
 from lmgeom.report.labels import label, number
 from lmgeom.report.missing_data import Skipped
 from lmgeom.rundir import EXPLORER, generator_mark
@@ -90,10 +91,13 @@ class Page:
     def section(self, anchor: str, heading: str, body: str) -> None:
         self.sections.append((anchor, heading, body))
 
-    def chart(self, chart: Chart | StackedBars, *, files: Sequence[str] = ()) -> str:
-        """A chart's placeholder (a line chart or a `StackedBars`); its figure is drawn by the page script."""
+    def chart(self, chart: Chart | StackedBars | EffectChart, *, files: Sequence[str] = ()) -> str:
+        """A chart's placeholder (a line chart, a `StackedBars` or an `EffectChart`); its figure is drawn by
+        the page script."""
         if isinstance(chart, StackedBars):
             return self.figure(chart.name, plotly_stacked(chart), chart.title, (chart.subtitle, chart.note), files=files)
+        if isinstance(chart, EffectChart):
+            return self.figure(chart.name, plotly_effects(chart), chart.title, (chart.subtitle, chart.note), files=files)
         return self.figure(chart.name, plotly_figure(chart), chart.title, (chart.subtitle, chart.note, plotly_band_note(chart)),
                            files=files)
 
