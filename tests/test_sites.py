@@ -1,5 +1,6 @@
 """Capture sites: stored sites against hand-written hooks, each family's sum rule, the store's sites
-(layout, integrity, resume), and `--sites` on `extract` and `analyze`."""
+(layout, integrity, resume), and `--sites` on `extract`, `analyze`, `geometry` and `run` (calibrate,
+similarity and static-embeddings: tests/test_sites_commands.py)."""
 
 from __future__ import annotations
 
@@ -328,13 +329,18 @@ def test_extract_command_stores_four_sites(cli_store):
 
 def test_analyze_command_reads_a_site(cli_store, tmp_path):
     out, _ = cli_store
-    result = runner.invoke(app, ["analyze", str(out), "--sites", "attn_out", "--out", str(tmp_path / "attn"), "--bootstrap", "0",
-                                 "--engine", "local", "--device", "cpu", "--min-contexts", "2"])
+    common = ["--sites", "attn_out", "--bootstrap", "0", "--engine", "local", "--device", "cpu", "--min-contexts", "2"]
+    result = runner.invoke(app, ["analyze", str(out), "--out", str(tmp_path / "attn"), *common])
     assert result.exit_code == 0, result.output
     document = json.loads((tmp_path / "attn" / "contextuality.json").read_text())
     text = json.dumps(document)
     assert '"site": "attn_out"' in text
     assert sorted({record["layer"] for record in document["records"]}) == [1, 2, 3]
+    # without --out: the site's folder of results in the store, not the store's own files (resid_post's)
+    default = runner.invoke(app, ["analyze", str(out), *common])
+    assert default.exit_code == 0, default.output
+    assert not (out / "contextuality.json").exists()
+    assert json.loads((out / "site_results" / "attn_out" / "contextuality.json").read_text())["records"] == document["records"]
 
 
 def test_bad_sites_are_refused_naming_the_option(tmp_path, cli_store):
@@ -347,8 +353,6 @@ def test_bad_sites_are_refused_naming_the_option(tmp_path, cli_store):
     assert missing.exit_code == 2 and "--sites" in flat(missing.output) and "resid_pre" in flat(missing.output)
     several = runner.invoke(app, ["analyze", str(out), "--sites", "attn_out,mlp_out", "--out", str(tmp_path / "z")])
     assert several.exit_code == 2 and "one site at a time" in flat(several.output)
-    no_out = runner.invoke(app, ["analyze", str(out), "--sites", "attn_out"])
-    assert no_out.exit_code == 2 and "give --out" in flat(no_out.output)
 
 
 def test_geometry_command_reads_a_site(cli_store, tmp_path):
@@ -367,18 +371,12 @@ def test_geometry_command_reads_a_site(cli_store, tmp_path):
     by_layer = {record["layer"]: record for record in resid["layers"]}
     assert all(by_layer[r["layer"]]["median_abs"] != r["median_abs"] for r in document["layers"])
     no_out = runner.invoke(app, ["geometry", str(out), "--sites", "attn_out", *common])
-    assert no_out.exit_code == 2 and "--out" in flat(no_out.output) and "--sites" in flat(no_out.output)
+    assert no_out.exit_code == 0, no_out.output
+    assert not (out / "geometry.json").exists()
+    default = json.loads((out / "site_results" / "attn_out" / "geometry.json").read_text())
+    assert default["provenance"]["settings"]["site"] == "attn_out" and default["layers"] == document["layers"]
     missing = runner.invoke(app, ["geometry", str(out), "--sites", "resid_mid", "--out", str(tmp_path / "m"), *common])
     assert missing.exit_code == 2 and "--sites" in flat(missing.output)
-
-
-@pytest.mark.parametrize("command", ["calibrate", "similarity"])
-def test_commands_that_read_resid_post_only_refuse_another_site(cli_store, command):
-    out, _ = cli_store
-    result = runner.invoke(app, [command, str(out), "--sites", "attn_out"])
-    assert result.exit_code == 2
-    text = flat(result.output)
-    assert "--sites" in text and f"{command} reads resid_post only" in text and "lmgeom geometry" in text
 
 
 def test_run_analyses_each_site_in_a_folder_of_its_own(tmp_path):

@@ -17,6 +17,7 @@ from lmgeom.cli.common import (
     PROTOCOL_HELP,
     ROWS_HELP,
     DATA_DIR_HELP,
+    SITES_READ_HELP,
     RichProgress,
     above,
     console,
@@ -219,21 +220,8 @@ def one_site(sites: str, command: str = "analyze") -> str:
     names = split_list(sites)
     if len(names) != 1:
         raise InputError(f"`site`: {command} reads one site at a time; got {', '.join(names) or 'none'}; run it once per "
-                         "site, each with its own --out", param="site")
+                         "site (each site's results go to a folder of their own, STORE/site_results/<site>/)", param="site")
     return names[0]
-
-
-def resid_post_only(sites: str, command: str) -> None:
-    """`command` reads `resid_post` only (its reads do not go through the engine's `site`): any other
-    `--sites` is refused, naming the commands that read a site."""
-    from lmgeom.errors import InputError
-    from lmgeom.sitespec import DEFAULT_SITE
-
-    names = split_list(sites)
-    if names != [DEFAULT_SITE]:
-        raise InputError(f"`site` {','.join(names) or 'none'}: {command} reads resid_post only; analyse another capture "
-                         "site with `lmgeom analyze STORE --sites SITE --out DIR` or `lmgeom geometry STORE --sites SITE "
-                         "--out DIR`, or leave --sites out", param="site")
 
 
 def register(app: typer.Typer) -> None:
@@ -248,7 +236,7 @@ def register(app: typer.Typer) -> None:
         include_special: bool = typer.Option(False, "--include-special", help="also analyse special tokens (CLS/SEP/BOS) the store kept"),
         seed: int = typer.Option(0, min=0, metavar="<int>", help="seed for the sampled baselines"),
         rows: Optional[int] = typer.Option(None, min=2, metavar="<int>", help=f"{ROWS_HELP} for the anisotropy and MEV baselines (default 1000)"),
-        out: Optional[str] = typer.Option(None, callback=url_form, help="folder or fsspec URL for the result files (default: the store)"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="folder or fsspec URL for the result files (default: the store; another site's: STORE/site_results/<site>/)"),
         mev_memory_mb: float = typer.Option(512, callback=above(0), help="memory (MB) for per-word occurrence matrices; the rest wait in scratch files (TMPDIR)"),
         device: str = typer.Option("auto", help=DEVICE_HELP),
         engine: str = typer.Option("auto", help="local (one task after another here), processes (worker processes), "
@@ -258,15 +246,14 @@ def register(app: typer.Typer) -> None:
         bootstrap: int = typer.Option(1000, min=0, metavar="<int>", help=BOOTSTRAP_HELP),
         confidence: float = typer.Option(0.95, help=CONFIDENCE_HELP),
         statistics: Optional[str] = typer.Option(None, metavar="<names>", help=STATISTICS_HELP),
-        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help="the capture site to analyse, one of "
-                                  "those the store holds (resid_post, the default; see `lmgeom extract --sites`)"),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help=SITES_READ_HELP),
     ) -> None:
         """Self-similarity, intra-sentence similarity, MEV and anisotropy baselines for every layer."""
+        from lmgeom import rundir
         from lmgeom.stages.analysis import analyze_store
         from lmgeom.stages.contextuality import write_contextuality
         from lmgeom.engine import AnalysisOptions
         from lmgeom.engine.options import CONTEXTUALITY_STATISTICS, protocol_options
-        from lmgeom.errors import InputError
         from lmgeom.store import RepresentationStore
 
         with user_errors(), RichProgress() as progress:
@@ -277,13 +264,10 @@ def register(app: typer.Typer) -> None:
             options = AnalysisOptions(**chosen, seed=seed, mev_memory_mb=mev_memory_mb, device=device, engine=engine,
                                       num_workers=num_workers, ray_address=ray_address, bootstrap=bootstrap,
                                       confidence=confidence, site=one_site(sites))
-            if options.site != "resid_post" and out is None:
-                raise InputError(f"`site` {options.site}: give `out`, a folder for this site's result files (by default "
-                                 "they go next to the store, where they would replace those of resid_post)",
-                                 param=("site", "out"))
             store = RepresentationStore.open(store_path)
             if options.site != "resid_post":
                 store.site_layers(options.site)  # a site the store lacks is refused before anything runs
+                out = out or str(rundir.site_results(store.url, options.site))
             result = analyze_store(store, options, progress=progress)
             written = write_contextuality(result, store, out)
         if options.site != "resid_post":
@@ -295,7 +279,7 @@ def register(app: typer.Typer) -> None:
     def static_embeddings_command(
         store_path: Path = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
         layer: int = typer.Option(..., min=0, help="layer to distil (0 = embedding output)"),
-        out: Optional[Path] = typer.Option(None, callback=url_form, help="word2vec text file to write (default STORE/static/<layer>.txt)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="word2vec text file to write (default STORE/static/<layer>.txt; another site's: STORE/site_results/<site>/static/<layer>.txt)"),
         benchmark: List[Path] = typer.Option([], help="extra benchmark: word pairs, Google-format analogies, a CSV laid out as msr.csv or bless.csv, or the SemEval2012-2 folder (repeatable)"),
         static_vectors: List[Path] = typer.Option([], help="static vectors to compare (word2vec .bin, word2vec/GloVe text; repeatable)"),
         trust_pickle: bool = typer.Option(False, "--trust-pickle", help=(
@@ -309,6 +293,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file that lmgeom did not write, "
                                                                "or the layer's benchmark scores with fewer"),
         min_coverage: str = typer.Option("50,10%", metavar="<items,%>", help=MIN_COVERAGE_HELP),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help=SITES_READ_HELP + "static/ (the "
+                                  "layer-0 baseline stays the embedding output)"),
     ) -> None:
         """Export first-principal-component word vectors of a layer and score them on word benchmarks,
         covered items only and all items (out-of-vocabulary words as the mean vector)."""
@@ -317,11 +303,13 @@ def register(app: typer.Typer) -> None:
 
         with user_errors(), RichProgress() as progress:
             options = StaticOptions.of(min_contexts=min_contexts, count_by=count_by, include_punct=include_punct,
-                                       protocol=protocol, data_dir=data_dir, min_coverage=min_coverage)
+                                       protocol=protocol, data_dir=data_dir, min_coverage=min_coverage,
+                                       site=one_site(sites, "static-embeddings"))
             exported = export_static_embeddings(store_path, options, layer=layer, text_path=out, benchmarks=benchmark,
                                                 static_vectors=static_vectors, trust_pickle=trust_pickle, overwrite=overwrite,
                                                 progress=progress)
-        print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}, "
+        at_site = "" if options.analysis.site == "resid_post" else f" of site {options.analysis.site}"
+        print_static_benchmarks(exported.scores, f"{exported.embeddings.store_meta.get('model_id')}: layer {layer}{at_site}, "
                                                  f"{len(exported.embeddings.words):,} words", options.min_coverage)
         for name, reason in exported.skipped.items():
             console.print(f"skipped {shown(name)}: {shown(reason)}")

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from lmgeom.calibrate import DEFAULT_METHODS, FIT_MAX_ROWS, METHOD_NAMES
-from lmgeom.cli.common import LAYERS_HELP, RichProgress, console, old_spellings, split_list, user_errors
+from lmgeom.cli.common import LAYERS_HELP, SITES_READ_HELP, RichProgress, console, old_spellings, split_list, user_errors
 from lmgeom.store.layout import LAYER_NOTE
 
 TABLE_MEASURES = ("log_partition_isotropy", "isoscore", "average_cosine", "effective_rank")
@@ -75,26 +75,27 @@ def register(app: typer.Typer) -> None:
         eval_rows: Optional[int] = typer.Option(None, min=2, show_default=False, help=f"seeded subsample of rows on which isotropy is measured [default: {EVAL_ROWS_DEFAULT}]"),
         fit_rows: int = typer.Option(FIT_MAX_ROWS, min=2, help="seeded subsample of rows that cie and flow fit on (the others stream over all rows)"),
         seed: int = typer.Option(0, min=0, help="seed for subsamples, k-means and the flow"),
-        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help="the capture site: resid_post only "
-                                  "(calibrate reads no other; analyze and geometry do)"),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help=SITES_READ_HELP),
     ) -> None:
         """Fit isotropy calibrators per layer (whitening and all-but-the-top unless --methods names
         others: cie, flow, standardize, conceptor, or all); merges the records
-        into STORE/calibration.json + .csv by (layer, method) and saves STORE/calibrators/<method>-L<layer>.*"""
+        into STORE/calibration.json + .csv by (layer, method) and saves STORE/calibrators/<method>-L<layer>.*
+        (another capture site's: in STORE/site_results/<site>/)"""
         from lmgeom.metrics.isotropy import REPORT_MAX_ROWS
         from lmgeom.stages import calibrate_store
         from lmgeom.stages.calibration import CalibrationOptions
 
-        from lmgeom.cli.analyze import resid_post_only
+        from lmgeom.cli.analyze import one_site
 
         with user_errors(), RichProgress() as progress:
-            resid_post_only(sites, "calibrate")
             options = CalibrationOptions(
                 methods=parse_methods(method), layers=layers, include_punct=include_punct,
                 include_special=include_special, eval_rows=REPORT_MAX_ROWS if eval_rows is None else eval_rows,
-                fit_rows=fit_rows, seed=seed, device=device,
+                fit_rows=fit_rows, seed=seed, site=one_site(sites, "calibrate"), device=device,
             )
             result = calibrate_store(store, options, corpus=corpus, progress=progress)
+        if options.site != "resid_post":
+            console.print(f"site {options.site}: layers {', '.join(map(str, result.store.layers))}", highlight=False)
         print_records(result.records)
         print_fit_times(result.fits)
         console.print("wrote " + ", ".join(str(path) for path in result.paths))

@@ -184,7 +184,7 @@ class _LineStage:
 
 
 SITES_READ_HELP = ("the capture site to read, one of those the store holds (resid_post, the default; see "
-                   "`lmgeom extract --sites`); another site needs --out")
+                   "`lmgeom extract --sites`); another site's results go to STORE/site_results/<site>/")
 
 _NEGATED_FLAGS = {"include_punct": "--exclude-punct", "include_special": "--exclude-special",
                   "exclude_first_word": "--exclude-first-word"}

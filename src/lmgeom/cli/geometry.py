@@ -28,7 +28,7 @@ def _with_interval(estimate: dict[str, Any] | None) -> str:
     return f"{number(estimate['dimension'], 1)} [{number(estimate['low'], 1)}, {number(estimate['high'], 1)}]"
 
 
-def _layer_columns(folders: Sequence[Path], kind: str, key: str, value: str, wanted: tuple[str, ...]) -> dict[int, dict[str, float]]:
+def _layer_columns(folders: Sequence[Path | str], kind: str, key: str, value: str, wanted: tuple[str, ...]) -> dict[int, dict[str, float]]:
     """`wanted` measures per layer (the records' `key`, their `value`) from the first result file of
     `kind` (isotropy, contextuality) in `folders`, checked as every reader checks one (another
     store's, other settings than its run records, or a mixed set: an error naming it)."""
@@ -43,7 +43,7 @@ def _layer_columns(folders: Sequence[Path], kind: str, key: str, value: str, wan
     return columns
 
 
-def print_geometry(result: GeometryResult, run_folders: Sequence[Path] = ()) -> None:
+def print_geometry(result: GeometryResult, run_folders: Sequence[Path | str] = ()) -> None:
     """The three per-layer tables; the rogue and standardised cosines come from the isotropy.json of
     the first of `run_folders` that has one."""
     from lmgeom.report.labels import number
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
     @app.command("geometry", cls=old_spellings({"--points": "--rows", "--boot": "--bootstrap"}))
     def geometry_command(
         store_path: str = typer.Argument(..., metavar="STORE", help="a store written by `lmgeom extract`"),
-        out: Optional[Path] = typer.Option(None, callback=url_form, help="folder for geometry.json (default: the store's folder)"),
+        out: Optional[Path] = typer.Option(None, callback=url_form, help="folder for geometry.json (default: the store's folder; another site's: STORE/site_results/<site>/)"),
         rows: int = typer.Option(5000, min=2, metavar="<int>", help=f"{ROWS_HELP}, the same at every layer, for the intrinsic dimension"),
         bootstrap: int = typer.Option(200, min=0, metavar="<int>", help="bootstrap resamples for the intrinsic dimension's intervals (0: none)"),
         top_k: int = typer.Option(10, min=1, metavar="<int>", help="largest |h| per layer to locate"),
@@ -150,9 +150,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Intrinsic dimension (TwoNN, MLE, GRIDE), outlier dimensions and massive activations,
         uniformity and alignment of every layer, written to geometry.json and geometry.csv."""
+        from lmgeom import rundir
         from lmgeom.cli.analyze import one_site
         from lmgeom.engine import AnalysisOptions
-        from lmgeom.errors import InputError
         from lmgeom.stages.geometry import GeometryOptions, measure_geometry
         from lmgeom.store import RepresentationStore
 
@@ -161,17 +161,17 @@ def register(app: typer.Typer) -> None:
             analysis = AnalysisOptions(geometry_rows=rows, top_activations=top_k, min_contexts=min_contexts,
                                        include_punct=include_punct, include_special=include_special,
                                        exclude_first_word=exclude_first_word, seed=seed, device=device, site=site)
-            if site != "resid_post" and out is None:
-                raise InputError(f"`site` {site}: give `out`, a folder for this site's geometry.json (by default it goes "
-                                 "next to the store, where it would replace that of resid_post)", param=("site", "out"))
             store = RepresentationStore.open(store_path)
+            folder: Path | str | None = out
             if site != "resid_post":
                 store.site_layers(site)  # a site the store lacks is refused before anything runs
+                folder = out or rundir.site_results(store.url, site)
             options = GeometryOptions(analysis, n_boot=bootstrap, max_sentences=max_sentences,
                                       data_dir=None if data_dir is None else str(data_dir), model_weights=model_weights or None)
-            result = measure_geometry(store, options, out=out, progress=progress)
-        print_geometry(result, [folder for folder in (out, store.location.local_path if store.location.is_local else None)
-                                if folder is not None])
+            result = measure_geometry(store, options, out=folder, progress=progress)
+        # the isotropy and contextuality shown beside are the same site's: the store's own files are resid_post's
+        beside = store.location.local_path if store.location.is_local and site == "resid_post" else None
+        print_geometry(result, [where for where in (folder, beside) if where is not None])
         console.print("wrote " + ", ".join(str(p) for p in result.paths))
 
     @app.command("geometry-probes")

@@ -7,7 +7,8 @@ from typing import Any, Optional
 
 import typer
 
-from lmgeom.cli.common import LAYERS_HELP, ROWS_HELP, RichProgress, console, old_spellings, split_list, user_errors, url_form
+from lmgeom.cli.common import (LAYERS_HELP, ROWS_HELP, SITES_READ_HELP, RichProgress, console, old_spellings, split_list,
+                               user_errors, url_form)
 
 MEASURE_NAMES = "cka,cka_debiased,procrustes,rsa,knn"
 TABLE_WIDTH = 80
@@ -73,12 +74,12 @@ def register(app: typer.Typer) -> None:
         include_punct: bool = typer.Option(False, "--include-punct", help="also compare punctuation tokens"),
         include_special: bool = typer.Option(False, "--include-special", help="also compare special tokens (one store only: they are no corpus words)"),
         exclude_first_word: bool = typer.Option(False, "--exclude-first-word", help="leave out each sentence's first word"),
-        out: Optional[str] = typer.Option(None, callback=url_form, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores]"),
+        out: Optional[str] = typer.Option(None, callback=url_form, help="folder for similarity.json and .csv [default: STORE, or STORE/similarity/<STORE2 name> for two stores; another site's inside STORE/site_results/<site>/]"),
         device: str = typer.Option("cpu", help="where CKA and Procrustes accumulate: cpu (numpy), cuda, cuda:N, auto (cuda when present) or torch:cpu"),
         engine: str = typer.Option("auto", help="local, processes, ray, or auto (processes with more than one worker)"),
         num_workers: int = typer.Option(1, min=1, metavar="<int>", help="tasks at once (groups of layer pairs)"),
-        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help="the capture site: resid_post only "
-                                  "(similarity reads no other; analyze and geometry do)"),
+        sites: str = typer.Option("resid_post", "--sites", metavar="<site>", help=f"{SITES_READ_HELP}; with STORE2, "
+                                  "the same site of both stores"),
     ) -> None:
         """Layer x layer similarity: linear CKA (biased and debiased) and the Procrustes distance over
         every row, RSA and mutual k-NN on a seeded subsample, each with a permutation null and
@@ -88,20 +89,22 @@ def register(app: typer.Typer) -> None:
 
         from lmgeom.stages.similarity import SimilarityOptions, default_out, similarity_matrix, write_similarity
 
-        from lmgeom.cli.analyze import resid_post_only
+        from lmgeom.cli.analyze import one_site
 
         with user_errors({"sample": "--rows"}):
-            resid_post_only(sites, "similarity")
             options = SimilarityOptions(measures=tuple(split_list(measure)), layers=layers, layers_b=layers_b,
                                         sample=rows, seed=seed, k=k,
                                         permutations=permutations, procrustes_permutations=procrustes_permutations,
                                         include_punct=include_punct,
                                         include_special=include_special, exclude_first_word=exclude_first_word,
-                                        device=device, engine=engine, num_workers=num_workers)
+                                        site=one_site(sites, "similarity"), device=device, engine=engine,
+                                        num_workers=num_workers)
             with RichProgress() as progress:
                 result = similarity_matrix(store, store2, options, progress=progress)
-            paths = write_similarity(result, out or default_out(store, store2))
+            paths = write_similarity(result, out or default_out(store, store2, options.site))
         names = " x ".join(str(s["model_id"] or s["url"]) for s in result.stores) if store2 else str(result.stores[0]["model_id"])
+        if options.site != "resid_post":
+            names += f", site {options.site}"
         counts = result.counts
         matched = f"{counts['rows_matched']:,} rows"
         if store2:

@@ -8,7 +8,8 @@ ranges; each side's rows are shifted by the mean of its first chunk of matched r
 in every task, so their states merge, and the sums stay well conditioned). `run_pair_task` streams
 a task's sides through `aligned_tally` into one accumulator a job and statistic, and returns their results when it covers every row, else their states, which a
 `PairMerger` adds up. The executors run these tasks as they run an analysis's, through `PairWork`
-(the plan and its rows: all a worker gets besides the task); a worker opens the second store by its URL.
+(the plan and its rows: all a worker gets besides the task); a worker opens the second store by its URL,
+and reads each store at the capture site the plan records (`sites`: the sites of the stores planned on).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from lmgeom.engine.plan import resolved_device, row_partitions, store_identity
 from lmgeom.engine.registry import pair_statistics_for
 from lmgeom.engine.statistics import PairStatistic
 from lmgeom.engine.loop import AlignedFeed, Stream, aligned_tally, read_rows
+from lmgeom.sitespec import DEFAULT_SITE
 from lmgeom.store import RepresentationStore
 
 Side = tuple[int, int]  # (store 0 or 1, layer)
@@ -47,7 +49,8 @@ class PairTask:
 @dataclass(frozen=True)
 class PairPlan:
     """What a pair analysis computes and its tasks: the statistics, the stores (by URL: the second is
-    the first for layers of one store), the number of matched rows, and how the rows are read."""
+    the first for layers of one store) and the capture site read of each, the number of matched rows,
+    and how the rows are read."""
 
     statistics: tuple[PairStatistic, ...]
     urls: tuple[str, str]
@@ -56,9 +59,11 @@ class PairPlan:
     device: str
     store_identity: tuple[dict[str, Any], dict[str, Any]]
     tasks: tuple[PairTask, ...]
+    sites: tuple[str, str] = (DEFAULT_SITE, DEFAULT_SITE)
 
     def to_json(self) -> dict[str, Any]:
         return {"statistics": [stat.name for stat in self.statistics], "stores": list(self.store_identity),
+                **({"sites": list(self.sites)} if self.sites != (DEFAULT_SITE, DEFAULT_SITE) else {}),
                 "rows": self.n_rows, "chunk_rows": self.chunk_rows, "device": self.device,
                 "tasks": [task.to_json() for task in self.tasks]}
 
@@ -90,7 +95,7 @@ class PairOutput:
 def plan_pairs(stores: Sequence[RepresentationStore], rows: tuple[np.ndarray, np.ndarray], pairs: Sequence[Job], *, measures: Sequence[str], chunk_rows: int, max_state_bytes: int,
                row_parts: int = 1, device: str = "cpu") -> tuple[PairPlan, PairRows]:
     """The plan of the pair statistics that give `measures` over `pairs` of sides of `stores` (one
-    store, or two) at the matched `rows` of each."""
+    store, or two; each read at its `site`) at the matched `rows` of each."""
     statistics = pair_statistics_for(tuple(measures))
     if not statistics:
         raise InputError(f"no pair statistic gives any of {list(measures)}", param="measures")
@@ -115,13 +120,15 @@ def plan_pairs(stores: Sequence[RepresentationStore], rows: tuple[np.ndarray, np
     spans = row_partitions(np.arange(n), n, row_parts) if row_parts > 1 else [(0, n)]
     tasks = tuple(PairTask(tuple(group), start, stop) for group in groups if group for start, stop in spans)
     plan = PairPlan(statistics, (a.url, b.url), n, chunk_rows, resolved_device(device), (store_identity(a), store_identity(b)),
-                    tasks)
+                    tasks, (a.site, b.site))
     return plan, PairRows(rows, shifts)
 
 
 def run_pair_task(store: RepresentationStore, plan: PairPlan, rows: PairRows, task: PairTask) -> PairOutput:
-    """The task's jobs from one aligned read of its sides' rows (`store`: the plan's first store)."""
-    stores = [store, store if plan.urls[1] == store.url else RepresentationStore.open(plan.urls[1])]
+    """The task's jobs from one aligned read of its sides' rows (`store`: the plan's first store, which
+    a worker opens by its URL: each store is read at the plan's site of it)."""
+    second = store if plan.urls[1] == store.url else RepresentationStore.open(plan.urls[1])
+    stores = [store.at_site(plan.sites[0]), second.at_site(plan.sites[1])]
     sides = task.sides()
     index = {side: i for i, side in enumerate(sides)}
     streams = [Stream(stores[s], layer, rows.rows[s][task.start : task.stop], rows.shifts[(s, layer)]) for s, layer in sides]

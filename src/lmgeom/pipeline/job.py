@@ -33,7 +33,7 @@ from lmgeom.evaluate.wordbench import DEFAULT_MIN_COVERAGE
 from lmgeom.stages.static import StaticOptions, export_static_embeddings, read_benchmark_records
 from lmgeom.layerspec import select_layers
 from lmgeom.controlspec import check_control, check_control_seed
-from lmgeom.sitespec import parse_sites, site_name
+from lmgeom.sitespec import parse_sites
 from lmgeom import rundir
 from lmgeom.rundir import Target, write_json
 from lmgeom.store import RepresentationStore, layout
@@ -526,7 +526,7 @@ def _run(model: str, corpus: str, pooling: str | None, *, out: str | os.PathLike
                      file_settings=geometry.to_settings())
     paths += [rundir.GEOMETRY.at(store.url), rundir.GEOMETRY_CSV.at(store.url)]
     for site in requested_sites[1:]:  # each capture site: its contextuality and isotropy in a folder of its own
-        folder = rundir.SITE_RESULTS.at(store.url, name=site_name(site))
+        folder = rundir.site_results(store.url, site)
         at_site = analysis.replace(site=site)
         settings = at_site.analysis_settings()
         if not steps.done(f"contextuality@{site}", settings):

@@ -18,6 +18,7 @@ RUN/                         a store (lmgeom.store.layout) plus the result files
   explorer.json              the word explorer's cache
   similarity.json, .csv      lmgeom similarity: layer x layer CKA, Procrustes, RSA, mutual k-NN
   similarity/<other>/        the same against another store of the corpus
+  site_results/<site>/       a capture site's result files (any of the above a stage writes), laid out as here
   report.html, figures/      the report
 ```
 
@@ -54,7 +55,7 @@ from lmgeom.rundir.files import (  # noqa: F401
     EXPERIMENT_CONFIG_KEYS, EXPERIMENT_JSON, EXPERIMENT_TABLE, EXPERIMENT_FIGURE, WSD_PREDICTIONS,
     STATIC_BASELINE_VECTORS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES, FIGURE, SITE_RESULTS,
     COMPARE_PAGE, COMPARE_CSV, COMPARE_SIMILARITY, RESULT_FILES, KINDS, RUN_STEPS, RESERVED_NAMES, RUN_MARKERS,
-    spec_of,
+    site_results, spec_of,
 )
 from lmgeom.rundir.read import (  # noqa: F401
     ResultFileError, regenerate_hint, is_run, sts_files, sts_table, require_run, read_experiment_results,
@@ -80,7 +81,7 @@ __all__ = [
     "STS", "EXPERIMENTS", "EXPERIMENT_RESULTS", "EXPERIMENT_CONFIG_KEYS", "EXPERIMENT_JSON", "EXPERIMENT_TABLE",
     "EXPERIMENT_FIGURE", "WSD_PREDICTIONS", "STATIC_BASELINE_VECTORS", "EXPLORER", "SIMILARITY",
     "SIMILARITY_CSV", "SIMILARITY_PAIRS", "REPORT", "FIGURES", "FIGURE", "SITE_RESULTS", "COMPARE_PAGE", "COMPARE_CSV",
-    "COMPARE_SIMILARITY", "RESULT_FILES", "KINDS", "RUN_STEPS", "RESERVED_NAMES", "RUN_MARKERS", "spec_of",
+    "COMPARE_SIMILARITY", "RESULT_FILES", "KINDS", "RUN_STEPS", "RESERVED_NAMES", "RUN_MARKERS", "site_results", "spec_of",
     "ResultFileError", "regenerate_hint", "is_run", "sts_files", "sts_table", "require_run",
     "read_experiment_results", "read_json", "read_store_meta", "read_csv", "WORDS_COLUMNS", "read_words",
     "problem", "jsonable", "header_fields", "digest", "records_csv", "write_bytes", "figure_bytes",

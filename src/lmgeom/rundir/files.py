@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Union
 
 
+from lmgeom.sitespec import DEFAULT_SITE, site_name
 from lmgeom.store import layout
 from lmgeom.store.location import Location, is_url
 
@@ -152,9 +153,11 @@ COMPARE_CSV = ResultFile("compare.csv", COMPARE_PAGE.producer)
 # the similarity of runs i and j (numbered from 1 as given): similarity.json and .csv in the folder
 COMPARE_SIMILARITY = ResultFile("similarity/{name}", "lmgeom compare RUN1 RUN2 --out DIR (runs of one corpus)")
 
-# a capture site's results (`lmgeom run --sites`): its contextuality and isotropy files, in a folder of its own
-# (not the store's `sites/<name>/`, which holds the site's layer arrays and nothing else)
-SITE_RESULTS = ResultFile("site_results/{name}", "lmgeom run --sites SITE (each site's contextuality and isotropy)")
+# a capture site's results (`lmgeom run --sites`, and `--sites SITE` of analyze, geometry, calibrate, similarity and
+# static-embeddings): the site's result files, laid out as at the top of the run, in a folder of its own (not the
+# store's `sites/<name>/`, which holds the site's layer arrays and nothing else)
+SITE_RESULTS = ResultFile("site_results/{name}", "lmgeom run --sites SITE, or lmgeom analyze|geometry|calibrate|similarity|"
+                          "static-embeddings STORE --sites SITE")
 
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
                 GEOMETRY_CSV, ATTRIBUTION, ATTRIBUTION_CSV, LENS, LENS_TABLE, LENS_JOIN, ABLATION, ABLATION_CSV, CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
@@ -170,10 +173,17 @@ RUN_MARKERS = (layout.META, RUN.name, SUMMARY.name, CONTEXTUALITY.name, ISOTROPY
                 EXPLORER.name, STATIC.name, EXPERIMENTS.name, GEOMETRY.name, ATTRIBUTION.name, LENS.name, ABLATION.name)
 
 
+def site_results(directory: Where, site: str) -> Target:
+    """The folder of capture site `site`'s results in the run `directory`: the run itself for
+    `resid_post`, `SITE_RESULTS` (RUN/site_results/<site's folder name>/, `lmgeom.sitespec.site_name`)
+    for any other site."""
+    return target(directory) if site == DEFAULT_SITE else SITE_RESULTS.at(directory, name=site_name(site))
+
+
 def spec_of(relative: str) -> ResultFile | None:
     """The result file a path relative to the run directory is (None for any other file)."""
     relative = posixpath.normpath(str(relative).replace(os.sep, "/"))
     head, _, rest = relative.partition("/")
-    if head == SITE_RESULTS.name.split("/")[0] and rest.count("/") == 1:  # a site's result file: as at the top
+    if head == SITE_RESULTS.name.split("/")[0] and "/" in rest:  # a site's result file: as at the top
         return spec_of(rest.split("/", 1)[1])
     return next((spec for spec in (*RESULT_FILES, CALIBRATOR) if fnmatch.fnmatchcase(relative, spec.pattern)), None)

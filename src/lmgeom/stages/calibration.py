@@ -17,7 +17,9 @@ from lmgeom.metrics.isotropy import REPORT_MAX_ROWS, isotropy_report
 from lmgeom.stages.extraction import open_or_extract
 from lmgeom.progress import NoProgress, Progress
 from lmgeom.rundir import (CALIBRATION, CALIBRATION_CSV, CALIBRATOR, CALIBRATORS, ResultFileError, Target, Where,
-                                expected_store, provenance_problem, read_json, records_csv, write_result_set, write_with)
+                                expected_store, provenance_problem, read_json, records_csv, site_results, write_result_set,
+                                write_with)
+from lmgeom.sitespec import DEFAULT_SITE, check_site
 from lmgeom.engine.selection import RowSelection, select_rows
 from lmgeom.engine import AnalysisOptions, run_analysis
 from lmgeom.engine.loop import DEFAULT_CHUNK_ROWS
@@ -50,8 +52,10 @@ class CalibrationOptions:
     `lmgeom.layerspec` spec, resolved against the store's layers when it is calibrated; None: every
     layer of the store); the rows selected as `lmgeom.engine.selection` documents (`include_punct`, `include_special`); isotropy measured on a
     seeded subsample of `eval_rows` rows, the subsampling methods (cie, flow) fitted on `fit_rows`;
-    `seed` for subsamples, k-means and the flow. `device`: where the calibrators that train (the
-    flow) compute, as `lmgeom.device.resolve_device` reads it; it changes no recorded setting."""
+    `seed` for subsamples, k-means and the flow. `site`: the capture site whose layers are calibrated
+    (`lmgeom.sitespec`; one of the store's `sites`), by default `resid_post`; the settings record it
+    when it is another. `device`: where the calibrators that train (the flow) compute, as
+    `lmgeom.device.resolve_device` reads it; it changes no recorded setting."""
 
     methods: tuple[str, ...] = DEFAULT_METHODS
     layers: LayerSpec = None
@@ -60,9 +64,11 @@ class CalibrationOptions:
     eval_rows: int = REPORT_MAX_ROWS
     fit_rows: int = FIT_MAX_ROWS
     seed: int = 0
+    site: str = DEFAULT_SITE
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        check_site(self.site, param="site")
         object.__setattr__(self, "methods", tuple(self.methods))
         if self.layers is not None and not isinstance(self.layers, str):
             object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))
@@ -75,17 +81,19 @@ class CalibrationOptions:
                 raise InputError(f"`{name}` must be at least 2, got {getattr(self, name)}", param=name)
 
     def to_settings(self) -> dict[str, Any]:
-        """The options as run.json records them (`device` is not among them: it changes no number)."""
+        """The options as run.json records them (`device` is not among them: it changes no number; `site`
+        only when it is not `resid_post`)."""
         return {"methods": list(self.methods),
                 "layers": self.layers if self.layers is None or isinstance(self.layers, str) else list(self.layers),
                 "include_punct": self.include_punct, "include_special": self.include_special,
-                "eval_rows": self.eval_rows, "fit_rows": self.fit_rows, "seed": self.seed}
+                "eval_rows": self.eval_rows, "fit_rows": self.fit_rows, "seed": self.seed,
+                **({"site": self.site} if self.site != DEFAULT_SITE else {})}
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, device: str = "cpu") -> CalibrationOptions:
         """The options `to_settings` recorded (those it lacks at their defaults)."""
         known = {name: settings[name] for name in ("methods", "layers", "include_punct", "include_special",
-                                                   "eval_rows", "fit_rows", "seed") if name in settings}
+                                                   "eval_rows", "fit_rows", "seed", "site") if name in settings}
         return cls(**known, device=device)
 
 
@@ -171,7 +179,7 @@ def fit_store(
     selection: RowSelection | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> Calibrator:
-    """Fit `estimator` in place on the selected rows of one store layer and return it.
+    """Fit `estimator` in place on the selected rows of one store layer (of the store's `site`) and return it.
 
     Calibrators that need only mean and covariance (whitening, abtt, standardize) stream over every
     selected row in one pass (float64 moments); the others fit on a seeded subsample of `max_rows`."""
@@ -181,7 +189,7 @@ def fit_store(
         statistic = "moments" if estimator.full_covariance else "variances"
         options = AnalysisOptions(include_special=selection.include_special, include_punct=selection.include_punct,
                                   exclude_first_word=selection.exclude_first_word, layers=(layer,), statistics=(statistic,),
-                                  chunk_rows=chunk_rows, device="cpu")
+                                  chunk_rows=chunk_rows, device="cpu", site=store.site)
         return estimator.fit_moments(run_analysis(store, options).layers[layer][statistic])
     sample = sample_indexes(selection.rows, max_rows, seed)
     return estimator.fit(as_float64_rows(store.rows(layer, sample), name="store rows", layer=layer))
@@ -199,10 +207,12 @@ def calibrate_store(
     (`options`: what to fit and measure, `CalibrationOptions`).
 
     One record per (layer, method, measure) with the value `before` and `after` calibration, both
-    measured on the same seeded subsample of `eval_rows` selected rows. With `save`, fitted
-    calibrators go to STORE/calibrators/<method>-L<layer>.npz|.pt and the records are merged into
-    STORE/calibration.json and calibration.csv by (layer, method): a re-fit of a (layer, method)
-    replaces that one's records and calibrator, the others (such as those `run` wrote) stay. The
+    measured on the same seeded subsample of `eval_rows` selected rows, of the layers of capture site
+    `options.site` (a site the store does not hold is an `InputError` naming the sites it holds). With
+    `save`, fitted calibrators go to STORE/calibrators/<method>-L<layer>.npz|.pt and the records are
+    merged into STORE/calibration.json and calibration.csv by (layer, method) — for a site but
+    `resid_post`, into its folder STORE/site_results/<site>/ (`rundir.site_results`) instead: a re-fit of
+    a (layer, method) replaces that one's records and calibrator, the others (such as those `run` wrote) stay. The
     file's `fits` record the options of each (layer, method) it holds, and `seconds`, the wall time its
     fit took (the progress note names the fit running and the time of each done); the file records
     the device the flow trained on (`device`).
@@ -215,17 +225,20 @@ def calibrate_store(
     device = device_name(resolve_device(options.device))
     if not isinstance(store, RepresentationStore):
         store = open_or_extract(store, corpus=corpus, device=device, progress=progress)
+    store = store.at_site(options.site)  # a site the store does not hold is refused here
+    folder = site_results(store.url, options.site)
     methods, seed, fit_rows = options.methods, options.seed, options.fit_rows
     progress = progress or NoProgress()
     layers = select_layers(options.layers, store.layers, n_layers=store.n_model_layers)
     options = replace(options, layers=tuple(layers))  # the layers fitted, as the files record them
-    previous = _previous_calibration(store) if save else None
+    previous = _previous_calibration(store, folder) if save else None
     selection = select_rows(store.tokens, include_special=options.include_special, include_punct=options.include_punct)
     eval_sample = sample_indexes(selection.rows, options.eval_rows, seed)
     n_selected = len(selection.rows)
     n_fit = {method: n_selected if issubclass(METHODS[method], MomentCalibrator) else min(n_selected, fit_rows)
              for method in methods}
-    fit_options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed}
+    fit_options = {**selection.options(), "eval_rows": len(eval_sample), "fit_rows_subsampled_methods": fit_rows, "seed": seed,
+                   **({"site": options.site} if options.site != DEFAULT_SITE else {})}
     progress.start("calibrate", len(layers) * len(methods), unit="fits")
     records: list[dict[str, Any]] = []
     fits: list[dict[str, Any]] = []
@@ -243,7 +256,7 @@ def calibrate_store(
             seconds = time.perf_counter() - started
             after = isotropy_report(estimator.transform(X_eval), seed=seed, max_rows=None)
             if save:
-                write_with(CALIBRATOR.at(store.url, method=method, layer=layer), estimator.save)
+                write_with(CALIBRATOR.at(folder, method=method, layer=layer), estimator.save)
             fits.append({"layer": layer, "method": method, **fit_options, "seconds": round(seconds, 3)})
             records.extend(
                 {
@@ -263,22 +276,22 @@ def calibrate_store(
     if save:
         merged = merge_calibration(previous, fits, records)
         # the document's settings are the last calibration's; `fits` records the options of each (layer, method)
-        paths = [*write_result_set(CALIBRATION.at(store.url), CALIBRATION.kind, {**merged, "device": device},
+        paths = [*write_result_set(CALIBRATION.at(folder), CALIBRATION.kind, {**merged, "device": device},
                                    store_meta=store.meta, settings=options.to_settings(),
-                                   companions=[(CALIBRATION_CSV.at(store.url), records_csv(merged["records"]))]),
-                 CALIBRATORS.at(store.url)]
+                                   companions=[(CALIBRATION_CSV.at(folder), records_csv(merged["records"]))]),
+                 CALIBRATORS.at(folder)]
     return CalibrationResult(store, records, fits, paths, device)
 
 
 
-def _previous_calibration(store: RepresentationStore) -> dict[str, Any] | None:
-    """The store's calibration.json to merge into; one that does not read, or is not this store's
-    (another store generation, a mixed set), holds nothing to keep, and is replaced (with a warning
-    naming it)."""
+def _previous_calibration(store: RepresentationStore, folder: Where) -> dict[str, Any] | None:
+    """The calibration.json in `folder` (the store's, or its site's results folder) to merge into; one
+    that does not read, or is not this store's (another store generation, a mixed set), holds nothing
+    to keep, and is replaced (with a warning naming it)."""
     try:
-        document = read_calibration(store.url)
+        document = read_calibration(folder)
         if document is not None:
-            path = CALIBRATION.at(store.url)
+            path = CALIBRATION.at(folder)
             problem = provenance_problem(path, document, store=expected_store(store.url))
             if problem is not None:
                 raise ResultFileError(f"{path} {problem}")

@@ -52,6 +52,7 @@ from lmgeom.engine import AnalysisOptions, LocalExecutor, executor_for
 from lmgeom.engine.options import ENGINES
 from lmgeom.engine.pairs import Job, PairMerger, PairPlan, PairWork, plan_pairs
 from lmgeom.engine.loop import DEFAULT_CHUNK_ROWS, read_rows
+from lmgeom.sitespec import DEFAULT_SITE, check_site
 from lmgeom.store import RepresentationStore
 
 DEFAULT_SAMPLE = 2000
@@ -74,7 +75,9 @@ class SimilarityOptions:
     measures run (the analysis engine's terms,
     `lmgeom.engine.AnalysisOptions`): `chunk_rows` matched rows read at a time, tasks holding
     at most `max_state_bytes` of accumulator states, `row_parts` row ranges each, on `engine` with
-    `num_workers` at once (`ray_address`: the Ray cluster), computing on `device`."""
+    `num_workers` at once (`ray_address`: the Ray cluster), computing on `device`. `site`: the capture
+    site whose layers are compared (`lmgeom.sitespec`), the same site of both stores, which must both
+    hold it; by default `resid_post`; the settings record it when it is another."""
 
     measures: tuple[str, ...] = MEASURES
     layers: LayerSpec = None
@@ -87,6 +90,7 @@ class SimilarityOptions:
     include_punct: bool = False
     include_special: bool = False
     exclude_first_word: bool = False
+    site: str = DEFAULT_SITE
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
     device: str = "cpu"
@@ -96,6 +100,7 @@ class SimilarityOptions:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        check_site(self.site, param="site")
         unknown = [measure for measure in self.measures if measure not in MEASURES]
         if unknown or not self.measures:
             raise InputError(f"unknown `measures` {unknown or '(none given)'}; choose from {', '.join(MEASURES)}",
@@ -118,7 +123,8 @@ class SimilarityOptions:
                 "layers_b": _spec_setting(self.layers_b), "sample": self.sample, "seed": self.seed,
                 "k": self.k, "permutations": self.permutations, "procrustes_permutations": self.procrustes_permutations,
                 "include_punct": self.include_punct,
-                "include_special": self.include_special, "exclude_first_word": self.exclude_first_word}
+                "include_special": self.include_special, "exclude_first_word": self.exclude_first_word,
+                **({"site": self.site} if self.site != DEFAULT_SITE else {})}
 
     def shuffles(self, measure: str) -> int:
         """The shuffles of `measure`'s null: `procrustes_permutations` for the Procrustes distance,
@@ -262,11 +268,13 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
                       store_b: str | os.PathLike[str] | RepresentationStore | None = None,
                       options: SimilarityOptions | None = None, *, progress: Progress | None = None) -> SimilarityResult:
     """Layer x layer similarity of `store_a` with itself, or with `store_b` over the same word
-    occurrences (see the module docstring); nothing is written (`write_similarity` writes it)."""
+    occurrences (see the module docstring), at the capture site `options.site` of each (a store that
+    does not hold it is an `InputError` naming the sites it holds); nothing is written
+    (`write_similarity` writes it)."""
     options = options or SimilarityOptions()
     progress = progress or NoProgress()
-    a = store_a if isinstance(store_a, RepresentationStore) else RepresentationStore.open(store_a)
-    b = None if store_b is None else store_b if isinstance(store_b, RepresentationStore) else RepresentationStore.open(store_b)
+    a = _at_site(RepresentationStore.of(store_a), options.site, None if store_b is None else "first")
+    b = None if store_b is None else _at_site(RepresentationStore.of(store_b), options.site, "second")
     stores = [a, b if b is not None else a]
     if b is None and options.layers_b is not None:
         raise InputError("`layers_b` names the second store's layers; give a second store, or use `layers` alone",
@@ -303,6 +311,7 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
     for store in {id(s): s for s in stores}.values():
         store.check_unchanged()
     settings = {"measures": list(options.measures), "layers_a": layers_a, "layers_b": layers_b,
+                **({"site": options.site} if options.site != DEFAULT_SITE else {}),
                 "sample": sample, "seed": options.seed, "k": options.k,
                 "permutations": options.permutations, "procrustes_permutations": options.procrustes_permutations,
                 "include_punct": options.include_punct,
@@ -328,6 +337,16 @@ def similarity_matrix(store_a: str | os.PathLike[str] | RepresentationStore,
                             settings, options=options.to_settings(), sample_values=tests.tables["sample_values"],
                             null_sd=tests.tables["null_sd"], p_values=tests.tables["p_values"],
                             permutations=tests.permutations, chance=tests.chance)
+
+
+def _at_site(store: RepresentationStore, site: str, which: str | None) -> RepresentationStore:
+    """`store` read at capture site `site`; one that does not hold it is refused naming the sites it
+    holds (and, of two stores, `which` one it is)."""
+    if site in store.sites or which is None:
+        return store.at_site(site)  # one store: its own refusal names the sites it holds
+    raise InputError(f"`site` {site!r} is not stored in the {which} store {store.url}, which holds the sites "
+                     f"{', '.join(store.sites)}: similarity compares the same site of both stores; choose a site both "
+                     "hold, or extract that store again capturing it (`sites`)", param=("site", "sites"))
 
 
 def _stream(stores: list[RepresentationStore], matched: MatchedRows, pairs: list[Job], options: SimilarityOptions,
@@ -405,11 +424,15 @@ def _subsample_measures(stores: list[RepresentationStore], rows: list[np.ndarray
 # writing
 
 
-def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str] | None) -> Path:
+def default_out(store_a: str | os.PathLike[str], store_b: str | os.PathLike[str] | None,
+                site: str = DEFAULT_SITE) -> rundir.Target:
     """Where `lmgeom similarity` writes by default: the first store's folder for one store, its
-    `similarity/<second store's name>/` folder for two."""
-    base = Path(store_a)
-    return base if store_b is None else base / rundir.SIMILARITY_PAIRS.name / Path(store_b).resolve().name
+    `similarity/<second store's name>/` folder for two; at a capture site but `resid_post`, the same
+    inside the site's results folder, STORE/site_results/<site>/ (`rundir.site_results`)."""
+    base = rundir.site_results(store_a, site)
+    if store_b is None:
+        return base
+    return rundir.target(base, f"{rundir.SIMILARITY_PAIRS.name}/{Path(store_b).resolve().name}")
 
 
 def write_similarity(result: SimilarityResult, out: rundir.Where) -> list[rundir.Target]:

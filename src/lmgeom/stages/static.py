@@ -8,6 +8,10 @@ later PCA version kept the direction of largest spread about the word's mean, wh
 at the word at all when occurrences form a tight cluster).
 Baselines: the mean of the word's occurrences at layer l, and the mean of its layer-0
 (embedding output) occurrences.
+
+A store of several capture sites distils the layers of one (`AnalysisOptions.site`): the first-PC
+and mean vectors are the site's; the layer-0 baseline is the embedding output, `resid_post`'s layer
+0, at every site (no other site has a layer 0).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from lmgeom.engine.plan import resolved_device
 from lmgeom.progress import NoProgress, Progress
 from lmgeom import rundir
 from lmgeom.rundir import records_csv, write_result_set
+from lmgeom.sitespec import DEFAULT_SITE
 from lmgeom.store import RepresentationStore
 
 STATIC_KINDS = ("first_pc", "mean", "layer0_mean")
@@ -49,6 +54,7 @@ class StaticEmbeddings:
     store_meta: dict[str, Any]
     device: str = "cpu"  # where the layer-0 means summed ("cpu", "cuda:0")
     selection: dict[str, Any] = field(default_factory=dict)  # which words have vectors: WORD_SELECTION of the options
+    site: str = DEFAULT_SITE  # the capture site of `layer` (`lmgeom.sitespec`)
 
     def keyed_vectors(self, kind: str = "first_pc") -> KeyedVectors:
         if kind not in self.vectors:
@@ -105,7 +111,8 @@ WORD_SELECTION = ("min_contexts", "count_by", "include_punct", "include_special"
 @dataclass(frozen=True)
 class StaticOptions(StepOptions):
     """The static-embeddings step's options: the words that get vectors (`analysis`' word threshold
-    and rows; by default those the contextuality analysis keeps) and `data_dir`, the folder whose
+    and rows; by default those the contextuality analysis keeps), the capture site distilled
+    (`analysis.site`, by default `resid_post`; the settings record another) and `data_dir`, the folder whose
     word benchmarks are scored (None: ../shared/data or LMGEOM_DATA), and `min_coverage`, the fewest
     covered items a covered-items score needs to be a headline number (`MinCoverage`: "50,10%" by
     default; a score below it is kept with `enough_items` false and shown as "too few items")."""
@@ -120,12 +127,13 @@ class StaticOptions(StepOptions):
     @classmethod
     def of(cls, *, min_contexts: int | None = None, count_by: str | None = None, include_punct: bool | None = None,
            protocol: str | None = None, data_dir: str | os.PathLike[str] | None = None, device: str = "cpu",
-           min_coverage: str | MinCoverage = DEFAULT_MIN_COVERAGE) -> StaticOptions:
+           min_coverage: str | MinCoverage = DEFAULT_MIN_COVERAGE, site: str = DEFAULT_SITE) -> StaticOptions:
         """The options from the flags of `lmgeom static-embeddings`: `protocol` sets the words as that
-        protocol does (`PROTOCOLS`), and a given option it sets otherwise is refused."""
+        protocol does (`PROTOCOLS`), and a given option it sets otherwise is refused; `site` the capture
+        site distilled."""
         chosen = protocol_options(protocol, min_contexts=min_contexts, count_by=count_by, include_punct=include_punct)
         chosen.pop("statistics", None)  # the distillation computes its own
-        return cls(AnalysisOptions(**chosen, device=device), data_dir=None if data_dir is None else str(data_dir),
+        return cls(AnalysisOptions(**chosen, device=device, site=site), data_dir=None if data_dir is None else str(data_dir),
                    min_coverage=str(MinCoverage.parse(min_coverage)))
 
 
@@ -136,20 +144,21 @@ def static_embeddings(
     layer: int,
     **keywords: Any,
 ) -> StaticEmbeddings:
-    """First-PC, mean and layer-0-mean vectors at `layer` for the words `options` (or its fields as
-    `keywords`) analyses: by default the words the analysis keeps (`min_contexts`
-    `DEFAULT_MIN_CONTEXTS` sentences; rows chosen by the row selection of `lmgeom.engine.selection`); no layer-0 means from a store without
-    layer 0."""
-    store = RepresentationStore.of(store)
+    """First-PC, mean and layer-0-mean vectors at `layer` (of the capture site `options.site`) for the
+    words `options` (or its fields as `keywords`) analyses: by default the words the analysis keeps
+    (`min_contexts` `DEFAULT_MIN_CONTEXTS` sentences; rows chosen by the row selection of
+    `lmgeom.engine.selection`); the layer-0 means are the embedding output's (`resid_post`) at every
+    site, and none come from a store without layer 0."""
+    options = options.replace(**keywords)
+    store = RepresentationStore.of(store).at_site(options.site)  # a site the store does not hold is refused here
     store.layer(layer)  # an unknown layer is an IndexError naming the range
     layer = layer + store.n_model_layers if layer < 0 else layer
-    options = options.replace(**keywords)
     vectors = first_pc_vectors(store, layer, options)
     kinds = {"first_pc": vectors.first_pc, "mean": vectors.mean}
     if layer == 0:
         kinds["layer0_mean"] = vectors.mean
-    elif 0 in store.layers:
-        means = run_analysis(store, options.replace(layers=(0,), statistics=("word_mean",)))
+    elif 0 in store.site_layers(DEFAULT_SITE):
+        means = run_analysis(store, options.replace(layers=(0,), statistics=("word_mean",), site=DEFAULT_SITE))
         kinds["layer0_mean"] = means.layers[0]["word_mean"][vectors.order]
     device = resolved_device(options.device)
     return StaticEmbeddings(
@@ -160,6 +169,7 @@ def static_embeddings(
         store_meta=dict(store.meta),
         device=device,
         selection={name: getattr(options, name) for name in WORD_SELECTION},
+        site=options.site,
     )
 
 
@@ -227,7 +237,7 @@ def _static_label(path: str | os.PathLike[str]) -> str:
     return f"static: {Path(path).name}"
 
 
-def _keep_richer_scores(run: str, layer: int, *, benchmarks: set[str], skipped: Mapping[str, str], vectors: set[str]) -> None:
+def _keep_richer_scores(run: rundir.Where, layer: int, *, benchmarks: set[str], skipped: Mapping[str, str], vectors: set[str]) -> None:
     """Refuse to replace the benchmarks record of `layer` in `run` with one scoring fewer `benchmarks`
     or fewer given static `vectors` than it holds (a record that does not read is replaced)."""
     path = rundir.STATIC_BENCHMARKS.at(run, layer=layer)
@@ -268,7 +278,7 @@ def write_benchmarks(scores: pd.DataFrame, embeddings: StaticEmbeddings, run: ru
         "categorisation_seed": CATEGORISATION_SEED,
         "headline": "score (covered items): it measures the vectors themselves; score_oov_mean scores every item "
                     "(the paper's protocol) but also charges the vectors for the words the corpus lacks",
-        "settings": embeddings.selection,
+        "settings": {**embeddings.selection, **({"site": embeddings.site} if embeddings.site != DEFAULT_SITE else {})},
         "skipped": dict(skipped or {}),
         "device": embeddings.device,
         "records": scores.to_dict("records"),
@@ -314,6 +324,9 @@ def export_static_embeddings(
     """Distil a layer's static embeddings, save them under STORE/static/ (gensim `.kv` and word2vec text,
     or `text_path`), and score them on `default_word_benchmarks(options.data_dir)` plus `benchmarks` next to
     `static_vectors`, in both protocols; the scores go to STORE/static/<layer>.benchmarks.json and .csv.
+    A layer of another capture site than `resid_post` (`options.analysis.site`) is distilled and its
+    files written alike in the site's results folder, STORE/site_results/<site>/static/
+    (`rundir.site_results`); a site the store does not hold is refused before any work.
     A benchmark missing from the data folder is skipped, its reason kept in the JSON. A `.kv` among
     `static_vectors` is a pickle, loaded only with `trust_pickle` (see `benchmark_static_embeddings`).
     Words: those `options` keep (`StaticOptions`: by default the analysis's, words of at least
@@ -324,7 +337,8 @@ def export_static_embeddings(
     (`rundir.claim_file`) is refused, and so is a run whose benchmarks record of `layer` holds scores this
     export would not write again (benchmarks the data folder lacks, static vectors not given): nothing is
     replaced by less. A `data_dir` that is not a folder is refused."""
-    store = RepresentationStore.of(store)
+    store = RepresentationStore.of(store).at_site(options.analysis.site)  # a site the store lacks is refused here
+    folder = rundir.site_results(store.url, options.analysis.site)
     for path in [*benchmarks, *static_vectors]:
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist")
@@ -341,14 +355,14 @@ def export_static_embeddings(
     skipped = {name: reason for name, reason in skipped.items() if name not in given}
     read_word_benchmarks(given)  # a given benchmark that does not read fails before the distillation
     if not overwrite:
-        _keep_richer_scores(store.url, layer, benchmarks={*found, *given}, skipped=skipped,
+        _keep_richer_scores(folder, layer, benchmarks={*found, *given}, skipped=skipped,
                             vectors={_static_label(path) for path in static_vectors})
     progress = progress or NoProgress()
     progress.start(f"distil layer {layer}", 1, unit="layers")
     embeddings = static_embeddings(store, options.analysis, layer=layer)
     progress.advance(f"distil layer {layer}")
-    saved = embeddings.save(store.url, text_path=text_path)
+    saved = embeddings.save(folder, text_path=text_path)
     scores = benchmark_static_embeddings(embeddings, benchmarks={**found, **given}, static_vectors=static_vectors,
                                          trust_pickle=trust_pickle, min_coverage=options.min_coverage, progress=progress)
-    written = write_benchmarks(scores, embeddings, store.url, skipped=skipped, settings=options.to_settings())
+    written = write_benchmarks(scores, embeddings, folder, skipped=skipped, settings=options.to_settings())
     return StaticEmbeddingRun(embeddings, scores, {**saved, **written}, skipped)
