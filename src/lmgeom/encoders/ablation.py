@@ -77,7 +77,8 @@ class SiteHook:
         self.mask: torch.Tensor | None = None  # (batch, length): the real positions of the next pass
         self.seen: torch.Tensor | None = None
         self.n_edited = 0
-        n_blocks = int(model.config.num_hidden_layers)
+        config: Any = model.config
+        n_blocks = int(config.num_hidden_layers)
         if not 0 <= layer <= n_blocks:
             raise InputError(f"`layers`: {layer} is not a layer of this model (0 = the embedding output ... {n_blocks})",
                              param="layers")

@@ -482,6 +482,8 @@ def _load_geometry(path: str | None) -> dict[int, list[int]] | None:
     if path is None:
         return None
     document = rundir.read_json(Path(path), rundir.GEOMETRY.kind)
+    if document is None:
+        raise InputError(f"`geometry`: {path} does not exist; give a run's geometry.json (lmgeom geometry RUN)", param="geometry")
     return {int(layer["layer"]): [int(d) for d in layer.get("rogue_dimensions") or []] for layer in document["layers"]}
 
 
@@ -593,7 +595,8 @@ def run_ablation(model: str, corpus: str, out: Path | str, options: AblationOpti
     last = n_layers - 1
     want_loss, want_attention = "loss" in measures, "attention" in measures
 
-    sts = pos = None
+    sts: dict[str, Any] | None = None
+    pos: dict[str, Any] | None = None
     if "sts" in measures:
         from lmgeom.evaluate.sts_data import read_stsb
 
@@ -607,7 +610,7 @@ def run_ablation(model: str, corpus: str, out: Path | str, options: AblationOpti
         pos = _pos_data(data_dir, options)
 
     def measure(hooks: Sequence[Any], at: Sequence[int], *, collect: bool = False) -> tuple[Measured, dict[int, list[np.ndarray]]]:
-        measured, collected = Measured(), {}
+        measured, collected = Measured(), dict[int, list[np.ndarray]]()
         if want_loss or want_attention or collect:
             measured, collected = _corpus_pass(encoder, ids, readout, hooks, want_loss=want_loss,
                                                want_attention=want_attention, batch=batch, collect=collect)
