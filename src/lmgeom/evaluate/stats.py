@@ -106,7 +106,7 @@ def seed_item_draws(y_true: np.ndarray, a: np.ndarray, b: np.ndarray, metric: Me
     rng = np.random.default_rng(seed)
     draws = np.empty(n_resamples)
     for i in range(n_resamples):
-        seeds = rng.integers(0, n_seeds, size=n_seeds).tolist()
+        seeds: list[int] = [int(s) for s in np.atleast_1d(rng.integers(0, n_seeds, size=n_seeds))]
         rows = rng.integers(0, n, size=n)
         truth = y_true[rows]
         per_seed = {s: metric(truth, b[s, rows]) - metric(truth, a[s, rows]) for s in set(seeds)}
