@@ -268,3 +268,22 @@ def test_run_ablation_on_an_encoder_measures_sts_and_the_probe(tmp_path: Path) -
 def test_loss_refused_for_an_encoder(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a causal decoder"):
         run_ablation("tiny-bert", "lee", tmp_path / "run", AblationOptions(measures=("loss",), limit=4, device="cpu"))
+
+
+def test_cli_ablate_prints_the_table_and_refuses_bad_dims_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from lmgeom.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["ablate", "tiny-gpt2", "--limit", "4", "--layers", "1", "--dims", "0,2", "--how", "zero",
+                                 "--random-draws", "1", "--bootstrap", "10", "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    document = rundir.read_result(tmp_path / "run", rundir.ABLATION)
+    assert document is not None
+    loss = document["configs"][0]["effects"]["loss"]
+    assert f"{loss['base']:.3f}" in result.output and f"{loss['ablated']:.3f}" in result.output
+    assert "layer 0 = embedding output" in " ".join(result.output.split())
+    bad = runner.invoke(app, ["ablate", "tiny-gpt2", "--dims", "rouge", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--dims" in bad.output and "Traceback" not in bad.output
+    assert not (tmp_path / "bad" / "ablation.json").exists()
