@@ -301,8 +301,10 @@ def ablation_tables(run: str) -> dict[str, str]:
     if "pos_most_frequent_tag" in trivial:
         lines.append(f"most-frequent-tag baseline: {number(trivial['pos_most_frequent_tag'], 3)}")
     counts = document["counts"]
-    lines.append(f"{counts['n_sentences']} sentences, {counts['n_predicted_tokens']:,} predicted tokens, "
-                 f"{counts['n_model_states']} model states, {document['seconds']:.0f} s")
+    tokens = (f"{counts['n_predicted_tokens']:,} predicted tokens" if "loss_unigram" in trivial
+              else f"{counts['n_positions']:,} positions")
+    lines.append(f"{counts['n_sentences']} sentences, {tokens}, {counts['n_model_states']} model states, "
+                 f"{document['seconds']:.0f} s")
     return {f"{run}-sites": found, run: effects_table + "\n\nTrivial baselines and size: " + "; ".join(lines) + "."}
 
 
