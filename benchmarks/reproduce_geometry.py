@@ -183,7 +183,7 @@ def _control_values(run: str) -> dict[tuple[str, int], float | None]:
         values[f"{record['measure']}:value", int(record["layer"])] = record["value"]
     return values
 # the logit lens: (results folder, model label)
-LENS_RUNS = (("lens-smollm2-lee", "SmolLM2"),)
+LENS_RUNS = (("lens-smollm2-lee", "SmolLM2"), ("lens-gemma3-lee", "Gemma 3"))
 
 
 def lens_table(run: str) -> str:
