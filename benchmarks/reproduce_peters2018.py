@@ -112,6 +112,24 @@ def seed_tests(document: dict[str, Any]) -> dict[tuple[str, str, str], tuple[lis
     return out
 
 
+def seed_item_tests(document: dict[str, Any]) -> dict[tuple[str, str, str], tuple[float, float, float]]:
+    """Each row's crossed seeds x examples bootstrap against the top layer (`seed_item` of results.json, kept
+    by runs made since it exists): its interval and its p, Holm-corrected over the rows of one split and
+    metric that are tests of their own (a row identical to the top layer is none). Empty for older runs."""
+    families: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for summary in _summaries(document):
+        if summary.get("seed_item") and summary.get("p_holm") is not None:
+            families.setdefault((summary["split"], summary["metric"]), []).append(summary)
+    out = {}
+    for (split, metric), rows in families.items():
+        distinct = [row for row in rows if not row.get("holm_duplicate_of")]  # a twin (static = layer:0) counts once
+        adjusted = dict(zip((row["features"] for row in distinct), _holm([row["seed_item"]["p_value"] for row in distinct])))
+        for row in rows:
+            p_holm = adjusted[row.get("holm_duplicate_of") or row["features"]]
+            out[(row["features"], split, metric)] = (row["seed_item"]["low"], row["seed_item"]["high"], p_holm)
+    return out
+
+
 def _seed_p(tests: dict[tuple[str, str, str], tuple[list[float], float, float]], features: str, split: str,
             metric: str) -> str:
     _, _, p_holm = tests[(features, split, metric)]
@@ -129,26 +147,34 @@ def layer_table(run: str, columns: Sequence[tuple[str, str]]) -> str:
     t-test over seeds, per (split, metric); then the trivial baselines if recorded."""
     document = results(run)
     tests = seed_tests(document)
+    crossed = seed_item_tests(document)
     features = list(dict.fromkeys(s["features"] for s in _summaries(document)))
     header = ["features"]
     for split, metric in columns:
         header += [SPLIT_METRIC_LABEL[(split, metric)], "Δ", "p (Holm)", "p seeds (Holm)"]
+        if crossed:
+            header.append("seeds × examples: 95% CI, p (Holm)")
     rows = []
     for name in features:
         row = [name]
         for split, metric in columns:
             summary = _find(document, name, split, metric)
             if summary.get("difference") is None:
-                row += [_mean_std(summary), "baseline", "", ""]
+                row += [_mean_std(summary), "baseline", "", ""] + ([""] if crossed else [])
             else:
                 row += [_mean_std(summary), number(summary["difference"], 4, signed=True),
                         p_text(summary.get("p_holm"), summary.get("significant")), _seed_p(tests, name, split, metric)]
+                if crossed:
+                    found = crossed.get((name, split, metric))
+                    row.append("" if found is None else
+                               f"[{number(found[0], 4, signed=True)}, {number(found[1], 4, signed=True)}], "
+                               f"{p_text(found[2], found[2] < 0.05)}")
         rows.append(row)
     trivial = [_trivial(document, split, metric) for split, metric in columns]
     if any(trivial):
         row = ["trivial: " + ", ".join(dict.fromkeys(t["baseline"] for t in trivial if t))]
         for t in trivial:
-            row += [number(t["value"], 4) if t else "", "", "", ""]
+            row += [number(t["value"], 4) if t else "", "", "", ""] + ([""] if crossed else [])
         rows.append(row)
     return markdown(header, rows, align="l" + "r" * (len(header) - 1))
 
