@@ -81,8 +81,23 @@ def palette_positions(series: Sequence[Series]) -> list[int]:
             for item, position in zip(series, positions)]
 
 
+class _Framed:
+    """The title and note of a chart, wrapped as every chart kind's frame draws them."""
+
+    title: str
+    note: str
+
+    @property
+    def title_lines(self) -> list[str]:
+        return textwrap.wrap(self.title, TITLE_WIDTH)
+
+    @property
+    def note_lines(self) -> list[str]:
+        return textwrap.wrap(self.note, NOTE_WIDTH)
+
+
 @dataclass
-class Chart:
+class Chart(_Framed):
     """A titled line chart: the single description both renderers draw.
 
     A line joins only points at adjacent x (layers next to each other); a NaN in `y` is a gap."""
@@ -102,13 +117,6 @@ class Chart:
     def has_data(self) -> bool:
         return any(any(not math.isnan(v) for v in s.y) for s in self.series)
 
-    @property
-    def title_lines(self) -> list[str]:
-        return textwrap.wrap(self.title, TITLE_WIDTH)
-
-    @property
-    def note_lines(self) -> list[str]:
-        return textwrap.wrap(self.note, NOTE_WIDTH)
 
     def narrow_bands(self, line: float) -> list[str]:
         """The series whose every interval is narrower than a line `line` data units wide: bands hidden
@@ -486,7 +494,7 @@ class Segment:
 
 
 @dataclass
-class StackedBars:
+class StackedBars(_Framed):
     """A titled stacked bar chart, described once and drawn twice like `Chart`: one bar per category
     (`bars`, in order) made of its segments. A positive value stacks upward from 0 and a negative one
     downward from 0 (Plotly's "relative" bar mode), so what is below zero is a bar's negative segments."""
@@ -504,13 +512,6 @@ class StackedBars:
     def has_data(self) -> bool:
         return any(any(not math.isnan(v) for v in s.values) for s in self.segments)
 
-    @property
-    def title_lines(self) -> list[str]:
-        return textwrap.wrap(self.title, TITLE_WIDTH)
-
-    @property
-    def note_lines(self) -> list[str]:
-        return textwrap.wrap(self.note, NOTE_WIDTH)
 
 
 # ---- changes beside their controls -----------------------------------------------------------------
@@ -534,7 +535,7 @@ CONTROL_SPREAD = 0.16  # the width the controls of one category spread over, whe
 
 
 @dataclass
-class EffectChart:
+class EffectChart(_Framed):
     """A titled chart of one value per category with its interval as an error bar, beside the
     category's controls as small grey points, and a line at 0: described once and drawn twice like
     `Chart` (an ablation's change beside the changes of its random controls)."""
@@ -553,13 +554,6 @@ class EffectChart:
     def has_data(self) -> bool:
         return any(not math.isnan(e.value) for e in self.effects)
 
-    @property
-    def title_lines(self) -> list[str]:
-        return textwrap.wrap(self.title, TITLE_WIDTH)
-
-    @property
-    def note_lines(self) -> list[str]:
-        return textwrap.wrap(self.note, NOTE_WIDTH)
 
     def control_points(self) -> tuple[list[float], list[float]]:
         """(x, y) of every control: category i's beside its point at x = i, spread over `CONTROL_SPREAD`."""

@@ -295,23 +295,20 @@ def _corpus_pass(encoder: HFEncoder, ids: list[list[int]], readout: Any, hooks: 
     (with `collect`) every real position's tensor at each hook."""
     import torch
 
+    from lmgeom.stages.lens import pad_batch
+
     model: Any = encoder.model
     device = encoder.device
     nll, counts, shares = [], [], []
     collected: dict[int, list[np.ndarray]] = {i: [] for i in range(len(hooks))}
     for begin in range(0, len(ids), batch):
         part = ids[begin:begin + batch]
-        width = max(len(x) for x in part)
-        input_ids = torch.full((len(part), width), encoder.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(part), width), dtype=torch.long)
-        for row, x in enumerate(part):
-            input_ids[row, : len(x)] = torch.tensor(x, dtype=torch.long)
-            mask[row, : len(x)] = 1
+        input_ids, mask = pad_batch(part, encoder.pad_id)
         for hook in hooks:
             hook.mask = mask.to(device)
         with torch.inference_mode():
-            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=want_loss,
-                        output_attentions=want_attention, use_cache=False)
+            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_attentions=want_attention,
+                        use_cache=False)  # the loss reads the last hidden state, the sites their hooks
         if collect:
             flat = mask.reshape(-1).bool()
             for i, hook in enumerate(hooks):

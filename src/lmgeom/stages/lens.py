@@ -271,6 +271,19 @@ def _word_of_pieces(offsets: Sequence[tuple[int, int]], sentence: Sentence) -> n
     return out
 
 
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as one right-padded batch: (input_ids, attention_mask), each (n, longest)."""
+    import torch
+
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, x in enumerate(ids):
+        input_ids[row, : len(x)] = torch.tensor(list(x), dtype=torch.long)
+        mask[row, : len(x)] = 1
+    return input_ids, mask
+
+
 def lens_table(encoder: HFEncoder, sentences: Sequence[Sentence], *, readout: LensReadout | None = None,
                options: LensOptions | None = None, first_rows: np.ndarray | None = None,
                progress: Progress | None = None, stage: str = "lens") -> tuple[pd.DataFrame, dict[str, int]]:
@@ -314,12 +327,7 @@ def lens_table(encoder: HFEncoder, sentences: Sequence[Sentence], *, readout: Le
     for begin in range(0, len(sentences), batch):
         ids = [list(x)[: encoder.max_length] for x in encoded["input_ids"][begin:begin + batch]]
         counts["n_truncated"] += sum(len(x) > encoder.max_length for x in encoded["input_ids"][begin:begin + batch])
-        width = max(len(x) for x in ids)
-        input_ids = torch.full((len(ids), width), encoder.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.long)
-        for row, x in enumerate(ids):
-            input_ids[row, : len(x)] = torch.tensor(x, dtype=torch.long)
-            mask[row, : len(x)] = 1
+        input_ids, mask = pad_batch(ids, encoder.pad_id)
         with torch.inference_mode():
             out = encoder.model(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
                                 use_cache=False)
