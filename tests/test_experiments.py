@@ -20,6 +20,7 @@ from lmgeom.stages.experiments import ExperimentOptions, run_calibration, run_la
 from lmgeom.stages.experiments.core import task_data
 from lmgeom.stages.experiments.features import FeatureCache
 from lmgeom.stages.experiments.heads import fit_probe
+from lmgeom.store.layout import LAYER_NOTE
 
 from helpers import FAST_PROBE, synthetic_layers
 
@@ -52,6 +53,8 @@ def test_frozen_cells_equal_a_hand_made_pipeline(calibration: Path, cola: Path) 
     assert len(records) == 2 * 2 * 2  # methods (isobn skipped) x seeds x splits
     assert any("isobn skipped" in note for note in document["notes"])
     assert {r["head_regularisation"] for r in records} == {"L2, C=1.0 (lbfgs)"}
+    encoder = tiny_loader("mean")  # the model behind the features, as a store's results name it
+    assert (document["model_id"], document["layer_note"]) == (encoder.model_id, LAYER_NOTE)
     task = load_task("cola", cola)
     data = task_data(task, [0, 1], **SMALL)
     cache = FeatureCache(calibration / "features", tiny_loader, model=MODEL)
@@ -130,6 +133,8 @@ def test_the_feature_cache_encodes_each_text_once(tmp_path: Path) -> None:
     assert loads == ["mean", "mean"]  # the second cache loaded the model for "Rain." only
     never = FeatureCache(tmp_path, lambda pooling: pytest.fail("nothing is missing"), model=MODEL)  # type: ignore[arg-type,return-value]
     np.testing.assert_array_equal(never.sentence_vectors(texts)[:, :2], first)
+    # the index records the model, so a cache that encodes nothing more still names it without loading it
+    assert never.provenance() == {"model_id": encoder.model_id, "layer_note": LAYER_NOTE}
     words = [["The", "cat", "sat", "."], ["Rain", "."]]
     encoded = encoder.encode([__import__("lmgeom.corpus.corpus", fromlist=["Sentence"]).Sentence.from_words(w) for w in words])
     np.testing.assert_array_equal(cache.word_vectors(words), np.concatenate([e.vectors for e in encoded], axis=1))

@@ -158,7 +158,7 @@ def run_calibration(
         settings["eval_words"] = {s: int(len(data_.labels(s, rows))) for s, rows in data_.eval_rows.items()}
     return write_results(out, "experiment-calibration", cells=cells, summaries=summaries, notes=notes, settings=settings,
                          varying="method", title=f"Calibration experiment: {model} on {the_task.name}",
-                         trivial=trivial_rows(trivial))
+                         trivial=trivial_rows(trivial), model=cache.provenance())
 
 
 def _frozen(model: str, data: TaskData, cache: FeatureCache, store: CellStore, methods: list[str], seeds: list[int],

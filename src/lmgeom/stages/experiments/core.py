@@ -570,13 +570,15 @@ class ExperimentResult:
 
 def write_results(out: Path, kind: str, *, cells: list[Cell], summaries: list[dict[str, Any]], notes: list[str],
                   settings: dict[str, Any], varying: str, title: str,
-                  trivial: list[dict[str, Any]] | None = None) -> ExperimentResult:
+                  trivial: list[dict[str, Any]] | None = None, model: dict[str, Any] | None = None) -> ExperimentResult:
+    """`out/results.json` (`model`: the model's `model_id` and `layer_note`, `FeatureCache.provenance`),
+    its table and figures."""
     records = [r for cell in cells for r in cell.records]
     extras = [{"config": cell.config, "seed": cell.seed, **cell.extra} for cell in cells if cell.extra]
     trivial = trivial or []
     paths = [write_json(rundir.EXPERIMENT_JSON.at(out), kind, {"settings": settings, "notes": notes, "records": records,
                                                       "summaries": summaries, "trivial_baselines": trivial,
-                                                      "cells": extras})]
+                                                      "cells": extras}, store_meta=model)]
     table = markdown_table(summaries, varying)
     note_lines = "".join(f"- {note}\n" for note in notes)
     trivial_text = ("Trivial baselines (fitted on the training data, scored on the evaluation examples):\n\n"

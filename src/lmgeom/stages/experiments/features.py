@@ -27,6 +27,7 @@ from lmgeom.atomic import atomic_write, atomic_write_text
 from lmgeom.corpus.corpus import Sentence
 from lmgeom.encoders.base import Encoder
 from lmgeom.progress import NoProgress, Progress
+from lmgeom.store.layout import LAYER_NOTE
 
 SENTENCE_POOLINGS = {
     "mean": "mean of the sentence's pieces, special tokens excluded (the store's default)",
@@ -87,6 +88,19 @@ class FeatureCache:
             if keys else np.empty(0, dtype=np.int64)
         return _take(cached, rows, layers)
 
+    def provenance(self) -> dict[str, Any]:
+        """The model behind the cached vectors, as a result document's header takes it (a store's
+        meta.json fields `model_id` and `layer_note`): what the cache's index recorded when it encoded,
+        else the encoder's own (loaded for it, as a cache written before the index recorded them is)."""
+        for index in sorted(self.directory.glob(f"{_slug(self.model)}/*/index.json")):
+            try:
+                document = json.loads(index.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if document.get("model_id"):
+                return {"model_id": document["model_id"], "layer_note": document.get("layer_note") or LAYER_NOTE}
+        return _encoder_provenance(self.encoder())
+
     def n_layers(self, kind: str) -> int | None:
         """The number of layers cached for `kind`, or None before anything is cached."""
         cached = self._open(self.directory / _slug(self.model) / kind)
@@ -120,7 +134,8 @@ class FeatureCache:
             merged = fresh if cached is None else np.concatenate([np.asarray(cached.layers[layer]), fresh])
             atomic_write(folder / f"layer_{layer:02d}.npy", partial(_save_npy, array=merged))
         # the index is written last: a crash before it leaves the old index, whose rows are unchanged
-        atomic_write_text(folder / "index.json", json.dumps({"model": self.model, "n_layers": n_layers,
+        provenance = _encoder_provenance(next(iter(self._encoders.values())))
+        atomic_write_text(folder / "index.json", json.dumps({"model": self.model, "n_layers": n_layers, **provenance,
                                                               "keys": order + missing, "rows": [row_of[k] for k in order + missing]}))
         opened = self._open(folder)
         assert opened is not None
@@ -168,6 +183,10 @@ class FeatureCache:
                 raise InputError(f"the model gave {kept.shape[1]} word vectors for the {len(words)} words of {' '.join(words)!r}")
             vectors.append(kept)
         return vectors
+
+
+def _encoder_provenance(encoder: Encoder) -> dict[str, Any]:
+    return {"model_id": encoder.model_id, "layer_note": str(getattr(encoder, "layer_note", LAYER_NOTE))}
 
 
 def _save_npy(path: Path, *, array: np.ndarray) -> None:

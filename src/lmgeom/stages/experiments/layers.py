@@ -176,4 +176,4 @@ def run_layers(
                 "eval_examples": {s: len(r) for s, r in data_.eval_rows.items()}, "options": options.to_settings()}
     return write_results(out, "experiment-layers", cells=cells, summaries=summaries, notes=notes, settings=settings,
                          varying="features", title=f"Layer experiment: {model} on {the_task.name}",
-                         trivial=trivial_rows(trivial))
+                         trivial=trivial_rows(trivial), model=cache.provenance())

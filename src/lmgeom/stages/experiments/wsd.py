@@ -123,7 +123,7 @@ def run_wsd(
                                                  "gold": " ".join(sorted(gold[r])),
                                                  **{label: answers[r] or "" for label, answers in systems.items()}}
                                                 for r, i in enumerate(instances)))
-    write_json(rundir.EXPERIMENT_JSON.at(out), "experiment-wsd", document)
+    write_json(rundir.EXPERIMENT_JSON.at(out), "experiment-wsd", document, store_meta=cache.provenance())
     return document
 
 
