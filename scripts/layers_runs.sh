@@ -13,7 +13,8 @@ D=${LMGEOM_DATA:-../shared/data}  # as given: results record it, and a machine's
 R=${LAYERS_RESULTS:-docs/reproduction/results}
 E=$D/UD_English-EWT; C=$D/GLUE/CoLA; M=$D/GLUE/MRPC
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
-COMMON=(--seeds 3 --device cpu)
+COMMON=(--seeds 10 --device cpu)  # seeds 0-9: the probes are cheap once the features are cached, and the layer
+# comparisons are tested with the seed spread (a crossed seeds x examples bootstrap), which three seeds understate
 T2="--features top,mix --mix-l2 1,0.001 --mix-layer-norm off,on --raw"
 declare -A ARGS=(
   [layers-minilm-pos]="--model minilm --task pos --data $E --max-train 300 --max-eval 300"
@@ -35,7 +36,7 @@ declare -A ARGS=(
 declare -A CACHE=(
   [peters-elmo-pos]=layers-elmo-pos [peters-minilm-pos]=layers-minilm-pos-full
 )
-ORDER=(peters-elmo-pos layers-minilm-pos layers-minilm-pos-full peters-minilm-pos layers-minilm-cola
+ORDER=(layers-elmo-pos peters-elmo-pos layers-minilm-pos layers-minilm-pos-full peters-minilm-pos layers-minilm-cola
        layers-minilm-mrpc peters-minilm-mrpc layers-elmo-cola layers-elmo-mrpc peters-elmo-mrpc
        layers-smollm2-pos layers-smollm2-cola layers-smollm2-mrpc)
 [ $# -gt 0 ] && ORDER=("$@")
