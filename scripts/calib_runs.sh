@@ -26,7 +26,7 @@ declare -A ARGS=(
   [calib-smollm2-mrpc]="--model smollm2 --task mrpc --data $M --regime frozen --max-train 2000"
   [calib-elmo-mrpc]="--model elmo-brown --task mrpc --data $M --regime frozen --max-train 2000"
   [calib-minilm-cola-full]="--model minilm --task cola --data $C --regime frozen"
-  [calib-minilm-cola-ft]="--model minilm --task cola --data $C --regime finetune --max-train 2000 --learning-rate 1e-4 --epochs 3 --methods $METHODS,isobn,istar"
+  [calib-minilm-cola-ft]="--model minilm --task cola --data $C --regime finetune --max-train 2000 --learning-rate 1e-4 --epochs 3 --methods $METHODS,isobn,istar --num-workers 1"
 )
 ORDER=(calib-minilm-pos calib-smollm2-pos calib-elmo-pos calib-smollm2-mrpc calib-elmo-cola calib-elmo-mrpc
        calib-minilm-cola-full calib-minilm-cola calib-minilm-mrpc calib-smollm2-cola calib-minilm-cola-ft)
