@@ -22,6 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_common import RESULTS, Documents, load_json, main, markdown, number, p_text, results  # noqa: E402
+from lmgeom.evaluate.stats import holm  # noqa: E402
 
 DING = "docs/reproduction/ding2022.md"
 CALIBRATION = "docs/reproduction/calibration.md"
@@ -46,6 +47,7 @@ def calibration_table(run: str) -> str:
     summaries = results(run)["summaries"]
     with_trivial = any("trivial" in s for s in summaries)
     with_power = any("detectable_difference" in s for s in summaries)
+    crossed = crossed_holm(summaries)
     rows = []
     for s in summaries:
         baseline = s.get("difference") is None and not s.get("degenerate")
@@ -57,10 +59,35 @@ def calibration_table(run: str) -> str:
                      p_text(s.get("p_holm"), s.get("significant")) if tested else "",
                      *([f"±{s['detectable_difference']:.4f}" if tested and s.get("detectable_difference") is not None
                         else ""] if with_power else []),
+                     *([_crossed_text(crossed.get(id(s))) if tested else ""] if crossed else []),
                      *([trivial_verdict({k: v for k, v in s.items() if k != "degenerate"})] if with_trivial else [])])
     return markdown(["split", "head", "method", "metric", "mean ± std", "seeds", "Δ vs none", "p", "p (Holm)",
-                     *(["detectable Δ (80 %)"] if with_power else []), *(["vs trivial"] if with_trivial else [])],
-                    rows, align="lllllrrrr" + ("r" if with_power else "") + ("l" if with_trivial else ""))
+                     *(["detectable Δ (80 %)"] if with_power else []),
+                     *(["seeds × examples: 95% CI, p (Holm)"] if crossed else []), *(["vs trivial"] if with_trivial else [])],
+                    rows, align="lllllrrrr" + ("r" if with_power else "") + ("r" if crossed else "")
+                    + ("l" if with_trivial else ""))
+
+
+def crossed_holm(summaries: list[dict]) -> dict[int, tuple[float, float, float]]:
+    """Per summary (by id) with a crossed seeds x examples bootstrap (`seed_item`) and not degenerate:
+    its interval and its p Holm-corrected over the methods of the same split, head and metric (the
+    family of the pooled test's Holm). Empty for runs summarised before the bootstrap existed."""
+    families: dict[tuple, list[dict]] = {}
+    for s in summaries:
+        if s.get("seed_item") and s.get("difference") is not None and not s.get("degenerate"):
+            families.setdefault((s["split"], s.get("head"), s["metric"]), []).append(s)
+    out = {}
+    for rows in families.values():
+        for s, adjusted in zip(rows, holm([row["seed_item"]["p_value"] for row in rows])):
+            out[id(s)] = (s["seed_item"]["low"], s["seed_item"]["high"], float(adjusted))
+    return out
+
+
+def _crossed_text(found: tuple[float, float, float] | None) -> str:
+    if found is None:
+        return ""
+    low, high, p_holm = found
+    return f"[{number(low, 4, signed=True)}, {number(high, 4, signed=True)}], {p_text(p_holm, p_holm < 0.05)}"
 
 
 # ---- STS (calibration.md) ------------------------------------------------------------------------
