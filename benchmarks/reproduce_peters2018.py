@@ -180,21 +180,29 @@ def layer_table(run: str, columns: Sequence[tuple[str, str]]) -> str:
 
 
 def mix_weights(run: str, features: str = "mix") -> str:
-    """The learned mix per seed: γ and the softmax weights (layer 0 first), from the records."""
+    """The learned mix over the seeds: γ and each layer's softmax weight (layer 0 first) as the mean
+    with the range over seeds, and which two layers weigh most in how many seeds, from the records."""
     document = results(run)
     seen: dict[int, dict[str, Any]] = {}
     for record in document["records"]:
         if record["features"] == features and record.get("mix_weights") is not None:
             seen.setdefault(record["seed"], record)
-    lines = []
-    for seed in sorted(seen):
-        record = seen[seed]
-        weights = record["mix_weights"]
-        top = sorted(range(len(weights)), key=lambda j: -weights[j])[:2]
-        lines.append(f"- seed {seed}: γ = {record['mix_gamma']:.3f}; weights (layers 0–{len(weights) - 1}) "
-                     + ", ".join(f"{w:.3f}" for w in weights)
-                     + f"; largest on layers {top[0]} and {top[1]} ({weights[top[0]] + weights[top[1]]:.3f} together)")
-    return "\n".join(lines)
+    chosen = [seen[seed] for seed in sorted(seen)]
+    gammas = [record["mix_gamma"] for record in chosen]
+    weights = [record["mix_weights"] for record in chosen]
+    n_layers = len(weights[0])
+    per_layer = [[w[j] for w in weights] for j in range(n_layers)]
+    pairs: dict[tuple[int, ...], int] = {}
+    for w in weights:
+        pair = tuple(sorted(sorted(range(n_layers), key=lambda j: -w[j])[:2]))
+        pairs[pair] = pairs.get(pair, 0) + 1
+    pair_text = "; ".join(f"layers {a} and {b} in {count}" for (a, b), count in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0])))
+    shares = [w[a] + w[b] for w in weights for (a, b) in [tuple(sorted(range(n_layers), key=lambda j: -w[j])[:2])]]
+    return (f"- {len(chosen)} seeds; γ = {sum(gammas) / len(gammas):.3f} ({min(gammas):.3f}–{max(gammas):.3f})\n"
+            f"- weights, layers 0–{n_layers - 1} (mean, min–max over seeds): "
+            + ", ".join(f"{sum(v) / len(v):.3f} ({min(v):.3f}–{max(v):.3f})" for v in per_layer)
+            + f" (uniform: {1 / n_layers:.3f})\n"
+            f"- the two largest: {pair_text} of {len(chosen)} seeds ({min(shares):.3f}–{max(shares):.3f} together)")
 
 
 ABLATION_LABELS = {"top": "last only", "mix l2=1": "all layers, λ = 1", "mix l2=0.001": "all layers, λ = 0.001",
@@ -209,6 +217,7 @@ def ablation_table(model: str = "elmo") -> str:
     label, pos_run, mrpc_run = ABLATION_RUNS[model]
     pos, mrpc = results(pos_run), results(mrpc_run)
     tests = {id(pos): seed_tests(pos), id(mrpc): seed_tests(mrpc)}
+    crossed = {id(pos): seed_item_tests(pos), id(mrpc): seed_item_tests(mrpc)}
     columns = [(pos, "test", "accuracy"), (mrpc, "test", "f1"), (mrpc, "test", "accuracy")]
     rows = []
     for features, row_label in ABLATION_LABELS.items():
@@ -219,9 +228,12 @@ def ablation_table(model: str = "elmo") -> str:
             if summary.get("difference") is not None:
                 p = p_text(summary.get("p_holm"), summary.get("significant"))
                 seeds = _seed_p(tests[id(document)], features, split, metric)
+                found = crossed[id(document)].get((features, split, metric))
+                both = "" if found is None else (f"; seeds × examples [{number(found[0], 4, signed=True)}, "
+                                                 f"{number(found[1], 4, signed=True)}], p {p_text(found[2], found[2] < 0.05)}")
                 dagger = " †" if summary.get("uninformative") else ""
                 cell = (f"{summary['mean']:.4f} ± {summary['std']:.4f} ({number(summary['difference'], 4, signed=True)}, "
-                        f"p {p}; seeds p {seeds}){dagger}")
+                        f"p {p}; seeds p {seeds}{both}){dagger}")
             row.append(cell)
         rows.append(row)
     trivial = []
@@ -299,17 +311,28 @@ def reading_table() -> str:
         top_note = " (worst)" if top["mean"] <= worst["mean"] else ""
         mix_note = " (above every layer)" if mix["mean"] > best["mean"] else ""
         test = f"{number(mix['difference'], 3, signed=True)}{' *' if mix['significant'] else ', n.s.'}"
-        seed_p = tests[("mix", split, metric)][2]
-        seeds = f"{seed_p:.3g}{' *' if seed_p < 0.05 else ', n.s.'}"
+        crossed = seed_item_tests(document)
+        n_seeds = len(document["settings"]["seeds"])
+
+        def seed_test(metric_: str) -> str:
+            seed_p = tests[("mix", split, metric_)][2]
+            text = f"{seed_p:.3g}{' *' if seed_p < 0.05 else ', n.s.'}"
+            found = crossed.get(("mix", split, metric_))
+            if found is not None:
+                text += (f"; [{number(found[0], 3, signed=True)}, {number(found[1], 3, signed=True)}], "
+                         f"{found[2]:.3g}{' *' if found[2] < 0.05 else ', n.s.'}")
+            return text
+
+        seeds = f"{n_seeds}: {seed_test(metric)}"
         if also:
             other = _find(document, "mix", split, also)
             test += f" (F1 {number(other['difference'], 3, signed=True)}{' *' if other['significant'] else ', n.s.'})"
-            other_p = tests[("mix", split, also)][2]
-            seeds += f" (F1 {other_p:.3g}{' *' if other_p < 0.05 else ', n.s.'})"
+            seeds += f" (F1 {seed_test(also)})"
         rows.append([model, task, f"{best['features'].replace('layer:', 'layer ')}, {best['mean']:.4f}",
                      f"{top['mean']:.4f}{top_note}", f"{mix['mean']:.4f}{mix_note}", test, seeds])
     table = markdown(["model", "task", "best single layer (mean)", "top layer", "learned mix",
-                      "mix vs top (pooled Δ, permutation test, Holm)", "mix vs top (paired t over seeds, Holm p)"],
+                      "mix vs top (pooled Δ, permutation test, Holm)",
+                      "seeds: mix vs top (paired t over seeds, Holm p; seeds × examples 95% CI, Holm p)"],
                      rows, align="lllllll")
     trivial = results(MRPC_TRIVIAL_RUN)["trivial_baselines"]
     positive = {row["metric"]: row["value"] for row in trivial if row["baseline"] == "all positive" and row["split"] == "test"}
