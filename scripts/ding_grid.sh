@@ -4,7 +4,8 @@
 # with the core methods of every task first and all-but-the-top and conceptor negation after them.
 # Every finished cell is written under docs/reproduction/results/ at once (commit them as they come).
 #   bash scripts/ding_grid.sh > ding-grid.log 2>&1 &
-# Two single-thread workers at normal priority; leave them the cores (no suite or benchmark beside).
+# Two single-thread workers at normal priority (DING_WORKERS=1: one, beside another long job); leave
+# them the cores (no suite or benchmark beside).
 # DING_RESULTS=DIR writes the results elsewhere (e.g. a checkout being edited while this code runs
 # from a fixed one: PYTHONPATH=FIXED/src DING_RESULTS=EDITED/docs/reproduction/results).
 set -uo pipefail
@@ -18,14 +19,16 @@ export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 declare -A FOLDER=([cola]=CoLA [sst2]=SST-2 [mrpc]=MRPC [rte]=RTE)
 
 echo "== pre-check $(date -u +%FT%TZ)"
-lmgeom experiment finetune-precheck --model minilm --data "$GLUE" --tasks sst2,cola,mrpc,rte --out "$PRE" --device cpu
+lmgeom experiment finetune-precheck --model minilm --data "$GLUE" --tasks sst2,cola,mrpc,rte --out "$PRE" --device cpu \
+  --num-workers "${DING_WORKERS:-2}"
 
 for methods in "$CORE" "$ALL"; do
   for task in cola sst2 mrpc rte; do
     echo "== $task: $methods $(date -u +%FT%TZ)"
     # --precheck refuses a task whose pre-check is unfinished or uninformative; the loop goes on.
     lmgeom experiment calibration --model minilm --task "$task" --data "$GLUE/${FOLDER[$task]}" --regime finetune \
-      --methods "$methods" --seeds 3 --precheck "$PRE" --device cpu --out "$R/ding-grid-minilm-$task" \
+      --methods "$methods" --seeds 3 --precheck "$PRE" --device cpu --num-workers "${DING_WORKERS:-2}" \
+      --out "$R/ding-grid-minilm-$task" \
       || echo "== $task not run (exit $?)"
   done
 done
