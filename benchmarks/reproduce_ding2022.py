@@ -29,7 +29,7 @@ CALIBRATION = "docs/reproduction/calibration.md"
 CALIBRATION_RUNS = ("calib-smollm2-cola", "calib-minilm-mrpc", "calib-tiny-bert-cola", "calib-minilm-cola", "calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
                     "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
 # the fine-tuning grid of scripts/ding_grid.sh, one folder per informative task (filled as cells finish)
-GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm-mrpc")
+GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm-mrpc", "ding-grid-minilm-rte")
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}

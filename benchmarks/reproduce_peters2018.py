@@ -328,8 +328,10 @@ def reading_table() -> str:
             other = _find(document, "mix", split, also)
             test += f" (F1 {number(other['difference'], 3, signed=True)}{' *' if other['significant'] else ', n.s.'})"
             seeds += f" (F1 {seed_test(also)})"
-        rows.append([model, task, f"{best['features'].replace('layer:', 'layer ')}, {best['mean']:.4f}",
-                     f"{top['mean']:.4f}{top_note}", f"{mix['mean']:.4f}{mix_note}", test, seeds])
+        dagger = {id(row): " †" if row.get("uninformative") else "" for row in (best, top, mix)}
+        rows.append([model, task, f"{best['features'].replace('layer:', 'layer ')}, {best['mean']:.4f}{dagger[id(best)]}",
+                     f"{top['mean']:.4f}{top_note}{dagger[id(top)]}", f"{mix['mean']:.4f}{mix_note}{dagger[id(mix)]}",
+                     test, seeds])
     table = markdown(["model", "task", "best single layer (mean)", "top layer", "learned mix",
                       "mix vs top (pooled Δ, permutation test, Holm)",
                       "seeds: mix vs top (paired t over seeds, Holm p; seeds × examples 95% CI, Holm p)"],
@@ -341,14 +343,22 @@ def reading_table() -> str:
         if also is None:
             continue
         document = results(run)
-        top_f1, mix_f1 = _find(document, "top", split, also)["mean"], _find(document, "mix", split, also)["mean"]
-        top_acc = _find(document, "top", split, metric)["mean"]
-        lines.append(f"{model}: top-layer test F1 {top_f1:.4f} ({'below' if top_f1 < positive['f1'] else 'above'} it), "
-                     f"mix {mix_f1:.4f} ({'below' if mix_f1 < positive['f1'] else 'above'} it); "
-                     f"top-layer test accuracy {top_acc:.4f} ({'below' if top_acc < positive['accuracy'] else 'above'} it)")
-    note = (f"MRPC test, the all-positive prediction (`results/{MRPC_TRIVIAL_RUN}/`, the same 1,725 test pairs): "
-            f"F1 {positive['f1']:.4f}, accuracy {positive['accuracy']:.4f}. Means against it (not tested): "
-            + "; ".join(lines) + ".")
+        found = {(f, m): _find(document, f, split, m) for f in ("top", "mix") for m in (metric, also)}
+
+        def against(features: str, metric_: str) -> str:
+            summary = found[(features, metric_)]
+            verdict = summary.get("trivial")
+            if verdict is None:  # a run made before the experiment tested it: the mean set against it
+                return "below it" if summary["mean"] < positive[metric_] else "above it (not tested)"
+            return (f"{'beats it' if verdict['beats'] else 'does not beat it'} in every seed, largest p over seeds "
+                    f"{verdict['p_value']:.2g}")
+
+        lines.append(f"{model}: top-layer test F1 {found[('top', also)]['mean']:.4f} ({against('top', also)}), "
+                     f"mix {found[('mix', also)]['mean']:.4f} ({against('mix', also)}); "
+                     f"top-layer test accuracy {found[('top', metric)]['mean']:.4f} ({against('top', metric)})")
+    note = (f"† : the row does not beat its trivial baseline in every seed, or its top layer does not. MRPC test, "
+            f"the all-positive prediction (the same 1,725 test pairs): F1 {positive['f1']:.4f}, accuracy "
+            f"{positive['accuracy']:.4f}; against it (the experiment's tests per seed): " + "; ".join(lines) + ".")
     return table + "\n\n" + note
 
 
@@ -420,7 +430,8 @@ def published_table6() -> str:
     rows += [["layer 0 (character CNN)", "—", _pct(mean["layer:0"])], ["learned mix", "—", _pct(mean["mix"])]]
     if trivial is not None:
         rows.append([trivial["baseline"], "—", _pct(trivial["value"])])
-    return markdown(["Model", "Acc., Peters et al. (PTB WSJ test)", "Acc., elmo-brown (UD EWT test, mean of 3 seeds)"],
+    n_seeds = len(document["settings"]["seeds"])
+    return markdown(["Model", "Acc., Peters et al. (PTB WSJ test)", f"Acc., elmo-brown (UD EWT test, mean of {n_seeds} seeds)"],
                     rows, align="lrr")
 
 
