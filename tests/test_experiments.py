@@ -140,6 +140,37 @@ def test_the_feature_cache_encodes_each_text_once(tmp_path: Path) -> None:
     np.testing.assert_array_equal(cache.word_vectors(words), np.concatenate([e.vectors for e in encoded], axis=1))
 
 
+def test_an_interrupted_extraction_resumes_with_the_same_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmgeom.stages.experiments import features
+
+    monkeypatch.setattr(features, "ENCODE_BATCH", 2)
+    monkeypatch.setattr(features, "FLUSH_SECONDS", 0.0)  # written after every batch
+    encoder = tiny_loader("mean")
+    texts = [f"Sentence number {i} is here." for i in range(7)]
+    whole = FeatureCache(tmp_path / "whole", lambda pooling: encoder, model=MODEL).sentence_vectors(texts)
+
+    class Interrupted(Exception):
+        pass
+
+    calls: list[int] = []
+    original = encoder.sentence_embeddings
+
+    def failing(batch: list[str], **kwargs: Any) -> np.ndarray:
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise Interrupted
+        return original(batch, **kwargs)
+
+    monkeypatch.setattr(encoder, "sentence_embeddings", failing)
+    with pytest.raises(Interrupted):
+        FeatureCache(tmp_path / "cut", lambda pooling: encoder, model=MODEL).sentence_vectors(texts)
+    assert FeatureCache(tmp_path / "cut", tiny_loader, model=MODEL).n_layers("sentence-mean") is not None
+    calls.clear()
+    resumed = FeatureCache(tmp_path / "cut", lambda pooling: encoder, model=MODEL).sentence_vectors(texts)
+    assert calls == [2, 1]  # the four sentences written before the interruption are not encoded again
+    np.testing.assert_array_equal(resumed, whole)
+
+
 @pytest.mark.processes
 def test_the_probe_learns_the_informative_layer_and_repeats_in_a_new_process() -> None:
     X, y = synthetic_layers(0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +35,7 @@ SENTENCE_POOLINGS = {
     "last": "the sentence's last piece before any end-of-sequence special token",
 }
 ENCODE_BATCH = 64
+FLUSH_SECONDS = 300.0  # an extraction in progress is written at least this often (an interruption loses less)
 
 
 def pooling_note(pooling: str) -> str:
@@ -117,16 +119,30 @@ class FeatureCache:
             return cached
         self.progress.start(f"features ({kind})", len(missing), unit="texts")
         new_parts: list[np.ndarray] = []
+        written, last_write = 0, time.monotonic()
         for start in range(0, len(missing), ENCODE_BATCH):
             batch = missing[start : start + ENCODE_BATCH]
             new_parts.extend(encode(batch))
             self.progress.advance(f"features ({kind})", len(batch))
+            done = start + len(batch)
+            # written every FLUSH_SECONDS too, so an interrupted extraction resumes where it was (the
+            # batches stay the same: a resumed run encodes the rest in the same groups of ENCODE_BATCH)
+            if done == len(missing) or time.monotonic() - last_write >= FLUSH_SECONDS:
+                cached = self._append(folder, cached, missing[written:done], new_parts)
+                new_parts, written, last_write = [], done, time.monotonic()
+        assert cached is not None
+        return cached
+
+    def _append(self, folder: Path, cached: CachedVectors | None, keys: list[str],
+                new_parts: list[np.ndarray]) -> CachedVectors:
+        """The cache at `folder` with `keys` (their vectors `new_parts`, one (n_layers, n_rows, dim)
+        each) appended after its rows, written layer by layer and then the index."""
         n_layers = new_parts[0].shape[0]
         old_rows = 0 if cached is None else len(cached.layers[0])
         offsets = np.cumsum([0] + [part.shape[1] for part in new_parts])
         order = [] if cached is None else sorted(cached.row_of, key=cached.row_of.__getitem__)
         row_of = {} if cached is None else dict(cached.row_of)
-        for key, offset in zip(missing, offsets[:-1]):
+        for key, offset in zip(keys, offsets[:-1]):
             row_of[key] = old_rows + int(offset)
         folder.mkdir(parents=True, exist_ok=True)
         for layer in range(n_layers):
@@ -136,7 +152,7 @@ class FeatureCache:
         # the index is written last: a crash before it leaves the old index, whose rows are unchanged
         provenance = _encoder_provenance(next(iter(self._encoders.values())))
         atomic_write_text(folder / "index.json", json.dumps({"model": self.model, "n_layers": n_layers, **provenance,
-                                                              "keys": order + missing, "rows": [row_of[k] for k in order + missing]}))
+                                                              "keys": order + keys, "rows": [row_of[k] for k in order + keys]}))
         opened = self._open(folder)
         assert opened is not None
         return opened
