@@ -349,7 +349,7 @@ def reading_table() -> str:
             summary = found[(features, metric_)]
             verdict = summary.get("trivial")
             if verdict is None:  # a run made before the experiment tested it: the mean set against it
-                return "below it" if summary["mean"] < positive[metric_] else "above it (not tested)"
+                return f"not tested, {'below' if summary['mean'] < positive[metric_] else 'above'} it"
             return (f"{'beats it' if verdict['beats'] else 'does not beat it'} in every seed, largest p over seeds "
                     f"{verdict['p_value']:.2g}")
 
