@@ -3,7 +3,6 @@ against transformers' LM head, the attention share against the attention weights
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
