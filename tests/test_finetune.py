@@ -283,6 +283,14 @@ def test_isobn_needs_statistics_and_batches():
         IsoBN(3).eval()(torch.zeros(2, 3))
     with pytest.raises(ValueError, match="at least 2 rows"):
         IsoBN(3).train()(torch.zeros(1, 3))
+    # after a first batch, a one-row batch (the end of a training set one row past a multiple of the
+    # batch size) keeps the statistics and is scaled by them
+    module = IsoBN(3).train()
+    module(torch.tensor([[1.0, 2.0, 0.5], [3.0, -1.0, 2.0], [0.0, 0.5, 1.0]]))
+    before = module.running_cov.clone(), int(module.num_batches_tracked)
+    row = torch.tensor([[2.0, 1.0, -1.0]])
+    torch.testing.assert_close(module(row), row * module.scale())
+    assert torch.equal(module.running_cov, before[0]) and int(module.num_batches_tracked) == before[1]
 
 
 # ---------------------------------------------------------------------------------------------

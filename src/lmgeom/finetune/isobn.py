@@ -15,7 +15,8 @@ the authors' code (github.com/INK-USC/IsoBN, `model.py`): in particular the runn
 not bias-corrected, so for the first ~1/alpha steps the running correlation is inflated and
 clipped at +-1 (gamma near 1 for every dimension, a near-uniform scale). One deviation: a
 dimension with zero std has correlation 0/0, counted as 0 here (NaN there, which spreads to every
-dimension through the rescaling).
+dimension through the rescaling); and a one-row training batch after the first leaves the statistics
+unchanged (there, its zero covariance pulls them 5 % towards 0).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ ISOBN_EPS = 1e-3
 
 class IsoBN(nn.Module):
     """Isotropic batch normalisation of (batch, dim) sentence vectors. Training mode updates the
-    running covariance and std from each batch (which needs at least 2 rows); eval mode only
-    applies them. Buffers: running_cov (d, d), running_std (d,), num_batches_tracked."""
+    running covariance and std from each batch of at least 2 rows (a one-row batch, after the first
+    batch, only applies them); eval mode only applies them. Buffers: running_cov (d, d), running_std (d,), num_batches_tracked."""
 
     running_cov: torch.Tensor
     running_std: torch.Tensor
@@ -77,7 +78,9 @@ class IsoBN(nn.Module):
         return scale * (variance.sum() / ((variance * scale**2).sum() + self.eps)).sqrt()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
+        # A one-row batch (a training set one row past a multiple of the batch size ends in one) has no
+        # covariance: it leaves the statistics as they are and is scaled by them, as in eval mode.
+        if self.training and (x.shape[0] >= 2 or int(self.num_batches_tracked) == 0):
             self.update_statistics(x.detach())
         return x * self.scale().to(x.dtype)
 
