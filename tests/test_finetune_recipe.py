@@ -439,3 +439,32 @@ def test_the_precheck_chooses_per_task_rates_and_flags_an_edge(shared_data, tmp_
     stamps = [c.stat().st_mtime_ns for c in cells]
     assert run_precheck("tiny-bert", shared_data / "GLUE", out=tmp_path, **kwargs) == summary
     assert [c.stat().st_mtime_ns for c in sorted((tmp_path / "cells").iterdir())] == stamps
+
+
+def test_the_precheck_reads_sick_entailment_beside_the_glue_folder(shared_data, tmp_path, monkeypatch):
+    from lmgeom.stages.experiments import finetuning
+    from lmgeom.stages.experiments.core import Cell
+    from lmgeom.stages.experiments.finetuning import FinetuneJob, run_precheck
+
+    seen = []
+
+    def truth(job: FinetuneJob) -> Cell:  # predicts the labels: no model is trained
+        seen.append(job)
+        records = [{**job.base, "split": s, "metric": "accuracy", "value": 1.0} for s in job.eval_labels]
+        return Cell(job.config, job.seed, records, {s: y.tolist() for s, y in job.eval_labels.items()},
+                    {"seconds": 1.0, "seconds_per_step": 1.0, "n_steps": 1, "padding_fraction": 0.0})
+
+    monkeypatch.setattr(finetuning, "run_job", truth)
+    summary = run_precheck("tiny-bert", shared_data / "GLUE", out=tmp_path, tasks=["sicke"], learning_rates=[1e-3],
+                           task_learning_rates={"sicke": [1e-3]}, epochs={"sicke": [1]}, max_train={"sicke": 60}, workers=1)
+    (job,) = seen
+    assert job.n_outputs == 3 and job.metrics == ("accuracy",) and len(job.train_labels) == 54
+    entry = summary["tasks"]["sicke"]
+    assert entry["eval_examples"] == {"dev": 495, "test": 4906, "validation": 6} and entry["n_train"] == 54
+    # three classes: the one trivial baseline is the training subsample's majority class, scored on each split
+    assert {b["baseline"] for b in entry["trivial_baselines"]} == {"majority class"}
+    majority = {(b["split"], b["metric"]): b["value"] for b in entry["trivial_baselines"]}
+    assert majority[("test", "accuracy")] in (1404 / 4906, 2790 / 4906, 712 / 4906)
+    assert entry["chosen"]["informative"] is True  # perfect predictions beat it
+    with pytest.raises(ValueError, match="the pre-check runs the tasks"):
+        run_precheck("tiny-bert", shared_data / "GLUE", out=tmp_path, tasks=["qqp"])

@@ -54,6 +54,25 @@ def test_rte_from_the_superglue_copy_has_the_same_labels(shared_data: Path, tmp_
         np.testing.assert_array_equal(superglue.splits[split].labels, export.splits[split].labels)
 
 
+def test_sick_entailment_counts_and_labels(shared_data: Path, tmp_path: Path) -> None:
+    sick = load_task("sick-e", shared_data / "SICK")
+    assert isinstance(sick, SentenceTask) and sick.pairs and sick.name == "sicke"
+    assert sizes(sick) == {"train": 4439, "dev": 495, "test": 4906}  # SemEval-2014 Task 1's TRAIN, TRIAL, TEST
+    assert sick.classes == ["entailment", "neutral", "contradiction"]
+    # the full release of 9,840 pairs (its SemEval_set split; the separate SemEval-2014 files are not shipped)
+    assert np.bincount(sick.splits["train"].labels).tolist() == [1274, 2524, 641]
+    assert np.bincount(sick.splits["test"].labels).tolist() == [1404, 2790, 712]
+    assert sick.splits["train"].inputs[0] == ("A group of kids is playing in a yard and an old man is standing in the background",
+                                              "A group of boys in a yard is playing and a man is standing in the background")
+    header = "pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tSemEval_set\n"
+    (tmp_path / "SICK.txt").write_text(header + "1\tA b.\tC d.\tNEUTRAL\t3.0\tTRAIN\n2\tE f.\tG h.\tUNKNOWN\t1.0\tTEST\n")
+    with pytest.raises(ValueError, match=r"unknown entailment labels \['UNKNOWN'\]"):
+        load_task("sicke", tmp_path)
+    (tmp_path / "SICK.txt").write_text(header.replace("entailment_label\t", "") + "1\tA b.\tC d.\t3.0\tTRAIN\n")
+    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['entailment_label'\]"):
+        load_task("sicke", tmp_path)
+
+
 def test_ud_pos_counts_the_word_rows(shared_data: Path) -> None:
     task = load_task("pos", shared_data / "UD_English-EWT")
     assert isinstance(task, TaggingTask)

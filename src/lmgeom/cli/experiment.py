@@ -187,9 +187,9 @@ def parse_task_rates(text: str) -> dict[str, list[float]]:
 @experiment_app.command("finetune-precheck", cls=old_spellings({"--task": "--tasks", "--workers": "--num-workers"}))
 def finetune_precheck_command(
     model: str = typer.Option("minilm", "--model", help="a transformers model name or folder"),
-    data: Path = typer.Option(..., "--data", help="the GLUE folder (with CoLA/, SST-2/, MRPC/, RTE/), e.g. ../shared/data/GLUE"),
+    data: Path = typer.Option(..., "--data", help="the GLUE folder (with CoLA/, SST-2/, MRPC/, RTE/; SICK-E is read from SICK/ beside it), e.g. ../shared/data/GLUE"),
     out: Path = typer.Option(..., "--out", "-o", callback=url_form, help="pre-check folder: precheck.json, precheck.md, finished cells"),
-    tasks: str = typer.Option("cola,rte,mrpc,sst2", "--tasks", help="comma list, run in this order"),
+    tasks: str = typer.Option("cola,rte,mrpc,sst2,sicke", "--tasks", help="comma list, run in this order"),
     learning_rates: str = typer.Option("3e-5,5e-5,1e-4", "--learning-rates", help="comma list of AdamW learning rates"),
     task_learning_rates: str = typer.Option("cola=3e-5/5e-5/1e-4/2e-4", "--task-learning-rates",
                                             help="per task, replacing --learning-rates: task=R/R/...,..."),

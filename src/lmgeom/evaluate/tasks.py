@@ -9,6 +9,9 @@ Sentence tasks (GLUE, as shipped in `../shared/data/GLUE`, see its SOURCES.md):
 - `rte`: the GLUE/HF export `glue_hf_export/{train,dev}.tsv` (csv-quoted, label 0 = entailment),
   else the SuperGLUE `superglue_jsonl/{train,val}.jsonl`; accuracy.
 - `stsb`: GLUE `train.tsv` / `dev.tsv` (score in the last column); Pearson and Spearman.
+- `sicke`: SICK's entailment labels (SICK-E, SemEval-2014 Task 1; three classes: entailment,
+  neutral, contradiction) from the full release `SICK.txt` (`../shared/data/SICK`): trained on
+  SemEval_set TRAIN (4,439 pairs), evaluated on TRIAL (`dev`, 495) and TEST (`test`, 4,906); accuracy.
 
 Tagging tasks (one tag per word):
 - `pos`: universal POS tags of UD English-EWT. Only dev and test are shipped, so the tagger is
@@ -44,10 +47,11 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "mrpc": ("f1", "accuracy"),
     "rte": ("accuracy",),
     "stsb": ("pearson", "spearman"),
+    "sicke": ("accuracy",),
     "pos": ("accuracy",),
     "brown": ("accuracy",),
 }
-SENTENCE_TASKS = ("cola", "sst2", "mrpc", "rte", "stsb")
+SENTENCE_TASKS = ("cola", "sst2", "mrpc", "rte", "stsb", "sicke")
 TAGGING_TASKS = ("pos", "brown")
 TASKS = SENTENCE_TASKS + TAGGING_TASKS
 
@@ -209,6 +213,33 @@ def read_stsb_task(directory: str | os.PathLike[str]) -> SentenceTask:
             raise InputError(f"{path}: a score is not a number ({error})") from None
         splits[name] = SentenceSplit(pairs, scores)  # type: ignore[arg-type]
     return _checked(SentenceTask("stsb", "regression", True, splits, TASK_METRICS["stsb"]))
+
+
+SICK_ENTAILMENT_CLASSES = ["entailment", "neutral", "contradiction"]
+SICK_ENTAILMENT_SPLITS = {"train": "TRAIN", "dev": "TRIAL", "test": "TEST"}  # lmgeom's split: SemEval_set
+
+
+def read_sick_entailment(directory: str | os.PathLike[str]) -> SentenceTask:
+    """SICK-E: the entailment label of each SICK pair (sentence_A, sentence_B), split by SemEval_set."""
+    directory = Path(directory)
+    (path,) = _need(directory, ["SICK.txt"], "SICK")
+    lines = path.read_text(encoding="utf-8").splitlines()  # splitlines drops the CR of CRLF
+    rows = list(csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE))
+    missing = {"sentence_A", "sentence_B", "entailment_label", "SemEval_set"} - set(rows[0] if rows else ())
+    if missing:
+        raise InputError(f"{path} lacks the column(s) {sorted(missing)}; expected the full SICK release with a header line",
+                         param="data")
+    unknown = sorted({r["entailment_label"] for r in rows} - {c.upper() for c in SICK_ENTAILMENT_CLASSES})
+    if unknown:
+        raise InputError(f"{path}: unknown entailment labels {unknown}; expected "
+                         f"{[c.upper() for c in SICK_ENTAILMENT_CLASSES]}", param="data")
+    splits = {}
+    for name, semeval_set in SICK_ENTAILMENT_SPLITS.items():
+        chosen = [r for r in rows if r["SemEval_set"] == semeval_set]
+        splits[name] = SentenceSplit(
+            [(r["sentence_A"], r["sentence_B"]) for r in chosen],
+            np.array([SICK_ENTAILMENT_CLASSES.index(r["entailment_label"].lower()) for r in chosen], dtype=np.int64))
+    return _checked(SentenceTask("sicke", "classification", True, splits, TASK_METRICS["sicke"], SICK_ENTAILMENT_CLASSES))
 
 
 # ---- tagging ---------------------------------------------------------------------------------
@@ -407,7 +438,8 @@ def score(task: Task, y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float
 def load_task(name: str, directory: str | os.PathLike[str], *, brown_test_files: Collection[str] = ()) -> Task:
     """The task `name` (one of TASKS) from its folder; `brown` needs `brown_test_files`."""
     readers: dict[str, Callable[[str | os.PathLike[str]], Task]] = {
-        "cola": read_cola, "sst2": read_sst2, "mrpc": read_mrpc, "rte": read_rte, "stsb": read_stsb_task, "pos": read_ud_pos,
+        "cola": read_cola, "sst2": read_sst2, "mrpc": read_mrpc, "rte": read_rte, "stsb": read_stsb_task,
+        "sicke": read_sick_entailment, "pos": read_ud_pos,
     }
     key = name.lower().replace("-", "")
     if key == "brown":

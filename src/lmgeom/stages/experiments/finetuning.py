@@ -49,10 +49,12 @@ ISOSCORE_REASON, LOG_IW_REASON = "IsoScore", "|log I(W)|"  # how a threshold rea
 # The pre-check's grid (per task: learning rates x epochs), `none` only, seed 0. Every task chose 1e-4,
 # the edge of the common range, so each goes one step further (a setting chosen at an edge is flagged).
 PRECHECK_LEARNING_RATES = (3e-5, 5e-5, 1e-4)
-PRECHECK_TASK_LEARNING_RATES = {task: (3e-5, 5e-5, 1e-4, 2e-4) for task in ("cola", "sst2", "mrpc", "rte")}
-PRECHECK_EPOCHS = {"cola": (3,), "sst2": (3,), "mrpc": (3, 5), "rte": (3, 5)}
-PRECHECK_TASKS = ("cola", "rte", "mrpc", "sst2")  # the order the cells run in
-GLUE_FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE"}
+PRECHECK_TASK_LEARNING_RATES = {task: (3e-5, 5e-5, 1e-4, 2e-4) for task in ("cola", "sst2", "mrpc", "rte", "sicke")}
+PRECHECK_EPOCHS = {"cola": (3,), "sst2": (3,), "mrpc": (3, 5), "rte": (3, 5), "sicke": (3,)}
+PRECHECK_TASKS = ("cola", "rte", "mrpc", "sst2", "sicke")  # the order the cells run in
+# Each pre-check task's folder, relative to the GLUE folder: the GLUE tasks in it, SICK-E (the
+# replacement of a GLUE task the pre-check finds uninformative) in SICK/ beside it, as in ../shared/data.
+PRECHECK_FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE", "sicke": os.path.join(os.pardir, "SICK")}
 MAX_TRAIN = {"sst2": 8000}  # SST-2's 67,349 sentences are subsampled (seeded); the others run whole
 
 
@@ -371,7 +373,7 @@ def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.Path
                  max_train: dict[str, int | None] | None = None, options: dict[str, Any] | None = None,
                  workers: int = WORKERS, progress: Progress | None = None) -> dict[str, Any]:
     """`none` fine-tuned (seed 0) for every (learning rate, epochs) of each task, in the order of
-    `tasks`; `data` is the GLUE folder. The setting with the best validation score (the task's first
+    `tasks`; `data` is the GLUE folder (SICK-E is read from SICK/ beside it). The setting with the best validation score (the task's first
     metric) is chosen per task; its evaluation scores are tested against the trivial baselines.
     `task_learning_rates` replaces `learning_rates` for the tasks it names (default
     PRECHECK_TASK_LEARNING_RATES); a choice at the largest or smallest rate is flagged `at_edge`.
@@ -385,13 +387,13 @@ def run_precheck(model: str, data: str | os.PathLike[str], *, out: str | os.Path
     options = dict(options or {})
     for key in ("learning_rate", "epochs", "seed"):
         options.pop(key, None)
-    unknown = [t for t in tasks if t not in GLUE_FOLDERS]
+    unknown = [t for t in tasks if t not in PRECHECK_FOLDERS]
     if unknown:
-        raise InputError(f"the pre-check runs GLUE tasks {sorted(GLUE_FOLDERS)}, got {unknown}", param="tasks")
+        raise InputError(f"the pre-check runs the tasks {sorted(PRECHECK_FOLDERS)}, got {unknown}", param="tasks")
     splits: dict[str, FinetuneSplit] = {}
     jobs: list[FinetuneJob] = []
     for name in tasks:
-        task = resolve_task(name, Path(data) / GLUE_FOLDERS[name])
+        task = resolve_task(name, Path(data) / PRECHECK_FOLDERS[name])
         assert isinstance(task, SentenceTask)
         split = splits[name] = finetune_task(task, max_train=max_train.get(name), validation_fraction=validation_fraction)
         if VALIDATION_SPLIT not in split.task.splits:
