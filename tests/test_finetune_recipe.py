@@ -443,8 +443,7 @@ def test_the_precheck_chooses_per_task_rates_and_flags_an_edge(shared_data, tmp_
 
 def test_the_precheck_reads_sick_entailment_beside_the_glue_folder(shared_data, tmp_path, monkeypatch):
     from lmgeom.stages.experiments import finetuning
-    from lmgeom.stages.experiments.core import Cell
-    from lmgeom.stages.experiments.finetuning import FinetuneJob, run_precheck
+    from lmgeom.stages.experiments.finetuning import run_precheck
 
     seen = []
 
