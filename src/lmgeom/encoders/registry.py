@@ -342,7 +342,7 @@ def _load_transformers(
 ) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModel
 
-    kwargs = {"revision": revision} if revision else {}
+    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
     if gguf_file:
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
         if missing:
