@@ -29,7 +29,8 @@ CALIBRATION = "docs/reproduction/calibration.md"
 CALIBRATION_RUNS = ("calib-smollm2-cola", "calib-minilm-mrpc", "calib-tiny-bert-cola", "calib-minilm-cola", "calib-minilm-cola-ft", "calib-minilm-cola-full", "calib-minilm-pos", "calib-elmo-pos", "calib-elmo-cola",
                     "calib-elmo-mrpc", "calib-smollm2-pos", "calib-smollm2-mrpc")
 # the fine-tuning grid of scripts/ding_grid.sh, one folder per informative task (filled as cells finish)
-GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm-mrpc", "ding-grid-minilm-rte")
+GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm-mrpc", "ding-grid-minilm-rte",
+             "ding-grid-minilm-sicke")
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}
@@ -126,7 +127,7 @@ ISOTROPY_MEASURES = {
     "average_cosine": ("average cosine", "avg cos", 3),
     "average_cosine_without_rogue": ("average cosine without the 3 rogue dimensions", "without rogue", 3),
     "average_cosine_standardized": ("average cosine after standardisation", "standardised", 3),
-    "rogue_top_share": ("top rogue dimension's share of the average cosine", "top rogue share", 3),
+    "rogue_top_share": ("top 3 rogue dimensions' share of the average cosine", "top-3 rogue share", 3),
     "isoscore": ("IsoScore", "IsoScore", 3),
     "log_partition_isotropy": ("log I(W)", "log I(W)", 2),
     "log_partition_isotropy_centered": ("log I(W), centred", "log I(W) centred", 2),

@@ -333,7 +333,7 @@ STATISTICS.append(Statistic(
         "mev_centred": "mean over words of the first principal component's share of variance after removing the word's mean "
                        "(PCA; a later version of the original code); baseline = the same on the sampled occurrences",
         "mev_svd_ratio": "mean over words of var(X v1) / total centred variance, v1 = first uncentred singular vector "
-                         "(TruncatedSVD explained_variance_ratio_[0], as for the paper's released figures); baseline = the "
+                         "(TruncatedSVD explained_variance_ratio_[0], computed by the code the paper's released statistics come from); baseline = the "
                          "same on the sampled occurrences",
     },
     measures=tuple(
@@ -343,7 +343,7 @@ STATISTICS.append(Statistic(
                 adjusted_label="MEV adj" if variant == "svd_ratio" else "", resampled="words")
         for variant, label, name in (("uncentred", "uncentred", "uncentred (paper's formula)"),
                                      ("centred", "centred", "centred (PCA share)"),
-                                     ("svd_ratio", "SVD ratio", "SVD ratio (released figures)"))),
+                                     ("svd_ratio", "SVD ratio", "SVD ratio (released code)"))),
 ))
 
 

@@ -115,7 +115,7 @@ class OccurrenceSpectrum:
       uncentred MEV = sigma_1^2 / ||X||_F^2             (the paper's printed formula)
       centred MEV   = top eigenvalue of C / trace(C)    (PCA; a later version of the original code)
       svd_ratio MEV = v1' C v1 / trace(C)               (= var(X v1) / sum_j var(X[:, j]): TruncatedSVD's
-                                                         explained_variance_ratio_[0], used for the released figures)
+                                                         explained_variance_ratio_[0], in the released code)
     A spectrum solved for some `variants` only holds NaN where none of them needs a field: the
     uncentred variant alone skips v1 and C's eigenproblem, the centred one alone X^T X's and v1,
     svd_ratio alone C's eigenproblem (`n`, `frobenius_sq` and `mean` are always there).

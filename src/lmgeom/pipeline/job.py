@@ -267,11 +267,11 @@ def run(
         What `min_contexts` counts: "sentences" (distinct sentences) or "occurrences". None:
         sentences, or the `protocol`'s.
     protocol : str or None, default None
-        "ethayarajh2019" sets every part of a paper's released code at once (`protocol_extraction`:
+        "ethayarajh2019" follows the paper's released code in one switch (`protocol_extraction`:
         the corpus, default sts-scored, and the units; `protocol_options`: the word threshold and the
         released code's sampled statistics beside lmgeom's, the static vectors' words), recorded in
         run.json and every result file; a given option it sets otherwise is refused, naming both.
-        None: lmgeom's defaults.
+        None: lmgeom's defaults. The differences that remain are in docs/reproduction/ethayarajh2019.md.
     seed : int, default 0
         The seed of the run's random draws, given to every step: the corpus `sample`; the analysis's
         sampled statistics, bootstrap and the rows isotropy and geometry draw; the calibration's

@@ -57,7 +57,7 @@ LABELS = {
     "participation_ratio": "participation ratio",
     "top1_variance_share": "top-1 PC variance share",
     "top10_variance_share": "top-10 PC variance share",
-    "rogue_top_share": "top rogue dimension's cosine share",
+    "rogue_top_share": "top-3 rogue dimensions' cosine share",
     "average_cosine_without_rogue": "average cosine without rogue dimensions",
     "average_cosine_standardized": "average cosine, dimensions standardised",
     "local_isoscore": "IsoScore in clusters (local)",

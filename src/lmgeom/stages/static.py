@@ -3,7 +3,7 @@
 The static embedding of a word at layer l is v1, the first right singular vector of its *uncentred*
 occurrence matrix (the first principal component in the paper's uncentred sense), as a unit
 vector with its sign chosen so that v1 . mean >= 0 (a singular vector's sign is arbitrary). The
-code behind the paper's released figures saved `TruncatedSVD.components_[0]`, the same direction (a
+paper's released code saves `TruncatedSVD.components_[0]`, the same direction (a
 later PCA version kept the direction of largest spread about the word's mean, which does not point
 at the word at all when occurrences form a tight cluster).
 Baselines: the mean of the word's occurrences at layer l, and the mean of its layer-0
