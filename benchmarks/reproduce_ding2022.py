@@ -31,6 +31,10 @@ CALIBRATION_RUNS = ("calib-smollm2-cola", "calib-minilm-mrpc", "calib-tiny-bert-
 # the fine-tuning grid of scripts/ding_grid.sh, one folder per informative task (filled as cells finish)
 GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm-mrpc", "ding-grid-minilm-rte",
              "ding-grid-minilm-sicke")
+# scripts/ding_batch_refits.sh: whitening, all-but-the-top and conceptor negation re-fitted every step from
+# batch moments, at the grid's size, one folder per task (a table once its run has finished)
+BATCH_REFIT_RUNS = ("ding-batch-refits-minilm-cola", "ding-batch-refits-minilm-sicke", "ding-batch-refits-minilm-sst2",
+                    "ding-batch-refits-minilm-mrpc")
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}
@@ -169,7 +173,7 @@ def lee_calibration_table() -> str:
 # runs whose isotropy before and after each method's layer the isotropy check reads: the frozen runs
 # and the fine-tuning grid (its `before` is the fine-tuned pooled vector, the layer's input)
 ISOTROPY_CHECK_RUNS = tuple(run for run in CALIBRATION_RUNS if run not in ("calib-tiny-bert-cola", "calib-minilm-cola-ft")) + (
-    *(grid for grid in GRID_RUNS if (RESULTS / grid / "results.json").exists()),)
+    *(grid for grid in GRID_RUNS + BATCH_REFIT_RUNS if (RESULTS / grid / "results.json").exists()),)
 
 
 def isotropy_check_table() -> str:
@@ -344,7 +348,7 @@ def build() -> Documents:
     documents[DING]["ding-isotropy-check"] = isotropy_check_table()
     documents[DING]["ding-thesis"] = thesis_table()
     documents[DING]["ding-raw-level"] = raw_level_table()
-    for grid in GRID_RUNS:
+    for grid in GRID_RUNS + BATCH_REFIT_RUNS:
         if (RESULTS / grid / "results.json").exists():
             documents[DING][grid] = calibration_table(grid)
     if (RESULTS / FLOW_FIXES).exists():
