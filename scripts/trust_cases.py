@@ -7,7 +7,8 @@ no raw ESC byte printed), one-line errors (exit 2, no traceback) and the determi
 fresh processes.
 
 Every case works on a copy of one base run, made once per invocation: tiny-bert (built from a config,
-offline) over the first 60 Lee sentences, `--min-contexts 3 --layers 0,3 --num-workers 1 --device cpu`.
+offline) over the first 60 Lee sentences, `--min-contexts 3 --layers 0,3 --num-workers 1 --device cpu
+--permutations 20`.
 The CLI runs in this process (`typer.testing.CliRunner`); exit code 2 is a user error with one `error:`
 line, and "internal error" or a traceback in the output is a failure.
 
@@ -41,7 +42,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 MODEL, CORPUS = "tiny-bert", "lee"
-BASE_OPTIONS: dict[str, Any] = {"limit": 60, "device": "cpu", "min_contexts": 3, "layers": "0,3", "num_workers": 1}
+BASE_OPTIONS: dict[str, Any] = {"limit": 60, "device": "cpu", "min_contexts": 3, "layers": "0,3", "num_workers": 1,
+                                "permutations": 20}
 """The base run's options (as `lmgeom.pipeline.run` keywords)."""
 BASE_ARGS = [word for key, value in BASE_OPTIONS.items() for word in (f"--{key.replace('_', '-')}", str(value))]
 """The same as `lmgeom run` arguments."""
@@ -589,7 +591,7 @@ def hostile_word(lab: Lab, checks: Checks) -> None:
                               for index, text in enumerate(sentences)))
     path = folder / "run"
     checks.succeeded("run", cli("run", "--model", MODEL, "--corpus", corpus, "--min-contexts", "3", "--layers", "0,3",
-                                "--num-workers", "1", "--device", "cpu", "--out", path))
+                                "--num-workers", "1", "--device", "cpu", "--permutations", "20", "--out", path))
     checks.succeeded("report", cli("report", path, "--out", folder / "report2.html"))
     for page_path in (path / "report.html", folder / "report2.html"):
         if not page_path.exists():
