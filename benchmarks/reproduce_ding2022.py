@@ -35,6 +35,7 @@ GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm
 # batch moments, at the grid's size, one folder per task (a table once its run has finished)
 BATCH_REFIT_RUNS = ("ding-batch-refits-minilm-cola", "ding-batch-refits-minilm-sicke", "ding-batch-refits-minilm-sst2",
                     "ding-batch-refits-minilm-mrpc")
+FINETUNE_RUNS = GRID_RUNS + BATCH_REFIT_RUNS  # every fine-tuned results folder, each shown once it has results.json
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}
@@ -173,7 +174,7 @@ def lee_calibration_table() -> str:
 # runs whose isotropy before and after each method's layer the isotropy check reads: the frozen runs
 # and the fine-tuning grid (its `before` is the fine-tuned pooled vector, the layer's input)
 ISOTROPY_CHECK_RUNS = tuple(run for run in CALIBRATION_RUNS if run not in ("calib-tiny-bert-cola", "calib-minilm-cola-ft")) + (
-    *(grid for grid in GRID_RUNS + BATCH_REFIT_RUNS if (RESULTS / grid / "results.json").exists()),)
+    *(grid for grid in FINETUNE_RUNS if (RESULTS / grid / "results.json").exists()),)
 
 
 def isotropy_check_table() -> str:
@@ -205,19 +206,20 @@ def isotropy_check_table() -> str:
                      "degenerate cell"], rows, align="llrrll")
 
 
-# `lmgeom experiment thesis` runs: (results folder, label)
-THESIS_RUNS = (("ding-thesis-frozen", "frozen runs"), ("ding-thesis-frozen/sensitivity-keep-unverified",
-                                                     "frozen runs, configurations without a verdict kept (sensitivity)"),
-               ("ding-thesis-finetune", "fine-tuning grid"),
-               ("ding-thesis-finetune/with-batch-refits", "fine-tuning grid and the batch-moment re-fits"))
+# `lmgeom experiment thesis` runs: (results folder, label, required: False for a run made only once its inputs exist)
+THESIS_RUNS = (("ding-thesis-frozen", "frozen runs", True),
+               ("ding-thesis-frozen/sensitivity-keep-unverified",
+                "frozen runs, configurations without a verdict kept (sensitivity)", True),
+               ("ding-thesis-finetune", "fine-tuning grid", True),
+               ("ding-thesis-finetune/with-batch-refits", "fine-tuning grid and the batch-moment re-fits", False))
 
 
 def thesis_table() -> str:
     """Each thesis run's tests (thesis.json): Spearman's rho with its cluster-bootstrap interval and
     permutation p, and what it rests on (pairs, configurations, clusters, pairs dropped)."""
     rows = []
-    for run, label in THESIS_RUNS:
-        if run.endswith("with-batch-refits") and not (RESULTS / run / "thesis.json").exists():  # made once they have results
+    for run, label, required in THESIS_RUNS:
+        if not required and not (RESULTS / run / "thesis.json").exists():
             continue
         document = load_json(RESULTS / run / "thesis.json")
         dropped = "; ".join(f"{d['n_pairs']} ({d['reason']})" for d in document.get("dropped", []))
@@ -351,7 +353,7 @@ def build() -> Documents:
     documents[DING]["ding-isotropy-check"] = isotropy_check_table()
     documents[DING]["ding-thesis"] = thesis_table()
     documents[DING]["ding-raw-level"] = raw_level_table()
-    for grid in GRID_RUNS + BATCH_REFIT_RUNS:
+    for grid in FINETUNE_RUNS:
         if (RESULTS / grid / "results.json").exists():
             documents[DING][grid] = calibration_table(grid)
     if (RESULTS / FLOW_FIXES).exists():
