@@ -355,3 +355,18 @@ def test_bad_input_is_named():
         run(train_inputs=[TEXTS[0], PAIRS[1], TEXTS[2], TEXTS[3]], options=quick())
     with pytest.raises(ValueError, match="unknown pooling"):
         run(options=quick(pooling="max"))
+
+
+def test_the_flow_layer_is_a_copy_of_the_fitted_flow():
+    """Moving or changing the torch form (`.to(device)`, a joint flow's training) leaves the fitted
+    calibrator's flow, which its saved state and a continued re-fit start from, as it was fitted."""
+    X = np.random.default_rng(0).normal(size=(200, 6)) * np.geomspace(0.2, 3, 6) + 1.0
+    fitted = make_calibrator("flow").set_params(n_epochs=2, hidden_size=8, device="cpu").fit(X)
+    fitted_state = {name: tensor.clone() for name, tensor in fitted.module_.state_dict().items()}
+    layer = torch_calibration(fitted)
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.add_(0.5)
+    layer.double()
+    for name, tensor in fitted.module_.state_dict().items():
+        torch.testing.assert_close(tensor, fitted_state[name], rtol=0, atol=0)

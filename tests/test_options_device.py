@@ -82,3 +82,15 @@ def test_run_device_cpu_reaches_every_step_while_cuda_is_reported_present(tmp_pa
         assert json.loads((out / name).read_text())["device"] == "cpu", name
     assert json.loads((out / "contextuality.json").read_text())["plan"]["device"] == "cpu"
     assert (out / "report.html").exists()
+
+
+def test_ieee_float32_sets_cudnn_to_ieee_inside_the_block_and_restores_it():
+    from lmgeom.device import ieee_float32
+
+    cudnn = torch.backends.cudnn
+    before = (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision)
+    with pytest.raises(RuntimeError, match="inside"):
+        with ieee_float32():
+            assert (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision) == ("ieee", "ieee")
+            raise RuntimeError("inside")
+    assert (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision) == before

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Any, Iterator
+
 import torch
 
 from lmgeom.errors import InputError
@@ -55,3 +58,26 @@ def resolve_analysis_device(device: str = "cpu") -> torch.device | None:
     if resolved.type not in ("cpu", "cuda"):
         raise InputError(f"the analysis runs on cpu or cuda, not {resolved.type}; use cpu, cuda, cuda:N, auto or torch:cpu")
     return None if resolved.type == "cpu" else resolved
+
+
+@contextmanager
+def ieee_float32() -> Iterator[None]:
+    """cuDNN's float32 convolutions and recurrent layers computed in IEEE float32 inside the block,
+    not in TensorFloat-32, which PyTorch lets cuDNN use by default on Ampere and newer GPUs (inputs
+    rounded to a 10-bit mantissa: the ELMo biLM's states moved by up to 1e-3 against the CPU's).
+    float32 matrix products are IEEE by PyTorch's default already. No effect on the CPU."""
+    cudnn: Any = torch.backends.cudnn  # the fp32_precision settings are not in torch's type stubs
+    if hasattr(cudnn, "conv") and hasattr(cudnn.conv, "fp32_precision"):  # the settings of torch >= 2.9
+        previous = (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision)
+        cudnn.conv.fp32_precision = cudnn.rnn.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = previous
+    else:
+        allowed = cudnn.allow_tf32
+        cudnn.allow_tf32 = False
+        try:
+            yield
+        finally:
+            cudnn.allow_tf32 = allowed

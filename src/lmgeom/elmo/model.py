@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from lmgeom.device import ieee_float32
 from lmgeom.errors import InputError
 from lmgeom.elmo.chars import MAX_CHARACTERS, N_CHARACTERS, STORED_CHARACTERS, batch_to_ids
 
@@ -377,6 +378,10 @@ class ElmoBiLM(nn.Module):
         lengths = (char_ids > 0).any(dim=-1).sum(dim=1)
         if bool((lengths == 0).any()):
             raise ValueError("a batch row holds no token; every row needs at least <S> and </S> (use batch_to_ids)")
+        with ieee_float32():  # the char CNN's convolutions and the LSTMs as on the CPU, also on a GPU
+            return self._forward(char_ids, lengths)
+
+    def _forward(self, char_ids: torch.Tensor, lengths: torch.Tensor) -> BiLMOutput:
         token = self.char_cnn(char_ids)
         clip = dict(cell_clip=self.config.cell_clip, proj_clip=self.config.proj_clip)
         outputs: dict[str, list[torch.Tensor]] = {}

@@ -28,7 +28,7 @@ import torch
 
 from lmgeom.errors import InputError
 from lmgeom.corpus.corpus import Corpus
-from lmgeom.device import resolve_device
+from lmgeom.device import ieee_float32, resolve_device
 from lmgeom.elmo.chars import BOS_TOKEN, EOS_TOKEN, bos_ids, eos_ids, word_ids
 from lmgeom.elmo.model import UNK_TOKEN, ElmoBiLM, ElmoConfig
 from lmgeom.elmo.weights import OPTIONS_FILE, WEIGHTS_FILE, save_elmo
@@ -326,12 +326,13 @@ def _train(
                 stopped = True
                 break
             chars, targets, n_words = data.batch(batches[position])
-            forward_nll, backward_nll, n = model.lm_losses(
-                model(chars.to(resolved)), targets, n_negative_samples=config.n_negative_samples
-            )
-            loss = (forward_nll + backward_nll) / (2 * n)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            with ieee_float32():  # the gradients' convolutions and LSTMs too, as on the CPU
+                forward_nll, backward_nll, n = model.lm_losses(
+                    model(chars.to(resolved)), targets, n_negative_samples=config.n_negative_samples
+                )
+                loss = (forward_nll + backward_nll) / (2 * n)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             position, step, words_seen = position + 1, step + 1, words_seen + n_words

@@ -287,7 +287,8 @@ class _Flow(nn.Module):
         super().__init__()
         whitening = fitted.prewhitening_
         self.prewhitening = None if whitening is None else _Affine(whitening.mean_, whitening.whitening_matrix_)
-        self.flow = fitted.module_.float().requires_grad_(False)
+        # a copy: moving or training this module (`.to(device)`, a joint flow) leaves the calibrator as it was fitted
+        self.flow = copy.deepcopy(fitted.module_).float().requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prewhitening is not None:
