@@ -709,8 +709,7 @@ DPI = 150  # of the PNGs (`write_figure`), and of the figures drawn, so that tex
 
 def one_line(fig: Any, text: Any, width: float) -> None:
     """Shrink the font of the figure text `text` until it fits `width` (a fraction of the figure's width)
-    on one line."""
-    fig.canvas.draw()
+    on one line (measured by the figure's renderer at its dpi, without drawing the figure)."""
     drawn = text.get_window_extent(fig.canvas.get_renderer()).width
     if drawn > width * fig.bbox.width:
         text.set_fontsize(text.get_fontsize() * width * fig.bbox.width / drawn)
