@@ -3,7 +3,8 @@
 # of docs/reproduction/results/; their commands are listed in its COMMANDS.md), re-run so that every
 # cell keeps its predictions and every summary row carries its test against the trivial baseline.
 # Each run writes runs/NAME (resumable cell by cell) and then copies its results.json and results.md
-# into the results folder.
+# into the results folder; the cells of a run stopped before its end are committed under
+# RESULTS/NAME/cells/ (copied from runs/NAME/cells/), and the next run of NAME starts from them.
 #   bash scripts/calib_runs.sh [NAME ...] > calib-runs.log 2>&1 &
 # Runs one after the other (all of them, cheapest first, when none is named). One single-thread worker
 # at normal priority. DING_RESULTS=DIR copies the results elsewhere (as in scripts/ding_grid.sh).
@@ -35,6 +36,9 @@ ORDER=(calib-minilm-pos calib-smollm2-pos calib-elmo-pos calib-smollm2-mrpc cali
 for name in "${ORDER[@]}"; do
   [ -n "${ARGS[$name]:-}" ] || { echo "unknown run $name; choose from ${!ARGS[*]}"; exit 2; }
   echo "== $name $(date -u +%FT%TZ)"
+  if [ -d "$R/$name/cells" ]; then  # the cells an earlier, unfinished run committed: resumed from, not redone
+    mkdir -p "runs/$name/cells" && cp -n "$R/$name/cells/"*.json "runs/$name/cells/"
+  fi
   # shellcheck disable=SC2086  # ARGS holds several options
   if lmgeom experiment calibration "${COMMON[@]}" ${ARGS[$name]} --out "runs/$name"; then
     mkdir -p "$R/$name"
