@@ -68,16 +68,14 @@ def ieee_float32() -> Iterator[None]:
     float32 matrix products are IEEE by PyTorch's default already. No effect on the CPU."""
     cudnn: Any = torch.backends.cudnn  # the fp32_precision settings are not in torch's type stubs
     if hasattr(cudnn, "conv") and hasattr(cudnn.conv, "fp32_precision"):  # the settings of torch >= 2.9
-        previous = (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision)
-        cudnn.conv.fp32_precision = cudnn.rnn.fp32_precision = "ieee"
-        try:
-            yield
-        finally:
-            cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = previous
+        settings: list[tuple[Any, str, object]] = [(cudnn.conv, "fp32_precision", "ieee"), (cudnn.rnn, "fp32_precision", "ieee")]
     else:
-        allowed = cudnn.allow_tf32
-        cudnn.allow_tf32 = False
-        try:
-            yield
-        finally:
-            cudnn.allow_tf32 = allowed
+        settings = [(cudnn, "allow_tf32", False)]
+    previous = [getattr(owner, name) for owner, name, _ in settings]
+    for owner, name, value in settings:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for (owner, name, _), value in zip(settings, previous):
+            setattr(owner, name, value)
