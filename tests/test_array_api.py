@@ -178,3 +178,17 @@ def test_asking_for_a_missing_or_unknown_device_is_a_clear_error(small_store):
             analyze_store(small_store, min_contexts=2, device="cuda")
     with pytest.raises(ValueError, match="use cpu, cuda, cuda:N, auto or torch:cpu"):
         analyze_store(small_store, min_contexts=2, device="tpu")
+
+
+def test_a_cuda_index_the_machine_lacks_is_a_clear_error(monkeypatch):
+    from lmgeom.device import resolve_analysis_device, resolve_device
+    from lmgeom.errors import InputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"`device='cuda:7'` names a CUDA device this machine lacks \(it has 2: cuda:0 to cuda:1\)"):
+        resolve_device("cuda:7")
+    with pytest.raises(InputError, match="use one of those") as refused:
+        resolve_analysis_device("cuda:2")
+    assert refused.value.params == ("device",)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lmgeom import rundir
 from lmgeom.metrics.bootstrap import (
     draws,
     pair_mean,
@@ -191,7 +192,7 @@ def test_the_engine_writes_intervals_and_adjacent_layer_tests_and_keeps_every_po
     for metric in ("anisotropy_exact", "self_similarity", "intra_sentence_similarity"):
         doubled = tests[(metric, "raw", 2)]  # the same cosines: no difference in any resample
         assert doubled["difference"] == 0 and doubled["p_value"] == 1.0
-    layers_csv = pd.read_csv(tmp_path / "a" / "contextuality_layers.csv")
+    layers_csv = rundir.read_csv(tmp_path / "a" / "contextuality_layers.csv")
     assert {"raw_lo", "raw_hi", "adjusted_lo", "adjusted_hi"} <= set(layers_csv.columns)
     np.testing.assert_allclose(layers_csv["raw_lo"], records["raw_lo"], rtol=1e-15)
 
@@ -249,7 +250,7 @@ def test_seeded_intervals_are_the_same_in_a_new_process(tmp_path):
     script = ("import json, sys; from lmgeom.stages.analysis import analyze_store; "
               "r = analyze_store(sys.argv[1], min_contexts=2, bootstrap=200, seed=4, engine='local'); "
               "print(json.dumps(r.layers[['raw_lo', 'raw_hi', 'adjusted_lo', 'adjusted_hi']].to_numpy().tolist()))")
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], capture_output=True, text=True, env=env, check=True)
     there = np.array(json.loads(out.stdout.strip().splitlines()[-1]), dtype=float)
     np.testing.assert_array_equal(there, here.layers[["raw_lo", "raw_hi", "adjusted_lo", "adjusted_hi"]].to_numpy(dtype=float))

@@ -218,3 +218,14 @@ def test_calibrate_reports_seconds_per_method(small_store):
     line = next(line for line in cli.output.splitlines() if line.startswith("fit seconds per method (layer 1): "))
     fits = {fit["method"]: fit["seconds"] for fit in read_calibration(small_store.path)["fits"] if fit["layer"] == 1}
     assert line.split(": ", 1)[1] == ", ".join(f"{m} {fits[m]:.1f} s" for m in methods)
+
+
+def test_the_consoles_read_columns_when_they_print(monkeypatch):
+    """rich fixes COLUMNS when a console is made; lmgeom's consoles follow the COLUMNS a command runs under."""
+    from lmgeom.cli.common import VisibleConsole
+
+    monkeypatch.setenv("COLUMNS", "80")
+    console = VisibleConsole()
+    monkeypatch.setenv("COLUMNS", "123")
+    assert console.width == 123
+    assert VisibleConsole(width=50).width == 50

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,7 +161,7 @@ print(json.dumps(out))
 @pytest.mark.processes
 def test_same_results_for_a_fixed_seed_in_two_processes():
     spec = json.dumps({"texts": TEXTS, "labels": LABELS.tolist()})
-    env = {"PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     # Started together: most of each process's time is importing torch and transformers.
     processes = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESS_SCRIPT, spec], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]

@@ -318,7 +318,7 @@ def test_geometry_is_bit_identical_in_fresh_processes_of_other_thread_settings(t
     src = Path(__file__).resolve().parents[1] / "src"
     documents = []
     for threads in ("1", "4"):
-        env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                "OPENBLAS_NUM_THREADS": threads}
         out = tmp_path / f"threads-{threads}"
         subprocess.run([sys.executable, "-c", "from lmgeom.cli.main import app; app(prog_name='lmgeom')", "geometry",

@@ -43,6 +43,15 @@ class VisibleConsole(Console):
     reaches the terminal as text, in messages, findings, table cells and titles alike (each a string
     rich renders through `render_str`); line ends and tabs are the text's own."""
 
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        # rich fixes COLUMNS/LINES as they are when the console is made (here: when lmgeom.cli is first
+        # imported); read them when printing instead, so a command honours the COLUMNS it runs under
+        if options.get("width") is None:
+            self._width = None
+        if options.get("height") is None:
+            self._height = None
+
     def render_str(self, text: str, **options: Any) -> Text:
         return super().render_str(visible(text, keep="\n\t"), **options)
 
