@@ -95,9 +95,15 @@ def results(run: str) -> dict[str, Any]:
     return load_json(RESULTS / run / "results.json")
 
 
-def load_json(path: Path) -> Any:
+def load_json(path: Path, kind: str | None = None) -> Any:
+    """The JSON at `path`; with `kind`, an lmgeom result document of that kind, checked as lmgeom's readers
+    check it (`rundir.read_json`)."""
     if not path.exists():
         raise SystemExit(f"{path.relative_to(ROOT)} does not exist: its run's command is in docs/reproduction/results/COMMANDS.md")
+    if kind is not None:
+        from lmgeom import rundir
+
+        return rundir.read_json(path, kind)
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -221,7 +221,7 @@ def thesis_table() -> str:
     for run, label, required in THESIS_RUNS:
         if not required and not (RESULTS / run / "thesis.json").exists():
             continue
-        document = load_json(RESULTS / run / "thesis.json")
+        document = load_json(RESULTS / run / "thesis.json", "thesis")
         dropped = "; ".join(f"{d['n_pairs']} ({d['reason']})" for d in document.get("dropped", []))
         for test in [*document["tests"], *document.get("level_tests", [])]:
             if not test.get("n_pairs"):
@@ -260,7 +260,7 @@ def raw_level_table() -> str:
         levels[model] = (top, at, document["settings"]["n_clusters"])
     rows = []
     for run in LEVEL_POINT_RUNS:
-        document = load_json(RESULTS / run / "thesis.json")
+        document = load_json(RESULTS / run / "thesis.json", "thesis")
         kept = {(c["source"], c["head"], c["split"], c["metric"]): c for c in document["configurations"]}
         for test in document.get("level_tests", []):
             for point in test.get("points", []):

@@ -386,3 +386,27 @@ def test_thesis_command_writes_the_tests_and_the_plot(tmp_path):
     assert (tmp_path / "thesis" / "thesis.png").stat().st_size > 1000
     assert "dropped 9 pairs (1 configurations): none does not beat" in result.output
     assert "finetune local: Spearman n/a over 0 pairs" in result.output
+    # a result document of its own kind, which the report's reader checks
+    from lmgeom import rundir
+
+    assert rundir.read_json(tmp_path / "thesis" / "thesis.json", "thesis")["tests"] == document["tests"]
+    assert document["kind"] == "thesis" and document["lmgeom_version"]
+    # a folder holding someone else's thesis.json (or a thesis.png without lmgeom's thesis.json) is refused
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "thesis.json").write_text('{"mine": 1}')
+    refused = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(foreign), "--bootstrap", "200"])
+    assert refused.exit_code == 2 and "lmgeom did not write it" in refused.output
+    assert json.loads((foreign / "thesis.json").read_text()) == {"mine": 1}
+    (foreign / "thesis.json").unlink()
+    (foreign / "thesis.png").write_bytes(b"a user's picture")
+    refused = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(foreign), "--bootstrap", "200"])
+    assert refused.exit_code == 2 and "thesis.png" in refused.output and not (foreign / "thesis.json").exists()
+    replaced = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(foreign), "--bootstrap", "200",
+                                        "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert (foreign / "thesis.png").read_bytes() != b"a user's picture"
+    # run again over its own files: replaced without a word
+    again = CliRunner().invoke(app, ["experiment", "thesis", str(source), "--out", str(tmp_path / "thesis"),
+                                     "--bootstrap", "200"])
+    assert again.exit_code == 0, again.output

@@ -236,15 +236,18 @@ def thesis_command(
     permutations: int = typer.Option(10000, "--permutations", min=100,
                                      help="permutations of the cluster permutation test (all of them when fewer)"),
     seed: int = typer.Option(0, "--seed", help="seed of the bootstrap and of the random permutations"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a thesis.json or thesis.png in --out that lmgeom "
+                                                              "did not write"),
 ) -> None:
     """Ding et al.'s local-isotropy thesis, per regime, on informative configurations only: Spearman of
     standardised Δ task score against standardised Δ global and Δ local isotropy (cluster bootstrap,
     cluster permutation p), and of the standardised mean Δ score against none's local isotropy level."""
+    from lmgeom import rundir
     from lmgeom.stages.experiments.thesis import run_thesis
 
     with user_errors():
         document = run_thesis(results, out, keep_unverified=keep_unverified, n_resamples=bootstrap,
-                              n_permutations=permutations, seed=seed)
+                              n_permutations=permutations, seed=seed, overwrite=overwrite)
     console.print(f"{document['n_pairs_formed']} pairs formed, {document['n_pairs_kept']} kept")
     for drop in document["dropped"]:
         where = f" ({drop['n_configurations']} configurations)" if "n_configurations" in drop else ""
@@ -257,7 +260,7 @@ def thesis_command(
         label = "level" if test in document["level_tests"] else test["measure"]
         console.print(f"{test['regime']} {label}: Spearman {rho} over {test['n_pairs']} pairs, "
                       f"{test.get('n_configurations', 0)} configurations, {test.get('n_clusters', 0)} clusters")
-    console.print(f"wrote {Path(out) / 'thesis.json'}" + (f" and {document['figure']}" if document["figure"] else ""))
+    console.print(f"wrote {rundir.THESIS.at(out)}" + (f" and {document['figure']}" if document["figure"] else ""))
 
 
 @experiment_app.command("layers", cls=old_spellings({"--seed": "--seeds"}))

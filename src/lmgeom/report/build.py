@@ -29,6 +29,7 @@ from lmgeom.report.html import Page, definition_list, esc, explorer_section, mis
 from lmgeom.report.labels import MEV_ADJ_NOTE, label, labelled, number
 from lmgeom.report.lens import lens_section
 from lmgeom.report.similarity import similarity_section
+from lmgeom.report.thesis import thesis_section
 from lmgeom import rundir
 from lmgeom.report.missing_data import skipped_inputs
 from lmgeom.rundir import REPORT
@@ -312,7 +313,8 @@ def build_report(
     """Render RUN/report.html (or `out`) and RUN/figures/ from a run's result files (or the run
     `load_run` read); no model is needed. The run may be a local folder or an fsspec URL.
 
-    `include` adds folders of experiment results (results.json, or */results.json). The word explorer
+    `include` adds folders of experiment results (results.json, or */results.json) and of thesis tests
+    (thesis.json, or */thesis.json: `lmgeom.report.thesis`). The word explorer
     shows RUN/explorer.json, which `lmgeom.pipeline.render_report` computes from the store. `control`:
     a control run of the same model (`lmgeom.controlspec`; `require_control_of`), whose lines the
     contextuality and isotropy figures draw beside the run's (`lmgeom.report.figures.with_control`).
@@ -404,5 +406,8 @@ def build_report(
     else:
         page.section("sts", "Sentence similarity (STS)", _sts_section(run, page, figure_of))
     page.section("experiments", "Experiment results", _experiments_section(run))
+    thesis = thesis_section(run, page, out_path)  # None: no thesis.json in experiments/ or an included folder
+    if thesis is not None:
+        page.section("thesis", "Local isotropy and task gains (Ding et al.'s thesis)", thesis)
 
     return rundir.write_text(out_path, page.render())

@@ -87,6 +87,9 @@ class RunData:
         Tidy experiment records (RUN/experiments/*/results.json and `include` folders).
     experiment_tests : DataFrame or None
         Each experiment configuration's test against its baseline (p-values).
+    theses : list of (path, dict)
+        Each thesis.json (`lmgeom experiment thesis`) in RUN/experiments/*/ and the `include` folders,
+        with its path: Ding et al.'s local-isotropy thesis tested over experiments' results.
     notes : dict
         Section -> why it is empty (the command that writes the missing file).
     similarity : DataFrame or None
@@ -118,6 +121,7 @@ class RunData:
     similarity: pd.DataFrame | None = None  # similarity.json's records: layer_a x layer_b x measure
     geometry: pd.DataFrame | None = None  # geometry.csv: layer x measure (value, low, high)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> its settings
+    theses: list[tuple[rundir.Target, dict[str, Any]]] = field(default_factory=list)  # thesis.json files
 
     @property
     def model_id(self) -> str:
@@ -324,6 +328,23 @@ def experiment_result_files(run_dir: rundir.Where, include: Sequence[str | os.Pa
     return list(dict.fromkeys(files))
 
 
+def thesis_files(run_dir: rundir.Where, include: Sequence[str | os.PathLike] = ()) -> list[rundir.Target]:
+    """RUN/experiments/*/thesis.json plus, per included folder, its thesis.json or */thesis.json."""
+    files = rundir.EXPERIMENT_THESIS.find(run_dir)
+    for directory in include:  # `experiment_result_files` has refused a missing one
+        direct = rundir.THESIS.at(directory)
+        files.extend([direct] if rundir.exists(direct) else
+                     rundir.ResultFile(f"*/{rundir.THESIS.name}", rundir.THESIS.producer).find(directory))
+    return list(dict.fromkeys(files))
+
+
+def read_theses(files: Sequence[rundir.Target]) -> list[tuple[rundir.Target, dict[str, Any]]]:
+    """Each thesis.json with its path, checked as a document of kind "thesis" (one that is not is an
+    error naming the file and the command that writes it)."""
+    documents = [(path, read_json(path, rundir.THESIS.kind)) for path in files]
+    return [(path, document) for path, document in documents if document is not None]
+
+
 def read_experiments(files: Sequence[rundir.Target], *, part: str = "records") -> pd.DataFrame | None:
     """Tidy experiment records (a list, or a document with `records`); unreadable files are skipped.
 
@@ -412,7 +433,8 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
         The run directory: a local path, an fsspec URL or a `Location` (`rundir.Where`).
     include : sequence of str or os.PathLike, default ()
         Folders of experiment results (each holding a results.json, or */results.json) read beside
-        RUN/experiments/*/results.json (`experiment_result_files`).
+        RUN/experiments/*/results.json (`experiment_result_files`), and of thesis tests (thesis.json,
+        or */thesis.json: `thesis_files`).
 
     Returns
     -------
@@ -501,6 +523,7 @@ def load_run(run_dir: rundir.Where, *, include: Sequence[str | os.PathLike] = ()
         similarity=similarity,
         geometry=geometry,
         settings=step_settings(run_dir, documents),
+        theses=read_theses(thesis_files(run_dir, include)),
     )
 
 

@@ -58,6 +58,7 @@ class Series:
     # series whose colour it takes; drawn dashed (dotted where that series is dashed), hollow markers
     shadows: int | None = None
     bars: bool = False  # `band` drawn as an error bar at each point (with caps) rather than as a shaded band
+    points: bool = False  # markers only, no line: a scatter (x need not be layers)
 
 
 CONTROL_STYLE = ("dashed in the same colour as the model's line (dotted where the model's line is dashed), "
@@ -616,7 +617,8 @@ def plotly_figure(chart: Chart) -> dict[str, Any]:
                                   "array": [None if math.isnan(hi - y) else hi - y for y, hi in zip(series.y, series.band[1])],
                                   "arrayminus": [None if math.isnan(y - lo) else y - lo for y, lo in zip(series.y, series.band[0])]}
         figure.add_trace(go.Scatter(
-            x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name), mode="lines+markers",
+            x=series.x, y=[None if math.isnan(v) else v for v in series.y], name=plotly_text(series.name),
+            mode="markers" if series.points else "lines+markers",
             line={"dash": dash, "color": color}, connectgaps=False, **control,
         ))
         if series.band is not None and not series.bars:
@@ -738,6 +740,8 @@ def draw_chart(chart: Chart, ax: Any, *, line_width: float = 1.5, legend_size: f
             style: dict[str, Any] = {"linestyle": "--" if series.dash else "-", **({"color": f"C{position}"} if shadowed else {})}
         else:  # a control's line: the colour of the line it shadows, dashed (dotted beside a dashed one), hollow
             style = {"linestyle": ":" if series.dash else "--", "color": f"C{position}", "markerfacecolor": "none"}
+        if series.points:
+            style["linestyle"] = "none"
         (line,) = ax.plot(series.x, series.y, marker="o", markersize=3.5, linewidth=line_width, label=series.name, **style)
         if series.band is not None and series.bars:
             below = [y - lo for y, lo in zip(series.y, series.band[0])]

@@ -136,6 +136,12 @@ EXPERIMENT_CONFIG_KEYS = ("experiment", "task", "model", "regime", "features", "
 EXPERIMENT_JSON = ResultFile("results.json", EXPERIMENTS.producer)
 EXPERIMENT_TABLE = ResultFile("results.md", EXPERIMENTS.producer)
 EXPERIMENT_FIGURE = ResultFile("{name}", EXPERIMENTS.producer)  # <split>_<metric>.png|svg in the folder
+# `lmgeom experiment thesis` (Ding et al.'s local-isotropy thesis over experiments' results.json): its folder
+# (`--out`: RUN/experiments/NAME for a run's report, or any folder the report includes) holds the two files
+THESIS = ResultFile("thesis.json", "lmgeom experiment thesis RESULTS.json... --out RUN/experiments/NAME", "thesis",
+                    ("settings", "sources", "dropped", "configurations", "tests", "level_tests", "pairs"))
+THESIS_FIGURE = ResultFile("thesis.png", THESIS.producer)  # the pairs' scatter, one panel per (regime, measure)
+EXPERIMENT_THESIS = ResultFile("experiments/{name}/thesis.json", THESIS.producer)
 WSD_PREDICTIONS = ResultFile("predictions.csv", "lmgeom experiment wsd")  # one row an instance: gold and each system's answer
 STATIC_BASELINE_VECTORS = ResultFile("vectors/{name}.bin", "lmgeom experiment static-baselines")  # word2vec binary
 EXPLORER = ResultFile("explorer.json", "lmgeom report RUN on a run whose store is present", "word_explorer",
@@ -162,7 +168,7 @@ SITE_RESULTS = ResultFile("site_results/{name}", "lmgeom run --sites SITE, or lm
 RESULT_FILES = (RUN, SUMMARY, CONTEXTUALITY, CONTEXTUALITY_LAYERS, CONTEXTUALITY_WORDS, ISOTROPY, ISOTROPY_CSV, GEOMETRY,
                 GEOMETRY_CSV, ATTRIBUTION, ATTRIBUTION_CSV, LENS, LENS_TABLE, LENS_JOIN, ABLATION, ABLATION_CSV, CALIBRATION, CALIBRATION_CSV, CALIBRATORS, STATIC, STATIC_BENCHMARKS, STATIC_BENCHMARKS_CSV,
                 EXPERIMENTS, EXPLORER, SIMILARITY, SIMILARITY_CSV, SIMILARITY_PAIRS, REPORT, FIGURES, SITE_RESULTS)
-KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS) if spec.kind}
+KINDS = {spec.kind: spec for spec in (*RESULT_FILES, STS, THESIS) if spec.kind}
 # the step of `lmgeom run` whose settings each of its result files records (`run_settings`)
 RUN_STEPS = {CONTEXTUALITY.name: "contextuality", SUMMARY.name: "contextuality", ISOTROPY.name: "isotropy",
              SIMILARITY.name: "similarity", GEOMETRY.name: "geometry", STATIC_BENCHMARKS.name: "static_embeddings"}

@@ -476,7 +476,7 @@ def thesis_figure(pairs: pd.DataFrame, path: str | Path, *, tests: list[dict[str
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path = Path(path)
-    path.write_bytes(rundir.figure_bytes(figure, path.suffix.lstrip(".") or "png", 120))
+    rundir.write_bytes(path, rundir.figure_bytes(figure, path.suffix.lstrip(".") or "png", 120))
     plt.close(figure)
     return path
 
@@ -545,16 +545,28 @@ def thesis_analysis(paths: Sequence[str | Path], *, keep_unverified: bool = Fals
     return _json_safe(document), kept
 
 
-def run_thesis(paths: Sequence[str | Path], out: str | Path, **options: Any) -> dict[str, Any]:
-    """`thesis_analysis` written to out/thesis.json, and out/thesis.png when a pair is left."""
-    document, kept = thesis_analysis(paths, **options)
+def claim_thesis_folder(out: Path, *, overwrite: bool = False) -> None:
+    """Refuse, before any work, a folder whose thesis.json lmgeom did not write (`rundir.claim_file`), or
+    one holding a thesis.png without lmgeom's thesis.json beside it, unless `overwrite`."""
+    document, figure = rundir.THESIS.at(out), rundir.THESIS_FIGURE.at(out)
+    rundir.claim_file(document, overwrite=overwrite)
+    if not overwrite and Path(figure).exists() and not Path(document).exists():
+        raise InputError(f"`out` {out} holds {rundir.THESIS_FIGURE.name} but no {rundir.THESIS.name} of lmgeom's "
+                         "beside it, so it may be a user's file; nothing was written. Give another `out`, or pass "
+                         "`overwrite=True` to replace it", param=("out", "overwrite"))
+
+
+def run_thesis(paths: Sequence[str | Path], out: str | Path, *, overwrite: bool = False, **options: Any) -> dict[str, Any]:
+    """`thesis_analysis` written to out/thesis.json (kind "thesis", `rundir.THESIS`), and out/thesis.png
+    when a pair is left; a thesis.json or thesis.png there that lmgeom did not write is refused unless
+    `overwrite` (`claim_thesis_folder`)."""
     out = Path(out)
+    claim_thesis_folder(out, overwrite=overwrite)
+    document, kept = thesis_analysis(paths, **options)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "thesis.json").write_text(json.dumps(document, indent=1, ensure_ascii=False), encoding="utf-8")
-    figure = out / "thesis.png"
+    figure = Path(rundir.THESIS_FIGURE.at(out))
+    figure.unlink(missing_ok=True)  # an earlier run's: never left beside a document it does not draw
+    rundir.write_json(rundir.THESIS.at(out), rundir.THESIS.kind, document)
     if document["pairs"]:
         thesis_figure(kept, figure, tests=document["tests"])
-    elif figure.exists():
-        figure.unlink()
-    document["figure"] = str(figure) if document["pairs"] else None
-    return document
+    return {**document, "figure": str(figure) if document["pairs"] else None}
