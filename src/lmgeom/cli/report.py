@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_command(
         run_dir: Path = typer.Argument(..., metavar="RUN", help="a run directory written by `lmgeom run`"),
-        include: List[Path] = typer.Option([], help="another folder of experiment results.json files (repeatable)"),
+        include: List[Path] = typer.Option([], help="another folder of experiment results: results.json or thesis.json, "
+                                                    "or */ of them (repeatable)"),
         out: Optional[Path] = typer.Option(None, callback=url_form, help="HTML file to write (default RUN/report.html)"),
         explorer_words: int = typer.Option(2000, min=1, help="words in the word explorer (the most frequent analysed ones)"),
         neighbours: int = typer.Option(10, min=1, help="nearest neighbours per word and layer in the word explorer"),
