@@ -35,7 +35,9 @@ GRID_RUNS = ("ding-grid-minilm-cola", "ding-grid-minilm-sst2", "ding-grid-minilm
 # batch moments, at the grid's size, one folder per task (a table once its run has finished)
 BATCH_REFIT_RUNS = ("ding-batch-refits-minilm-cola", "ding-batch-refits-minilm-sicke", "ding-batch-refits-minilm-sst2",
                     "ding-batch-refits-minilm-mrpc")
-FINETUNE_RUNS = GRID_RUNS + BATCH_REFIT_RUNS  # every fine-tuned results folder, each shown once it has results.json
+# DING_VARIANT=cie-guard scripts/ding_batch_refits.sh: CIE with the guard at the grid's size
+CIE_GUARD_RUNS = ("ding-cie-guard-minilm-cola", "ding-cie-guard-minilm-sicke")
+FINETUNE_RUNS = GRID_RUNS + BATCH_REFIT_RUNS + CIE_GUARD_RUNS  # every fine-tuned results folder, each shown once it has results.json
 # model -> results folder of a committed `lmgeom sts` run (its sts.json); calibration.md marks a block
 # `sts-<model>-delta` and `sts-<model>-full` for each
 STS_RUNS: dict[str, str] = {"minilm": "sts-minilm"}
