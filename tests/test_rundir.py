@@ -181,7 +181,7 @@ def test_result_files_are_named_in_one_place():
     assert rundir.STATIC_BENCHMARKS.at("RUN", layer=4) == Path("RUN/static/4.benchmarks.json")
     assert {spec.kind for spec in rundir.KINDS.values()} == {
         "run", "layer_summary", "contextuality", "isotropy", "calibration", "static_embedding_benchmarks", "sts",
-        "word_explorer", "similarity", "geometry", "attribution", "lens", "lens_join", "ablation"}
+        "word_explorer", "similarity", "geometry", "attribution", "lens", "lens_join", "ablation", "thesis"}
 
 
 def _write_sts_data(root: Path) -> Path:
