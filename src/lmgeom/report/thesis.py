@@ -90,7 +90,7 @@ def rho_chart(document: Mapping[str, Any], name: str, label: str) -> EffectChart
                        "Spearman's ρ", effects, value_name=f"ρ, {confidence:.0%} cluster-bootstrap interval",
                        note="Δ global, Δ local: standardised Δ task score against standardised Δ IsoScore (global, "
                             "local) of the head's input, within configuration; level: standardised mean Δ score against "
-                            "none's local IsoScore. At 0 isotropy and score move independently.")
+                            "none's local IsoScore. At 0 isotropy and score move independently, as the thesis expects.")
 
 
 def pairs_chart(document: Mapping[str, Any], regime: str, name: str, label: str) -> Chart | None:
@@ -159,8 +159,10 @@ def thesis_section(run: RunData, page: Page, out_path: rundir.Target) -> str | N
     """The section's body, or None when the run (and its included folders) holds no thesis.json."""
     if not run.theses:
         return None
-    intro = ("<p class=\"note\">Ding et al.'s thesis: calibration helps a task as far as it raises the local "
-             "isotropy of the representations. Tested by <code>lmgeom experiment thesis</code> over experiments' results: "
+    intro = ("<p class=\"note\">Ding et al.'s thesis: the representations are already isotropic locally (within "
+             "clusters), so raising their isotropy brings no consistent gain, and a method's change in task score "
+             "should not follow its change in isotropy (ρ near 0). Tested by <code>lmgeom experiment thesis</code> "
+             "over experiments' results: "
              "Spearman's ρ between the standardised change in task score and the standardised change in "
              "IsoScore (global, and local over clusters) of the head's input, per regime (frozen features, "
              "fine-tuning), on configurations whose none beats its trivial baseline, degenerate cells left out; "
