@@ -25,8 +25,8 @@ def resolve_device(device: str = "auto") -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise InputError("`device='cuda'` was asked for but no CUDA device is available; use `device='cpu'` or `device='auto'`",
                          param="device")
-    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
+    count = torch.cuda.device_count() if resolved.type == "cuda" else 0
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= count:
         raise InputError(f"`device={device!r}` names a CUDA device this machine lacks (it has {count}: cuda:0"
                          f"{f' to cuda:{count - 1}' if count > 1 else ''}); use one of those, `cuda` or `auto`", param="device")
     if resolved.type == "mps" and not torch.backends.mps.is_available():

@@ -314,28 +314,29 @@ def _read_sts(run_dir: rundir.Where) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def experiment_result_files(run_dir: rundir.Where, include: Sequence[str | os.PathLike] = ()) -> list[rundir.Target]:
-    """RUN/experiments/*/results.json plus, per included folder, its results.json or */results.json."""
-    files = rundir.EXPERIMENT_RESULTS.find(run_dir)
-    results = rundir.EXPERIMENT_JSON
+def _experiment_files(run_dir: rundir.Where, in_run: rundir.ResultFile, in_folder: rundir.ResultFile,
+                      include: Sequence[str | os.PathLike]) -> list[rundir.Target]:
+    """The files `in_run` names in the run plus, per included folder, its `in_folder` file or the
+    `in_folder` files one level down; a missing included folder is an error naming `include`."""
+    files = in_run.find(run_dir)
     for directory in include:
         if not rundir.exists(directory):
-            raise MissingInput(f"`include` {directory}: no such directory (give a folder holding {results.name} files)",
+            raise MissingInput(f"`include` {directory}: no such directory (give a folder holding {in_folder.name} files)",
                                param="include")
-        direct = results.at(directory)
+        direct = in_folder.at(directory)
         files.extend([direct] if rundir.exists(direct) else
-                     [path for path in rundir.ResultFile(f"*/{results.name}", results.producer).find(directory)])
+                     rundir.ResultFile(f"*/{in_folder.name}", in_folder.producer).find(directory))
     return list(dict.fromkeys(files))
+
+
+def experiment_result_files(run_dir: rundir.Where, include: Sequence[str | os.PathLike] = ()) -> list[rundir.Target]:
+    """RUN/experiments/*/results.json plus, per included folder, its results.json or */results.json."""
+    return _experiment_files(run_dir, rundir.EXPERIMENT_RESULTS, rundir.EXPERIMENT_JSON, include)
 
 
 def thesis_files(run_dir: rundir.Where, include: Sequence[str | os.PathLike] = ()) -> list[rundir.Target]:
     """RUN/experiments/*/thesis.json plus, per included folder, its thesis.json or */thesis.json."""
-    files = rundir.EXPERIMENT_THESIS.find(run_dir)
-    for directory in include:  # `experiment_result_files` has refused a missing one
-        direct = rundir.THESIS.at(directory)
-        files.extend([direct] if rundir.exists(direct) else
-                     rundir.ResultFile(f"*/{rundir.THESIS.name}", rundir.THESIS.producer).find(directory))
-    return list(dict.fromkeys(files))
+    return _experiment_files(run_dir, rundir.EXPERIMENT_THESIS, rundir.THESIS, include)
 
 
 def read_theses(files: Sequence[rundir.Target]) -> list[tuple[rundir.Target, dict[str, Any]]]:

@@ -30,7 +30,7 @@ CONFIGURATION_COLUMNS = ("regime", "task", "model", "head", "features", "pooling
 
 def thesis_label(path: rundir.Target) -> str:
     """A thesis.json by its folder's name (RUN/experiments/NAME/thesis.json -> NAME)."""
-    return posixpath.basename(posixpath.dirname(str(path).rstrip("/"))) or str(path)
+    return rundir.name_of(posixpath.dirname(str(path).rstrip("/"))) or str(path)
 
 
 def _test_name(test: Mapping[str, Any], level: bool) -> str:
